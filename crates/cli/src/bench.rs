@@ -1,0 +1,385 @@
+//! `remem bench`: page latency and throughput of every scheme, beside the transport floors
+//! measured by the same binary, on the same cluster, in the same run.
+//!
+//! Schemes go through one code path with other parameters: EC(8,2) with delta 1 and 0,
+//! replication rep(2) = (k=1, r=1), no redundancy = (k=1, r=0). Floors are raw reads through the
+//! same event loop with no checksum, no coding: one 4 KiB round trip to one node, and the raw
+//! fan-out of k+delta reads of page_size/k bytes to k+delta nodes, done at the k-th reply.
+//! Ratios are what to read: these 2-core machines are noisy, and the same noise hits both sides.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use remem_client::cluster::ClusterFile;
+use remem_client::{Client, ClientConfig, PageOp, Shape};
+use remem_placement::LeastLoaded;
+use remem_proto::auth::Secret;
+use serde::Serialize;
+
+use crate::launcher::{ClusterOptions, LocalCluster};
+use crate::stats::{Samples, Summary};
+use crate::units::parse_bytes;
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Use the running cluster of this file (from `remem up`) instead of starting one.
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
+    /// Nodes of the cluster the bench starts when no --cluster is given.
+    #[arg(long, default_value_t = 10)]
+    pub nodes: usize,
+    /// Slab size of the cluster the bench starts.
+    #[arg(long, default_value = "16MiB", value_parser = parse_bytes)]
+    pub slab_size: u64,
+    /// Address space per scheme; filled completely before measuring.
+    #[arg(long, default_value = "128MiB", value_parser = parse_bytes)]
+    pub size: u64,
+    /// Operations per latency series at queue depth 1 (queue depth 32 runs 4x as many).
+    #[arg(long, default_value_t = 20_000)]
+    pub ops: usize,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Write latency CDFs (queue depth 1) as a PNG to this file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Seed of the random page order.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SeriesResult {
+    pub name: String,
+    pub operation: String,
+    pub queue_depth: usize,
+    pub latency: Summary,
+    pub ops_per_second: f64,
+    #[serde(skip)]
+    pub sorted_nanos: Vec<u64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Ratio {
+    pub name: String,
+    pub value: f64,
+    pub target: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    pub nodes: usize,
+    pub page_bytes: usize,
+    pub series: Vec<SeriesResult>,
+    pub ratios: Vec<Ratio>,
+    /// EC(8,2): node memory (slabs + metadata) over the data written.
+    pub ec_memory_ratio: f64,
+    pub ec_metadata_fraction_of_slab_memory: f64,
+}
+
+struct Scheme {
+    name: &'static str,
+    shape: Shape,
+}
+
+const SCHEMES: [Scheme; 4] = [
+    Scheme { name: "ec(8,2) d=1", shape: Shape { data_splits: 8, parity_splits: 2, extra_reads: 1 } },
+    Scheme { name: "ec(8,2) d=0", shape: Shape { data_splits: 8, parity_splits: 2, extra_reads: 0 } },
+    Scheme { name: "rep(2)", shape: Shape { data_splits: 1, parity_splits: 1, extra_reads: 0 } },
+    Scheme { name: "none", shape: Shape { data_splits: 1, parity_splits: 0, extra_reads: 0 } },
+];
+
+/// Ops per `execute` call; buffers for one chunk are reused. Large enough that the pipeline
+/// drains rarely (once per 1024 ops at queue depth 32).
+const CHUNK_OPS: usize = 1024;
+
+pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
+    let mut own_cluster = None;
+    let (cluster, secret) = match &args.cluster {
+        Some(path) => {
+            let cluster = ClusterFile::load(path)?;
+            let secret = Secret::load(Some(&cluster.secret_file)).context("loading the cluster secret")?;
+            (cluster, secret)
+        }
+        None => {
+            let dir = std::env::temp_dir().join(format!("remem-bench-{}", std::process::id()));
+            let options = ClusterOptions {
+                nodes: args.nodes,
+                capacity_bytes: 64 * args.slab_size.max(1 << 20),
+                slab_size_bytes: args.slab_size,
+                nodes_per_domain: 1,
+                dir,
+            };
+            eprintln!("starting {} nodes ...", options.nodes);
+            let started = LocalCluster::start(binary, &options)?;
+            let pair = (started.file.clone(), started.secret.clone());
+            own_cluster = Some(started);
+            pair
+        }
+    };
+    let nodes = cluster.addresses();
+    let page_bytes = 4096;
+    let mut series = Vec::new();
+    let mut memory_ratio = 0.0;
+    let mut metadata_fraction = 0.0;
+    let mut rng = StdRng::seed_from_u64(args.seed);
+
+    for scheme in &SCHEMES {
+        eprintln!("{}: filling {} ...", scheme.name, crate::units::format_bytes(args.size));
+        let mut config = ClientConfig::new(scheme.shape, args.size);
+        config.max_in_flight = 32;
+        let mut client =
+            Client::connect(&nodes, &secret, config, &mut LeastLoaded::new(StdRng::seed_from_u64(args.seed)))
+                .with_context(|| format!("connecting the {} client", scheme.name))?;
+        let pages = client.page_count();
+        let fill_order: Vec<u64> = (0..pages).collect();
+        run_series(&mut client, &fill_order, 32, Operation::Write, page_bytes)?;
+        if scheme.name == SCHEMES[0].name {
+            let memory = client.memory_report();
+            memory_ratio =
+                (memory.slab_bytes + memory.metadata_bytes) as f64 / memory.address_space_bytes as f64;
+            metadata_fraction = memory.metadata_bytes as f64 / memory.slab_bytes as f64;
+        }
+        for (queue_depth, count) in [(1, args.ops), (32, args.ops * 4)] {
+            let order = random_pages(&mut rng, pages, count);
+            for operation in [Operation::Write, Operation::Read] {
+                eprintln!("{}: {} qd{queue_depth} x{count} ...", scheme.name, operation.name());
+                let (samples, elapsed) = run_series(&mut client, &order, queue_depth, operation, page_bytes)?;
+                series.push(result(scheme.name, operation.name(), queue_depth, samples, elapsed));
+            }
+        }
+        if scheme.name == SCHEMES[0].name {
+            // Floors on the nodes of range 0 of the EC client, so they share its placement.
+            let range_nodes = client.range_nodes(0);
+            let k = scheme.shape.data_splits;
+            let probes = [
+                ("floor: 4KiB round trip", client.prepare_probe(&range_nodes[..1], page_bytes, 1)?),
+                ("floor: fan-out 9->8", client.prepare_probe(&range_nodes[..k + 1], page_bytes / k, k)?),
+                ("floor: fan-out 8->8", client.prepare_probe(&range_nodes[..k], page_bytes / k, k)?),
+            ];
+            for (name, probe) in probes {
+                for (queue_depth, count) in [(1, args.ops), (32, args.ops * 4)] {
+                    eprintln!("{name}: qd{queue_depth} x{count} ...");
+                    let (samples, elapsed) = run_probe(&mut client, probe, count, queue_depth)?;
+                    series.push(result(name, "read", queue_depth, samples, elapsed));
+                }
+            }
+        }
+        client.release().context("releasing slabs")?;
+    }
+    drop(own_cluster);
+
+    let p50 = |name: &str, operation: &str, queue_depth: usize| {
+        series
+            .iter()
+            .find(|s| s.name == name && s.operation == operation && s.queue_depth == queue_depth)
+            .map_or(f64::NAN, |s| s.latency.p50_us)
+    };
+    let ratio = |name: &str, value: f64, target: Option<f64>| Ratio { name: name.to_string(), value, target };
+    let ratios = vec![
+        ratio(
+            "ec(8,2) d=1 read p50 / fan-out 9->8 floor p50",
+            p50("ec(8,2) d=1", "read", 1) / p50("floor: fan-out 9->8", "read", 1),
+            Some(1.3),
+        ),
+        ratio(
+            "ec(8,2) d=0 read p50 / fan-out 8->8 floor p50",
+            p50("ec(8,2) d=0", "read", 1) / p50("floor: fan-out 8->8", "read", 1),
+            Some(1.3),
+        ),
+        ratio(
+            "ec(8,2) d=1 read p50 / rep(2) read p50",
+            p50("ec(8,2) d=1", "read", 1) / p50("rep(2)", "read", 1),
+            None,
+        ),
+        ratio(
+            "ec(8,2) write p50 / rep(2) write p50",
+            p50("ec(8,2) d=1", "write", 1) / p50("rep(2)", "write", 1),
+            None,
+        ),
+        ratio(
+            "rep(2) read p50 / 4KiB round-trip floor p50",
+            p50("rep(2)", "read", 1) / p50("floor: 4KiB round trip", "read", 1),
+            None,
+        ),
+        ratio(
+            "fan-out 9->8 floor p50 / 4KiB round-trip floor p50",
+            p50("floor: fan-out 9->8", "read", 1) / p50("floor: 4KiB round trip", "read", 1),
+            None,
+        ),
+    ];
+    let report = BenchReport {
+        nodes: nodes.len(),
+        page_bytes,
+        series,
+        ratios,
+        ec_memory_ratio: memory_ratio,
+        ec_metadata_fraction_of_slab_memory: metadata_fraction,
+    };
+    if let Some(path) = &args.plot {
+        let lines: Vec<crate::plot::Series<'_>> = report
+            .series
+            .iter()
+            .filter(|s| s.queue_depth == 1 && (s.operation == "read"))
+            .map(|s| crate::plot::Series { name: &s.name, sorted_nanos: &s.sorted_nanos })
+            .collect();
+        crate::plot::latency_cdf(path, "page read latency, queue depth 1", &lines)?;
+        let writes: Vec<crate::plot::Series<'_>> = report
+            .series
+            .iter()
+            .filter(|s| s.queue_depth == 1 && s.operation == "write")
+            .map(|s| crate::plot::Series { name: &s.name, sorted_nanos: &s.sorted_nanos })
+            .collect();
+        let write_path = path.with_file_name(format!(
+            "{}-write.png",
+            path.file_stem().and_then(|stem| stem.to_str()).unwrap_or("bench")
+        ));
+        crate::plot::latency_cdf(&write_path, "page write latency, queue depth 1", &writes)?;
+        eprintln!("plots: {} and {}", path.display(), write_path.display());
+    }
+    Ok(report)
+}
+
+pub fn print_table(report: &BenchReport) {
+    println!(
+        "{:<26} {:>6} {:>3} {:>10} {:>10} {:>10} {:>12}",
+        "series", "op", "qd", "p50 us", "p99 us", "p99.9 us", "ops/s"
+    );
+    for s in &report.series {
+        println!(
+            "{:<26} {:>6} {:>3} {:>10.1} {:>10.1} {:>10.1} {:>12.0}",
+            s.name,
+            s.operation,
+            s.queue_depth,
+            s.latency.p50_us,
+            s.latency.p99_us,
+            s.latency.p999_us,
+            s.ops_per_second
+        );
+    }
+    println!();
+    for ratio in &report.ratios {
+        match ratio.target {
+            Some(target) => println!(
+                "{:<52} {:>6.2}  (target <= {target}: {})",
+                ratio.name,
+                ratio.value,
+                if ratio.value <= target { "met" } else { "NOT met" }
+            ),
+            None => println!("{:<52} {:>6.2}", ratio.name, ratio.value),
+        }
+    }
+    println!();
+    println!(
+        "ec(8,2) node memory / data written: {:.4} (bar: 1.25 x 1.01 = {:.4}); metadata = {:.3}% of slab memory",
+        report.ec_memory_ratio,
+        1.25 * 1.01,
+        report.ec_metadata_fraction_of_slab_memory * 100.0
+    );
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    Write,
+    Read,
+}
+
+impl Operation {
+    pub fn name(self) -> &'static str {
+        match self {
+            Operation::Write => "write",
+            Operation::Read => "read",
+        }
+    }
+}
+
+fn random_pages(rng: &mut StdRng, pages: u64, count: usize) -> Vec<u64> {
+    let mut all: Vec<u64> = (0..pages).collect();
+    all.shuffle(rng);
+    (0..count).map(|index| all[index % all.len()]).collect()
+}
+
+fn result(
+    name: &str,
+    operation: &str,
+    queue_depth: usize,
+    mut samples: Samples,
+    elapsed: Duration,
+) -> SeriesResult {
+    let latency = samples.summarize();
+    SeriesResult {
+        name: name.to_string(),
+        operation: operation.to_string(),
+        queue_depth,
+        ops_per_second: latency.count as f64 / elapsed.as_secs_f64(),
+        latency,
+        sorted_nanos: samples.nanos,
+    }
+}
+
+/// Runs `order` as page ops at `queue_depth`, writing a fixed pattern or reading; every error
+/// is fatal (the bench measures a healthy cluster).
+pub fn run_series(
+    client: &mut Client,
+    order: &[u64],
+    queue_depth: usize,
+    operation: Operation,
+    page_bytes: usize,
+) -> Result<(Samples, Duration)> {
+    client.set_max_in_flight(queue_depth);
+    let mut samples = Samples::with_capacity(order.len());
+    let mut buffers = vec![vec![0u8; page_bytes]; CHUNK_OPS.min(order.len())];
+    for (index, buffer) in buffers.iter_mut().enumerate() {
+        crate::pattern::fill(buffer, index as u64, 0, 42);
+    }
+    let mut first_error = None;
+    let started = Instant::now();
+    for chunk in order.chunks(CHUNK_OPS) {
+        let mut ops: Vec<PageOp<'_>> = match operation {
+            Operation::Write => {
+                chunk.iter().zip(buffers.iter()).map(|(&page, data)| PageOp::Write { page, data }).collect()
+            }
+            Operation::Read => {
+                chunk.iter().zip(buffers.iter_mut()).map(|(&page, buf)| PageOp::Read { page, buf }).collect()
+            }
+        };
+        client.execute(&mut ops, |done| {
+            samples.push(done.latency);
+            if let Err(error) = done.result {
+                first_error.get_or_insert(error);
+            }
+        });
+        if let Some(error) = first_error.take() {
+            return Err(error).context("page operation failed during the bench");
+        }
+    }
+    Ok((samples, started.elapsed()))
+}
+
+fn run_probe(
+    client: &mut Client,
+    probe: usize,
+    count: usize,
+    queue_depth: usize,
+) -> Result<(Samples, Duration)> {
+    client.set_max_in_flight(queue_depth);
+    let mut samples = Samples::with_capacity(count);
+    let mut ops: Vec<PageOp<'_>> = (0..count).map(|_| PageOp::Probe { probe }).collect();
+    let mut first_error = None;
+    let started = Instant::now();
+    client.execute(&mut ops, |done| {
+        samples.push(done.latency);
+        if let Err(error) = done.result {
+            first_error.get_or_insert(error);
+        }
+    });
+    if let Some(error) = first_error {
+        return Err(error).context("probe failed");
+    }
+    Ok((samples, started.elapsed()))
+}

@@ -1,0 +1,208 @@
+//! A local cluster: `remem node` processes on 127.0.0.1, started and stopped by PID.
+//!
+//! Used by `remem up`, `remem demo`, `remem bench` and the tests. Each node is a real process
+//! (the same `remem` binary), so tests can SIGKILL or SIGSTOP it. Nodes get the cluster secret
+//! through the `REMEM_SECRET` environment variable, never on the command line, and print their
+//! address as the first line of stdout; their logs go to `DIR/node-N.log`.
+//!
+//! Invariant: a `LocalCluster` stops (SIGTERM, then SIGKILL after a grace period) exactly the
+//! processes it started, when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use remem_client::cluster::{ClusterFile, ClusterNode};
+use remem_proto::auth::Secret;
+
+/// How to start the nodes of a local cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    pub nodes: usize,
+    pub capacity_bytes: u64,
+    pub slab_size_bytes: u64,
+    /// Nodes per failure domain; 1 gives every node its own domain.
+    pub nodes_per_domain: usize,
+    /// Where the cluster file, secret and logs go.
+    pub dir: PathBuf,
+}
+
+pub struct LocalCluster {
+    pub file: ClusterFile,
+    pub cluster_file_path: PathBuf,
+    pub secret: Secret,
+    children: Vec<Option<Child>>,
+}
+
+/// Where `remem up` puts its files unless told otherwise.
+pub fn default_dir() -> PathBuf {
+    if let Some(runtime) = std::env::var_os("XDG_RUNTIME_DIR") {
+        return PathBuf::from(runtime).join("remem");
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    std::env::temp_dir().join(format!("remem-{uid}"))
+}
+
+fn random_secret_hex() -> String {
+    let bytes: [u8; 32] = rand::random();
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+impl LocalCluster {
+    /// Starts `options.nodes` node processes of `binary` and waits until each listens.
+    pub fn start(binary: &Path, options: &ClusterOptions) -> Result<LocalCluster> {
+        std::fs::create_dir_all(&options.dir)
+            .with_context(|| format!("creating cluster directory {}", options.dir.display()))?;
+        let secret_file = options.dir.join("secret");
+        let secret_hex = random_secret_hex();
+        std::fs::write(&secret_file, &secret_hex)
+            .with_context(|| format!("writing {}", secret_file.display()))?;
+        std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o600))?;
+        let secret = Secret::from_bytes(secret_hex.clone().into_bytes())
+            .map_err(|error| anyhow::anyhow!("{error}"))?;
+
+        let mut cluster = LocalCluster {
+            file: ClusterFile { secret_file: secret_file.clone(), nodes: Vec::new() },
+            cluster_file_path: options.dir.join("cluster.json"),
+            secret,
+            children: Vec::new(),
+        };
+        let per_domain = options.nodes_per_domain.max(1);
+        for index in 0..options.nodes {
+            let domain = format!("domain-{}", index / per_domain);
+            let log_path = options.dir.join(format!("node-{index}.log"));
+            let log = std::fs::File::create(&log_path)
+                .with_context(|| format!("creating {}", log_path.display()))?;
+            let mut child = Command::new(binary)
+                .arg("node")
+                .arg("--listen")
+                .arg("127.0.0.1:0")
+                .arg("--capacity")
+                .arg(options.capacity_bytes.to_string())
+                .arg("--slab-size")
+                .arg(options.slab_size_bytes.to_string())
+                .arg("--failure-domain")
+                .arg(&domain)
+                .arg("--node-id")
+                .arg((index + 1).to_string())
+                .env("REMEM_SECRET", &secret_hex)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::from(log))
+                .spawn()
+                .with_context(|| format!("starting {} node", binary.display()))?;
+            let stdout = child.stdout.take().expect("stdout is piped");
+            let pid = child.id();
+            cluster.children.push(Some(child));
+            let address = read_listen_line(stdout, Duration::from_secs(20)).with_context(|| {
+                format!("node {index} (pid {pid}) did not start; see {}", log_path.display())
+            })?;
+            cluster.file.nodes.push(ClusterNode { address, failure_domain: domain, pid: Some(pid) });
+        }
+        cluster.file.save(&cluster.cluster_file_path)?;
+        Ok(cluster)
+    }
+
+    pub fn addresses(&self) -> Vec<remem_client::NodeAddress> {
+        self.file.addresses()
+    }
+
+    pub fn pid(&self, node: usize) -> Option<u32> {
+        self.children.get(node)?.as_ref().map(|child| child.id())
+    }
+
+    /// Sends `signal` to node `node` (a process this cluster started).
+    pub fn signal(&mut self, node: usize, signal: i32) -> Result<()> {
+        let Some(pid) = self.pid(node) else { bail!("node {node} is not running") };
+        // SAFETY: kill with a PID we spawned and still own (not yet reaped).
+        if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
+            bail!("kill({pid}, {signal}): {}", std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// SIGKILLs node `node` and reaps it.
+    pub fn kill(&mut self, node: usize) -> Result<()> {
+        if let Some(mut child) = self.children.get_mut(node).and_then(Option::take) {
+            child.kill().context("killing node")?;
+            child.wait().context("reaping node")?;
+        }
+        Ok(())
+    }
+
+    /// Checks that every node still runs; names the first one that exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        for (index, child) in self.children.iter_mut().enumerate() {
+            if let Some(child) = child {
+                if let Some(status) = child.try_wait()? {
+                    bail!("node {index} (pid {}) exited: {status}", child.id());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// SIGTERM to every node, SIGKILL to those still alive after `grace`, then reap.
+    pub fn stop(&mut self, grace: Duration) {
+        for child in self.children.iter().flatten() {
+            // SAFETY: kill with a PID we spawned and have not reaped.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + grace;
+        for slot in &mut self.children {
+            if let Some(mut child) = slot.take() {
+                loop {
+                    match child.try_wait() {
+                        Ok(Some(_)) => break,
+                        Ok(None) if Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(10))
+                        }
+                        _ => {
+                            let _ = child.kill();
+                            let _ = child.wait();
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let _ = std::fs::remove_file(&self.cluster_file_path);
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(3));
+    }
+}
+
+/// Reads the node's first stdout line, `listening ADDRESS`, within `timeout`.
+fn read_listen_line(stdout: std::process::ChildStdout, timeout: Duration) -> Result<SocketAddr> {
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut line = String::new();
+        let result = reader.read_line(&mut line).map(|_| line);
+        let _ = sender.send(result);
+        // Keep draining so the node never blocks on a full pipe.
+        let mut sink = String::new();
+        while matches!(reader.read_line(&mut sink), Ok(n) if n > 0) {
+            sink.clear();
+        }
+    });
+    let line = receiver
+        .recv_timeout(timeout)
+        .context("timed out waiting for the node's address")?
+        .context("reading the node's stdout")?;
+    let address = line
+        .trim()
+        .strip_prefix("listening ")
+        .with_context(|| format!("unexpected first line from node: {line:?}"))?;
+    address.parse().with_context(|| format!("bad node address {address:?}"))
+}

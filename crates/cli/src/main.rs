@@ -1,0 +1,161 @@
+//! `remem`: resilient remote memory. See `remem --help`.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use remem::launcher::{ClusterOptions, LocalCluster};
+use remem::units::parse_bytes;
+use tracing_subscriber::EnvFilter;
+
+/// Resilient remote memory: memory nodes lend RAM in slabs; clients store 4 KiB pages there,
+/// Reed-Solomon coded (k data + r parity splits) across nodes, so that dead, slow or corrupted
+/// nodes cost neither data nor tail latency.
+///
+/// Start here: `remem demo` runs a 10-node cluster on this machine, writes 1 GiB with EC(8,2),
+/// verifies every page and prints latencies and memory overhead.
+#[derive(Parser, Debug)]
+#[command(name = "remem", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a memory node: lends up to --capacity bytes of RAM as slabs to authenticated clients.
+    ///
+    /// The cluster secret comes from --secret-file or the REMEM_SECRET environment variable
+    /// (never the command line). Logs go to stderr (set REMEM_LOG=debug for more); the first
+    /// stdout line is `listening ADDRESS`. Stops cleanly on SIGTERM or Ctrl-C.
+    Node(remem::node::NodeArgs),
+    /// Start a local cluster of N node processes on 127.0.0.1 and keep it up until Ctrl-C or
+    /// SIGTERM. Writes DIR/cluster.json, which `remem bench --cluster` reads.
+    Up(UpArgs),
+    /// Start a 10-node local cluster, write 1 GiB of pages with EC(8,2), read and verify every
+    /// page, print latencies and memory overhead, stop the cluster.
+    Demo(remem::demo::DemoArgs),
+    /// Benchmarks: `remem bench pages` (schemes vs transport floors) and `remem bench codec`
+    /// (erasure coding vs Intel ISA-L).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Page write/read latency and throughput at queue depth 1 and 32 for EC(8,2) delta 1 and
+    /// 0, rep(2) and none, beside a raw 4 KiB round trip and the raw k+delta fan-out, with
+    /// ratios. Starts its own 10-node cluster unless --cluster is given.
+    Pages(remem::bench::BenchArgs),
+    /// Encode/decode nanoseconds per page of remem's codec beside Debian's ISA-L
+    /// (remem-isal-baseline, a separate binary of this workspace).
+    Codec(CodecArgs),
+}
+
+#[derive(Args, Debug)]
+struct UpArgs {
+    /// Number of node processes.
+    #[arg(long, default_value_t = 10)]
+    nodes: usize,
+    /// Memory each node lends.
+    #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]
+    capacity: u64,
+    /// Slab size of every node.
+    #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
+    slab_size: u64,
+    /// Nodes per failure domain (1: every node is its own domain).
+    #[arg(long, default_value_t = 1)]
+    nodes_per_domain: usize,
+    /// Directory for cluster.json, the secret and node logs.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct CodecArgs {
+    #[arg(long, short = 'k', default_value_t = 8)]
+    data_splits: usize,
+    #[arg(long, short = 'r', default_value_t = 2)]
+    parity_splits: usize,
+    #[arg(long, default_value_t = 4096)]
+    page_bytes: usize,
+    /// Pages coded per measurement round.
+    #[arg(long, default_value_t = 200_000)]
+    iterations: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let default_level = if matches!(cli.command, Command::Node(_)) { "info" } else { "warn" };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("REMEM_LOG").unwrap_or_else(|_| EnvFilter::new(default_level)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(error) = run(cli) {
+        eprintln!("error: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let binary = std::env::current_exe().context("locating the remem binary")?;
+    match cli.command {
+        Command::Node(args) => remem::node::run(args),
+        Command::Up(args) => up(args, &binary),
+        Command::Demo(args) => remem::demo::run(args, &binary),
+        Command::Bench(BenchCommand::Pages(args)) => {
+            let json = args.json;
+            let report = remem::bench::run(args, &binary)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                remem::bench::print_table(&report);
+            }
+            Ok(())
+        }
+        Command::Bench(BenchCommand::Codec(args)) => remem::codec_bench::run(
+            args.data_splits,
+            args.parity_splits,
+            args.page_bytes,
+            args.iterations,
+            args.json,
+            &binary,
+        ),
+    }
+}
+
+fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
+    let options = ClusterOptions {
+        nodes: args.nodes,
+        capacity_bytes: args.capacity,
+        slab_size_bytes: args.slab_size,
+        nodes_per_domain: args.nodes_per_domain,
+        dir: args.dir.unwrap_or_else(remem::launcher::default_dir),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
+    signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
+    let mut cluster = LocalCluster::start(binary, &options)?;
+    for (index, node) in cluster.file.nodes.iter().enumerate() {
+        println!("node {index}: {} ({}) pid {}", node.address, node.failure_domain, node.pid.unwrap_or(0));
+    }
+    println!("cluster file: {}", cluster.cluster_file_path.display());
+    println!("press Ctrl-C to stop the cluster");
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(200));
+        if let Err(error) = cluster.check_alive() {
+            eprintln!("warning: {error:#}");
+        }
+    }
+    eprintln!("stopping {} nodes ...", options.nodes);
+    cluster.stop(Duration::from_secs(5));
+    Ok(())
+}

@@ -1,0 +1,62 @@
+//! Latency samples and their percentiles.
+
+use serde::Serialize;
+
+/// Latencies of one series, in nanoseconds.
+#[derive(Clone, Debug, Default)]
+pub struct Samples {
+    pub nanos: Vec<u64>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Summary {
+    pub count: usize,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub mean_us: f64,
+}
+
+impl Samples {
+    pub fn with_capacity(capacity: usize) -> Samples {
+        Samples { nanos: Vec::with_capacity(capacity) }
+    }
+
+    pub fn push(&mut self, duration: std::time::Duration) {
+        self.nanos.push(duration.as_nanos() as u64);
+    }
+
+    /// Sorts in place and summarizes.
+    pub fn summarize(&mut self) -> Summary {
+        self.nanos.sort_unstable();
+        let count = self.nanos.len();
+        if count == 0 {
+            return Summary::default();
+        }
+        let at = |quantile: f64| {
+            let index = ((count as f64 * quantile).ceil() as usize).clamp(1, count) - 1;
+            self.nanos[index] as f64 / 1000.0
+        };
+        Summary {
+            count,
+            p50_us: at(0.50),
+            p99_us: at(0.99),
+            p999_us: at(0.999),
+            mean_us: self.nanos.iter().sum::<u64>() as f64 / count as f64 / 1000.0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_of_one_to_thousand() {
+        let mut samples = Samples { nanos: (1..=1000).rev().map(|us| us * 1000).collect() };
+        let summary = samples.summarize();
+        assert_eq!(summary.p50_us, 500.0);
+        assert_eq!(summary.p99_us, 990.0);
+        assert_eq!(summary.p999_us, 999.0);
+    }
+}

@@ -1,0 +1,131 @@
+//! The `remem` commands as a user runs them: demo, bench, up, and their errors.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn remem() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_remem"))
+}
+
+#[test]
+fn demo_writes_and_verifies_every_page() {
+    let dir = std::env::temp_dir().join(format!("remem-test-demo-{}", std::process::id()));
+    let output =
+        remem().args(["demo", "--size", "16MiB", "--slab-size", "1MiB", "--dir"]).arg(&dir).output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "demo failed: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("every one of 4096 pages read back and verified: 0 mismatches"), "{stdout}");
+    assert!(stdout.contains("node memory:"), "{stdout}");
+    assert!(stdout.contains("cluster stopped"), "{stdout}");
+}
+
+#[test]
+fn bench_pages_reports_every_scheme_floor_and_ratio() {
+    let dir = std::env::temp_dir().join(format!("remem-test-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plot = dir.join("cdf.png");
+    let output = remem()
+        .args(["bench", "pages", "--size", "8MiB", "--slab-size", "1MiB", "--ops", "300", "--json", "--plot"])
+        .arg(&plot)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "bench failed: {}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("bench --json prints JSON");
+    let series = report["series"].as_array().unwrap();
+    for name in
+        ["ec(8,2) d=1", "ec(8,2) d=0", "rep(2)", "none", "floor: 4KiB round trip", "floor: fan-out 9->8"]
+    {
+        for queue_depth in [1, 32] {
+            let found = series.iter().find(|s| s["name"] == name && s["queue_depth"] == queue_depth);
+            let found = found.unwrap_or_else(|| panic!("missing series {name} qd{queue_depth}"));
+            assert!(found["latency"]["p50_us"].as_f64().unwrap() > 0.0);
+            assert!(found["ops_per_second"].as_f64().unwrap() > 0.0);
+        }
+    }
+    for ratio in report["ratios"].as_array().unwrap() {
+        let value = ratio["value"].as_f64().unwrap();
+        assert!(value.is_finite() && value > 0.0, "{ratio}");
+    }
+    // One EC(8,2) range of 1 MiB slabs filled completely: 1.25 plus 5 bytes per 512.
+    let memory = report["ec_memory_ratio"].as_f64().unwrap();
+    assert!((memory - 1.25 * (1.0 + 5.0 / 512.0)).abs() < 1e-6, "memory ratio {memory}");
+    let png = std::fs::read(&plot).expect("plot written");
+    assert_eq!(&png[1..4], b"PNG");
+}
+
+#[test]
+fn up_starts_a_cluster_and_stops_it_on_sigterm() {
+    let dir = std::env::temp_dir().join(format!("remem-test-up-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut child = remem()
+        .args(["up", "--nodes", "3", "--capacity", "8MiB", "--slab-size", "1MiB", "--dir"])
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let cluster_file = dir.join("cluster.json");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cluster_file.exists() {
+        assert!(Instant::now() < deadline, "cluster.json never appeared");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cluster = remem_client::cluster::ClusterFile::load(&cluster_file).unwrap();
+    assert_eq!(cluster.nodes.len(), 3);
+    // SAFETY: signalling the child we spawned.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("remem up did not stop on SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success());
+    for node in &cluster.nodes {
+        let pid = node.pid.unwrap() as libc::pid_t;
+        // SAFETY: signal 0 only checks whether the process exists.
+        assert!(unsafe { libc::kill(pid, 0) } != 0, "node {pid} outlived remem up");
+    }
+    assert!(!cluster_file.exists(), "cluster file removed on stop");
+}
+
+#[test]
+fn bad_arguments_get_clear_errors() {
+    let output = remem().args(["node", "--capacity", "lots"]).output().unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("not a size"));
+
+    let output =
+        remem().args(["node", "--listen", "127.0.0.1:0"]).env_remove("REMEM_SECRET").output().unwrap();
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("secret"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    let output = remem().args(["demo", "--nodes", "5"]).output().unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("fewer than k+r"));
+    let _ = Path::new(".");
+}
+
+#[test]
+fn bench_codec_compares_with_debian_isal() {
+    // Needs remem-isal-baseline beside remem: `cargo nextest run --workspace` builds it.
+    let output = remem().args(["bench", "codec", "--iterations", "200", "--json"]).output().unwrap();
+    assert!(output.status.success(), "bench codec failed: {}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let rows = report["rows"].as_array().unwrap();
+    assert!(rows.iter().any(|row| row["codec"].as_str().unwrap().contains("Debian")));
+    for ratio in report["ratios"].as_array().unwrap() {
+        let value = ratio["remem_over_isal"].as_f64().unwrap();
+        assert!(value.is_finite() && value > 0.0, "{ratio}");
+    }
+}

@@ -1,0 +1,408 @@
+//! The decision logic of the Resilience Manager, free of I/O (sans-I/O).
+//!
+//! A [`ReadState`] or [`WriteState`] takes events (a split arrived valid, arrived corrupt, its
+//! node failed) and answers with what to do next (ask these splits, wait, done, lost). The TCP
+//! driver in `io.rs` feeds it from sockets; a deterministic simulator can feed it from a model.
+//!
+//! Splits are numbered 0..k+r: 0..k are the data splits (slices of the page), k..k+r the
+//! parities. Sets of splits are `u32` bit masks (k+r <= 20).
+//!
+//! Invariants:
+//! - a read is `Done` only with k splits that passed their checksum and carry the expected
+//!   version; anything else is an erasure, never decoded;
+//! - a split is asked at most once per read, and only from a slab not known to be unavailable;
+//! - a write is `Done` only when every split was acknowledged or failed, and it succeeds only if
+//!   at least k splits were acknowledged (the page is still decodable).
+
+/// A set of split indices.
+pub type SplitMask = u32;
+
+/// Coding shape of one client: k data splits, r parities, delta extra reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub data_splits: usize,
+    pub parity_splits: usize,
+    /// Extra splits asked on every read beyond k (late binding); capped at r.
+    pub extra_reads: usize,
+}
+
+impl Shape {
+    pub fn total_splits(&self) -> usize {
+        self.data_splits + self.parity_splits
+    }
+
+    pub fn all_splits(&self) -> SplitMask {
+        mask_below(self.total_splits())
+    }
+
+    pub fn data_mask(&self) -> SplitMask {
+        mask_below(self.data_splits)
+    }
+}
+
+pub fn mask_below(n: usize) -> SplitMask {
+    assert!(n <= 32);
+    if n == 32 {
+        u32::MAX
+    } else {
+        (1u32 << n) - 1
+    }
+}
+
+/// What became of one asked split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitOutcome {
+    /// Checksum passed; the split carries this version.
+    Valid { version: u8 },
+    /// Checksum failed: corrupted in memory or torn.
+    Corrupt,
+    /// The node answered with an error, timed out or its connection died.
+    Failed,
+}
+
+/// Next step of a read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadStep {
+    /// Nothing to do until the next reply.
+    Wait,
+    /// Send reads for these splits (not asked before), then wait.
+    Ask(SplitMask),
+    /// k valid splits are in. `present` has exactly k bits; decode if it lacks a data split.
+    Done { present: SplitMask, needs_decode: bool },
+    /// Fewer than k valid splits can still arrive: the page cannot be read now.
+    Lost { valid: SplitMask, failed: SplitMask },
+}
+
+/// One late-binding read of one page (seed 000 §4.1.2).
+#[derive(Clone, Debug)]
+pub struct ReadState {
+    shape: Shape,
+    expected_version: u8,
+    unavailable: SplitMask,
+    asked: SplitMask,
+    valid: SplitMask,
+    failed: SplitMask,
+    finished: bool,
+}
+
+impl ReadState {
+    /// Starts a read of a page last written with `expected_version`. `unavailable` marks slabs
+    /// known to be down. `extra_splits` (usually delta) are asked beyond k from the start.
+    /// Returns the state and the first splits to ask: all data splits that are available (so no
+    /// decode is needed when they come first), then parities up to k+extra in total.
+    pub fn start(
+        shape: Shape,
+        expected_version: u8,
+        unavailable: SplitMask,
+        extra_splits: usize,
+    ) -> (ReadState, ReadStep) {
+        assert!(expected_version != 0, "a never-written page is not read remotely");
+        let mut state = ReadState {
+            shape,
+            expected_version,
+            unavailable,
+            asked: 0,
+            valid: 0,
+            failed: 0,
+            finished: false,
+        };
+        let want = (shape.data_splits + extra_splits).min(shape.total_splits());
+        let first = state.choose(want);
+        let step = if first == 0 {
+            state.finished = true;
+            ReadStep::Lost { valid: 0, failed: unavailable }
+        } else if (first.count_ones() as usize) < shape.data_splits {
+            // Not enough available slabs to reach k: lost without asking anyone.
+            state.finished = true;
+            ReadStep::Lost { valid: 0, failed: unavailable }
+        } else {
+            state.asked = first;
+            ReadStep::Ask(first)
+        };
+        (state, step)
+    }
+
+    /// Picks up to `count` unasked, available splits, data splits first.
+    fn choose(&self, count: usize) -> SplitMask {
+        let mut chosen = 0;
+        let mut picked = 0;
+        for split in 0..self.shape.total_splits() {
+            if picked == count {
+                break;
+            }
+            let bit = 1 << split;
+            if (self.asked | self.unavailable) & bit == 0 {
+                chosen |= bit;
+                picked += 1;
+            }
+        }
+        chosen
+    }
+
+    pub fn asked(&self) -> SplitMask {
+        self.asked
+    }
+
+    pub fn valid(&self) -> SplitMask {
+        self.valid
+    }
+
+    /// Splits asked and not yet answered.
+    pub fn pending(&self) -> SplitMask {
+        self.asked & !(self.valid | self.failed)
+    }
+
+    /// Feeds one reply. Replies for splits never asked, or after the read finished, are
+    /// ignored (`Wait`): late binding drops late replies.
+    pub fn on_reply(&mut self, split: usize, outcome: SplitOutcome) -> ReadStep {
+        let bit = 1u32 << split;
+        if self.finished || self.asked & bit == 0 || (self.valid | self.failed) & bit != 0 {
+            return ReadStep::Wait;
+        }
+        match outcome {
+            SplitOutcome::Valid { version } if version == self.expected_version => {
+                self.valid |= bit;
+            }
+            // A valid split of another version is stale or from a torn write: an erasure.
+            SplitOutcome::Valid { .. } | SplitOutcome::Corrupt | SplitOutcome::Failed => {
+                self.failed |= bit;
+            }
+        }
+        let k = self.shape.data_splits;
+        if self.valid.count_ones() as usize == k {
+            self.finished = true;
+            let needs_decode = self.valid & self.shape.data_mask() != self.shape.data_mask();
+            return ReadStep::Done { present: self.valid, needs_decode };
+        }
+        if self.failed & bit != 0 {
+            // Replace the lost split with one not asked yet, if the total can still reach k.
+            let in_play = (self.valid | self.pending()).count_ones() as usize;
+            if in_play < k {
+                let more = self.choose(k - in_play);
+                if (in_play + more.count_ones() as usize) < k {
+                    self.finished = true;
+                    return ReadStep::Lost { valid: self.valid, failed: self.failed | self.unavailable };
+                }
+                self.asked |= more;
+                return ReadStep::Ask(more);
+            }
+        }
+        ReadStep::Wait
+    }
+
+    /// Asks `count` more splits now (a straggler deadline passed). `Wait` if none are left.
+    pub fn hedge(&mut self, count: usize) -> ReadStep {
+        if self.finished {
+            return ReadStep::Wait;
+        }
+        let more = self.choose(count);
+        if more == 0 {
+            return ReadStep::Wait;
+        }
+        self.asked |= more;
+        ReadStep::Ask(more)
+    }
+}
+
+/// Next step of a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteStep {
+    Wait,
+    /// Every split answered and at least k were stored. `degraded` lists the splits that were
+    /// not stored: their slabs must be rebuilt before the page has full redundancy again.
+    Done {
+        degraded: SplitMask,
+    },
+    /// Fewer than k splits can be stored: the page's new version is not readable.
+    Failed {
+        stored: SplitMask,
+        failed: SplitMask,
+    },
+}
+
+/// One asynchronously encoded write (seed 000 §4.1.1): the driver sends the data splits, then
+/// encodes and sends the parities; the write is complete when all k+r have answered.
+#[derive(Clone, Debug)]
+pub struct WriteState {
+    shape: Shape,
+    targets: SplitMask,
+    stored: SplitMask,
+    failed: SplitMask,
+    finished: bool,
+}
+
+impl WriteState {
+    /// `unavailable` splits are not written at all (their slabs are down); they count as
+    /// degraded from the start.
+    pub fn start(shape: Shape, unavailable: SplitMask) -> (WriteState, WriteStep) {
+        let targets = shape.all_splits() & !unavailable;
+        let mut state = WriteState { shape, targets, stored: 0, failed: unavailable, finished: false };
+        if (targets.count_ones() as usize) < shape.data_splits {
+            state.finished = true;
+            return (state, WriteStep::Failed { stored: 0, failed: unavailable });
+        }
+        (state, WriteStep::Wait)
+    }
+
+    /// Splits to send (data first is the driver's job: it sends `targets & data_mask` before
+    /// encoding).
+    pub fn targets(&self) -> SplitMask {
+        self.targets
+    }
+
+    pub fn pending(&self) -> SplitMask {
+        self.targets & !(self.stored | self.failed)
+    }
+
+    pub fn on_ack(&mut self, split: usize, stored: bool) -> WriteStep {
+        let bit = 1u32 << split;
+        if self.finished || self.targets & bit == 0 || (self.stored | self.failed) & bit != 0 {
+            return WriteStep::Wait;
+        }
+        if stored {
+            self.stored |= bit;
+        } else {
+            self.failed |= bit;
+        }
+        let k = self.shape.data_splits;
+        let possible = (self.stored | self.pending()).count_ones() as usize;
+        if possible < k {
+            self.finished = true;
+            return WriteStep::Failed { stored: self.stored, failed: self.failed };
+        }
+        if self.pending() == 0 {
+            self.finished = true;
+            return WriteStep::Done { degraded: self.shape.all_splits() & !self.stored };
+        }
+        WriteStep::Wait
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const EC82: Shape = Shape { data_splits: 8, parity_splits: 2, extra_reads: 1 };
+
+    #[test]
+    fn read_asks_data_first_plus_delta() {
+        let (_, step) = ReadState::start(EC82, 3, 0, 1);
+        assert_eq!(step, ReadStep::Ask(0b01_1111_1111));
+    }
+
+    #[test]
+    fn read_done_without_decode_when_data_splits_arrive_first() {
+        let (mut read, _) = ReadState::start(EC82, 3, 0, 1);
+        for split in 0..7 {
+            assert_eq!(read.on_reply(split, SplitOutcome::Valid { version: 3 }), ReadStep::Wait);
+        }
+        let step = read.on_reply(7, SplitOutcome::Valid { version: 3 });
+        assert_eq!(step, ReadStep::Done { present: 0xff, needs_decode: false });
+        // The late parity is dropped.
+        assert_eq!(read.on_reply(8, SplitOutcome::Valid { version: 3 }), ReadStep::Wait);
+    }
+
+    #[test]
+    fn corrupt_split_is_an_erasure_and_asks_another() {
+        let (mut read, _) = ReadState::start(EC82, 3, 0, 0);
+        assert_eq!(read.on_reply(2, SplitOutcome::Corrupt), ReadStep::Ask(1 << 8));
+        for split in [0, 1, 3, 4, 5, 6, 7] {
+            assert_eq!(read.on_reply(split, SplitOutcome::Valid { version: 3 }), ReadStep::Wait);
+        }
+        let step = read.on_reply(8, SplitOutcome::Valid { version: 3 });
+        assert_eq!(step, ReadStep::Done { present: 0x1fb, needs_decode: true });
+    }
+
+    #[test]
+    fn stale_version_is_never_counted() {
+        let (mut read, _) = ReadState::start(EC82, 4, 0, 2);
+        for split in 0..8 {
+            read.on_reply(split, SplitOutcome::Valid { version: if split == 5 { 3 } else { 4 } });
+        }
+        assert_eq!(read.valid().count_ones(), 7);
+        let step = read.on_reply(8, SplitOutcome::Valid { version: 4 });
+        assert_eq!(step, ReadStep::Done { present: 0x1df, needs_decode: true });
+    }
+
+    #[test]
+    fn three_failures_at_r2_lose_the_page() {
+        let (mut read, _) = ReadState::start(EC82, 1, 0, 1);
+        assert_eq!(read.on_reply(0, SplitOutcome::Failed), ReadStep::Wait);
+        assert_eq!(read.on_reply(1, SplitOutcome::Failed), ReadStep::Ask(1 << 9));
+        assert!(matches!(read.on_reply(2, SplitOutcome::Failed), ReadStep::Lost { .. }));
+    }
+
+    #[test]
+    fn unavailable_slabs_are_never_asked() {
+        let (read, step) = ReadState::start(EC82, 1, 0b11, 1);
+        assert_eq!(step, ReadStep::Ask(0b11_1111_1100));
+        assert_eq!(read.asked() & 0b11, 0);
+        let (_, step) = ReadState::start(EC82, 1, 0b111, 1);
+        assert!(matches!(step, ReadStep::Lost { .. }));
+    }
+
+    #[test]
+    fn write_completes_degraded_with_r_failures_and_fails_beyond() {
+        let (mut write, _) = WriteState::start(EC82, 0);
+        assert_eq!(write.on_ack(9, false), WriteStep::Wait);
+        for split in 0..8 {
+            assert_eq!(write.on_ack(split, true), WriteStep::Wait);
+        }
+        assert_eq!(write.on_ack(8, true), WriteStep::Done { degraded: 1 << 9 });
+
+        let (mut write, _) = WriteState::start(EC82, 0b1);
+        write.on_ack(1, false);
+        assert!(matches!(write.on_ack(2, false), WriteStep::Failed { .. }));
+    }
+
+    proptest! {
+        /// Whatever the order and outcome of replies, a read ends Done only with k valid splits
+        /// of the expected version, ends Lost only when k can no longer be reached, and asks
+        /// each split at most once.
+        #[test]
+        fn read_state_machine_is_sound(
+            k in 1usize..=16, r in 0usize..=4, delta in 0usize..=4,
+            outcomes in proptest::collection::vec(0u8..4, 20),
+            order_seed in any::<u64>(),
+        ) {
+            let shape = Shape { data_splits: k, parity_splits: r, extra_reads: delta.min(r) };
+            let (mut read, mut step) = ReadState::start(shape, 7, 0, shape.extra_reads);
+            let mut asked_total: SplitMask = 0;
+            let mut queue: Vec<usize> = Vec::new();
+            let mut good = 0u32;
+            let mut rng = order_seed;
+            loop {
+                match step {
+                    ReadStep::Ask(mask) => {
+                        prop_assert_eq!(mask & asked_total, 0);
+                        asked_total |= mask;
+                        for split in 0..k + r { if mask & (1 << split) != 0 { queue.push(split); } }
+                    }
+                    ReadStep::Done { present, .. } => {
+                        prop_assert_eq!(present.count_ones() as usize, k);
+                        prop_assert_eq!(present & !good, 0);
+                        break;
+                    }
+                    ReadStep::Lost { .. } => break,
+                    ReadStep::Wait => {}
+                }
+                if queue.is_empty() { break; }
+                rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let split = queue.swap_remove((rng >> 33) as usize % queue.len());
+                let outcome = match outcomes[split] {
+                    0 | 1 => { good |= 1 << split; SplitOutcome::Valid { version: 7 } }
+                    2 => SplitOutcome::Corrupt,
+                    _ => SplitOutcome::Valid { version: 6 },
+                };
+                step = read.on_reply(split, outcome);
+            }
+            let good_total = (0..k + r).filter(|&s| outcomes[s] <= 1).count();
+            if good_total >= k {
+                prop_assert!(matches!(step, ReadStep::Done { .. }), "a readable page was not read: {:?}", step);
+            } else {
+                prop_assert!(matches!(step, ReadStep::Lost { .. }), "an unreadable page was not reported lost: {:?}", step);
+            }
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! Errors of the client, per operation, with the fields a caller needs to act on them.
+
+use std::net::SocketAddr;
+
+/// Why [`crate::Client::connect`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("coding parameters: {0}")]
+    Params(#[from] remem_codec::ParamsError),
+    #[error("{needed} nodes are needed for k+r splits on distinct nodes, the cluster has {given}")]
+    TooFewNodes { needed: usize, given: usize },
+    #[error("node {address}: {source}")]
+    Io { address: SocketAddr, source: std::io::Error },
+    #[error("node {address}: handshake failed: {message}")]
+    Handshake { address: SocketAddr, message: String },
+    #[error("node {address}: protocol error: {message}")]
+    Protocol { address: SocketAddr, message: String },
+    #[error("node {address} refused: {code}: {message}")]
+    Refused { address: SocketAddr, code: String, message: String },
+    #[error("node {address} has {slab_size_bytes}-byte slabs, the others {expected_bytes}: every node of a cluster must use one slab size")]
+    SlabSizeMismatch { address: SocketAddr, slab_size_bytes: u64, expected_bytes: u64 },
+    #[error("slabs of {slab_size_bytes} bytes cannot hold a split of {split_bytes} bytes")]
+    SlabTooSmall { slab_size_bytes: u64, split_bytes: usize },
+    #[error("an address space of {bytes} bytes holds no page")]
+    EmptyAddressSpace { bytes: u64 },
+    #[error("placement: {0}")]
+    Placement(#[from] remem_placement::PlacementError),
+    #[error("cannot create the event loop: {0}")]
+    Poll(std::io::Error),
+}
+
+/// Why one page operation failed. Never returned with wrong data: a page that cannot be read
+/// correctly is an error.
+#[derive(Debug, thiserror::Error)]
+pub enum PageError {
+    #[error("page {page} is beyond the address space of {page_count} pages")]
+    OutOfRange { page: u64, page_count: u64 },
+    #[error("buffer of {len} bytes given for a {page_bytes}-byte page")]
+    BadBuffer { len: usize, page_bytes: usize },
+    #[error("page {page} (range {range}) is unreadable: {valid_splits} valid splits of the {needed_splits} needed; failed or unavailable nodes: {failed_nodes:?}")]
+    Lost { page: u64, range: usize, valid_splits: usize, needed_splits: usize, failed_nodes: Vec<SocketAddr> },
+    #[error("write of page {page} (range {range}) failed: {stored_splits} splits stored, {needed_splits} needed; failed nodes: {failed_nodes:?}")]
+    WriteFailed {
+        page: u64,
+        range: usize,
+        stored_splits: usize,
+        needed_splits: usize,
+        failed_nodes: Vec<SocketAddr>,
+    },
+    #[error("page {page}: decode failed: {message}")]
+    Decode { page: u64, message: String },
+    #[error("node {address} is down")]
+    NodeDown { address: SocketAddr },
+    #[error("node {address} did not answer in time")]
+    Timeout { address: SocketAddr },
+    #[error("node {address} refused: {code}: {message}")]
+    Refused { address: SocketAddr, code: String, message: String },
+    #[error("node {address}: protocol error: {message}")]
+    Protocol { address: SocketAddr, message: String },
+}

@@ -1,0 +1,1324 @@
+//! The TCP driver of the Resilience Manager: sockets, frames, buffers, the event loop.
+//!
+//! Run to completion (seed 000 §4.1.3): the thread that calls [`Client::execute`] sends the
+//! splits, waits on the sockets itself (one `epoll` over every node connection) and finishes
+//! each page, decode included, before it returns. No request is handed to another thread.
+//!
+//! Per page, nothing is allocated: op slots, parity buffers, the event queue and the socket
+//! buffers are sized when the client connects.
+//!
+//! Copies. A write copies each split once into the connection's send buffer and a read copies
+//! each arriving split once from the receive buffer into its place: data splits straight into
+//! the caller's page, parities into the op's parity buffer, and decoding writes the missing data
+//! splits into the page (in-place coding, seed 000 Figure 7). Reading each payload with its own
+//! `read` into the page would save that copy of page_size/k bytes (about 10 ns) but cost one more
+//! system call per split (about 1 us); one `read` here drains many replies.
+//!
+//! Late binding and in-place safety: a reply names its op slot and the op's generation. Once an
+//! op is done its slot's generation moves on, so a late reply is copied nowhere. Within one op
+//! each split is asked once, so no reply can overwrite a split that the decoder counted on.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use mio::net::TcpStream as MioStream;
+use mio::{Events, Interest, Poll, Token};
+use remem_codec::{CodecParams, PageCodec};
+use remem_placement::{NodeLoad, Placement};
+use remem_proto::auth::Secret;
+use remem_proto::{
+    Control, FrameHeader, Kind, NodeInfo, SplitMeta, WriteSplitPrefix, HEADER_BYTES, SPLIT_META_BYTES,
+};
+
+use crate::core::{ReadState, ReadStep, Shape, SplitMask, SplitOutcome, WriteState, WriteStep};
+use crate::error::{ConnectError, PageError};
+
+/// Top bit of a request id: a control request, not a split of an op.
+const CONTROL_REQUEST: u64 = 1 << 63;
+/// Largest control reply body we accept (NodeInfoReply and Error are the big ones).
+const MAX_CONTROL_BODY_BYTES: usize = 1024;
+/// Most splits an op can have: k <= 16, r <= 4.
+const MAX_SPLITS: usize = 20;
+
+/// Where a node listens and which failure domain it reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeAddress {
+    pub address: SocketAddr,
+}
+
+/// Settings of one client (one remote address space).
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    pub shape: Shape,
+    pub page_bytes: usize,
+    pub address_space_bytes: u64,
+    /// Identity that owns the slabs on the nodes.
+    pub client_id: u64,
+    /// Pages in flight at once in [`Client::execute`].
+    pub max_in_flight: usize,
+    /// A split not answered within this time counts as failed.
+    pub request_timeout: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl ClientConfig {
+    pub fn new(shape: Shape, address_space_bytes: u64) -> ClientConfig {
+        ClientConfig {
+            shape,
+            page_bytes: 4096,
+            address_space_bytes,
+            client_id: rand::random(),
+            max_in_flight: 32,
+            request_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// One page operation of a batch given to [`Client::execute`].
+pub enum PageOp<'a> {
+    Write {
+        page: u64,
+        data: &'a [u8],
+    },
+    Read {
+        page: u64,
+        buf: &'a mut [u8],
+    },
+    /// A raw fan-out of a prepared probe (see [`Client::prepare_probe`]): the transport floor.
+    Probe {
+        probe: usize,
+    },
+}
+
+impl PageOp<'_> {
+    fn page(&self) -> Option<u64> {
+        match self {
+            PageOp::Write { page, .. } | PageOp::Read { page, .. } => Some(*page),
+            PageOp::Probe { .. } => None,
+        }
+    }
+}
+
+/// What [`Client::execute`] reports for each op.
+#[derive(Debug)]
+pub struct OpDone {
+    /// Index of the op in the batch.
+    pub index: usize,
+    pub result: Result<(), PageError>,
+    /// From the moment the op was started (its first split sent) to its completion.
+    pub latency: Duration,
+    /// True when the read had to decode (a data split was missing or late).
+    pub decoded: bool,
+}
+
+/// One slab of a range: which node, which slab id there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlabRef {
+    pub node: usize,
+    pub slab_id: u32,
+}
+
+/// An address range: `pages_per_range` consecutive pages on k+r slabs.
+#[derive(Clone, Debug)]
+pub struct Range {
+    pub slabs: Vec<SlabRef>,
+    /// Splits whose slab is known to be down.
+    pub unavailable: SplitMask,
+}
+
+/// A raw fan-out: `targets.len()` one-split reads, done at the `need`-th reply.
+#[derive(Clone, Debug)]
+pub struct Probe {
+    targets: Vec<(usize, u32)>,
+    need: usize,
+}
+
+/// Memory the nodes report, for the overhead figure.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemoryReport {
+    /// Slab bytes mapped by this client (every slab of every range).
+    pub slab_bytes: u64,
+    /// Per-slot metadata the nodes keep for those slabs.
+    pub metadata_bytes: u64,
+    /// Bytes of address space covered by the mapped ranges.
+    pub address_space_bytes: u64,
+}
+
+struct Conn {
+    address: SocketAddr,
+    stream: MioStream,
+    alive: bool,
+    out: Vec<u8>,
+    out_sent: usize,
+    writable_interest: bool,
+    input: Vec<u8>,
+    input_start: usize,
+    input_end: usize,
+    info: NodeInfo,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotKind {
+    Free,
+    Write,
+    Read,
+    Probe,
+}
+
+struct OpSlot {
+    kind: SlotKind,
+    generation: u32,
+    op_index: usize,
+    page: u64,
+    range: usize,
+    slot_in_range: u32,
+    version: u8,
+    read: Option<ReadState>,
+    write: Option<WriteState>,
+    probe: usize,
+    probe_replies: usize,
+    probe_asked: u32,
+    parity: Vec<u8>,
+    started: Instant,
+    deadline: Instant,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct SplitEvent {
+    slot: usize,
+    generation: u32,
+    split: usize,
+    outcome: Outcome,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Outcome {
+    Read(SplitOutcome),
+    Write(bool),
+    ProbeReply,
+}
+
+/// A connected client: one remote address space on k+r slabs per range.
+///
+/// Not `Sync`: one thread drives it (run to completion). Several threads use several clients.
+pub struct Client {
+    config: ClientConfig,
+    codec: Box<dyn PageCodec>,
+    split_bytes: usize,
+    pages_per_range: u64,
+    page_count: u64,
+    conns: Vec<Conn>,
+    ranges: Vec<Range>,
+    versions: Vec<u8>,
+    slots: Vec<OpSlot>,
+    active: usize,
+    /// Ops in flight at most (<= slots.len()); see [`Client::set_max_in_flight`].
+    in_flight_limit: usize,
+    events: Vec<SplitEvent>,
+    poll: Poll,
+    poll_events: Events,
+    probes: Vec<Probe>,
+    probe_slabs: Vec<(usize, u32)>,
+    control_counter: u64,
+    control_reply: Option<(u64, Control)>,
+}
+
+fn request_id(slot: usize, generation: u32, split: usize) -> u64 {
+    ((generation as u64) << 32) | ((slot as u64) << 8) | split as u64
+}
+
+fn parse_request_id(id: u64) -> (usize, u32, usize) {
+    (((id >> 8) & 0xff_ffff) as usize, (id >> 32) as u32, (id & 0xff) as usize)
+}
+
+impl Client {
+    /// Connects to every node, authenticates, maps k+r slabs per address range with
+    /// `placement`, and returns a client ready for page I/O.
+    pub fn connect(
+        nodes: &[NodeAddress],
+        secret: &Secret,
+        config: ClientConfig,
+        placement: &mut dyn Placement,
+    ) -> Result<Client, ConnectError> {
+        let shape = config.shape;
+        assert!(config.max_in_flight >= 1 && config.max_in_flight < (1 << 24));
+        assert!(shape.extra_reads <= shape.parity_splits, "delta is at most r");
+        let codec_params = CodecParams::new(shape.data_splits, shape.parity_splits, config.page_bytes)?;
+        let split_bytes = codec_params.split_bytes();
+        let width = shape.total_splits();
+        if nodes.len() < width {
+            return Err(ConnectError::TooFewNodes { needed: width, given: nodes.len() });
+        }
+
+        let mut streams = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            let mut stream = TcpStream::connect_timeout(&node.address, config.connect_timeout)
+                .map_err(|source| ConnectError::Io { address: node.address, source })?;
+            let io_error = |source| ConnectError::Io { address: node.address, source };
+            stream.set_nodelay(true).map_err(io_error)?;
+            stream.set_read_timeout(Some(config.connect_timeout)).map_err(io_error)?;
+            remem_proto::blocking::handshake(&mut stream, secret, config.client_id).map_err(|source| {
+                ConnectError::Handshake { address: node.address, message: source.to_string() }
+            })?;
+            let info = match blocking_control(&mut stream, 1, &Control::NodeInfo, node.address)? {
+                Control::NodeInfoReply(info) => info,
+                other => return Err(unexpected(node.address, &other)),
+            };
+            streams.push((stream, info, node.address));
+        }
+
+        let slab_size = streams[0].1.slab_size_bytes;
+        for (_, info, address) in &streams {
+            if info.slab_size_bytes != slab_size {
+                return Err(ConnectError::SlabSizeMismatch {
+                    address: *address,
+                    slab_size_bytes: info.slab_size_bytes,
+                    expected_bytes: slab_size,
+                });
+            }
+        }
+        if slab_size < split_bytes as u64 {
+            return Err(ConnectError::SlabTooSmall { slab_size_bytes: slab_size, split_bytes });
+        }
+        let pages_per_range = slab_size / split_bytes as u64;
+        let page_count = config.address_space_bytes / config.page_bytes as u64;
+        if page_count == 0 {
+            return Err(ConnectError::EmptyAddressSpace { bytes: config.address_space_bytes });
+        }
+        let range_count = page_count.div_ceil(pages_per_range);
+
+        let mut loads: Vec<NodeLoad> = streams
+            .iter()
+            .enumerate()
+            .map(|(index, (_, info, _))| NodeLoad {
+                node_index: index,
+                failure_domain: info.failure_domain.clone(),
+                slabs_mapped: info.slabs_mapped as u64,
+                slabs_free: info.free_bytes / info.slab_size_bytes.max(1),
+            })
+            .collect();
+        let mut ranges = Vec::with_capacity(range_count as usize);
+        let mut request = 2;
+        for range_index in 0..range_count {
+            let placed = placement.place(&loads, width)?;
+            if !placed.distinct_domains {
+                tracing::warn!(range = range_index, "range placed with shared failure domains");
+            }
+            let mut slabs = Vec::with_capacity(width);
+            for (split, &node) in placed.nodes.iter().enumerate() {
+                let (stream, _, address) = &mut streams[node];
+                let map = Control::MapSlab {
+                    split_bytes: split_bytes as u32,
+                    split_index: split as u8,
+                    first_page: range_index * pages_per_range,
+                    range_id: range_index,
+                };
+                request += 1;
+                match blocking_control(stream, request, &map, *address)? {
+                    Control::SlabMapped { slab_id, slots } => {
+                        if slots as u64 != pages_per_range {
+                            return Err(ConnectError::SlabSizeMismatch {
+                                address: *address,
+                                slab_size_bytes: slots as u64 * split_bytes as u64,
+                                expected_bytes: slab_size,
+                            });
+                        }
+                        slabs.push(SlabRef { node, slab_id });
+                    }
+                    other => return Err(unexpected(*address, &other)),
+                }
+                loads[node].slabs_mapped += 1;
+                loads[node].slabs_free = loads[node].slabs_free.saturating_sub(1);
+            }
+            ranges.push(Range { slabs, unavailable: 0 });
+        }
+
+        let poll = Poll::new().map_err(ConnectError::Poll)?;
+        let mut conns = Vec::with_capacity(streams.len());
+        let input_bytes = (256 * 1024).max(4 * (HEADER_BYTES + SPLIT_META_BYTES + config.page_bytes));
+        for (index, (stream, info, address)) in streams.into_iter().enumerate() {
+            let io_error = |source| ConnectError::Io { address, source };
+            stream.set_read_timeout(None).map_err(io_error)?;
+            stream.set_nonblocking(true).map_err(io_error)?;
+            let mut stream = MioStream::from_std(stream);
+            poll.registry().register(&mut stream, Token(index), Interest::READABLE).map_err(io_error)?;
+            conns.push(Conn {
+                address,
+                stream,
+                alive: true,
+                out: Vec::with_capacity(64 * 1024),
+                out_sent: 0,
+                writable_interest: false,
+                input: vec![0; input_bytes],
+                input_start: 0,
+                input_end: 0,
+                info,
+            });
+        }
+
+        let now = Instant::now();
+        let slots = (0..config.max_in_flight)
+            .map(|_| OpSlot {
+                kind: SlotKind::Free,
+                generation: 0,
+                op_index: 0,
+                page: 0,
+                range: 0,
+                slot_in_range: 0,
+                version: 0,
+                read: None,
+                write: None,
+                probe: 0,
+                probe_replies: 0,
+                probe_asked: 0,
+                parity: vec![0; codec_params.parity_bytes()],
+                started: now,
+                deadline: now,
+            })
+            .collect();
+        Ok(Client {
+            codec: remem_codec::new_codec(codec_params),
+            split_bytes,
+            pages_per_range,
+            page_count,
+            conns,
+            ranges,
+            versions: vec![0; page_count as usize],
+            slots,
+            active: 0,
+            in_flight_limit: config.max_in_flight,
+            events: Vec::with_capacity(config.max_in_flight * MAX_SPLITS * 2),
+            poll,
+            poll_events: Events::with_capacity(256),
+            probes: Vec::new(),
+            probe_slabs: Vec::new(),
+            control_counter: 0,
+            control_reply: None,
+            config,
+        })
+    }
+
+    pub fn page_count(&self) -> u64 {
+        self.config.address_space_bytes / self.config.page_bytes as u64
+    }
+
+    pub fn page_bytes(&self) -> usize {
+        self.config.page_bytes
+    }
+
+    pub fn shape(&self) -> Shape {
+        self.config.shape
+    }
+
+    pub fn ranges(&self) -> &[Range] {
+        &self.ranges
+    }
+
+    pub fn node_addresses(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+        self.conns.iter().map(|conn| conn.address)
+    }
+
+    /// Sets how many ops [`Client::execute`] keeps in flight, between 1 and the
+    /// `max_in_flight` the client was connected with.
+    pub fn set_max_in_flight(&mut self, limit: usize) {
+        self.in_flight_limit = limit.clamp(1, self.slots.len());
+    }
+
+    /// Writes one page and waits for all k+r splits (run to completion).
+    pub fn write_page(&mut self, page: u64, data: &[u8]) -> Result<(), PageError> {
+        let mut result = Ok(());
+        self.execute(&mut [PageOp::Write { page, data }], |done| result = done.result);
+        result
+    }
+
+    /// Reads one page into `buf` (page_bytes long).
+    pub fn read_page(&mut self, page: u64, buf: &mut [u8]) -> Result<(), PageError> {
+        let mut result = Ok(());
+        self.execute(&mut [PageOp::Read { page, buf }], |done| result = done.result);
+        result
+    }
+
+    /// Runs a batch, keeping up to `max_in_flight` ops in flight, and calls `on_done` once per
+    /// op as it completes (in completion order). Ops on the same page run in batch order, one at
+    /// a time. Returns when every op is done.
+    pub fn execute(&mut self, ops: &mut [PageOp<'_>], mut on_done: impl FnMut(OpDone)) {
+        let mut next = 0;
+        while next < ops.len() || self.active > 0 {
+            while next < ops.len() && self.active < self.in_flight_limit {
+                if let Some(page) = ops[next].page() {
+                    if self.page_in_flight(page) {
+                        break;
+                    }
+                }
+                self.start_op(ops, next, &mut on_done);
+                next += 1;
+            }
+            self.flush_all();
+            if self.active == 0 {
+                continue;
+            }
+            self.wait_and_read(ops);
+            self.process_events(ops, &mut on_done);
+            self.expire_deadlines();
+            self.process_events(ops, &mut on_done);
+        }
+    }
+
+    fn page_in_flight(&self, page: u64) -> bool {
+        self.slots
+            .iter()
+            .any(|slot| matches!(slot.kind, SlotKind::Read | SlotKind::Write) && slot.page == page)
+    }
+
+    fn free_slot(&self) -> usize {
+        self.slots.iter().position(|slot| slot.kind == SlotKind::Free).expect("active < slots")
+    }
+
+    fn start_op(&mut self, ops: &mut [PageOp<'_>], index: usize, on_done: &mut impl FnMut(OpDone)) {
+        let started = Instant::now();
+        // Some ops finish without any I/O: bad arguments, a never-written page, no slabs left.
+        let finished_now: Option<Result<(), PageError>> = match &mut ops[index] {
+            PageOp::Write { page, data } => {
+                let page = *page;
+                self.check_page(page, data.len())
+                    .and_then(|()| self.start_write(index, page, data, started))
+                    .err()
+                    .map(Err)
+            }
+            PageOp::Read { page, buf } => {
+                let page = *page;
+                match self.check_page(page, buf.len()) {
+                    Err(error) => Some(Err(error)),
+                    Ok(()) if self.versions[page as usize] == 0 => {
+                        // Never written by this client: the page holds zeros, no remote read.
+                        buf.fill(0);
+                        Some(Ok(()))
+                    }
+                    Ok(()) => {
+                        let version = self.versions[page as usize];
+                        self.start_read(index, page, version, started).err().map(Err)
+                    }
+                }
+            }
+            PageOp::Probe { probe } => {
+                let probe = *probe;
+                assert!(probe < self.probes.len(), "probe {probe} was not prepared");
+                self.start_probe(index, probe, started);
+                None
+            }
+        };
+        if let Some(result) = finished_now {
+            on_done(OpDone { index, result, latency: started.elapsed(), decoded: false });
+        }
+    }
+
+    fn check_page(&self, page: u64, len: usize) -> Result<(), PageError> {
+        if page >= self.page_count {
+            return Err(PageError::OutOfRange { page, page_count: self.page_count });
+        }
+        if len != self.config.page_bytes {
+            return Err(PageError::BadBuffer { len, page_bytes: self.config.page_bytes });
+        }
+        Ok(())
+    }
+
+    fn claim_slot(&mut self, kind: SlotKind, index: usize, page: u64, started: Instant) -> usize {
+        let slot_index = self.free_slot();
+        let range = (page / self.pages_per_range) as usize;
+        let slot = &mut self.slots[slot_index];
+        slot.kind = kind;
+        slot.generation = slot.generation.wrapping_add(1) & 0x7fff_ffff;
+        slot.op_index = index;
+        slot.page = page;
+        slot.range = range;
+        slot.slot_in_range = (page % self.pages_per_range) as u32;
+        slot.started = started;
+        slot.deadline = started + self.config.request_timeout;
+        self.active += 1;
+        slot_index
+    }
+
+    fn release_slot(&mut self, slot_index: usize) {
+        let slot = &mut self.slots[slot_index];
+        slot.kind = SlotKind::Free;
+        slot.read = None;
+        slot.write = None;
+        // Late replies carry the old generation and are dropped.
+        slot.generation = slot.generation.wrapping_add(1) & 0x7fff_ffff;
+        self.active -= 1;
+    }
+
+    fn start_write(
+        &mut self,
+        index: usize,
+        page: u64,
+        data: &[u8],
+        started: Instant,
+    ) -> Result<(), PageError> {
+        let shape = self.config.shape;
+        let range_index = (page / self.pages_per_range) as usize;
+        let unavailable = self.ranges[range_index].unavailable;
+        let (state, step) = WriteState::start(shape, unavailable);
+        if let WriteStep::Failed { stored, failed } = step {
+            return Err(PageError::WriteFailed {
+                page,
+                range: range_index,
+                stored_splits: stored.count_ones() as usize,
+                needed_splits: shape.data_splits,
+                failed_nodes: self.nodes_of(range_index, failed),
+            });
+        }
+        let slot_index = self.claim_slot(SlotKind::Write, index, page, started);
+        let version = remem_proto::next_version(self.versions[page as usize]);
+        let targets = state.targets();
+        let slot = &mut self.slots[slot_index];
+        slot.version = version;
+        slot.write = Some(state);
+        let split_bytes = self.split_bytes;
+        // Data splits go on the wire first; parities are encoded while they travel.
+        for split in 0..shape.data_splits {
+            if targets & (1 << split) != 0 {
+                let payload = &data[split * split_bytes..(split + 1) * split_bytes];
+                self.queue_write_split(slot_index, split, payload);
+            }
+        }
+        if self.active == 1 {
+            // An idle pipe: the data splits travel while the parities are encoded (seed 000
+            // §4.1.1). With other ops in flight, frames of many pages leave together at the
+            // end of admission, one system call per node instead of one per page.
+            self.flush_all();
+        }
+        if shape.parity_splits > 0 {
+            let slot = &mut self.slots[slot_index];
+            self.codec.encode(data, &mut slot.parity);
+            let parity = std::mem::take(&mut self.slots[slot_index].parity);
+            for parity_index in 0..shape.parity_splits {
+                let split = shape.data_splits + parity_index;
+                if targets & (1 << split) != 0 {
+                    let payload = &parity[parity_index * split_bytes..(parity_index + 1) * split_bytes];
+                    self.queue_write_split(slot_index, split, payload);
+                }
+            }
+            self.slots[slot_index].parity = parity;
+        }
+        Ok(())
+    }
+
+    fn queue_write_split(&mut self, slot_index: usize, split: usize, payload: &[u8]) {
+        let slot = &self.slots[slot_index];
+        let slab = self.ranges[slot.range].slabs[split];
+        let checksum = remem_proto::split_checksum(payload, slot.version, slot.page, split as u8);
+        let prefix = WriteSplitPrefix {
+            slab_id: slab.slab_id,
+            slot: slot.slot_in_range,
+            version: slot.version,
+            checksum,
+        };
+        let id = request_id(slot_index, slot.generation, split);
+        let conn = &mut self.conns[slab.node];
+        if !conn.alive {
+            let generation = slot.generation;
+            self.events.push(SplitEvent {
+                slot: slot_index,
+                generation,
+                split,
+                outcome: Outcome::Write(false),
+            });
+            return;
+        }
+        remem_proto::encode_write_split(id, &prefix, payload, &mut conn.out);
+    }
+
+    fn start_read(
+        &mut self,
+        index: usize,
+        page: u64,
+        version: u8,
+        started: Instant,
+    ) -> Result<(), PageError> {
+        let shape = self.config.shape;
+        let range_index = (page / self.pages_per_range) as usize;
+        let unavailable = self.ranges[range_index].unavailable;
+        let (state, step) = ReadState::start(shape, version, unavailable, shape.extra_reads);
+        if let ReadStep::Lost { valid, failed } = step {
+            return Err(self.lost_error(page, range_index, valid, failed));
+        }
+        let slot_index = self.claim_slot(SlotKind::Read, index, page, started);
+        self.slots[slot_index].version = version;
+        self.slots[slot_index].read = Some(state);
+        if let ReadStep::Ask(mask) = step {
+            self.queue_reads(slot_index, mask);
+        }
+        Ok(())
+    }
+
+    fn queue_reads(&mut self, slot_index: usize, mask: SplitMask) {
+        let slot = &self.slots[slot_index];
+        let (range, slot_in_range, generation) = (slot.range, slot.slot_in_range, slot.generation);
+        for split in 0..self.config.shape.total_splits() {
+            if mask & (1 << split) == 0 {
+                continue;
+            }
+            let slab = self.ranges[range].slabs[split];
+            let conn = &mut self.conns[slab.node];
+            if !conn.alive {
+                self.events.push(SplitEvent {
+                    slot: slot_index,
+                    generation,
+                    split,
+                    outcome: Outcome::Read(SplitOutcome::Failed),
+                });
+                continue;
+            }
+            let message = Control::ReadSplit { slab_id: slab.slab_id, slot: slot_in_range };
+            message.encode(request_id(slot_index, generation, split), &mut conn.out);
+        }
+    }
+
+    fn start_probe(&mut self, index: usize, probe: usize, started: Instant) {
+        let slot_index = self.claim_slot(SlotKind::Probe, index, 0, started);
+        let generation = self.slots[slot_index].generation;
+        let slot = &mut self.slots[slot_index];
+        slot.probe = probe;
+        slot.probe_replies = 0;
+        slot.probe_asked = 0;
+        for (split, &(node, slab_id)) in self.probes[probe].targets.iter().enumerate() {
+            self.slots[slot_index].probe_asked |= 1 << split;
+            let message = Control::ReadSplit { slab_id, slot: 0 };
+            message.encode(request_id(slot_index, generation, split), &mut self.conns[node].out);
+        }
+    }
+
+    fn lost_error(&self, page: u64, range: usize, valid: SplitMask, failed: SplitMask) -> PageError {
+        PageError::Lost {
+            page,
+            range,
+            valid_splits: valid.count_ones() as usize,
+            needed_splits: self.config.shape.data_splits,
+            failed_nodes: self.nodes_of(range, failed),
+        }
+    }
+
+    fn nodes_of(&self, range: usize, mask: SplitMask) -> Vec<SocketAddr> {
+        (0..self.config.shape.total_splits())
+            .filter(|split| mask & (1 << split) != 0)
+            .map(|split| self.conns[self.ranges[range].slabs[split].node].address)
+            .collect()
+    }
+
+    fn flush_all(&mut self) {
+        for index in 0..self.conns.len() {
+            if self.conns[index].out.len() > self.conns[index].out_sent {
+                self.flush(index);
+            }
+        }
+    }
+
+    fn flush(&mut self, index: usize) {
+        let conn = &mut self.conns[index];
+        if !conn.alive {
+            conn.out.clear();
+            conn.out_sent = 0;
+            return;
+        }
+        while conn.out_sent < conn.out.len() {
+            match conn.stream.write(&conn.out[conn.out_sent..]) {
+                Ok(0) => return self.conn_died(index, "connection closed while sending"),
+                Ok(sent) => conn.out_sent += sent,
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                    if !conn.writable_interest {
+                        conn.writable_interest = true;
+                        let _ = self.poll.registry().reregister(
+                            &mut conn.stream,
+                            Token(index),
+                            Interest::READABLE | Interest::WRITABLE,
+                        );
+                    }
+                    return;
+                }
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return self.conn_died(index, &error.to_string()),
+            }
+        }
+        conn.out.clear();
+        conn.out_sent = 0;
+        if conn.writable_interest {
+            conn.writable_interest = false;
+            let _ = self.poll.registry().reregister(&mut conn.stream, Token(index), Interest::READABLE);
+        }
+    }
+
+    /// Marks a node connection dead and fails every split in flight on it.
+    fn conn_died(&mut self, index: usize, why: &str) {
+        let conn = &mut self.conns[index];
+        if !conn.alive {
+            return;
+        }
+        tracing::warn!(node = %conn.address, reason = why, "node connection lost");
+        conn.alive = false;
+        conn.out.clear();
+        conn.out_sent = 0;
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+        for range in &mut self.ranges {
+            for (split, slab) in range.slabs.iter().enumerate() {
+                if slab.node == index {
+                    range.unavailable |= 1 << split;
+                }
+            }
+        }
+        for slot_index in 0..self.slots.len() {
+            let slot = &self.slots[slot_index];
+            let generation = slot.generation;
+            match slot.kind {
+                SlotKind::Free => {}
+                SlotKind::Read => {
+                    let pending = slot.read.as_ref().map_or(0, |read| read.pending());
+                    for split in 0..self.config.shape.total_splits() {
+                        if pending & (1 << split) != 0 && self.ranges[slot.range].slabs[split].node == index {
+                            self.events.push(SplitEvent {
+                                slot: slot_index,
+                                generation,
+                                split,
+                                outcome: Outcome::Read(SplitOutcome::Failed),
+                            });
+                        }
+                    }
+                }
+                SlotKind::Write => {
+                    let pending = slot.write.as_ref().map_or(0, |write| write.pending());
+                    for split in 0..self.config.shape.total_splits() {
+                        if pending & (1 << split) != 0 && self.ranges[slot.range].slabs[split].node == index {
+                            self.events.push(SplitEvent {
+                                slot: slot_index,
+                                generation,
+                                split,
+                                outcome: Outcome::Write(false),
+                            });
+                        }
+                    }
+                }
+                SlotKind::Probe => {}
+            }
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.slots.iter().filter(|slot| slot.kind != SlotKind::Free).map(|slot| slot.deadline).min()
+    }
+
+    fn wait_and_read(&mut self, ops: &mut [PageOp<'_>]) {
+        let timeout = self.next_deadline().map(|deadline| deadline.saturating_duration_since(Instant::now()));
+        if let Err(error) = self.poll.poll(&mut self.poll_events, timeout) {
+            if error.kind() != io::ErrorKind::Interrupted {
+                tracing::error!(%error, "poll failed");
+            }
+            return;
+        }
+        // Collect first: reading needs &mut self while the events borrow self.poll_events.
+        let mut ready: [(usize, bool, bool); 64] = [(0, false, false); 64];
+        let mut count = 0;
+        for event in self.poll_events.iter() {
+            if count == ready.len() {
+                break;
+            }
+            ready[count] = (
+                event.token().0,
+                event.is_readable() || event.is_read_closed() || event.is_error(),
+                event.is_writable(),
+            );
+            count += 1;
+        }
+        for &(index, readable, writable) in &ready[..count] {
+            if writable {
+                self.flush(index);
+            }
+            if readable {
+                self.read_conn(index, ops);
+            }
+        }
+    }
+
+    /// Drains what the socket holds and turns each complete frame into an event.
+    fn read_conn(&mut self, index: usize, ops: &mut [PageOp<'_>]) {
+        loop {
+            let conn = &mut self.conns[index];
+            if !conn.alive {
+                return;
+            }
+            if conn.input_start > 0 && conn.input_end == conn.input.len() {
+                conn.input.copy_within(conn.input_start..conn.input_end, 0);
+                conn.input_end -= conn.input_start;
+                conn.input_start = 0;
+            }
+            let end = conn.input_end;
+            match conn.stream.read(&mut conn.input[end..]) {
+                Ok(0) => return self.conn_died(index, "node closed the connection"),
+                Ok(received) => {
+                    conn.input_end += received;
+                    if let Err(why) = self.parse_frames(index, ops) {
+                        return self.conn_died(index, &why);
+                    }
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return self.conn_died(index, &error.to_string()),
+            }
+        }
+    }
+
+    fn parse_frames(&mut self, index: usize, ops: &mut [PageOp<'_>]) -> Result<(), String> {
+        loop {
+            let conn = &mut self.conns[index];
+            let available = conn.input_end - conn.input_start;
+            if available < HEADER_BYTES {
+                break;
+            }
+            let header_bytes: &[u8; HEADER_BYTES] = conn.input
+                [conn.input_start..conn.input_start + HEADER_BYTES]
+                .try_into()
+                .expect("slice of HEADER_BYTES");
+            let header = FrameHeader::decode(header_bytes).map_err(|error| error.to_string())?;
+            let body_len = header.body_len as usize;
+            let max_body = match header.kind {
+                Kind::ReadSplitReply => SPLIT_META_BYTES + self.split_bytes.max(self.config.page_bytes),
+                _ => MAX_CONTROL_BODY_BYTES,
+            };
+            if body_len > max_body {
+                return Err(format!("{:?} reply of {body_len} bytes is too long", header.kind));
+            }
+            if body_len + HEADER_BYTES > conn.input.len() - conn.input_start {
+                // The frame fits only after compaction.
+                conn.input.copy_within(conn.input_start..conn.input_end, 0);
+                conn.input_end -= conn.input_start;
+                conn.input_start = 0;
+            }
+            if available < HEADER_BYTES + body_len {
+                break;
+            }
+            let body_start = conn.input_start + HEADER_BYTES;
+            conn.input_start = body_start + body_len;
+            self.handle_frame(index, header, body_start, body_len, ops)?;
+        }
+        let conn = &mut self.conns[index];
+        if conn.input_start == conn.input_end {
+            conn.input_start = 0;
+            conn.input_end = 0;
+        }
+        Ok(())
+    }
+
+    fn handle_frame(
+        &mut self,
+        index: usize,
+        header: FrameHeader,
+        body_start: usize,
+        body_len: usize,
+        ops: &mut [PageOp<'_>],
+    ) -> Result<(), String> {
+        let body = body_start..body_start + body_len;
+        if header.request_id & CONTROL_REQUEST != 0 {
+            let message = Control::decode_body(header.kind, &self.conns[index].input[body])
+                .map_err(|error| error.to_string())?;
+            self.control_reply = Some((header.request_id, message));
+            return Ok(());
+        }
+        let (slot_index, generation, split) = parse_request_id(header.request_id);
+        if split >= MAX_SPLITS {
+            return Err(format!("reply names split {split}"));
+        }
+        let current = self
+            .slots
+            .get(slot_index)
+            .filter(|slot| slot.generation == generation && slot.kind != SlotKind::Free);
+        let Some(slot) = current else {
+            // A late reply of a finished op: dropped.
+            return Ok(());
+        };
+        let kind = slot.kind;
+        let outcome = match (header.kind, kind) {
+            (Kind::WriteSplitOk, SlotKind::Write) => Outcome::Write(true),
+            (Kind::Error, SlotKind::Write) => {
+                self.log_node_error(index, header, body);
+                Outcome::Write(false)
+            }
+            (Kind::Error, SlotKind::Read) => {
+                self.log_node_error(index, header, body);
+                Outcome::Read(SplitOutcome::Failed)
+            }
+            (Kind::Error, SlotKind::Probe) => return Err("probe read failed".into()),
+            (Kind::ReadSplitReply, SlotKind::Probe) => Outcome::ProbeReply,
+            (Kind::ReadSplitReply, SlotKind::Read) => {
+                if body_len != SPLIT_META_BYTES + self.split_bytes {
+                    return Err(format!("split reply of {body_len} bytes"));
+                }
+                let conn = &self.conns[index];
+                let meta_bytes: &[u8; SPLIT_META_BYTES] =
+                    conn.input[body_start..body_start + SPLIT_META_BYTES].try_into().expect("meta");
+                let meta = SplitMeta::decode(meta_bytes).map_err(|error| error.to_string())?;
+                let payload = &conn.input[body_start + SPLIT_META_BYTES..body_start + body_len];
+                let slot = &self.slots[slot_index];
+                let checksum = remem_proto::split_checksum(payload, meta.version, slot.page, split as u8);
+                if checksum != meta.checksum || meta.version == 0 {
+                    Outcome::Read(SplitOutcome::Corrupt)
+                } else {
+                    self.place_split(slot_index, split, index, body_start + SPLIT_META_BYTES, ops);
+                    Outcome::Read(SplitOutcome::Valid { version: meta.version })
+                }
+            }
+            (other, _) => return Err(format!("unexpected {other:?} reply")),
+        };
+        self.events.push(SplitEvent { slot: slot_index, generation, split, outcome });
+        Ok(())
+    }
+
+    fn log_node_error(&self, index: usize, header: FrameHeader, body: std::ops::Range<usize>) {
+        match Control::decode_body(header.kind, &self.conns[index].input[body]) {
+            Ok(Control::Error { code, message }) => {
+                tracing::warn!(node = %self.conns[index].address, ?code, %message, "node refused a split")
+            }
+            _ => tracing::warn!(node = %self.conns[index].address, "node sent a malformed error"),
+        }
+    }
+
+    /// Copies a verified split to its place: a data split into the caller's page, a parity into
+    /// the op's parity buffer.
+    fn place_split(
+        &mut self,
+        slot_index: usize,
+        split: usize,
+        conn: usize,
+        payload_start: usize,
+        ops: &mut [PageOp<'_>],
+    ) {
+        let k = self.config.shape.data_splits;
+        let split_bytes = self.split_bytes;
+        let payload = &self.conns[conn].input[payload_start..payload_start + split_bytes];
+        let slot = &mut self.slots[slot_index];
+        if split >= k {
+            slot.parity[(split - k) * split_bytes..(split - k + 1) * split_bytes].copy_from_slice(payload);
+        } else if let PageOp::Read { buf, .. } = &mut ops[slot.op_index] {
+            buf[split * split_bytes..(split + 1) * split_bytes].copy_from_slice(payload);
+        } else {
+            unreachable!("a read slot points at a read op");
+        }
+    }
+
+    /// Feeds queued split events to the state machines and finishes ops.
+    fn process_events(&mut self, ops: &mut [PageOp<'_>], on_done: &mut impl FnMut(OpDone)) {
+        let mut cursor = 0;
+        // Handling an event can queue more (a dead connection found while asking more splits).
+        while cursor < self.events.len() {
+            let event = self.events[cursor];
+            cursor += 1;
+            let slot = &mut self.slots[event.slot];
+            if slot.generation != event.generation || slot.kind == SlotKind::Free {
+                continue;
+            }
+            match event.outcome {
+                Outcome::Read(outcome) => {
+                    let step = slot
+                        .read
+                        .as_mut()
+                        .expect("read slot has a read state")
+                        .on_reply(event.split, outcome);
+                    match step {
+                        ReadStep::Wait => {}
+                        ReadStep::Ask(mask) => {
+                            self.queue_reads(event.slot, mask);
+                        }
+                        ReadStep::Done { present, needs_decode } => {
+                            let result =
+                                if needs_decode { self.decode(event.slot, present, ops) } else { Ok(()) };
+                            self.finish(event.slot, result, needs_decode, on_done);
+                        }
+                        ReadStep::Lost { valid, failed } => {
+                            let slot = &self.slots[event.slot];
+                            let error = self.lost_error(slot.page, slot.range, valid, failed);
+                            self.finish(event.slot, Err(error), false, on_done);
+                        }
+                    }
+                }
+                Outcome::Write(stored) => {
+                    let step = slot
+                        .write
+                        .as_mut()
+                        .expect("write slot has a write state")
+                        .on_ack(event.split, stored);
+                    match step {
+                        WriteStep::Wait => {}
+                        WriteStep::Done { degraded } => {
+                            let slot = &self.slots[event.slot];
+                            self.versions[slot.page as usize] = slot.version;
+                            if degraded != 0 {
+                                tracing::debug!(page = slot.page, degraded, "page written degraded");
+                            }
+                            self.finish(event.slot, Ok(()), false, on_done);
+                        }
+                        WriteStep::Failed { stored, failed } => {
+                            let slot = &self.slots[event.slot];
+                            let error = PageError::WriteFailed {
+                                page: slot.page,
+                                range: slot.range,
+                                stored_splits: stored.count_ones() as usize,
+                                needed_splits: self.config.shape.data_splits,
+                                failed_nodes: self.nodes_of(slot.range, failed),
+                            };
+                            self.finish(event.slot, Err(error), false, on_done);
+                        }
+                    }
+                }
+                Outcome::ProbeReply => {
+                    slot.probe_replies += 1;
+                    if slot.probe_replies == self.probes[slot.probe].need {
+                        self.finish(event.slot, Ok(()), false, on_done);
+                    }
+                }
+            }
+        }
+        self.events.clear();
+        self.flush_all();
+    }
+
+    fn decode(
+        &mut self,
+        slot_index: usize,
+        present: SplitMask,
+        ops: &mut [PageOp<'_>],
+    ) -> Result<(), PageError> {
+        let slot = &self.slots[slot_index];
+        let PageOp::Read { buf, .. } = &mut ops[slot.op_index] else {
+            unreachable!("a read slot points at a read op");
+        };
+        self.codec
+            .decode(buf, &slot.parity, present)
+            .map_err(|error| PageError::Decode { page: slot.page, message: error.to_string() })
+    }
+
+    fn finish(
+        &mut self,
+        slot_index: usize,
+        result: Result<(), PageError>,
+        decoded: bool,
+        on_done: &mut impl FnMut(OpDone),
+    ) {
+        let slot = &self.slots[slot_index];
+        let done = OpDone { index: slot.op_index, result, latency: slot.started.elapsed(), decoded };
+        self.release_slot(slot_index);
+        on_done(done);
+    }
+
+    /// Splits not answered by their deadline count as failed: a hung node cannot hold a page.
+    fn expire_deadlines(&mut self) {
+        let now = Instant::now();
+        for slot_index in 0..self.slots.len() {
+            let slot = &mut self.slots[slot_index];
+            if slot.kind == SlotKind::Free || slot.deadline > now {
+                continue;
+            }
+            // Give the replacements asked because of this expiry their own full timeout.
+            slot.deadline = now + self.config.request_timeout;
+            let generation = slot.generation;
+            let (pending, make): (SplitMask, fn() -> Outcome) = match slot.kind {
+                SlotKind::Read => (slot.read.as_ref().map_or(0, |read| read.pending()), || {
+                    Outcome::Read(SplitOutcome::Failed)
+                }),
+                SlotKind::Write => {
+                    (slot.write.as_ref().map_or(0, |write| write.pending()), || Outcome::Write(false))
+                }
+                SlotKind::Probe => (slot.probe_asked, || Outcome::ProbeReply),
+                SlotKind::Free => unreachable!(),
+            };
+            tracing::warn!(page = slot.page, pending, "splits timed out");
+            for split in 0..MAX_SPLITS {
+                if pending & (1 << split) != 0 {
+                    self.events.push(SplitEvent { slot: slot_index, generation, split, outcome: make() });
+                }
+            }
+        }
+    }
+
+    /// Sends one control request to a node and runs the event loop until its reply arrives.
+    fn control(&mut self, node: usize, message: &Control) -> Result<Control, PageError> {
+        assert_eq!(self.active, 0, "control requests run between batches");
+        let address = self.conns[node].address;
+        if !self.conns[node].alive {
+            return Err(PageError::NodeDown { address });
+        }
+        self.control_counter += 1;
+        let id = CONTROL_REQUEST | self.control_counter;
+        message.encode(id, &mut self.conns[node].out);
+        self.flush(node);
+        let deadline = Instant::now() + self.config.request_timeout;
+        self.control_reply = None;
+        loop {
+            if let Some((reply_id, reply)) = self.control_reply.take() {
+                if reply_id == id {
+                    return match reply {
+                        Control::Error { code, message } => {
+                            Err(PageError::Refused { address, code: format!("{code:?}"), message })
+                        }
+                        reply => Ok(reply),
+                    };
+                }
+            }
+            if !self.conns[node].alive {
+                return Err(PageError::NodeDown { address });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(PageError::Timeout { address });
+            }
+            if self.poll.poll(&mut self.poll_events, Some(deadline - now)).is_err() {
+                continue;
+            }
+            let tokens: Vec<usize> = self.poll_events.iter().map(|event| event.token().0).collect();
+            for index in tokens {
+                self.flush(index);
+                self.read_conn(index, &mut []);
+            }
+            self.events.clear();
+        }
+    }
+
+    /// Asks every node for its state.
+    pub fn node_infos(&mut self) -> Vec<(SocketAddr, Result<NodeInfo, PageError>)> {
+        (0..self.conns.len())
+            .map(|node| {
+                let address = self.conns[node].address;
+                let info = match self.control(node, &Control::NodeInfo) {
+                    Ok(Control::NodeInfoReply(info)) => {
+                        self.conns[node].info = info.clone();
+                        Ok(info)
+                    }
+                    Ok(other) => {
+                        Err(PageError::Protocol { address, message: format!("{:?} reply", other.kind()) })
+                    }
+                    Err(error) => Err(error),
+                };
+                (address, info)
+            })
+            .collect()
+    }
+
+    /// The remote memory this client holds: its slabs and their metadata, from what the nodes
+    /// report (each node's totals split evenly over its slabs).
+    pub fn memory_report(&mut self) -> MemoryReport {
+        let infos = self.node_infos();
+        let mut report = MemoryReport {
+            address_space_bytes: self.ranges.len() as u64
+                * self.pages_per_range
+                * self.config.page_bytes as u64,
+            ..MemoryReport::default()
+        };
+        let mut mine = vec![0u64; self.conns.len()];
+        for range in &self.ranges {
+            for slab in &range.slabs {
+                mine[slab.node] += 1;
+            }
+        }
+        for (node, (_, info)) in infos.iter().enumerate() {
+            if let Ok(info) = info {
+                report.slab_bytes += mine[node] * info.slab_size_bytes;
+                if info.slabs_mapped > 0 {
+                    report.metadata_bytes += info.metadata_bytes * mine[node] / info.slabs_mapped as u64;
+                }
+            }
+        }
+        report
+    }
+
+    /// Prepares a raw fan-out probe for the transport floor: one slab of `split_bytes` slots on
+    /// each of `nodes`, read at slot 0; the probe op is done at the `need`-th reply. Returns the
+    /// probe index for [`PageOp::Probe`].
+    pub fn prepare_probe(
+        &mut self,
+        nodes: &[usize],
+        split_bytes: usize,
+        need: usize,
+    ) -> Result<usize, PageError> {
+        assert!(need >= 1 && need <= nodes.len() && nodes.len() <= MAX_SPLITS);
+        let mut targets = Vec::with_capacity(nodes.len());
+        for &node in nodes {
+            let message = Control::MapSlab {
+                split_bytes: split_bytes as u32,
+                split_index: 0,
+                first_page: 0,
+                range_id: u64::MAX,
+            };
+            match self.control(node, &message)? {
+                Control::SlabMapped { slab_id, .. } => {
+                    targets.push((node, slab_id));
+                    self.probe_slabs.push((node, slab_id));
+                }
+                other => {
+                    let address = self.conns[node].address;
+                    return Err(PageError::Protocol {
+                        address,
+                        message: format!("{:?} reply", other.kind()),
+                    });
+                }
+            }
+        }
+        self.probes.push(Probe { targets, need });
+        Ok(self.probes.len() - 1)
+    }
+
+    /// Nodes that hold the slabs of range 0, in split order (for probes that mirror a page).
+    pub fn range_nodes(&self, range: usize) -> Vec<usize> {
+        self.ranges[range].slabs.iter().map(|slab| slab.node).collect()
+    }
+
+    /// Unmaps every slab of this client. Also done on drop; call it to see the errors.
+    pub fn release(&mut self) -> Result<(), PageError> {
+        let mut first_error = None;
+        let mut slabs: Vec<(usize, u32)> = self.probe_slabs.drain(..).collect();
+        for range in self.ranges.drain(..) {
+            slabs.extend(range.slabs.iter().map(|slab| (slab.node, slab.slab_id)));
+        }
+        for (node, slab_id) in slabs {
+            if !self.conns[node].alive {
+                continue;
+            }
+            if let Err(error) = self.control(node, &Control::UnmapSlab { slab_id }) {
+                first_error.get_or_insert(error);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        if let Err(error) = self.release() {
+            tracing::warn!(%error, "could not release every slab");
+        }
+    }
+}
+
+fn blocking_control(
+    stream: &mut TcpStream,
+    request_id: u64,
+    message: &Control,
+    address: SocketAddr,
+) -> Result<Control, ConnectError> {
+    let io_error = |source| ConnectError::Io { address, source };
+    remem_proto::blocking::write_control(stream, request_id, message).map_err(io_error)?;
+    let mut body = Vec::new();
+    let header = remem_proto::blocking::read_frame(stream, &mut body)
+        .map_err(|error| ConnectError::Protocol { address, message: error.to_string() })?;
+    if header.request_id != request_id {
+        return Err(ConnectError::Protocol { address, message: "reply to another request".into() });
+    }
+    let reply = Control::decode_body(header.kind, &body)
+        .map_err(|error| ConnectError::Protocol { address, message: error.to_string() })?;
+    if let Control::Error { code, message } = reply {
+        return Err(ConnectError::Refused { address, code: format!("{code:?}"), message });
+    }
+    Ok(reply)
+}
+
+fn unexpected(address: SocketAddr, reply: &Control) -> ConnectError {
+    ConnectError::Protocol { address, message: format!("unexpected reply {:?}", reply.kind()) }
+}

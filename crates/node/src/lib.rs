@@ -1,0 +1,258 @@
+//! remem-node: the memory node server.
+//!
+//! Job: hold slabs of anonymous memory for authenticated clients and serve split reads and writes
+//! on them over the remem wire protocol (`docs/PROTOCOL.md`). A node stores what clients send and
+//! never interprets payloads: erasure coding, checksum verification and placement are the
+//! client's.
+//!
+//! Shape: one acceptor loop ([`Node::run`]) and one thread per connection with blocking I/O. Each
+//! node is its own process and the connection count is bounded by `max_connections`, so threads
+//! are cheap enough and keep request order per connection trivially.
+//!
+//! Invariants:
+//! - Nothing but the handshake is served before a connection is authenticated.
+//! - A slab is used only by the client id that mapped it; it outlives connections (a restarted
+//!   client with the same id keeps its slabs) and is unmapped on `UnmapSlab` or node shutdown.
+//! - Mapped memory (slabs plus 5 bytes of metadata per slot) never exceeds `capacity_bytes`.
+//! - After `run` returns, no connection thread is left and every slab is unmapped.
+
+mod connection;
+mod raw_io;
+mod slab;
+
+pub use connection::{HANDSHAKE_TIMEOUT, WRITE_TIMEOUT};
+pub use slab::METADATA_BYTES_PER_SLOT;
+
+use connection::{Connection, Shared};
+use remem_proto::auth::Secret;
+use remem_proto::{Control, ErrorCode, MAX_FAILURE_DOMAIN_BYTES};
+use slab::SlabTable;
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How often the acceptor looks at the shutdown flag.
+const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
+/// Smallest slab: one page, so mmap lengths are page multiples.
+pub const MIN_SLAB_SIZE_BYTES: u64 = 4096;
+/// Largest slab: 4 GiB keeps the slot count of the smallest splits (64 bytes) well inside u32.
+pub const MAX_SLAB_SIZE_BYTES: u64 = 1 << 32;
+
+/// Everything a node needs to start.
+#[derive(Debug)]
+pub struct NodeConfig {
+    pub listen: SocketAddr,
+    /// Most memory the node maps for slabs plus their metadata.
+    pub capacity_bytes: u64,
+    /// Size of every slab: a power of two in 4 KiB..=4 GiB.
+    pub slab_size_bytes: u64,
+    /// Reported in `NodeInfoReply`; at most 64 bytes of UTF-8.
+    pub failure_domain: String,
+    pub secret: Secret,
+    pub node_id: u64,
+    /// Connections served at once; further ones get `Error(NoCapacity)` and are closed.
+    pub max_connections: usize,
+}
+
+/// A bound, not yet serving, memory node.
+pub struct Node {
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    max_connections: usize,
+    shared: Arc<Shared>,
+}
+
+/// Open connections, by connection number: a clone of each stream so shutdown can unblock its
+/// thread, and the thread to join.
+type Registry = Arc<Mutex<HashMap<u64, TcpStream>>>;
+
+impl Node {
+    /// Validates `config` and binds the listener.
+    ///
+    /// Errors: `InvalidInput` for a slab size that is not a power of two in 4 KiB..=4 GiB,
+    /// a failure domain over 64 bytes, or `max_connections == 0`; bind errors as they come.
+    pub fn bind(config: NodeConfig) -> io::Result<Node> {
+        let invalid = |message: String| io::Error::new(io::ErrorKind::InvalidInput, message);
+        if !config.slab_size_bytes.is_power_of_two()
+            || !(MIN_SLAB_SIZE_BYTES..=MAX_SLAB_SIZE_BYTES).contains(&config.slab_size_bytes)
+        {
+            return Err(invalid(format!(
+                "slab_size_bytes {} must be a power of two in {MIN_SLAB_SIZE_BYTES}..={MAX_SLAB_SIZE_BYTES}",
+                config.slab_size_bytes
+            )));
+        }
+        if config.failure_domain.len() > MAX_FAILURE_DOMAIN_BYTES {
+            return Err(invalid(format!("failure domain longer than {MAX_FAILURE_DOMAIN_BYTES} bytes")));
+        }
+        if config.max_connections == 0 {
+            return Err(invalid("max_connections must be at least 1".to_owned()));
+        }
+        let listener = TcpListener::bind(config.listen)?;
+        listener.set_nonblocking(true)?;
+        let local_addr = listener.local_addr()?;
+        tracing::info!(
+            %local_addr,
+            node_id = config.node_id,
+            capacity_bytes = config.capacity_bytes,
+            slab_size_bytes = config.slab_size_bytes,
+            failure_domain = %config.failure_domain,
+            "node listening"
+        );
+        Ok(Node {
+            listener,
+            local_addr,
+            max_connections: config.max_connections,
+            shared: Arc::new(Shared {
+                node_id: config.node_id,
+                secret: config.secret,
+                capacity_bytes: config.capacity_bytes,
+                slab_size_bytes: config.slab_size_bytes,
+                failure_domain: config.failure_domain,
+                table: SlabTable::new(config.slab_size_bytes, config.capacity_bytes),
+                requests_served: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Serves until `shutdown` is set (checked every 50 ms), then closes every connection, joins
+    /// their threads and unmaps all slabs.
+    ///
+    /// Errors: only if polling the listener itself fails; per-connection and accept errors are
+    /// logged and survived.
+    pub fn run(self, shutdown: Arc<AtomicBool>) -> io::Result<()> {
+        let registry: Registry = Arc::default();
+        let mut threads: Vec<JoinHandle<()>> = Vec::new();
+        let mut next_connection = 0u64;
+        let result = loop {
+            if shutdown.load(Ordering::Relaxed) {
+                break Ok(());
+            }
+            threads.retain(|thread| !thread.is_finished());
+            match wait_readable(&self.listener, SHUTDOWN_POLL) {
+                Ok(false) => continue,
+                Ok(true) => {}
+                Err(error) => break Err(error),
+            }
+            let (stream, peer) = match self.listener.accept() {
+                Ok(accepted) => accepted,
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(error) => {
+                    // Typically EMFILE or a connection reset before accept: keep serving, but do
+                    // not spin on a persistent error.
+                    tracing::warn!(%error, "accept failed");
+                    std::thread::sleep(SHUTDOWN_POLL);
+                    continue;
+                }
+            };
+            next_connection += 1;
+            if let Some(thread) = self.start_connection(next_connection, stream, peer, &registry) {
+                threads.push(thread);
+            }
+        };
+        self.stop(&registry, threads);
+        result
+    }
+
+    fn start_connection(
+        &self,
+        number: u64,
+        stream: TcpStream,
+        peer: SocketAddr,
+        registry: &Registry,
+    ) -> Option<JoinHandle<()>> {
+        let prepared = stream
+            .set_nonblocking(false)
+            .and_then(|()| stream.set_nodelay(true))
+            .and_then(|()| stream.try_clone());
+        let handle = match prepared {
+            Ok(handle) => handle,
+            Err(error) => {
+                tracing::warn!(%peer, %error, "cannot set up connection");
+                return None;
+            }
+        };
+        {
+            let mut open = registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if open.len() >= self.max_connections {
+                drop(open);
+                tracing::warn!(%peer, max_connections = self.max_connections, "connection refused: limit reached");
+                refuse_connection(stream);
+                return None;
+            }
+            open.insert(number, handle);
+        }
+        tracing::info!(%peer, connection = number, "connection accepted");
+        let shared = Arc::clone(&self.shared);
+        let thread_registry = Arc::clone(registry);
+        let spawned = std::thread::Builder::new().name(format!("remem-conn-{number}")).spawn(move || {
+            Connection::new(stream, peer, shared).serve();
+            thread_registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&number);
+        });
+        match spawned {
+            Ok(thread) => Some(thread),
+            Err(error) => {
+                tracing::error!(%peer, %error, "cannot spawn connection thread");
+                registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&number);
+                None
+            }
+        }
+    }
+
+    fn stop(&self, registry: &Registry, threads: Vec<JoinHandle<()>>) {
+        let open: Vec<TcpStream> = registry
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .drain()
+            .map(|(_, stream)| stream)
+            .collect();
+        // Shutting a socket down wakes a thread blocked reading or writing it.
+        for stream in &open {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+        for thread in threads {
+            if thread.join().is_err() {
+                tracing::error!("a connection thread panicked");
+            }
+        }
+        let slabs = self.shared.table.clear();
+        tracing::info!(
+            connections_closed = open.len(),
+            slabs_unmapped = slabs,
+            requests_served = self.shared.requests_served.load(Ordering::Relaxed),
+            "node stopped"
+        );
+    }
+}
+
+/// Tells an over-limit peer why before closing. The frame is tiny and the socket fresh, so the
+/// write cannot block on a full buffer.
+fn refuse_connection(mut stream: TcpStream) {
+    let mut frame = Vec::new();
+    Control::error(ErrorCode::NoCapacity, "connection limit reached").encode(0, &mut frame);
+    let _ = stream.set_nonblocking(true);
+    let _ = stream.write_all(&frame);
+}
+
+/// Waits up to `timeout` for the listener to have a connection to accept.
+fn wait_readable(listener: &TcpListener, timeout: Duration) -> io::Result<bool> {
+    let mut poll_fd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd that lives across the call; nfds is 1.
+    let ready = unsafe { libc::poll(&mut poll_fd, 1, timeout.as_millis() as libc::c_int) };
+    if ready < 0 {
+        let error = io::Error::last_os_error();
+        if error.kind() == io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(error);
+    }
+    Ok(ready > 0)
+}

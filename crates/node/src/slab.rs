@@ -1,0 +1,326 @@
+//! Slabs: anonymous mmap'd memory carved into equal slots, plus per-slot metadata, and the table
+//! of slabs a node has mapped.
+//!
+//! Concurrency and fault model: a slab may be used by several connection threads at once (one
+//! client may hold several connections). Slot bytes are only ever touched by the kernel, through
+//! `recv` into a slot and `sendmsg` out of it; Rust code never forms a reference to slab memory,
+//! so a racing write and read are not a data race in the Rust memory model, only a byte-level race
+//! inside kernel copies. A reader racing a writer of the same slot may therefore see torn payload
+//! bytes, or a payload from one write with the metadata of another. Metadata is two atomics per
+//! slot; a writer stores the payload first, then the checksum, then the version (release), and a
+//! reader loads the version (acquire) and checksum before copying the payload. Any torn
+//! combination fails the end-to-end checksum at the client, which treats the split as an erasure;
+//! the client orders its own writes and reads of one slot on one connection, where requests are
+//! served in order, so it never races itself.
+//!
+//! Invariant: `SlabTable::used_bytes` is the sum of `footprint_bytes` over mapped slabs plus
+//! in-flight reservations, and never exceeds the node's capacity.
+
+use remem_proto::{ErrorCode, SplitMeta, MAX_SPLIT_BYTES, MIN_SPLIT_BYTES};
+use std::collections::HashMap;
+use std::io;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Bytes of metadata per slot: version u8 and checksum u32.
+pub const METADATA_BYTES_PER_SLOT: u64 = 5;
+
+/// Why a slab operation was refused; each maps to one protocol error code.
+#[derive(Debug, thiserror::Error)]
+pub enum SlabError {
+    #[error("slab {slab_id} is not mapped")]
+    UnknownSlab { slab_id: u32 },
+    #[error("slab {slab_id} belongs to another client")]
+    NotOwner { slab_id: u32 },
+    #[error("slots {first_slot}..{first_slot}+{count} outside slab {slab_id} of {slots} slots (or reply too large)")]
+    SlotOutOfRange { slab_id: u32, first_slot: u32, count: u32, slots: u32 },
+    #[error("no capacity: slab needs {needed_bytes} bytes, {free_bytes} free")]
+    NoCapacity { needed_bytes: u64, free_bytes: u64 },
+    #[error("split size {split_bytes} is not a power of two in {min}..={max}")]
+    BadSplitSize { split_bytes: u32, min: u32, max: u32 },
+    #[error("payload of {payload_bytes} bytes, slab {slab_id} holds splits of {split_bytes}")]
+    PayloadSize { slab_id: u32, payload_bytes: u32, split_bytes: u32 },
+    #[error("mmap of {bytes} bytes failed: {source}")]
+    MapFailed { bytes: u64, source: io::Error },
+}
+
+impl SlabError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            SlabError::UnknownSlab { .. } => ErrorCode::UnknownSlab,
+            SlabError::NotOwner { .. } => ErrorCode::NotOwner,
+            SlabError::SlotOutOfRange { .. } => ErrorCode::SlotOutOfRange,
+            SlabError::NoCapacity { .. } => ErrorCode::NoCapacity,
+            SlabError::BadSplitSize { .. } | SlabError::PayloadSize { .. } => ErrorCode::BadSplitSize,
+            SlabError::MapFailed { .. } => ErrorCode::Internal,
+        }
+    }
+}
+
+/// What the client said about a slab when mapping it; the node keeps it for logs.
+#[derive(Clone, Copy, Debug)]
+pub struct SlabLabel {
+    pub split_bytes: u32,
+    pub split_index: u8,
+    pub first_page: u64,
+    pub range_id: u64,
+}
+
+/// One mapped slab. Unmapped (munmap) when the last `Arc` drops, so an unmap racing a request on
+/// another connection never frees memory under a kernel copy.
+pub struct Slab {
+    base: NonNull<u8>,
+    len_bytes: usize,
+    owner_client_id: u64,
+    label: SlabLabel,
+    slots: u32,
+    versions: Box<[AtomicU8]>,
+    checksums: Box<[AtomicU32]>,
+}
+
+// SAFETY: `base` points to a private anonymous mapping owned by this value and freed only in
+// `Drop`; the slab hands out only raw pointers into it, used by the kernel (see module docs), and
+// its metadata is atomic, so sharing and sending it between threads is sound.
+unsafe impl Send for Slab {}
+// SAFETY: as for `Send`: no `&self` method creates a Rust reference to slab memory.
+unsafe impl Sync for Slab {}
+
+impl Slab {
+    fn map(len_bytes: u64, owner_client_id: u64, label: SlabLabel) -> Result<Slab, SlabError> {
+        let map_failed = |source| SlabError::MapFailed { bytes: len_bytes, source };
+        let len = usize::try_from(len_bytes)
+            .map_err(|_| map_failed(io::Error::from(io::ErrorKind::InvalidInput)))?;
+        let slots = u32::try_from(len_bytes / u64::from(label.split_bytes))
+            .expect("split_bytes >= 64 and slabs <= 4 GiB (checked in Node::bind) keep slots in u32");
+        // SAFETY: anonymous private mapping with no address hint: it does not alias any existing
+        // memory, and the result is checked against MAP_FAILED before use. MAP_POPULATE faults
+        // every page in now (writable private pages are allocated, not shared zero pages), so
+        // the memory is really held when the client is told the slab is mapped.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(map_failed(io::Error::last_os_error()));
+        }
+        let base = NonNull::new(base.cast::<u8>()).expect("mmap never returns null on success");
+        Ok(Slab {
+            base,
+            len_bytes: len,
+            owner_client_id,
+            label,
+            slots,
+            versions: (0..slots).map(|_| AtomicU8::new(0)).collect(),
+            checksums: (0..slots).map(|_| AtomicU32::new(0)).collect(),
+        })
+    }
+
+    pub fn split_bytes(&self) -> u32 {
+        self.label.split_bytes
+    }
+
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// Slab memory plus metadata, what the slab counts against capacity.
+    pub fn footprint_bytes(&self) -> u64 {
+        self.len_bytes as u64 + self.metadata_bytes()
+    }
+
+    pub fn metadata_bytes(&self) -> u64 {
+        u64::from(self.slots) * METADATA_BYTES_PER_SLOT
+    }
+
+    /// Start of `slot`'s bytes: `split_bytes` writable bytes that stay mapped while `self` lives.
+    /// Only for handing to the kernel (`recv`, `sendmsg`); never turn it into a reference.
+    pub fn slot_ptr(&self, slot: u32) -> *mut u8 {
+        assert!(slot < self.slots, "slot {slot} out of {}", self.slots);
+        let offset = slot as usize * self.label.split_bytes as usize;
+        // SAFETY: slot < slots, so offset + split_bytes <= slots * split_bytes <= len_bytes: the
+        // result stays inside the one mapping `base` points to.
+        unsafe { self.base.as_ptr().add(offset) }
+    }
+
+    pub fn meta(&self, slot: u32) -> SplitMeta {
+        let version = self.versions[slot as usize].load(Ordering::Acquire);
+        let checksum = self.checksums[slot as usize].load(Ordering::Relaxed);
+        SplitMeta { version, checksum }
+    }
+
+    /// Publishes the metadata of a slot whose payload has just been written.
+    pub fn set_meta(&self, slot: u32, meta: SplitMeta) {
+        self.checksums[slot as usize].store(meta.checksum, Ordering::Relaxed);
+        self.versions[slot as usize].store(meta.version, Ordering::Release);
+    }
+
+    /// Checks that `client_id` owns this slab.
+    pub fn check_owner(&self, slab_id: u32, client_id: u64) -> Result<(), SlabError> {
+        if self.owner_client_id != client_id {
+            return Err(SlabError::NotOwner { slab_id });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Slab {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`len_bytes` are exactly the mapping created in `map`, unmapped only here,
+        // and the last `Arc` is gone, so no request still holds a pointer into it.
+        let result = unsafe { libc::munmap(self.base.as_ptr().cast(), self.len_bytes) };
+        assert_eq!(result, 0, "munmap of our own mapping cannot fail");
+    }
+}
+
+/// Counters reported in `NodeInfoReply`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableStats {
+    pub used_bytes: u64,
+    pub slabs_mapped: u32,
+    pub metadata_bytes: u64,
+}
+
+/// All slabs of a node, by id.
+pub struct SlabTable {
+    slab_size_bytes: u64,
+    capacity_bytes: u64,
+    inner: Mutex<TableInner>,
+}
+
+struct TableInner {
+    slabs: HashMap<u32, Arc<Slab>>,
+    /// Ids reserved by a map in progress (mmap runs outside the lock).
+    reserved_ids: Vec<u32>,
+    next_slab_id: u32,
+    used_bytes: u64,
+    metadata_bytes: u64,
+}
+
+impl SlabTable {
+    pub fn new(slab_size_bytes: u64, capacity_bytes: u64) -> SlabTable {
+        SlabTable {
+            slab_size_bytes,
+            capacity_bytes,
+            inner: Mutex::new(TableInner {
+                slabs: HashMap::new(),
+                reserved_ids: Vec::new(),
+                next_slab_id: 1,
+                used_bytes: 0,
+                metadata_bytes: 0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, TableInner> {
+        // A panic while holding the lock leaves only counters and a map behind, which stay
+        // consistent at every await-free step, so poisoning is not a reason to stop serving.
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Maps a slab for `owner_client_id`: returns its id and slot count.
+    ///
+    /// Errors: `BadSplitSize` unless `split_bytes` is a power of two in
+    /// 64..=min(slab size, 1 MiB); `NoCapacity` if slab plus metadata would exceed capacity;
+    /// `MapFailed` if the kernel refuses the memory.
+    pub fn map(&self, owner_client_id: u64, label: SlabLabel) -> Result<(u32, u32), SlabError> {
+        let max_split_bytes = MAX_SPLIT_BYTES.min(u32::try_from(self.slab_size_bytes).unwrap_or(u32::MAX));
+        if !label.split_bytes.is_power_of_two()
+            || !(MIN_SPLIT_BYTES..=max_split_bytes).contains(&label.split_bytes)
+        {
+            return Err(SlabError::BadSplitSize {
+                split_bytes: label.split_bytes,
+                min: MIN_SPLIT_BYTES,
+                max: max_split_bytes,
+            });
+        }
+        let slots = self.slab_size_bytes / u64::from(label.split_bytes);
+        let footprint_bytes = self.slab_size_bytes + slots * METADATA_BYTES_PER_SLOT;
+        let slab_id = {
+            let mut inner = self.lock();
+            let free_bytes = self.capacity_bytes - inner.used_bytes;
+            if footprint_bytes > free_bytes {
+                return Err(SlabError::NoCapacity { needed_bytes: footprint_bytes, free_bytes });
+            }
+            inner.used_bytes += footprint_bytes;
+            let slab_id = inner.allocate_id();
+            inner.reserved_ids.push(slab_id);
+            slab_id
+        };
+        let mapped = Slab::map(self.slab_size_bytes, owner_client_id, label);
+        let mut inner = self.lock();
+        inner.reserved_ids.retain(|id| *id != slab_id);
+        match mapped {
+            Ok(slab) => {
+                debug_assert_eq!(slab.footprint_bytes(), footprint_bytes);
+                let slots = slab.slots();
+                inner.metadata_bytes += slab.metadata_bytes();
+                inner.slabs.insert(slab_id, Arc::new(slab));
+                Ok((slab_id, slots))
+            }
+            Err(error) => {
+                inner.used_bytes -= footprint_bytes;
+                Err(error)
+            }
+        }
+    }
+
+    /// The slab `slab_id` if `client_id` owns it.
+    pub fn get(&self, client_id: u64, slab_id: u32) -> Result<Arc<Slab>, SlabError> {
+        let inner = self.lock();
+        let slab = inner.slabs.get(&slab_id).ok_or(SlabError::UnknownSlab { slab_id })?;
+        slab.check_owner(slab_id, client_id)?;
+        Ok(Arc::clone(slab))
+    }
+
+    /// Removes the slab; its memory is returned when the last in-flight request drops it.
+    /// Returns what the slab was mapped for.
+    pub fn unmap(&self, client_id: u64, slab_id: u32) -> Result<SlabLabel, SlabError> {
+        let mut inner = self.lock();
+        let slab = inner.slabs.get(&slab_id).ok_or(SlabError::UnknownSlab { slab_id })?;
+        slab.check_owner(slab_id, client_id)?;
+        let slab = inner.slabs.remove(&slab_id).expect("present: checked above");
+        inner.used_bytes -= slab.footprint_bytes();
+        inner.metadata_bytes -= slab.metadata_bytes();
+        Ok(slab.label)
+    }
+
+    pub fn stats(&self) -> TableStats {
+        let inner = self.lock();
+        TableStats {
+            used_bytes: inner.used_bytes,
+            slabs_mapped: inner.slabs.len() as u32,
+            metadata_bytes: inner.metadata_bytes,
+        }
+    }
+
+    /// Drops every slab (munmap happens as the last reference of each goes); returns how many.
+    pub fn clear(&self) -> usize {
+        let mut inner = self.lock();
+        let slabs = std::mem::take(&mut inner.slabs);
+        for slab in slabs.values() {
+            inner.used_bytes -= slab.footprint_bytes();
+        }
+        let count = slabs.len();
+        inner.metadata_bytes = 0;
+        count
+    }
+}
+
+impl TableInner {
+    fn allocate_id(&mut self) -> u32 {
+        loop {
+            let id = self.next_slab_id;
+            self.next_slab_id = self.next_slab_id.wrapping_add(1).max(1);
+            if !self.slabs.contains_key(&id) && !self.reserved_ids.contains(&id) {
+                return id;
+            }
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! Control messages: every message without a split payload, fully owned and small.
+
+use crate::frame::{ERROR_FIXED_BYTES, NODE_INFO_FIXED_BYTES};
+use crate::{DecodeError, ErrorCode, FrameHeader, Kind, READ_SPLITS_MAX_COUNT};
+
+/// Longest `failure_domain` in a NodeInfoReply, in UTF-8 bytes.
+pub const MAX_FAILURE_DOMAIN_BYTES: usize = 64;
+/// Longest message in an `Error` frame, in UTF-8 bytes; longer messages are truncated on encode.
+pub const MAX_ERROR_MESSAGE_BYTES: usize = 256;
+
+/// What a node reports about itself in `NodeInfoReply`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub node_id: u64,
+    pub capacity_bytes: u64,
+    pub free_bytes: u64,
+    pub slab_size_bytes: u64,
+    pub slabs_mapped: u32,
+    pub metadata_bytes: u64,
+    pub requests_served: u64,
+    /// At most [`MAX_FAILURE_DOMAIN_BYTES`] bytes of UTF-8.
+    pub failure_domain: String,
+}
+
+/// Every message without a split payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Control {
+    Hello {
+        client_id: u64,
+        client_nonce: [u8; 32],
+    },
+    Challenge {
+        node_nonce: [u8; 32],
+        node_proof: [u8; 32],
+    },
+    Auth {
+        client_proof: [u8; 32],
+    },
+    AuthOk {
+        node_id: u64,
+    },
+    MapSlab {
+        split_bytes: u32,
+        split_index: u8,
+        first_page: u64,
+        range_id: u64,
+    },
+    SlabMapped {
+        slab_id: u32,
+        slots: u32,
+    },
+    UnmapSlab {
+        slab_id: u32,
+    },
+    Ok,
+    NodeInfo,
+    NodeInfoReply(NodeInfo),
+    Ping,
+    Pong,
+    Error {
+        code: ErrorCode,
+        /// At most [`MAX_ERROR_MESSAGE_BYTES`] bytes of UTF-8 after encoding.
+        message: String,
+    },
+    WriteSplitOk,
+    ReadSplit {
+        slab_id: u32,
+        slot: u32,
+    },
+    ReadSplits {
+        slab_id: u32,
+        first_slot: u32,
+        /// 1..=[`READ_SPLITS_MAX_COUNT`].
+        count: u32,
+    },
+}
+
+impl Control {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Control::Hello { .. } => Kind::Hello,
+            Control::Challenge { .. } => Kind::Challenge,
+            Control::Auth { .. } => Kind::Auth,
+            Control::AuthOk { .. } => Kind::AuthOk,
+            Control::MapSlab { .. } => Kind::MapSlab,
+            Control::SlabMapped { .. } => Kind::SlabMapped,
+            Control::UnmapSlab { .. } => Kind::UnmapSlab,
+            Control::Ok => Kind::Ok,
+            Control::NodeInfo => Kind::NodeInfo,
+            Control::NodeInfoReply(_) => Kind::NodeInfoReply,
+            Control::Ping => Kind::Ping,
+            Control::Pong => Kind::Pong,
+            Control::Error { .. } => Kind::Error,
+            Control::WriteSplitOk => Kind::WriteSplitOk,
+            Control::ReadSplit { .. } => Kind::ReadSplit,
+            Control::ReadSplits { .. } => Kind::ReadSplits,
+        }
+    }
+
+    /// Convenience constructor for an `Error` reply.
+    pub fn error(code: ErrorCode, message: impl Into<String>) -> Control {
+        Control::Error { code, message: message.into() }
+    }
+
+    /// Appends the whole frame (header and body) to `out`.
+    ///
+    /// An `Error` message longer than [`MAX_ERROR_MESSAGE_BYTES`] is truncated at a character
+    /// boundary. Panics if a `NodeInfoReply` failure domain is longer than
+    /// [`MAX_FAILURE_DOMAIN_BYTES`] or a `ReadSplits` count is outside 1..=256: those are
+    /// configuration or programmer errors of the sender.
+    pub fn encode(&self, request_id: u64, out: &mut Vec<u8>) {
+        let header_at = out.len();
+        out.extend_from_slice(&[0u8; crate::HEADER_BYTES]);
+        let body_at = out.len();
+        match self {
+            Control::Hello { client_id, client_nonce } => {
+                out.extend_from_slice(&client_id.to_le_bytes());
+                out.extend_from_slice(client_nonce);
+            }
+            Control::Challenge { node_nonce, node_proof } => {
+                out.extend_from_slice(node_nonce);
+                out.extend_from_slice(node_proof);
+            }
+            Control::Auth { client_proof } => out.extend_from_slice(client_proof),
+            Control::AuthOk { node_id } => out.extend_from_slice(&node_id.to_le_bytes()),
+            Control::MapSlab { split_bytes, split_index, first_page, range_id } => {
+                out.extend_from_slice(&split_bytes.to_le_bytes());
+                out.push(*split_index);
+                out.extend_from_slice(&[0u8; 3]);
+                out.extend_from_slice(&first_page.to_le_bytes());
+                out.extend_from_slice(&range_id.to_le_bytes());
+            }
+            Control::SlabMapped { slab_id, slots } => {
+                out.extend_from_slice(&slab_id.to_le_bytes());
+                out.extend_from_slice(&slots.to_le_bytes());
+            }
+            Control::UnmapSlab { slab_id } => out.extend_from_slice(&slab_id.to_le_bytes()),
+            Control::Ok | Control::NodeInfo | Control::Ping | Control::Pong => {}
+            Control::WriteSplitOk => {}
+            Control::NodeInfoReply(info) => {
+                assert!(
+                    info.failure_domain.len() <= MAX_FAILURE_DOMAIN_BYTES,
+                    "failure domain longer than {MAX_FAILURE_DOMAIN_BYTES} bytes"
+                );
+                out.extend_from_slice(&info.node_id.to_le_bytes());
+                out.extend_from_slice(&info.capacity_bytes.to_le_bytes());
+                out.extend_from_slice(&info.free_bytes.to_le_bytes());
+                out.extend_from_slice(&info.slab_size_bytes.to_le_bytes());
+                out.extend_from_slice(&info.slabs_mapped.to_le_bytes());
+                out.extend_from_slice(&0u32.to_le_bytes());
+                out.extend_from_slice(&info.metadata_bytes.to_le_bytes());
+                out.extend_from_slice(&info.requests_served.to_le_bytes());
+                out.push(info.failure_domain.len() as u8);
+                out.extend_from_slice(info.failure_domain.as_bytes());
+            }
+            Control::Error { code, message } => {
+                let message = truncate_utf8(message, MAX_ERROR_MESSAGE_BYTES);
+                out.extend_from_slice(&(*code as u16).to_le_bytes());
+                out.extend_from_slice(&(message.len() as u16).to_le_bytes());
+                out.extend_from_slice(message.as_bytes());
+            }
+            Control::ReadSplit { slab_id, slot } => {
+                out.extend_from_slice(&slab_id.to_le_bytes());
+                out.extend_from_slice(&slot.to_le_bytes());
+            }
+            Control::ReadSplits { slab_id, first_slot, count } => {
+                assert!(
+                    (1..=READ_SPLITS_MAX_COUNT).contains(count),
+                    "ReadSplits count {count} outside 1..={READ_SPLITS_MAX_COUNT}"
+                );
+                out.extend_from_slice(&slab_id.to_le_bytes());
+                out.extend_from_slice(&first_slot.to_le_bytes());
+                out.extend_from_slice(&count.to_le_bytes());
+            }
+        }
+        let body_len = u32::try_from(out.len() - body_at).expect("control bodies are small");
+        let header = FrameHeader { kind: self.kind(), body_len, request_id };
+        out[header_at..body_at].copy_from_slice(&header.encode());
+    }
+
+    /// Decodes the body of a control frame whose header has kind `kind`.
+    ///
+    /// Checks the body length against the kind's rule itself, so it is safe on any input;
+    /// rejects payload-carrying kinds with [`DecodeError::NotControl`], non-zero reserved bytes,
+    /// inner lengths that disagree with the body, non-UTF-8 text, unknown error codes and
+    /// `ReadSplits` counts outside 1..=256.
+    pub fn decode_body(kind: Kind, body: &[u8]) -> Result<Control, DecodeError> {
+        if kind.carries_payload() {
+            return Err(DecodeError::NotControl { kind });
+        }
+        let body_len = u32::try_from(body.len()).unwrap_or(u32::MAX);
+        kind.check_body_len(body_len)?;
+        let mut reader = Reader { kind, bytes: body };
+        let control = match kind {
+            Kind::Hello => Control::Hello { client_id: reader.u64(), client_nonce: reader.array() },
+            Kind::Challenge => Control::Challenge { node_nonce: reader.array(), node_proof: reader.array() },
+            Kind::Auth => Control::Auth { client_proof: reader.array() },
+            Kind::AuthOk => Control::AuthOk { node_id: reader.u64() },
+            Kind::MapSlab => {
+                let split_bytes = reader.u32();
+                let split_index = reader.u8();
+                reader.reserved::<3>()?;
+                Control::MapSlab {
+                    split_bytes,
+                    split_index,
+                    first_page: reader.u64(),
+                    range_id: reader.u64(),
+                }
+            }
+            Kind::SlabMapped => Control::SlabMapped { slab_id: reader.u32(), slots: reader.u32() },
+            Kind::UnmapSlab => Control::UnmapSlab { slab_id: reader.u32() },
+            Kind::Ok => Control::Ok,
+            Kind::NodeInfo => Control::NodeInfo,
+            Kind::Ping => Control::Ping,
+            Kind::Pong => Control::Pong,
+            Kind::WriteSplitOk => Control::WriteSplitOk,
+            Kind::NodeInfoReply => {
+                let node_id = reader.u64();
+                let capacity_bytes = reader.u64();
+                let free_bytes = reader.u64();
+                let slab_size_bytes = reader.u64();
+                let slabs_mapped = reader.u32();
+                reader.reserved::<4>()?;
+                let metadata_bytes = reader.u64();
+                let requests_served = reader.u64();
+                let domain_len = reader.u8();
+                debug_assert_eq!(body.len() - reader.bytes.len(), NODE_INFO_FIXED_BYTES as usize);
+                let failure_domain = reader.text("domain_len", usize::from(domain_len))?;
+                Control::NodeInfoReply(NodeInfo {
+                    node_id,
+                    capacity_bytes,
+                    free_bytes,
+                    slab_size_bytes,
+                    slabs_mapped,
+                    metadata_bytes,
+                    requests_served,
+                    failure_domain,
+                })
+            }
+            Kind::Error => {
+                let raw_code = reader.u16();
+                let code =
+                    ErrorCode::from_u16(raw_code).ok_or(DecodeError::UnknownErrorCode { found: raw_code })?;
+                let message_len = reader.u16();
+                debug_assert_eq!(body.len() - reader.bytes.len(), ERROR_FIXED_BYTES as usize);
+                let message = reader.text("message_len", usize::from(message_len))?;
+                Control::Error { code, message }
+            }
+            Kind::ReadSplit => Control::ReadSplit { slab_id: reader.u32(), slot: reader.u32() },
+            Kind::ReadSplits => {
+                let slab_id = reader.u32();
+                let first_slot = reader.u32();
+                let count = reader.u32();
+                if !(1..=READ_SPLITS_MAX_COUNT).contains(&count) {
+                    return Err(DecodeError::CountOutOfRange { kind, count });
+                }
+                Control::ReadSplits { slab_id, first_slot, count }
+            }
+            Kind::WriteSplit | Kind::ReadSplitReply | Kind::ReadSplitsReply => {
+                unreachable!("payload kinds were rejected above")
+            }
+        };
+        // The length rule fixed the size of every fixed-size kind and `text` consumed the rest of
+        // the variable ones, so nothing may be left over.
+        assert!(reader.bytes.is_empty(), "{kind:?} decoder left bytes unread");
+        Ok(control)
+    }
+}
+
+fn truncate_utf8(text: &str, max_bytes: usize) -> &str {
+    if text.len() <= max_bytes {
+        return text;
+    }
+    let mut end = max_bytes;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Little-endian field reader over a body whose length was already checked against the kind's
+/// rule, so fixed-size reads cannot run past the end (they would panic, which is a bug here).
+struct Reader<'a> {
+    kind: Kind,
+    bytes: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> [u8; N] {
+        let (head, rest) =
+            self.bytes.split_first_chunk::<N>().expect("length rule guarantees the fixed fields are present");
+        self.bytes = rest;
+        *head
+    }
+
+    fn array<const N: usize>(&mut self) -> [u8; N] {
+        self.take::<N>()
+    }
+
+    fn u8(&mut self) -> u8 {
+        self.take::<1>()[0]
+    }
+
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes(self.take())
+    }
+
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.take())
+    }
+
+    fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.take())
+    }
+
+    fn reserved<const N: usize>(&mut self) -> Result<(), DecodeError> {
+        if self.take::<N>() != [0u8; N] {
+            return Err(DecodeError::ReservedNotZero { kind: self.kind });
+        }
+        Ok(())
+    }
+
+    /// Consumes the rest of the body as exactly `declared` bytes of UTF-8.
+    fn text(&mut self, field: &'static str, declared: usize) -> Result<String, DecodeError> {
+        if self.bytes.len() != declared {
+            return Err(DecodeError::InnerLength {
+                kind: self.kind,
+                field,
+                declared: declared as u32,
+                available: self.bytes.len() as u32,
+            });
+        }
+        let text = std::str::from_utf8(self.bytes).map_err(|_| DecodeError::BadUtf8 { kind: self.kind })?;
+        self.bytes = &[];
+        Ok(text.to_owned())
+    }
+}

@@ -1,0 +1,44 @@
+//! remem-proto: the remem wire protocol, version 1 (`docs/PROTOCOL.md`), as pure encode/decode.
+//!
+//! Job: turn frames into typed messages and back. Every message without a split payload is a
+//! [`Control`]; the three payload-carrying kinds (`WriteSplit`, `ReadSplitReply`,
+//! `ReadSplitsReply`) are handled as a fixed-size prefix ([`WriteSplitPrefix`], [`SplitMeta`])
+//! followed by payload bytes that the receiver reads straight into their destination.
+//!
+//! Invariants:
+//! - The codec does no I/O, except the small [`blocking`] helper module for control paths and
+//!   tests.
+//! - Decoders are strict and total: every byte string either decodes to exactly one message whose
+//!   re-encoding is the same bytes, or is rejected with a structured [`DecodeError`]. They never
+//!   panic and never allocate from a length they have not checked against its bound.
+//! - [`FrameHeader::decode`] already rejects a `body_len` that its kind cannot have, so a receiver
+//!   may size its body buffer from a decoded header.
+//! - Encoders `assert!` their preconditions (lengths within bounds): violating them is a
+//!   programmer error on the sending side, never a property of received data.
+
+pub mod auth;
+pub mod blocking;
+mod control;
+mod data;
+mod error;
+mod frame;
+pub mod fuzzing;
+
+pub use control::{Control, NodeInfo, MAX_ERROR_MESSAGE_BYTES, MAX_FAILURE_DOMAIN_BYTES};
+pub use data::{
+    decode_read_splits_count, encode_read_split_reply, encode_read_splits_reply_head, encode_write_split,
+    max_read_splits_count, next_version, read_splits_reply_body_len, split_checksum, version_is_newer,
+    SplitMeta, WriteSplitPrefix, MAX_SPLIT_BYTES, MIN_SPLIT_BYTES, READ_SPLITS_COUNT_BYTES,
+    READ_SPLITS_MAX_COUNT, SPLIT_META_BYTES, WRITE_SPLIT_PREFIX_BYTES,
+};
+pub use error::{DecodeError, ErrorCode};
+pub use frame::{FrameHeader, Kind, LengthRule};
+
+/// The protocol version carried in every frame header; anything else is rejected.
+pub const PROTOCOL_VERSION: u8 = 1;
+/// Size of the fixed frame header.
+pub const HEADER_BYTES: usize = 16;
+/// Largest `body_len` any frame may declare: one 1 MiB split plus its prefix, with slack.
+pub const MAX_BODY_BYTES: u32 = 1024 * 1024 + 64;
+/// The two magic bytes `R`, `M` read as a little-endian u16.
+pub const MAGIC: u16 = u16::from_le_bytes(*b"RM");

@@ -1,0 +1,374 @@
+//! Round-trip and robustness properties of the remem-proto codec.
+
+use proptest::prelude::*;
+use remem_proto::auth::{self, Secret};
+use remem_proto::*;
+
+fn error_code() -> impl Strategy<Value = ErrorCode> {
+    proptest::sample::select(ErrorCode::ALL.to_vec())
+}
+
+fn control() -> impl Strategy<Value = Control> {
+    prop_oneof![
+        (any::<u64>(), any::<[u8; 32]>())
+            .prop_map(|(client_id, client_nonce)| Control::Hello { client_id, client_nonce }),
+        (any::<[u8; 32]>(), any::<[u8; 32]>())
+            .prop_map(|(node_nonce, node_proof)| { Control::Challenge { node_nonce, node_proof } }),
+        any::<[u8; 32]>().prop_map(|client_proof| Control::Auth { client_proof }),
+        any::<u64>().prop_map(|node_id| Control::AuthOk { node_id }),
+        (any::<u32>(), any::<u8>(), any::<u64>(), any::<u64>()).prop_map(
+            |(split_bytes, split_index, first_page, range_id)| Control::MapSlab {
+                split_bytes,
+                split_index,
+                first_page,
+                range_id
+            }
+        ),
+        (any::<u32>(), any::<u32>()).prop_map(|(slab_id, slots)| Control::SlabMapped { slab_id, slots }),
+        any::<u32>().prop_map(|slab_id| Control::UnmapSlab { slab_id }),
+        Just(Control::Ok),
+        Just(Control::NodeInfo),
+        (
+            any::<[u64; 6]>(),
+            any::<u32>(),
+            proptest::string::string_regex("[a-zé0-9/-]{0,32}").expect("valid regex")
+        )
+            .prop_map(|(n, slabs_mapped, failure_domain)| {
+                Control::NodeInfoReply(NodeInfo {
+                    node_id: n[0],
+                    capacity_bytes: n[1],
+                    free_bytes: n[2],
+                    slab_size_bytes: n[3],
+                    slabs_mapped,
+                    metadata_bytes: n[4],
+                    requests_served: n[5],
+                    failure_domain,
+                })
+            }),
+        Just(Control::Ping),
+        Just(Control::Pong),
+        (error_code(), proptest::string::string_regex(".{0,64}").expect("valid regex"))
+            .prop_map(|(code, message)| Control::Error { code, message }),
+        Just(Control::WriteSplitOk),
+        (any::<u32>(), any::<u32>()).prop_map(|(slab_id, slot)| Control::ReadSplit { slab_id, slot }),
+        (any::<u32>(), any::<u32>(), 1..=READ_SPLITS_MAX_COUNT)
+            .prop_map(|(slab_id, first_slot, count)| Control::ReadSplits { slab_id, first_slot, count }),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn every_control_message_round_trips(msg in control(), request_id in any::<u64>()) {
+        let mut frame = Vec::new();
+        msg.encode(request_id, &mut frame);
+        let header_bytes: &[u8; HEADER_BYTES] = frame[..HEADER_BYTES].try_into().unwrap();
+        let header = FrameHeader::decode(header_bytes).unwrap();
+        prop_assert_eq!(header.kind, msg.kind());
+        prop_assert_eq!(header.request_id, request_id);
+        prop_assert_eq!(header.body_len as usize, frame.len() - HEADER_BYTES);
+        let decoded = Control::decode_body(header.kind, &frame[HEADER_BYTES..]).unwrap();
+        prop_assert_eq!(&decoded, &msg);
+        prop_assert_eq!(fuzzing::decode_stream(&frame), 1);
+    }
+
+    #[test]
+    fn write_split_frame_round_trips(
+        slab_id in any::<u32>(), slot in any::<u32>(), version in 1u8..=255, checksum in any::<u32>(),
+        payload in proptest::collection::vec(any::<u8>(), 0..600), request_id in any::<u64>(),
+    ) {
+        let prefix = WriteSplitPrefix { slab_id, slot, version, checksum };
+        let mut frame = Vec::new();
+        encode_write_split(request_id, &prefix, &payload, &mut frame);
+        let header = FrameHeader::decode(frame[..HEADER_BYTES].try_into().unwrap()).unwrap();
+        prop_assert_eq!(header.kind, Kind::WriteSplit);
+        prop_assert_eq!(header.request_id, request_id);
+        prop_assert_eq!(header.body_len as usize, WRITE_SPLIT_PREFIX_BYTES + payload.len());
+        let body = &frame[HEADER_BYTES..];
+        prop_assert_eq!(WriteSplitPrefix::decode(body[..WRITE_SPLIT_PREFIX_BYTES].try_into().unwrap()).unwrap(), prefix);
+        prop_assert_eq!(&body[WRITE_SPLIT_PREFIX_BYTES..], &payload[..]);
+    }
+
+    #[test]
+    fn read_split_reply_round_trips(
+        version in any::<u8>(), checksum in any::<u32>(),
+        payload in proptest::collection::vec(any::<u8>(), 0..600), request_id in any::<u64>(),
+    ) {
+        let meta = SplitMeta { version, checksum };
+        let mut frame = Vec::new();
+        encode_read_split_reply(request_id, meta, &payload, &mut frame);
+        let header = FrameHeader::decode(frame[..HEADER_BYTES].try_into().unwrap()).unwrap();
+        prop_assert_eq!(header.kind, Kind::ReadSplitReply);
+        prop_assert_eq!(header.body_len as usize, SPLIT_META_BYTES + payload.len());
+        let body = &frame[HEADER_BYTES..];
+        prop_assert_eq!(SplitMeta::decode(body[..SPLIT_META_BYTES].try_into().unwrap()).unwrap(), meta);
+        prop_assert_eq!(&body[SPLIT_META_BYTES..], &payload[..]);
+        prop_assert_eq!(fuzzing::decode_stream(&frame), 1);
+    }
+
+    #[test]
+    fn read_splits_reply_round_trips(
+        split_bytes in proptest::sample::select(vec![64u32, 512, 4096]),
+        entries in proptest::collection::vec((any::<u8>(), any::<u32>(), any::<u8>()), 1..=8),
+        request_id in any::<u64>(),
+    ) {
+        let count = entries.len() as u32;
+        let mut frame = Vec::new();
+        encode_read_splits_reply_head(request_id, count, split_bytes, &mut frame);
+        for (version, checksum, fill) in &entries {
+            frame.extend_from_slice(&SplitMeta { version: *version, checksum: *checksum }.encode());
+            frame.extend(std::iter::repeat_n(*fill, split_bytes as usize));
+        }
+        let header = FrameHeader::decode(frame[..HEADER_BYTES].try_into().unwrap()).unwrap();
+        prop_assert_eq!(header.kind, Kind::ReadSplitsReply);
+        prop_assert_eq!(header.body_len as usize, frame.len() - HEADER_BYTES);
+        let body = &frame[HEADER_BYTES..];
+        prop_assert_eq!(decode_read_splits_count(body[..4].try_into().unwrap()).unwrap(), count);
+        let entry_bytes = SPLIT_META_BYTES + split_bytes as usize;
+        for (entry, (version, checksum, fill)) in body[4..].chunks_exact(entry_bytes).zip(&entries) {
+            let meta = SplitMeta::decode(entry[..SPLIT_META_BYTES].try_into().unwrap()).unwrap();
+            prop_assert_eq!(meta, SplitMeta { version: *version, checksum: *checksum });
+            prop_assert!(entry[SPLIT_META_BYTES..].iter().all(|b| b == fill));
+        }
+        prop_assert_eq!(fuzzing::decode_stream(&frame), 1);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn arbitrary_header_bytes_never_panic(bytes in any::<[u8; HEADER_BYTES]>()) {
+        if let Ok(header) = FrameHeader::decode(&bytes) {
+            prop_assert!(header.body_len <= MAX_BODY_BYTES);
+            prop_assert!(header.kind.length_rule().admits(header.body_len));
+            prop_assert_eq!(header.encode(), bytes);
+        }
+    }
+
+    #[test]
+    fn arbitrary_bodies_never_panic(
+        kind in proptest::sample::select(Kind::ALL.to_vec()),
+        body in proptest::collection::vec(any::<u8>(), 0..400),
+    ) {
+        if let Ok(control) = Control::decode_body(kind, &body) {
+            let mut frame = Vec::new();
+            control.encode(7, &mut frame);
+            prop_assert_eq!(&frame[HEADER_BYTES..], &body[..]);
+        }
+    }
+
+    #[test]
+    fn arbitrary_prefixes_never_panic(
+        prefix in any::<[u8; WRITE_SPLIT_PREFIX_BYTES]>(),
+        meta in any::<[u8; SPLIT_META_BYTES]>(),
+        count in any::<[u8; READ_SPLITS_COUNT_BYTES]>(),
+    ) {
+        if let Ok(decoded) = WriteSplitPrefix::decode(&prefix) {
+            prop_assert_eq!(decoded.encode(), prefix);
+        }
+        if let Ok(decoded) = SplitMeta::decode(&meta) {
+            prop_assert_eq!(decoded.encode(), meta);
+        }
+        let _ = decode_read_splits_count(&count);
+    }
+
+    /// Random streams that start with a valid header so the body decoders get exercised, not only
+    /// the magic check.
+    #[test]
+    fn arbitrary_frame_streams_never_panic(
+        kind in proptest::sample::select(Kind::ALL.to_vec()),
+        body_len in 0u32..200,
+        tail in proptest::collection::vec(any::<u8>(), 0..400),
+    ) {
+        let mut stream = Vec::new();
+        stream.extend_from_slice(&MAGIC.to_le_bytes());
+        stream.push(PROTOCOL_VERSION);
+        stream.push(kind as u8);
+        stream.extend_from_slice(&body_len.to_le_bytes());
+        stream.extend_from_slice(&[0u8; 8]);
+        stream.extend_from_slice(&tail);
+        fuzzing::decode_stream(&stream);
+        fuzzing::decode_stream(&tail);
+    }
+}
+
+#[test]
+fn header_rejects_bad_magic_version_kind_and_lengths() {
+    let good = FrameHeader { kind: Kind::Ping, body_len: 0, request_id: 9 }.encode();
+    let mut bad = good;
+    bad[0] = b'X';
+    assert!(matches!(FrameHeader::decode(&bad), Err(DecodeError::BadMagic { .. })));
+    let mut bad = good;
+    bad[2] = 2;
+    assert_eq!(FrameHeader::decode(&bad), Err(DecodeError::BadVersion { found: 2 }));
+    let mut bad = good;
+    bad[3] = 14;
+    assert_eq!(FrameHeader::decode(&bad), Err(DecodeError::UnknownKind { found: 14 }));
+    let mut bad = good;
+    bad[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(FrameHeader::decode(&bad), Err(DecodeError::BodyTooLong { kind: Kind::Ping, .. })));
+    let mut bad = good;
+    bad[4] = 1;
+    assert_eq!(
+        FrameHeader::decode(&bad),
+        Err(DecodeError::BadLength { kind: Kind::Ping, expected: LengthRule::Exact(0), actual: 1 })
+    );
+    let mut bad = FrameHeader { kind: Kind::WriteSplit, body_len: 16, request_id: 1 }.encode();
+    bad[4] = 15;
+    assert!(matches!(FrameHeader::decode(&bad), Err(DecodeError::BadLength { kind: Kind::WriteSplit, .. })));
+}
+
+#[test]
+fn control_decoder_rejects_inner_inconsistencies() {
+    // Error whose message_len disagrees with the body.
+    let mut body = Vec::new();
+    body.extend_from_slice(&(ErrorCode::Malformed as u16).to_le_bytes());
+    body.extend_from_slice(&5u16.to_le_bytes());
+    body.extend_from_slice(b"abc");
+    assert!(matches!(Control::decode_body(Kind::Error, &body), Err(DecodeError::InnerLength { .. })));
+    // Unknown error code.
+    let body = [99, 0, 0, 0];
+    assert_eq!(Control::decode_body(Kind::Error, &body), Err(DecodeError::UnknownErrorCode { found: 99 }));
+    // Invalid UTF-8.
+    let body = [1, 0, 1, 0, 0xff];
+    assert_eq!(Control::decode_body(Kind::Error, &body), Err(DecodeError::BadUtf8 { kind: Kind::Error }));
+    // MapSlab reserved bytes.
+    let mut frame = Vec::new();
+    Control::MapSlab { split_bytes: 512, split_index: 3, first_page: 0, range_id: 1 }.encode(0, &mut frame);
+    frame[HEADER_BYTES + 6] = 1;
+    assert_eq!(
+        Control::decode_body(Kind::MapSlab, &frame[HEADER_BYTES..]),
+        Err(DecodeError::ReservedNotZero { kind: Kind::MapSlab })
+    );
+    // ReadSplits count 0 and 257.
+    for count in [0u32, 257] {
+        let mut body = vec![0u8; 8];
+        body.extend_from_slice(&count.to_le_bytes());
+        assert!(matches!(
+            Control::decode_body(Kind::ReadSplits, &body),
+            Err(DecodeError::CountOutOfRange { .. })
+        ));
+    }
+    // Payload kinds are not control messages.
+    assert_eq!(
+        Control::decode_body(Kind::WriteSplit, &[0u8; 16]),
+        Err(DecodeError::NotControl { kind: Kind::WriteSplit })
+    );
+    // A body longer than its kind allows, given directly.
+    assert!(matches!(Control::decode_body(Kind::Ping, &[0]), Err(DecodeError::BadLength { .. })));
+}
+
+#[test]
+fn write_split_prefix_rejects_version_zero_and_reserved_bytes() {
+    let mut bytes = WriteSplitPrefix { slab_id: 1, slot: 2, version: 3, checksum: 4 }.encode();
+    bytes[10] = 1;
+    assert!(matches!(WriteSplitPrefix::decode(&bytes), Err(DecodeError::ReservedNotZero { .. })));
+    let mut bytes = WriteSplitPrefix { slab_id: 1, slot: 2, version: 3, checksum: 4 }.encode();
+    bytes[8] = 0;
+    assert_eq!(WriteSplitPrefix::decode(&bytes), Err(DecodeError::ZeroVersion));
+}
+
+#[test]
+fn long_error_messages_are_truncated_at_a_char_boundary() {
+    let message = "é".repeat(200); // 400 bytes
+    let mut frame = Vec::new();
+    Control::error(ErrorCode::Internal, message).encode(0, &mut frame);
+    let Control::Error { message, .. } = Control::decode_body(Kind::Error, &frame[HEADER_BYTES..]).unwrap()
+    else {
+        panic!("not an Error");
+    };
+    assert_eq!(message.len(), 256);
+}
+
+#[test]
+fn split_checksum_binds_payload_version_page_and_index() {
+    let payload = [7u8; 512];
+    let base = split_checksum(&payload, 1, 42, 3);
+    assert_ne!(base, split_checksum(&payload, 2, 42, 3));
+    assert_ne!(base, split_checksum(&payload, 1, 43, 3));
+    assert_ne!(base, split_checksum(&payload, 1, 42, 4));
+    let mut other = payload;
+    other[100] ^= 1;
+    assert_ne!(base, split_checksum(&other, 1, 42, 3));
+    // Known answer: the checksum is crc32c over the concatenation.
+    let mut concatenated = payload.to_vec();
+    concatenated.push(1);
+    concatenated.extend_from_slice(&42u64.to_le_bytes());
+    concatenated.push(3);
+    assert_eq!(base, crc32c::crc32c(&concatenated));
+}
+
+#[test]
+fn versions_wrap_from_255_to_1_and_compare_as_serial_numbers() {
+    assert_eq!(next_version(0), 1);
+    assert_eq!(next_version(1), 2);
+    assert_eq!(next_version(254), 255);
+    assert_eq!(next_version(255), 1);
+    assert!(version_is_newer(1, 255));
+    assert!(!version_is_newer(255, 1));
+    assert!(version_is_newer(1, 0));
+    assert!(!version_is_newer(0, 1));
+    assert!(!version_is_newer(0, 0));
+    assert!(!version_is_newer(5, 5));
+    for than in 0..=255u8 {
+        assert!(version_is_newer(next_version(than), than));
+        for candidate in 0..=255u8 {
+            assert!(!(version_is_newer(candidate, than) && version_is_newer(than, candidate)));
+            if candidate != than && candidate != 0 && than != 0 {
+                assert!(version_is_newer(candidate, than) || version_is_newer(than, candidate));
+            }
+        }
+    }
+    // 127 steps ahead is newer, 128 steps ahead is older.
+    let mut v = 200u8;
+    for _ in 0..127 {
+        v = next_version(v);
+    }
+    assert!(version_is_newer(v, 200));
+    assert!(!version_is_newer(next_version(v), 200));
+}
+
+#[test]
+fn read_splits_limits_fit_one_frame() {
+    assert_eq!(max_read_splits_count(512), 256);
+    assert!(max_read_splits_count(4096) < 256);
+    assert_eq!(max_read_splits_count(MAX_SPLIT_BYTES), 1);
+    for split_bytes in [64u32, 512, 4096, 65536, MAX_SPLIT_BYTES] {
+        let count = max_read_splits_count(split_bytes);
+        assert!(read_splits_reply_body_len(count, split_bytes).is_some());
+        if count < READ_SPLITS_MAX_COUNT {
+            assert!(read_splits_reply_body_len(count + 1, split_bytes).is_none());
+        }
+    }
+}
+
+#[test]
+fn proofs_differ_by_role_and_verify_in_constant_time() {
+    let secret = Secret::from_bytes(b"0123456789abcdef".to_vec()).unwrap();
+    let other = Secret::from_bytes(b"0123456789abcdeX".to_vec()).unwrap();
+    let (client_nonce, node_nonce) = ([1u8; 32], [2u8; 32]);
+    let node = auth::node_proof(&secret, &client_nonce, &node_nonce, 5);
+    let client = auth::client_proof(&secret, &client_nonce, &node_nonce, 5);
+    assert_ne!(node, client);
+    assert!(auth::verify(&node, &auth::node_proof(&secret, &client_nonce, &node_nonce, 5)));
+    assert!(!auth::verify(&node, &auth::node_proof(&other, &client_nonce, &node_nonce, 5)));
+    assert!(!auth::verify(&node, &auth::node_proof(&secret, &client_nonce, &node_nonce, 6)));
+    assert_eq!(format!("{secret:?}"), "Secret(<redacted>)");
+}
+
+#[test]
+fn secrets_load_from_file_trimming_one_newline_and_reject_short_ones() {
+    assert!(matches!(Secret::from_bytes(vec![1; 15]), Err(auth::SecretError::TooShort { len: 15 })));
+    let dir = std::env::temp_dir().join(format!("remem-proto-secret-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("secret");
+    std::fs::write(&path, b"0123456789abcdef\r\n").unwrap();
+    let loaded = Secret::load(Some(&path)).unwrap();
+    let expected = Secret::from_bytes(b"0123456789abcdef".to_vec()).unwrap();
+    let proof = |s: &Secret| auth::node_proof(s, &[0; 32], &[0; 32], 0);
+    assert_eq!(proof(&loaded), proof(&expected));
+    std::fs::write(&path, b"short\n").unwrap();
+    assert!(matches!(Secret::load(Some(&path)), Err(auth::SecretError::TooShort { len: 5 })));
+    assert!(matches!(Secret::load(Some(&dir.join("absent"))), Err(auth::SecretError::Read { .. })));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
