@@ -212,6 +212,9 @@ pub struct Client {
     conns: Vec<Conn>,
     ranges: Vec<Range>,
     versions: Vec<u8>,
+    /// Pages discarded since their last write: they read as zeros. Kept apart from `versions`
+    /// so that the next write continues the version sequence.
+    discarded: Vec<bool>,
     slots: Vec<OpSlot>,
     active: usize,
     /// Ops in flight at most (<= slots.len()); see [`Client::set_max_in_flight`].
@@ -386,6 +389,7 @@ impl Client {
             conns,
             ranges,
             versions: vec![0; page_count as usize],
+            discarded: vec![false; page_count as usize],
             slots,
             active: 0,
             in_flight_limit: config.max_in_flight,
@@ -424,6 +428,17 @@ impl Client {
     /// `max_in_flight` the client was connected with.
     pub fn set_max_in_flight(&mut self, limit: usize) {
         self.in_flight_limit = limit.clamp(1, self.slots.len());
+    }
+
+    /// Forgets a page: it reads as zeros from now on, with no remote I/O, until written again.
+    /// Its splits stay in the slabs (slabs are the unit of remote memory) and are overwritten by
+    /// the next write; a stale split can never be read back because the client only accepts
+    /// splits of the page's current version.
+    pub fn discard_page(&mut self, page: u64) -> Result<(), PageError> {
+        self.check_page(page, self.config.page_bytes)?;
+        assert!(!self.page_in_flight(page), "discard between batches only");
+        self.discarded[page as usize] = true;
+        Ok(())
     }
 
     /// Writes one page and waits for all k+r splits (run to completion).
@@ -491,7 +506,7 @@ impl Client {
                 let page = *page;
                 match self.check_page(page, buf.len()) {
                     Err(error) => Some(Err(error)),
-                    Ok(()) if self.versions[page as usize] == 0 => {
+                    Ok(()) if self.versions[page as usize] == 0 || self.discarded[page as usize] => {
                         // Never written by this client: the page holds zeros, no remote read.
                         buf.fill(0);
                         Some(Ok(()))
@@ -1051,6 +1066,7 @@ impl Client {
                         WriteStep::Done { degraded } => {
                             let slot = &self.slots[event.slot];
                             self.versions[slot.page as usize] = slot.version;
+                            self.discarded[slot.page as usize] = false;
                             if degraded != 0 {
                                 tracing::debug!(page = slot.page, degraded, "page written degraded");
                             }
