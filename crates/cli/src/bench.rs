@@ -51,6 +51,21 @@ pub struct BenchArgs {
     /// Seed of the random page order.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Instead of the full run: read latency of EC(8,2) delta 1 and 0 and rep(2) at queue
+    /// depth 1, without faults and then with one node delaying every reply by this many
+    /// microseconds (seed 000 Figure 11a). The slow node holds a data split of EC range 0.
+    #[arg(long = "straggler", value_name = "MICROSECONDS")]
+    pub straggler_us: Option<u32>,
+    /// Clients poll without blocking this long before they block (see ClientConfig).
+    #[arg(long = "spin", value_name = "MICROSECONDS", default_value_t = 0)]
+    pub spin_us: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StragglerRow {
+    pub name: String,
+    pub healthy: Summary,
+    pub straggler: Summary,
 }
 
 #[derive(Debug, Serialize)]
@@ -80,6 +95,8 @@ pub struct BenchReport {
     /// EC(8,2): node memory (slabs + metadata) over the data written.
     pub ec_memory_ratio: f64,
     pub ec_metadata_fraction_of_slab_memory: f64,
+    /// With --straggler: the delay and, per scheme, read latency healthy and with one slow node.
+    pub straggler: Option<(u32, Vec<StragglerRow>)>,
 }
 
 struct Scheme {
@@ -114,6 +131,7 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
                 slab_size_bytes: args.slab_size,
                 nodes_per_domain: 1,
                 dir,
+                fault_injection: args.straggler_us.is_some(),
             };
             eprintln!("starting {} nodes ...", options.nodes);
             let started = LocalCluster::start(binary, &options)?;
@@ -124,6 +142,19 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
     };
     let nodes = cluster.addresses();
     let page_bytes = 4096;
+    if let Some(delay_us) = args.straggler_us {
+        let rows = run_straggler(&args, &nodes, &secret, delay_us)?;
+        drop(own_cluster);
+        return Ok(BenchReport {
+            nodes: nodes.len(),
+            page_bytes,
+            series: Vec::new(),
+            ratios: Vec::new(),
+            ec_memory_ratio: 0.0,
+            ec_metadata_fraction_of_slab_memory: 0.0,
+            straggler: Some((delay_us, rows)),
+        });
+    }
     let mut series = Vec::new();
     let mut memory_ratio = 0.0;
     let mut metadata_fraction = 0.0;
@@ -133,6 +164,7 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
         eprintln!("{}: filling {} ...", scheme.name, crate::units::format_bytes(args.size));
         let mut config = ClientConfig::new(scheme.shape, args.size);
         config.max_in_flight = 32;
+        config.spin_before_block = Duration::from_micros(args.spin_us);
         let mut client =
             Client::connect(&nodes, &secret, config, &mut LeastLoaded::new(StdRng::seed_from_u64(args.seed)))
                 .with_context(|| format!("connecting the {} client", scheme.name))?;
@@ -220,6 +252,7 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
         ratios,
         ec_memory_ratio: memory_ratio,
         ec_metadata_fraction_of_slab_memory: metadata_fraction,
+        straggler: None,
     };
     if let Some(path) = &args.plot {
         let lines: Vec<crate::plot::Series<'_>> = report
@@ -245,7 +278,76 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
     Ok(report)
 }
 
+/// Seed 000 Figure 11a on this cluster: read p99 with one straggler, per scheme.
+fn run_straggler(
+    args: &BenchArgs,
+    nodes: &[remem_client::NodeAddress],
+    secret: &Secret,
+    delay_us: u32,
+) -> Result<Vec<StragglerRow>> {
+    let schemes = &SCHEMES[..3];
+    let mut slow_node = None;
+    let mut rows = Vec::new();
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    for scheme in schemes {
+        eprintln!("{}: filling {} ...", scheme.name, crate::units::format_bytes(args.size));
+        let mut config = ClientConfig::new(scheme.shape, args.size);
+        // The straggler must not be mistaken for a dead node.
+        config.request_timeout = Duration::from_secs(30);
+        let mut client =
+            Client::connect(nodes, secret, config, &mut LeastLoaded::new(StdRng::seed_from_u64(args.seed)))
+                .with_context(|| format!("connecting the {} client", scheme.name))?;
+        let pages = client.page_count();
+        let fill_order: Vec<u64> = (0..pages).collect();
+        run_series(&mut client, &fill_order, 32, Operation::Write, 4096)?;
+        let slow = *slow_node.get_or_insert_with(|| client.range_nodes(0)[0]);
+        let order = random_pages(&mut rng, pages, args.ops);
+        eprintln!("{}: read qd1 x{} healthy ...", scheme.name, args.ops);
+        let (mut healthy, _) = run_series(&mut client, &order, 1, Operation::Read, 4096)?;
+        let address = nodes[slow].address;
+        crate::faults::inject(
+            address,
+            secret,
+            client.client_id(),
+            crate::faults::Fault::Delay { delay_us, fraction_ppm: 1_000_000, seed: args.seed },
+        )?;
+        eprintln!(
+            "{}: read qd1 x{} with {address} delaying every reply by {delay_us} us ...",
+            scheme.name, args.ops
+        );
+        let result = run_series(&mut client, &order, 1, Operation::Read, 4096);
+        crate::faults::inject(address, secret, client.client_id(), crate::faults::Fault::Clear)?;
+        let (mut slowed, _) = result?;
+        rows.push(StragglerRow {
+            name: scheme.name.to_string(),
+            healthy: healthy.summarize(),
+            straggler: slowed.summarize(),
+        });
+        client.release().context("releasing slabs")?;
+    }
+    Ok(rows)
+}
+
 pub fn print_table(report: &BenchReport) {
+    if let Some((delay_us, rows)) = &report.straggler {
+        println!("read latency at queue depth 1, healthy vs one node delaying every reply by {delay_us} us");
+        println!(
+            "{:<14} {:>12} {:>12} {:>14} {:>14} {:>14}",
+            "scheme", "p50 healthy", "p99 healthy", "p50 straggler", "p99 straggler", "p99 ratio"
+        );
+        for row in rows {
+            println!(
+                "{:<14} {:>12.1} {:>12.1} {:>14.1} {:>14.1} {:>14.2}",
+                row.name,
+                row.healthy.p50_us,
+                row.healthy.p99_us,
+                row.straggler.p50_us,
+                row.straggler.p99_us,
+                row.straggler.p99_us / row.healthy.p99_us
+            );
+        }
+        return;
+    }
     println!(
         "{:<26} {:>6} {:>3} {:>10} {:>10} {:>10} {:>12}",
         "series", "op", "qd", "p50 us", "p99 us", "p99.9 us", "ops/s"

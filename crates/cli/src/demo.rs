@@ -68,6 +68,7 @@ pub fn run(args: DemoArgs, binary: &std::path::Path) -> Result<()> {
         slab_size_bytes: args.slab_size,
         nodes_per_domain: 1,
         dir: dir.clone(),
+        fault_injection: false,
     };
     println!("starting {} memory nodes (logs in {}) ...", args.nodes, dir.display());
     let mut cluster = LocalCluster::start(binary, &options)?;

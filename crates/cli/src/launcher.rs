@@ -30,6 +30,8 @@ pub struct ClusterOptions {
     pub nodes_per_domain: usize,
     /// Where the cluster file, secret and logs go.
     pub dir: PathBuf,
+    /// Start nodes with `--fault-injection` (tests and benchmarks).
+    pub fault_injection: bool,
 }
 
 pub struct LocalCluster {
@@ -91,6 +93,7 @@ impl LocalCluster {
                 .arg(&domain)
                 .arg("--node-id")
                 .arg((index + 1).to_string())
+                .args(options.fault_injection.then_some("--fault-injection"))
                 .env("REMEM_SECRET", &secret_hex)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())

@@ -6,9 +6,15 @@
 pub mod bench;
 pub mod codec_bench;
 pub mod demo;
+pub mod faults;
 pub mod launcher;
+pub mod nbd_command;
 pub mod node;
 pub mod pattern;
 pub mod plot;
+pub mod regen_bench;
+pub mod sim_command;
+pub(crate) mod sim_plot;
 pub mod stats;
+pub mod torture;
 pub mod units;

@@ -38,10 +38,21 @@ enum Command {
     /// Start a 10-node local cluster, write 1 GiB of pages with EC(8,2), read and verify every
     /// page, print latencies and memory overhead, stop the cluster.
     Demo(remem::demo::DemoArgs),
+    /// Serve a remem address space as an NBD block device (qemu, nbd-client, libnbd): swap or a
+    /// file system on resilient remote memory. See docs/NBD.md. First stdout line: `listening ADDRESS`.
+    Nbd(remem::nbd_command::NbdArgs),
     /// Benchmarks: `remem bench pages` (schemes vs transport floors) and `remem bench codec`
     /// (erasure coding vs Intel ISA-L).
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Simulate placement policies: probability of data loss when f% of N nodes fail at once
+    /// (seed closed form and Monte Carlo over real layouts) and load balance, as a table, CSV,
+    /// JSON and the PNG figures of seed 000 Figures 15 and 16. The default run takes under a
+    /// minute on 2 cores; --full covers the figures' ranges.
+    Sim(remem::sim_command::SimArgs),
+    /// Writes every page again and again until killed (fault-suite helper).
+    #[command(hide = true)]
+    TortureWriter(remem::torture::TortureArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -53,6 +64,9 @@ enum BenchCommand {
     /// Encode/decode nanoseconds per page of remem's codec beside Debian's ISA-L
     /// (remem-isal-baseline, a separate binary of this workspace).
     Codec(CodecArgs),
+    /// Rebuild one slab of a full EC(8,2) range on a spare node (after an eviction) with reads
+    /// served and checked throughout; prints the rebuild's MiB/s. Starts its own 11 nodes.
+    Regen(remem::regen_bench::RegenArgs),
 }
 
 #[derive(Args, Debug)]
@@ -72,6 +86,9 @@ struct UpArgs {
     /// Directory for cluster.json, the secret and node logs.
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Start the nodes with --fault-injection (for tests and benchmarks, never production).
+    #[arg(long)]
+    fault_injection: bool,
 }
 
 #[derive(Args, Debug)]
@@ -111,6 +128,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Node(args) => remem::node::run(args),
         Command::Up(args) => up(args, &binary),
         Command::Demo(args) => remem::demo::run(args, &binary),
+        Command::Nbd(args) => remem::nbd_command::run(args),
+        Command::Sim(args) => remem::sim_command::run(args),
+        Command::TortureWriter(args) => remem::torture::run(args),
         Command::Bench(BenchCommand::Pages(args)) => {
             let json = args.json;
             let report = remem::bench::run(args, &binary)?;
@@ -118,6 +138,19 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 remem::bench::print_table(&report);
+            }
+            Ok(())
+        }
+        Command::Bench(BenchCommand::Regen(args)) => {
+            let json = args.json;
+            let report = remem::regen_bench::run(args, &binary)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                remem::regen_bench::print(&report);
+            }
+            if report.read_mismatches > 0 {
+                anyhow::bail!("{} pages read back wrong", report.read_mismatches);
             }
             Ok(())
         }
@@ -139,6 +172,7 @@ fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
         slab_size_bytes: args.slab_size,
         nodes_per_domain: args.nodes_per_domain,
         dir: args.dir.unwrap_or_else(remem::launcher::default_dir),
+        fault_injection: args.fault_injection,
     };
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;

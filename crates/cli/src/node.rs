@@ -36,6 +36,9 @@ pub struct NodeArgs {
     /// Most client connections served at once.
     #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
+    /// accept fault-injection commands (tests and benchmarks only)
+    #[arg(long)]
+    pub fault_injection: bool,
 }
 
 pub fn run(args: NodeArgs) -> Result<()> {
@@ -57,6 +60,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
         secret,
         node_id: args.node_id.unwrap_or_else(rand::random),
         max_connections: args.max_connections,
+        fault_injection: args.fault_injection,
     };
     let node = Node::bind(config).with_context(|| format!("binding {}", args.listen))?;
     let shutdown = Arc::new(AtomicBool::new(false));

@@ -29,6 +29,7 @@ fn start_cluster(name: &str, nodes: usize, slab_size_bytes: u64) -> LocalCluster
         slab_size_bytes,
         nodes_per_domain: 1,
         dir: test_dir(name),
+        fault_injection: false,
     };
     LocalCluster::start(binary(), &options).expect("cluster starts")
 }

@@ -129,3 +129,43 @@ fn bench_codec_compares_with_debian_isal() {
         assert!(value.is_finite() && value > 0.0, "{ratio}");
     }
 }
+
+#[test]
+fn bench_regen_rebuilds_a_slab_and_verifies_every_page() {
+    let output = remem().args(["bench", "regen", "--slab-size", "1MiB", "--json"]).output().unwrap();
+    assert!(output.status.success(), "bench regen failed: {}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(report["read_mismatches"], 0);
+    assert_eq!(report["pages_verified_after"], 2048);
+    assert!(report["mib_per_second"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn bench_straggler_reports_healthy_and_slowed_p99_per_scheme() {
+    let output = remem()
+        .args([
+            "bench",
+            "pages",
+            "--size",
+            "8MiB",
+            "--slab-size",
+            "1MiB",
+            "--ops",
+            "200",
+            "--straggler",
+            "2000",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "bench --straggler failed: {}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let (delay, rows) = (&report["straggler"][0], report["straggler"][1].as_array().unwrap());
+    assert_eq!(delay, 2000);
+    let names: Vec<&str> = rows.iter().map(|row| row["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["ec(8,2) d=1", "ec(8,2) d=0", "rep(2)"]);
+    for row in rows {
+        assert!(row["healthy"]["p99_us"].as_f64().unwrap() > 0.0);
+        assert!(row["straggler"]["p99_us"].as_f64().unwrap() > 0.0);
+    }
+}

@@ -9,10 +9,13 @@
 //!
 //! Invariants:
 //! - a read is `Done` only with k splits that passed their checksum and carry the expected
-//!   version; anything else is an erasure, never decoded;
+//!   version (or, when discovering an unknown version, the newest version that has k valid
+//!   splits); anything else is an erasure, never decoded;
 //! - a split is asked at most once per read, and only from a slab not known to be unavailable;
 //! - a write is `Done` only when every split was acknowledged or failed, and it succeeds only if
 //!   at least k splits were acknowledged (the page is still decodable).
+
+use remem_proto::version_is_newer;
 
 /// A set of split indices.
 pub type SplitMask = u32;
@@ -67,8 +70,9 @@ pub enum ReadStep {
     Wait,
     /// Send reads for these splits (not asked before), then wait.
     Ask(SplitMask),
-    /// k valid splits are in. `present` has exactly k bits; decode if it lacks a data split.
-    Done { present: SplitMask, needs_decode: bool },
+    /// k valid splits of `version` are in. `present` has exactly k bits; decode if it lacks a
+    /// data split. Version 0 (only in discovery) means the page was never written: zeros.
+    Done { present: SplitMask, needs_decode: bool, version: u8 },
     /// Fewer than k valid splits can still arrive: the page cannot be read now.
     Lost { valid: SplitMask, failed: SplitMask },
 }
@@ -77,7 +81,12 @@ pub enum ReadStep {
 #[derive(Clone, Debug)]
 pub struct ReadState {
     shape: Shape,
-    expected_version: u8,
+    /// The version the client last wrote; `None` while discovering (after a restart, when the
+    /// client does not know it): then every available split is asked and the newest version
+    /// with k valid splits wins.
+    expected_version: Option<u8>,
+    /// Version of each valid split (discovery only).
+    versions: [u8; 32],
     unavailable: SplitMask,
     asked: SplitMask,
     valid: SplitMask,
@@ -99,7 +108,8 @@ impl ReadState {
         assert!(expected_version != 0, "a never-written page is not read remotely");
         let mut state = ReadState {
             shape,
-            expected_version,
+            expected_version: Some(expected_version),
+            versions: [0; 32],
             unavailable,
             asked: 0,
             valid: 0,
@@ -122,6 +132,70 @@ impl ReadState {
         (state, step)
     }
 
+    /// Starts a read that does not know the page's version (a client restarted from its saved
+    /// slab map, or torn writes suspected): asks every available split, waits for all of them,
+    /// and completes with the newest version that has k valid splits (seed 000 §4.2; torn
+    /// writes are never decoded as a mix). Lost if no version has k.
+    pub fn discover(shape: Shape, unavailable: SplitMask) -> (ReadState, ReadStep) {
+        let mut state = ReadState {
+            shape,
+            expected_version: None,
+            versions: [0; 32],
+            unavailable,
+            asked: 0,
+            valid: 0,
+            failed: 0,
+            finished: false,
+        };
+        let all = state.choose(shape.total_splits());
+        if (all.count_ones() as usize) < shape.data_splits {
+            state.finished = true;
+            return (state, ReadStep::Lost { valid: 0, failed: unavailable });
+        }
+        state.asked = all;
+        (state, ReadStep::Ask(all))
+    }
+
+    /// Discovery: once every asked split answered, the newest version with k valid splits.
+    fn discovery_verdict(&mut self) -> ReadStep {
+        let k = self.shape.data_splits;
+        let mut best: Option<(u8, SplitMask)> = None;
+        for split in 0..self.shape.total_splits() {
+            if self.valid & (1 << split) == 0 {
+                continue;
+            }
+            let version = self.versions[split];
+            let same: SplitMask = (0..self.shape.total_splits())
+                .filter(|&other| self.valid & (1 << other) != 0 && self.versions[other] == version)
+                .fold(0, |mask, other| mask | (1 << other));
+            if (same.count_ones() as usize) < k {
+                continue;
+            }
+            let newer = match best {
+                None => true,
+                Some((best_version, _)) => version_is_newer(version, best_version),
+            };
+            if newer {
+                best = Some((version, same));
+            }
+        }
+        self.finished = true;
+        match best {
+            Some((version, same)) => {
+                // Keep the k lowest splits: data splits first, so decoding is rarest.
+                let mut present: SplitMask = 0;
+                for split in 0..self.shape.total_splits() {
+                    if same & (1 << split) != 0 && (present.count_ones() as usize) < k {
+                        present |= 1 << split;
+                    }
+                }
+                let needs_decode = present & self.shape.data_mask() != self.shape.data_mask();
+                ReadStep::Done { present, needs_decode, version }
+            }
+            None => ReadStep::Lost { valid: self.valid, failed: self.failed | self.unavailable },
+        }
+    }
+
     /// Picks up to `count` unasked, available splits, data splits first.
     fn choose(&self, count: usize) -> SplitMask {
         let mut chosen = 0;
@@ -137,6 +211,14 @@ impl ReadState {
             }
         }
         chosen
+    }
+
+    /// The newest version among the valid splits seen so far (discovery), if any.
+    pub fn newest_version_seen(&self) -> Option<u8> {
+        (0..self.shape.total_splits())
+            .filter(|&split| self.valid & (1 << split) != 0)
+            .map(|split| self.versions[split])
+            .reduce(|newest, version| if version_is_newer(version, newest) { version } else { newest })
     }
 
     pub fn asked(&self) -> SplitMask {
@@ -159,8 +241,18 @@ impl ReadState {
         if self.finished || self.asked & bit == 0 || (self.valid | self.failed) & bit != 0 {
             return ReadStep::Wait;
         }
+        let Some(expected_version) = self.expected_version else {
+            match outcome {
+                SplitOutcome::Valid { version } => {
+                    self.valid |= bit;
+                    self.versions[split] = version;
+                }
+                SplitOutcome::Corrupt | SplitOutcome::Failed => self.failed |= bit,
+            }
+            return if self.pending() == 0 { self.discovery_verdict() } else { ReadStep::Wait };
+        };
         match outcome {
-            SplitOutcome::Valid { version } if version == self.expected_version => {
+            SplitOutcome::Valid { version } if version == expected_version => {
                 self.valid |= bit;
             }
             // A valid split of another version is stale or from a torn write: an erasure.
@@ -172,7 +264,7 @@ impl ReadState {
         if self.valid.count_ones() as usize == k {
             self.finished = true;
             let needs_decode = self.valid & self.shape.data_mask() != self.shape.data_mask();
-            return ReadStep::Done { present: self.valid, needs_decode };
+            return ReadStep::Done { present: self.valid, needs_decode, version: expected_version };
         }
         if self.failed & bit != 0 {
             // Replace the lost split with one not asked yet, if the total can still reach k.
@@ -192,7 +284,7 @@ impl ReadState {
 
     /// Asks `count` more splits now (a straggler deadline passed). `Wait` if none are left.
     pub fn hedge(&mut self, count: usize) -> ReadStep {
-        if self.finished {
+        if self.finished || self.expected_version.is_none() {
             return ReadStep::Wait;
         }
         let more = self.choose(count);
@@ -298,7 +390,7 @@ mod tests {
             assert_eq!(read.on_reply(split, SplitOutcome::Valid { version: 3 }), ReadStep::Wait);
         }
         let step = read.on_reply(7, SplitOutcome::Valid { version: 3 });
-        assert_eq!(step, ReadStep::Done { present: 0xff, needs_decode: false });
+        assert_eq!(step, ReadStep::Done { present: 0xff, needs_decode: false, version: 3 });
         // The late parity is dropped.
         assert_eq!(read.on_reply(8, SplitOutcome::Valid { version: 3 }), ReadStep::Wait);
     }
@@ -311,7 +403,7 @@ mod tests {
             assert_eq!(read.on_reply(split, SplitOutcome::Valid { version: 3 }), ReadStep::Wait);
         }
         let step = read.on_reply(8, SplitOutcome::Valid { version: 3 });
-        assert_eq!(step, ReadStep::Done { present: 0x1fb, needs_decode: true });
+        assert_eq!(step, ReadStep::Done { present: 0x1fb, needs_decode: true, version: 3 });
     }
 
     #[test]
@@ -322,7 +414,7 @@ mod tests {
         }
         assert_eq!(read.valid().count_ones(), 7);
         let step = read.on_reply(8, SplitOutcome::Valid { version: 4 });
-        assert_eq!(step, ReadStep::Done { present: 0x1df, needs_decode: true });
+        assert_eq!(step, ReadStep::Done { present: 0x1df, needs_decode: true, version: 4 });
     }
 
     #[test]
@@ -354,6 +446,45 @@ mod tests {
         let (mut write, _) = WriteState::start(EC82, 0b1);
         write.on_ack(1, false);
         assert!(matches!(write.on_ack(2, false), WriteStep::Failed { .. }));
+    }
+
+    #[test]
+    fn discovery_picks_the_newest_version_with_k_splits() {
+        // A torn write: splits 0..6 have version 9, the rest version 8. Neither has 8 valid
+        // splits except version... 8 has 4, 9 has 6: lost, never a mix.
+        let (mut read, step) = ReadState::discover(EC82, 0);
+        assert_eq!(step, ReadStep::Ask(0x3ff));
+        for split in 0..10 {
+            let version = if split < 6 { 9 } else { 8 };
+            let step = read.on_reply(split, SplitOutcome::Valid { version });
+            if split < 9 {
+                assert_eq!(step, ReadStep::Wait);
+            } else {
+                assert!(matches!(step, ReadStep::Lost { .. }), "{step:?}");
+            }
+        }
+        // Only parities missed the new version: version 9 has 8 splits and wins.
+        let (mut read, _) = ReadState::discover(EC82, 0);
+        let mut last = ReadStep::Wait;
+        for split in 0..10 {
+            let version = if split < 8 { 9 } else { 8 };
+            last = read.on_reply(split, SplitOutcome::Valid { version });
+        }
+        assert_eq!(last, ReadStep::Done { present: 0xff, needs_decode: false, version: 9 });
+        // Version 255 wrapped to 1 is newer than 255.
+        let (mut read, _) = ReadState::discover(EC82, 0);
+        for split in 0..10 {
+            let version = if split == 3 { 255 } else { 1 };
+            last = read.on_reply(split, SplitOutcome::Valid { version });
+        }
+        // The verdict keeps the k lowest splits of the winner (data first): 0..=8 without 3.
+        assert_eq!(last, ReadStep::Done { present: 0x1f7, needs_decode: true, version: 1 });
+        // Never written anywhere: version 0 wins and means zeros.
+        let (mut read, _) = ReadState::discover(EC82, 0b1);
+        for split in 1..10 {
+            last = read.on_reply(split, SplitOutcome::Valid { version: 0 });
+        }
+        assert!(matches!(last, ReadStep::Done { version: 0, .. }));
     }
 
     proptest! {

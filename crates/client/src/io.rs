@@ -34,12 +34,22 @@ use remem_proto::{
 use crate::core::{ReadState, ReadStep, Shape, SplitMask, SplitOutcome, WriteState, WriteStep};
 use crate::error::{ConnectError, PageError};
 
+mod regeneration;
+mod slab_map;
+
+pub use regeneration::RegenerationStatus;
+pub use slab_map::{SlabMapError, SlabMapFile};
+
 /// Top bit of a request id: a control request, not a split of an op.
 const CONTROL_REQUEST: u64 = 1 << 63;
 /// Largest control reply body we accept (NodeInfoReply and Error are the big ones).
 const MAX_CONTROL_BODY_BYTES: usize = 1024;
 /// Most splits an op can have: k <= 16, r <= 4.
 const MAX_SPLITS: usize = 20;
+/// Page flag: discarded since its last write, reads as zeros.
+const PAGE_DISCARDED: u8 = 1;
+/// Page flag: version not known (reopened client); a read discovers it.
+const PAGE_VERSION_UNKNOWN: u8 = 2;
 
 /// Where a node listens and which failure domain it reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,9 +67,23 @@ pub struct ClientConfig {
     pub client_id: u64,
     /// Pages in flight at once in [`Client::execute`].
     pub max_in_flight: usize,
-    /// A split not answered within this time counts as failed.
+    /// A node that leaves a split unanswered this long is treated as failed.
     pub request_timeout: Duration,
     pub connect_timeout: Duration,
+    /// Above this corrupt-split rate a node is suspect: reads of its ranges start with one
+    /// more split (the seed's ErrorCorrectionLimit).
+    pub error_correction_limit: f64,
+    /// Above this rate the node's slabs are rebuilt elsewhere (SlabRegenerationLimit).
+    pub slab_regeneration_limit: f64,
+    /// Splits read from a node before its error rate is trusted.
+    pub error_rate_min_samples: u64,
+    /// Rebuild lost, evicted or corrupt slabs on other nodes in the background.
+    pub regenerate: bool,
+    /// Poll without blocking this long before blocking on the sockets (0 = block at once).
+    pub spin_before_block: Duration,
+    /// Unmap every slab when the client is dropped. Off for a client that saves its slab map
+    /// to come back to its pages after a restart.
+    pub release_on_drop: bool,
 }
 
 impl ClientConfig {
@@ -72,6 +96,12 @@ impl ClientConfig {
             max_in_flight: 32,
             request_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(5),
+            error_correction_limit: 0.001,
+            slab_regeneration_limit: 0.01,
+            error_rate_min_samples: 256,
+            regenerate: true,
+            release_on_drop: true,
+            spin_before_block: Duration::ZERO,
         }
     }
 }
@@ -124,8 +154,11 @@ pub struct SlabRef {
 #[derive(Clone, Debug)]
 pub struct Range {
     pub slabs: Vec<SlabRef>,
-    /// Splits whose slab is known to be down.
+    /// Splits whose slab is known to be down (or being rebuilt): never read.
     pub unavailable: SplitMask,
+    /// Splits whose slab is being rebuilt on a new node: `slabs` already names the new slab,
+    /// which takes writes (they win over the rebuild) but no reads until the rebuild is done.
+    pub rebuilding: SplitMask,
 }
 
 /// A raw fan-out: `targets.len()` one-split reads, done at the `need`-th reply.
@@ -198,6 +231,7 @@ enum Outcome {
     Read(SplitOutcome),
     Write(bool),
     ProbeReply,
+    ProbeFailed,
 }
 
 /// A connected client: one remote address space on k+r slabs per range.
@@ -212,9 +246,10 @@ pub struct Client {
     conns: Vec<Conn>,
     ranges: Vec<Range>,
     versions: Vec<u8>,
-    /// Pages discarded since their last write: they read as zeros. Kept apart from `versions`
-    /// so that the next write continues the version sequence.
-    discarded: Vec<bool>,
+    /// Per page: [`PAGE_DISCARDED`] (reads as zeros; kept apart from `versions` so that the
+    /// next write continues the version sequence) and [`PAGE_VERSION_UNKNOWN`] (a reopened
+    /// client has not learnt the page's version yet: reads discover it).
+    page_flags: Vec<u8>,
     slots: Vec<OpSlot>,
     active: usize,
     /// Ops in flight at most (<= slots.len()); see [`Client::set_max_in_flight`].
@@ -226,6 +261,30 @@ pub struct Client {
     probe_slabs: Vec<(usize, u32)>,
     control_counter: u64,
     control_reply: Option<(u64, Control)>,
+    /// Per node: splits read and splits that failed their checksum (decayed).
+    node_stats: Vec<NodeStats>,
+    /// Slab rebuilds this client has asked for and not seen finish.
+    regenerations: Vec<regeneration::Regeneration>,
+    regenerations_done: u64,
+}
+
+/// What the client has seen of one node's splits: the basis of the corruption thresholds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NodeStats {
+    pub splits_read: u64,
+    pub splits_corrupt: u64,
+    /// Corrupt splits ever seen (not decayed).
+    pub corrupt_total: u64,
+}
+
+impl NodeStats {
+    pub fn error_rate(&self) -> f64 {
+        if self.splits_read == 0 {
+            0.0
+        } else {
+            self.splits_corrupt as f64 / self.splits_read as f64
+        }
+    }
 }
 
 fn request_id(slot: usize, generation: u32, split: usize) -> u64 {
@@ -257,18 +316,7 @@ impl Client {
 
         let mut streams = Vec::with_capacity(nodes.len());
         for node in nodes {
-            let mut stream = TcpStream::connect_timeout(&node.address, config.connect_timeout)
-                .map_err(|source| ConnectError::Io { address: node.address, source })?;
-            let io_error = |source| ConnectError::Io { address: node.address, source };
-            stream.set_nodelay(true).map_err(io_error)?;
-            stream.set_read_timeout(Some(config.connect_timeout)).map_err(io_error)?;
-            remem_proto::blocking::handshake(&mut stream, secret, config.client_id).map_err(|source| {
-                ConnectError::Handshake { address: node.address, message: source.to_string() }
-            })?;
-            let info = match blocking_control(&mut stream, 1, &Control::NodeInfo, node.address)? {
-                Control::NodeInfoReply(info) => info,
-                other => return Err(unexpected(node.address, &other)),
-            };
+            let (stream, info) = slab_map::connect_node(node.address, secret, &config)?;
             streams.push((stream, info, node.address));
         }
 
@@ -335,9 +383,23 @@ impl Client {
                 loads[node].slabs_mapped += 1;
                 loads[node].slabs_free = loads[node].slabs_free.saturating_sub(1);
             }
-            ranges.push(Range { slabs, unavailable: 0 });
+            ranges.push(Range { slabs, unavailable: 0, rebuilding: 0 });
         }
 
+        Client::assemble(config, codec_params, streams, ranges, pages_per_range, page_count)
+    }
+
+    /// Builds the client around authenticated connections and a slab map.
+    fn assemble(
+        config: ClientConfig,
+        codec_params: CodecParams,
+        streams: Vec<(TcpStream, NodeInfo, SocketAddr)>,
+        ranges: Vec<Range>,
+        pages_per_range: u64,
+        page_count: u64,
+    ) -> Result<Client, ConnectError> {
+        let split_bytes = codec_params.split_bytes();
+        let node_count = streams.len();
         let poll = Poll::new().map_err(ConnectError::Poll)?;
         let mut conns = Vec::with_capacity(streams.len());
         let input_bytes = (256 * 1024).max(4 * (HEADER_BYTES + SPLIT_META_BYTES + config.page_bytes));
@@ -389,7 +451,7 @@ impl Client {
             conns,
             ranges,
             versions: vec![0; page_count as usize],
-            discarded: vec![false; page_count as usize],
+            page_flags: vec![0; page_count as usize],
             slots,
             active: 0,
             in_flight_limit: config.max_in_flight,
@@ -400,6 +462,9 @@ impl Client {
             probe_slabs: Vec::new(),
             control_counter: 0,
             control_reply: None,
+            node_stats: vec![NodeStats::default(); node_count],
+            regenerations: Vec::new(),
+            regenerations_done: 0,
             config,
         })
     }
@@ -437,7 +502,7 @@ impl Client {
     pub fn discard_page(&mut self, page: u64) -> Result<(), PageError> {
         self.check_page(page, self.config.page_bytes)?;
         assert!(!self.page_in_flight(page), "discard between batches only");
-        self.discarded[page as usize] = true;
+        self.page_flags[page as usize] |= PAGE_DISCARDED;
         Ok(())
     }
 
@@ -453,6 +518,18 @@ impl Client {
         let mut result = Ok(());
         self.execute(&mut [PageOp::Read { page, buf }], |done| result = done.result);
         result
+    }
+
+    /// Runs a batch like [`Client::execute`] and returns the first error (by completion order).
+    /// Every op is still run to its end, so one failed page does not leave others half done.
+    pub fn execute_all(&mut self, ops: &mut [PageOp<'_>]) -> Result<(), PageError> {
+        let mut first_error = None;
+        self.execute(ops, |done| {
+            if let Err(error) = done.result {
+                first_error.get_or_insert(error);
+            }
+        });
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Runs a batch, keeping up to `max_in_flight` ops in flight, and calls `on_done` once per
@@ -474,10 +551,13 @@ impl Client {
             if self.active == 0 {
                 continue;
             }
-            self.wait_and_read(ops);
+            // Queued rebuilds wait at most this long for the loop to come round again.
+            let max_wait = (!self.regenerations.is_empty()).then_some(Duration::from_millis(100));
+            self.wait_and_read(ops, max_wait);
             self.process_events(ops, &mut on_done);
             self.expire_deadlines();
             self.process_events(ops, &mut on_done);
+            self.drive_regenerations();
         }
     }
 
@@ -504,16 +584,20 @@ impl Client {
             }
             PageOp::Read { page, buf } => {
                 let page = *page;
+                let flags = self.page_flags.get(page as usize).copied().unwrap_or(0);
                 match self.check_page(page, buf.len()) {
                     Err(error) => Some(Err(error)),
-                    Ok(()) if self.versions[page as usize] == 0 || self.discarded[page as usize] => {
+                    Ok(()) if flags & PAGE_VERSION_UNKNOWN != 0 => {
+                        self.start_read(index, page, None, started).err().map(Err)
+                    }
+                    Ok(()) if self.versions[page as usize] == 0 || flags & PAGE_DISCARDED != 0 => {
                         // Never written by this client: the page holds zeros, no remote read.
                         buf.fill(0);
                         Some(Ok(()))
                     }
                     Ok(()) => {
                         let version = self.versions[page as usize];
-                        self.start_read(index, page, version, started).err().map(Err)
+                        self.start_read(index, page, Some(version), started).err().map(Err)
                     }
                 }
             }
@@ -574,7 +658,9 @@ impl Client {
     ) -> Result<(), PageError> {
         let shape = self.config.shape;
         let range_index = (page / self.pages_per_range) as usize;
-        let unavailable = self.ranges[range_index].unavailable;
+        let range = &self.ranges[range_index];
+        // Slabs being rebuilt take writes: the rebuild skips pages written since it began.
+        let unavailable = range.unavailable & !range.rebuilding;
         let (state, step) = WriteState::start(shape, unavailable);
         if let WriteStep::Failed { stored, failed } = step {
             return Err(PageError::WriteFailed {
@@ -650,18 +736,27 @@ impl Client {
         &mut self,
         index: usize,
         page: u64,
-        version: u8,
+        version: Option<u8>,
         started: Instant,
     ) -> Result<(), PageError> {
         let shape = self.config.shape;
         let range_index = (page / self.pages_per_range) as usize;
         let unavailable = self.ranges[range_index].unavailable;
-        let (state, step) = ReadState::start(shape, version, unavailable, shape.extra_reads);
+        let (state, step) = match version {
+            Some(version) => {
+                // Ranges with a node that corrupts often start with one more split, so that a
+                // bad split rarely costs a second round trip (seed 000 §4.2 "Corruption").
+                let suspect = self.range_has_suspect_node(range_index);
+                let extra = (shape.extra_reads + suspect as usize).min(shape.parity_splits);
+                ReadState::start(shape, version, unavailable, extra)
+            }
+            None => ReadState::discover(shape, unavailable),
+        };
         if let ReadStep::Lost { valid, failed } = step {
             return Err(self.lost_error(page, range_index, valid, failed));
         }
         let slot_index = self.claim_slot(SlotKind::Read, index, page, started);
-        self.slots[slot_index].version = version;
+        self.slots[slot_index].version = version.unwrap_or(0);
         self.slots[slot_index].read = Some(state);
         if let ReadStep::Ask(mask) = step {
             self.queue_reads(slot_index, mask);
@@ -765,6 +860,31 @@ impl Client {
         }
     }
 
+    /// Fails the splits in flight on one slab (evicted): the ops fall back to other splits.
+    fn fail_pending_on(&mut self, range: usize, split: usize) {
+        for slot_index in 0..self.slots.len() {
+            let slot = &self.slots[slot_index];
+            if slot.range != range {
+                continue;
+            }
+            let generation = slot.generation;
+            let outcome = match slot.kind {
+                SlotKind::Read
+                    if slot.read.as_ref().is_some_and(|read| read.pending() & (1 << split) != 0) =>
+                {
+                    Outcome::Read(SplitOutcome::Failed)
+                }
+                SlotKind::Write
+                    if slot.write.as_ref().is_some_and(|write| write.pending() & (1 << split) != 0) =>
+                {
+                    Outcome::Write(false)
+                }
+                _ => continue,
+            };
+            self.events.push(SplitEvent { slot: slot_index, generation, split, outcome });
+        }
+    }
+
     /// Marks a node connection dead and fails every split in flight on it.
     fn conn_died(&mut self, index: usize, why: &str) {
         let conn = &mut self.conns[index];
@@ -814,7 +934,25 @@ impl Client {
                         }
                     }
                 }
-                SlotKind::Probe => {}
+                SlotKind::Probe => {
+                    let probe = &self.probes[slot.probe];
+                    if probe.targets.iter().any(|&(node, _)| node == index) {
+                        self.events.push(SplitEvent {
+                            slot: slot_index,
+                            generation,
+                            split: 0,
+                            outcome: Outcome::ProbeFailed,
+                        });
+                    }
+                }
+            }
+        }
+        self.regeneration_node_died(index);
+        for range in 0..self.ranges.len() {
+            for split in 0..self.config.shape.total_splits() {
+                if self.ranges[range].slabs[split].node == index {
+                    self.schedule_regeneration(range, split, "node failed");
+                }
             }
         }
     }
@@ -823,9 +961,14 @@ impl Client {
         self.slots.iter().filter(|slot| slot.kind != SlotKind::Free).map(|slot| slot.deadline).min()
     }
 
-    fn wait_and_read(&mut self, ops: &mut [PageOp<'_>]) {
-        let timeout = self.next_deadline().map(|deadline| deadline.saturating_duration_since(Instant::now()));
-        if let Err(error) = self.poll.poll(&mut self.poll_events, timeout) {
+    fn wait_and_read(&mut self, ops: &mut [PageOp<'_>], max_wait: Option<Duration>) {
+        let until_deadline =
+            self.next_deadline().map(|deadline| deadline.saturating_duration_since(Instant::now()));
+        let timeout = match (until_deadline, max_wait) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if let Err(error) = self.poll_spinning_first(timeout) {
             if error.kind() != io::ErrorKind::Interrupted {
                 tracing::error!(%error, "poll failed");
             }
@@ -853,6 +996,25 @@ impl Client {
                 self.read_conn(index, ops);
             }
         }
+    }
+
+    /// Polls without blocking for up to `spin_before_block`, then blocks. On these VMs a
+    /// blocked thread costs 20-25 us to wake on the other vCPU; spinning briefly catches replies
+    /// that are already on their way. Spinning long would starve node processes that share the
+    /// two cores (DESIGN.md), so the spin is short and off by default.
+    fn poll_spinning_first(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        let spin = self.config.spin_before_block;
+        if !spin.is_zero() && timeout.is_none_or(|timeout| !timeout.is_zero()) {
+            let started = Instant::now();
+            while started.elapsed() < spin {
+                self.poll.poll(&mut self.poll_events, Some(Duration::ZERO))?;
+                if !self.poll_events.is_empty() {
+                    return Ok(());
+                }
+                std::hint::spin_loop();
+            }
+        }
+        self.poll.poll(&mut self.poll_events, timeout)
     }
 
     /// Drains what the socket holds and turns each complete frame into an event.
@@ -933,10 +1095,21 @@ impl Client {
         ops: &mut [PageOp<'_>],
     ) -> Result<(), String> {
         let body = body_start..body_start + body_len;
+        if header.kind == Kind::SlabEvicted {
+            // Unsolicited: the node evicts one of our slabs (memory pressure or command).
+            let message = Control::decode_body(header.kind, &self.conns[index].input[body])
+                .map_err(|error| error.to_string())?;
+            if let Control::SlabEvicted { slab_id } = message {
+                self.slab_evicted(index, slab_id);
+            }
+            return Ok(());
+        }
         if header.request_id & CONTROL_REQUEST != 0 {
             let message = Control::decode_body(header.kind, &self.conns[index].input[body])
                 .map_err(|error| error.to_string())?;
-            self.control_reply = Some((header.request_id, message));
+            if !self.regeneration_reply(index, header.request_id, &message) {
+                self.control_reply = Some((header.request_id, message));
+            }
             return Ok(());
         }
         let (slot_index, generation, split) = parse_request_id(header.request_id);
@@ -975,7 +1148,13 @@ impl Client {
                 let payload = &conn.input[body_start + SPLIT_META_BYTES..body_start + body_len];
                 let slot = &self.slots[slot_index];
                 let checksum = remem_proto::split_checksum(payload, meta.version, slot.page, split as u8);
-                if checksum != meta.checksum || meta.version == 0 {
+                let never_written = meta.version == 0 && meta.checksum == 0;
+                self.record_split_read(index);
+                if never_written {
+                    // A slot never written (or rebuilt as lost): valid only as "no data".
+                    Outcome::Read(SplitOutcome::Valid { version: 0 })
+                } else if checksum != meta.checksum || meta.version == 0 {
+                    self.record_corruption(index);
                     Outcome::Read(SplitOutcome::Corrupt)
                 } else {
                     self.place_split(slot_index, split, index, body_start + SPLIT_META_BYTES, ops);
@@ -1043,12 +1222,37 @@ impl Client {
                         ReadStep::Ask(mask) => {
                             self.queue_reads(event.slot, mask);
                         }
-                        ReadStep::Done { present, needs_decode } => {
-                            let result =
-                                if needs_decode { self.decode(event.slot, present, ops) } else { Ok(()) };
+                        ReadStep::Done { present, needs_decode, version } => {
+                            let page = slot.page as usize;
+                            let op_index = slot.op_index;
+                            if self.page_flags[page] & PAGE_VERSION_UNKNOWN != 0 {
+                                self.versions[page] = version;
+                                self.page_flags[page] &= !PAGE_VERSION_UNKNOWN;
+                            }
+                            let result = if version == 0 {
+                                // Discovery found the page never written: zeros.
+                                if let PageOp::Read { buf, .. } = &mut ops[op_index] {
+                                    buf.fill(0);
+                                }
+                                Ok(())
+                            } else if needs_decode {
+                                self.decode(event.slot, present, ops)
+                            } else {
+                                Ok(())
+                            };
                             self.finish(event.slot, result, needs_decode, on_done);
                         }
                         ReadStep::Lost { valid, failed } => {
+                            let slot = &self.slots[event.slot];
+                            let page = slot.page as usize;
+                            if self.page_flags[page] & PAGE_VERSION_UNKNOWN != 0 {
+                                // No version has k splits (a torn write, or too many losses):
+                                // the page stays unreadable until rewritten, and the next write
+                                // must be newer than every split seen.
+                                let newest = slot.read.as_ref().and_then(|read| read.newest_version_seen());
+                                self.versions[page] = newest.unwrap_or(0).max(1);
+                                self.page_flags[page] &= !PAGE_VERSION_UNKNOWN;
+                            }
                             let slot = &self.slots[event.slot];
                             let error = self.lost_error(slot.page, slot.range, valid, failed);
                             self.finish(event.slot, Err(error), false, on_done);
@@ -1066,7 +1270,7 @@ impl Client {
                         WriteStep::Done { degraded } => {
                             let slot = &self.slots[event.slot];
                             self.versions[slot.page as usize] = slot.version;
-                            self.discarded[slot.page as usize] = false;
+                            self.page_flags[slot.page as usize] = 0;
                             if degraded != 0 {
                                 tracing::debug!(page = slot.page, degraded, "page written degraded");
                             }
@@ -1084,6 +1288,10 @@ impl Client {
                             self.finish(event.slot, Err(error), false, on_done);
                         }
                     }
+                }
+                Outcome::ProbeFailed => {
+                    let address = self.conns[self.probes[slot.probe].targets[0].0].address;
+                    self.finish(event.slot, Err(PageError::NodeDown { address }), false, on_done);
                 }
                 Outcome::ProbeReply => {
                     slot.probe_replies += 1;
@@ -1125,32 +1333,42 @@ impl Client {
         on_done(done);
     }
 
-    /// Splits not answered by their deadline count as failed: a hung node cannot hold a page.
+    /// A node that leaves a split unanswered past the deadline is treated as failed (a silent
+    /// hang, SIGSTOP, a partition): its connection is closed, its splits in flight fail over to
+    /// other splits, its slabs become unavailable and are rebuilt elsewhere.
     fn expire_deadlines(&mut self) {
         let now = Instant::now();
-        for slot_index in 0..self.slots.len() {
-            let slot = &mut self.slots[slot_index];
+        let mut hung: u64 = 0;
+        for slot in &self.slots {
             if slot.kind == SlotKind::Free || slot.deadline > now {
                 continue;
             }
-            // Give the replacements asked because of this expiry their own full timeout.
-            slot.deadline = now + self.config.request_timeout;
-            let generation = slot.generation;
-            let (pending, make): (SplitMask, fn() -> Outcome) = match slot.kind {
-                SlotKind::Read => (slot.read.as_ref().map_or(0, |read| read.pending()), || {
-                    Outcome::Read(SplitOutcome::Failed)
-                }),
-                SlotKind::Write => {
-                    (slot.write.as_ref().map_or(0, |write| write.pending()), || Outcome::Write(false))
-                }
-                SlotKind::Probe => (slot.probe_asked, || Outcome::ProbeReply),
-                SlotKind::Free => unreachable!(),
+            let pending = match slot.kind {
+                SlotKind::Read => slot.read.as_ref().map_or(0, |read| read.pending()),
+                SlotKind::Write => slot.write.as_ref().map_or(0, |write| write.pending()),
+                SlotKind::Probe => slot.probe_asked,
+                SlotKind::Free => 0,
             };
-            tracing::warn!(page = slot.page, pending, "splits timed out");
             for split in 0..MAX_SPLITS {
-                if pending & (1 << split) != 0 {
-                    self.events.push(SplitEvent { slot: slot_index, generation, split, outcome: make() });
+                if pending & (1 << split) == 0 {
+                    continue;
                 }
+                let node = match slot.kind {
+                    SlotKind::Probe => self.probes[slot.probe].targets[split].0,
+                    _ => self.ranges[slot.range].slabs[split].node,
+                };
+                hung |= 1 << node.min(63);
+            }
+        }
+        for node in 0..self.conns.len().min(64) {
+            if hung & (1 << node) != 0 {
+                self.conn_died(node, "no reply within the request timeout");
+            }
+        }
+        for slot in &mut self.slots {
+            if slot.kind != SlotKind::Free && slot.deadline <= now {
+                // Replacements asked because of this expiry get their own full timeout.
+                slot.deadline = now + self.config.request_timeout;
             }
         }
     }
@@ -1307,6 +1525,9 @@ impl Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
+        if !self.config.release_on_drop {
+            return;
+        }
         if let Err(error) = self.release() {
             tracing::warn!(%error, "could not release every slab");
         }

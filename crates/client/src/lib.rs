@@ -18,4 +18,7 @@ pub mod io;
 
 pub use crate::core::Shape;
 pub use crate::error::{ConnectError, PageError};
-pub use crate::io::{Client, ClientConfig, MemoryReport, NodeAddress, OpDone, PageOp};
+pub use crate::io::{
+    Client, ClientConfig, MemoryReport, NodeAddress, NodeStats, OpDone, PageOp, RegenerationStatus,
+    SlabMapError, SlabMapFile, SlabRef,
+};

@@ -2,37 +2,48 @@
 //!
 //! Job: hold slabs of anonymous memory for authenticated clients and serve split reads and writes
 //! on them over the remem wire protocol (`docs/PROTOCOL.md`). A node stores what clients send and
-//! never interprets payloads: erasure coding, checksum verification and placement are the
-//! client's.
+//! never interprets payloads on the data path: erasure coding, checksum verification and
+//! placement are the client's. The one exception is a rebuild (`Regenerate`, module
+//! `regenerate`): there the node acts for the client, reads surviving splits from other nodes,
+//! checks their checksums and decodes, to fill a new slab without the client doing the work.
 //!
-//! Shape: one acceptor loop ([`Node::run`]) and one thread per connection with blocking I/O. Each
-//! node is its own process and the connection count is bounded by `max_connections`, so threads
-//! are cheap enough and keep request order per connection trivially.
+//! Shape: one acceptor loop ([`Node::run`]) and one thread per connection with blocking I/O and
+//! buffered frames (module `connection`). Each node is its own process and the connection count
+//! is bounded by `max_connections`, so threads are cheap enough and keep request order per
+//! connection trivially. Rebuilds run on their own threads, at most
+//! [`MAX_CONCURRENT_REGENERATIONS`] at once. Fault injection (`fault`) exists only when the node
+//! is configured for it.
 //!
 //! Invariants:
 //! - Nothing but the handshake is served before a connection is authenticated.
 //! - A slab is used only by the client id that mapped it; it outlives connections (a restarted
 //!   client with the same id keeps its slabs) and is unmapped on `UnmapSlab` or node shutdown.
 //! - Mapped memory (slabs plus 5 bytes of metadata per slot) never exceeds `capacity_bytes`.
-//! - After `run` returns, no connection thread is left and every slab is unmapped.
+//! - After `run` returns, no connection or rebuild thread is left and every slab is unmapped.
 
 mod connection;
-mod raw_io;
+mod fault;
+mod peers;
+mod regenerate;
 mod slab;
+mod slot_copy;
 
-pub use connection::{HANDSHAKE_TIMEOUT, WRITE_TIMEOUT};
+pub use connection::{HANDSHAKE_TIMEOUT, INPUT_BUFFER_BYTES, WRITE_TIMEOUT};
+pub use regenerate::{RegenerationReport, MAX_CONCURRENT_REGENERATIONS};
 pub use slab::METADATA_BYTES_PER_SLOT;
 
 use connection::{Connection, Shared};
+use fault::Faults;
+use peers::{Peer, Peers};
+use regenerate::Regenerations;
 use remem_proto::auth::Secret;
 use remem_proto::{Control, ErrorCode, MAX_FAILURE_DOMAIN_BYTES};
 use slab::SlabTable;
-use std::collections::HashMap;
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -57,6 +68,9 @@ pub struct NodeConfig {
     pub node_id: u64,
     /// Connections served at once; further ones get `Error(NoCapacity)` and are closed.
     pub max_connections: usize,
+    /// Accept `InjectFault` (tests and benchmarks only); without it the node answers
+    /// `Error(Unsupported)`.
+    pub fault_injection: bool,
 }
 
 /// A bound, not yet serving, memory node.
@@ -67,9 +81,30 @@ pub struct Node {
     shared: Arc<Shared>,
 }
 
-/// Open connections, by connection number: a clone of each stream so shutdown can unblock its
-/// thread, and the thread to join.
-type Registry = Arc<Mutex<HashMap<u64, TcpStream>>>;
+/// A handle on a node's state that outlives [`Node::run`]'s borrow: for node-internal actions
+/// that do not come from a client, such as eviction under memory pressure.
+#[derive(Clone)]
+pub struct NodeHandle {
+    shared: Arc<Shared>,
+}
+
+impl NodeHandle {
+    /// Evicts slab `slab_id`: sends `SlabEvicted` to every connection of its owner on this node,
+    /// then unmaps it (memory returns once in-flight requests on it finish).
+    ///
+    /// Errors: `NotFound` if no such slab is mapped.
+    pub fn evict_slab(&self, slab_id: u32) -> io::Result<()> {
+        self.shared
+            .evict_slab(slab_id, None)
+            .map(|_| ())
+            .map_err(|error| io::Error::new(io::ErrorKind::NotFound, error.to_string()))
+    }
+
+    /// What the node would answer to `NodeInfo` now.
+    pub fn info(&self) -> remem_proto::NodeInfo {
+        self.shared.node_info()
+    }
+}
 
 impl Node {
     /// Validates `config` and binds the listener.
@@ -101,6 +136,7 @@ impl Node {
             capacity_bytes = config.capacity_bytes,
             slab_size_bytes = config.slab_size_bytes,
             failure_domain = %config.failure_domain,
+            fault_injection = config.fault_injection,
             "node listening"
         );
         Ok(Node {
@@ -115,6 +151,10 @@ impl Node {
                 failure_domain: config.failure_domain,
                 table: SlabTable::new(config.slab_size_bytes, config.capacity_bytes),
                 requests_served: AtomicU64::new(0),
+                peers: Peers::default(),
+                faults: Faults::new(config.fault_injection),
+                regenerations: Regenerations::default(),
+                stopping: AtomicBool::new(false),
             }),
         })
     }
@@ -123,13 +163,16 @@ impl Node {
         self.local_addr
     }
 
+    pub fn handle(&self) -> NodeHandle {
+        NodeHandle { shared: Arc::clone(&self.shared) }
+    }
+
     /// Serves until `shutdown` is set (checked every 50 ms), then closes every connection, joins
     /// their threads and unmaps all slabs.
     ///
     /// Errors: only if polling the listener itself fails; per-connection and accept errors are
     /// logged and survived.
     pub fn run(self, shutdown: Arc<AtomicBool>) -> io::Result<()> {
-        let registry: Registry = Arc::default();
         let mut threads: Vec<JoinHandle<()>> = Vec::new();
         let mut next_connection = 0u64;
         let result = loop {
@@ -154,21 +197,15 @@ impl Node {
                 }
             };
             next_connection += 1;
-            if let Some(thread) = self.start_connection(next_connection, stream, peer, &registry) {
+            if let Some(thread) = self.start_connection(next_connection, stream, peer) {
                 threads.push(thread);
             }
         };
-        self.stop(&registry, threads);
+        self.stop(threads);
         result
     }
 
-    fn start_connection(
-        &self,
-        number: u64,
-        stream: TcpStream,
-        peer: SocketAddr,
-        registry: &Registry,
-    ) -> Option<JoinHandle<()>> {
+    fn start_connection(&self, number: u64, stream: TcpStream, peer: SocketAddr) -> Option<JoinHandle<()>> {
         let prepared = stream
             .set_nonblocking(false)
             .and_then(|()| stream.set_nodelay(true))
@@ -180,49 +217,41 @@ impl Node {
                 return None;
             }
         };
-        {
-            let mut open = registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            if open.len() >= self.max_connections {
-                drop(open);
-                tracing::warn!(%peer, max_connections = self.max_connections, "connection refused: limit reached");
-                refuse_connection(stream);
-                return None;
-            }
-            open.insert(number, handle);
+        let handle = Arc::new(Peer::new(handle));
+        if !self.shared.peers.insert(number, Arc::clone(&handle), self.max_connections) {
+            tracing::warn!(%peer, max_connections = self.max_connections, "connection refused: limit reached");
+            refuse_connection(stream);
+            return None;
         }
         tracing::info!(%peer, connection = number, "connection accepted");
         let shared = Arc::clone(&self.shared);
-        let thread_registry = Arc::clone(registry);
         let spawned = std::thread::Builder::new().name(format!("remem-conn-{number}")).spawn(move || {
-            Connection::new(stream, peer, shared).serve();
-            thread_registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&number);
+            Connection::new(stream, peer, Arc::clone(&shared), number, handle).serve();
+            shared.peers.remove(number);
         });
         match spawned {
             Ok(thread) => Some(thread),
             Err(error) => {
                 tracing::error!(%peer, %error, "cannot spawn connection thread");
-                registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&number);
+                self.shared.peers.remove(number);
                 None
             }
         }
     }
 
-    fn stop(&self, registry: &Registry, threads: Vec<JoinHandle<()>>) {
-        let open: Vec<TcpStream> = registry
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .drain()
-            .map(|(_, stream)| stream)
-            .collect();
+    fn stop(&self, threads: Vec<JoinHandle<()>>) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        let open = self.shared.peers.drain();
         // Shutting a socket down wakes a thread blocked reading or writing it.
-        for stream in &open {
-            let _ = stream.shutdown(std::net::Shutdown::Both);
+        for peer in &open {
+            let _ = peer.stream.shutdown(std::net::Shutdown::Both);
         }
         for thread in threads {
             if thread.join().is_err() {
                 tracing::error!("a connection thread panicked");
             }
         }
+        self.shared.regenerations.stop_and_join();
         let slabs = self.shared.table.clear();
         tracing::info!(
             connections_closed = open.len(),

@@ -2,25 +2,31 @@
 //! of slabs a node has mapped.
 //!
 //! Concurrency and fault model: a slab may be used by several connection threads at once (one
-//! client may hold several connections). Slot bytes are only ever touched by the kernel, through
-//! `recv` into a slot and `sendmsg` out of it; Rust code never forms a reference to slab memory,
-//! so a racing write and read are not a data race in the Rust memory model, only a byte-level race
-//! inside kernel copies. A reader racing a writer of the same slot may therefore see torn payload
-//! bytes, or a payload from one write with the metadata of another. Metadata is two atomics per
-//! slot; a writer stores the payload first, then the checksum, then the version (release), and a
-//! reader loads the version (acquire) and checksum before copying the payload. Any torn
-//! combination fails the end-to-end checksum at the client, which treats the split as an erasure;
-//! the client orders its own writes and reads of one slot on one connection, where requests are
-//! served in order, so it never races itself.
+//! client may hold several connections), by a rebuild thread (`regenerate`) and by fault
+//! injection. Slot bytes are only ever touched through the word-wise relaxed atomic copies of
+//! `slot_copy`; Rust code never forms a reference to slab memory, so a racing write and read are
+//! not a data race in the Rust memory model, only a word-level race. A reader racing a writer of
+//! the same slot may therefore see torn payload bytes, or a payload from one write with the
+//! metadata of another. Metadata is two atomics per slot; a writer stores the payload first, then
+//! the checksum, then the version (release), and a reader loads the version (acquire) and checksum
+//! before copying the payload. Any torn combination fails the end-to-end checksum at the client,
+//! which treats the split as an erasure; the client orders its own writes and reads of one slot on
+//! one connection, where requests are served in order, so it never races itself.
+//!
+//! A slab under regeneration is the one exception to lock-free slots: its client writes and the
+//! rebuild's stores take the slab's `regeneration_lock`, so that "store the rebuilt split only if
+//! the slot is still unwritten" is atomic with respect to a client write of the same slot (the
+//! client's newer page must win). Other slabs take no lock on the data path.
 //!
 //! Invariant: `SlabTable::used_bytes` is the sum of `footprint_bytes` over mapped slabs plus
 //! in-flight reservations, and never exceeds the node's capacity.
 
+use crate::slot_copy;
 use remem_proto::{ErrorCode, SplitMeta, MAX_SPLIT_BYTES, MIN_SPLIT_BYTES};
 use std::collections::HashMap;
 use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Bytes of metadata per slot: version u8 and checksum u32.
@@ -77,6 +83,11 @@ pub struct Slab {
     slots: u32,
     versions: Box<[AtomicU8]>,
     checksums: Box<[AtomicU32]>,
+    /// Set while a rebuild fills this slab; client writes then take `regeneration_lock`.
+    regenerating: AtomicBool,
+    regeneration_lock: Mutex<()>,
+    /// Set once the slab left the table (unmapped or evicted), so a rebuild stops filling it.
+    detached: AtomicBool,
 }
 
 // SAFETY: `base` points to a private anonymous mapping owned by this value and freed only in
@@ -119,6 +130,9 @@ impl Slab {
             slots,
             versions: (0..slots).map(|_| AtomicU8::new(0)).collect(),
             checksums: (0..slots).map(|_| AtomicU32::new(0)).collect(),
+            regenerating: AtomicBool::new(false),
+            regeneration_lock: Mutex::new(()),
+            detached: AtomicBool::new(false),
         })
     }
 
@@ -139,9 +153,17 @@ impl Slab {
         u64::from(self.slots) * METADATA_BYTES_PER_SLOT
     }
 
-    /// Start of `slot`'s bytes: `split_bytes` writable bytes that stay mapped while `self` lives.
-    /// Only for handing to the kernel (`recv`, `sendmsg`); never turn it into a reference.
-    pub fn slot_ptr(&self, slot: u32) -> *mut u8 {
+    pub fn label(&self) -> SlabLabel {
+        self.label
+    }
+
+    pub fn owner_client_id(&self) -> u64 {
+        self.owner_client_id
+    }
+
+    /// Start of `slot`'s bytes: `split_bytes` writable, 8-byte aligned bytes that stay mapped
+    /// while `self` lives. Only for `slot_copy`; never turn it into a reference.
+    fn slot_ptr(&self, slot: u32) -> *mut u8 {
         assert!(slot < self.slots, "slot {slot} out of {}", self.slots);
         let offset = slot as usize * self.label.split_bytes as usize;
         // SAFETY: slot < slots, so offset + split_bytes <= slots * split_bytes <= len_bytes: the
@@ -156,9 +178,73 @@ impl Slab {
     }
 
     /// Publishes the metadata of a slot whose payload has just been written.
-    pub fn set_meta(&self, slot: u32, meta: SplitMeta) {
+    fn set_meta(&self, slot: u32, meta: SplitMeta) {
         self.checksums[slot as usize].store(meta.checksum, Ordering::Relaxed);
         self.versions[slot as usize].store(meta.version, Ordering::Release);
+    }
+
+    /// A client write: the payload, then its metadata. Takes the regeneration lock only while a
+    /// rebuild fills this slab.
+    ///
+    /// Panics if `slot` is out of range or `payload` is not `split_bytes` long: the connection
+    /// validates both before calling.
+    pub fn write(&self, slot: u32, payload: &[u8], meta: SplitMeta) {
+        assert_eq!(payload.len(), self.label.split_bytes as usize, "payload checked against split_bytes");
+        let _guard = self.regenerating.load(Ordering::Acquire).then(|| self.lock_regeneration());
+        // SAFETY: slot_ptr asserts slot < slots, so split_bytes (= payload.len()) bytes from it are
+        // inside the mapping `self` keeps alive; every access to slot bytes goes through slot_copy.
+        unsafe { slot_copy::copy_to_slot(payload, self.slot_ptr(slot)) };
+        self.set_meta(slot, meta);
+    }
+
+    /// A rebuilt split: stored only if the slot is still unwritten (version 0), atomically with
+    /// respect to client writes (which take the regeneration lock while `regenerating` is set).
+    /// Returns whether it was stored.
+    pub fn store_if_unwritten(&self, slot: u32, payload: &[u8], meta: SplitMeta) -> bool {
+        assert!(self.regenerating.load(Ordering::Relaxed), "only a rebuild stores conditionally");
+        assert_eq!(payload.len(), self.label.split_bytes as usize);
+        assert_ne!(meta.version, 0, "a stored split has a written version");
+        let _guard = self.lock_regeneration();
+        if self.versions[slot as usize].load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        // SAFETY: as in `write`.
+        unsafe { slot_copy::copy_to_slot(payload, self.slot_ptr(slot)) };
+        self.set_meta(slot, meta);
+        true
+    }
+
+    /// Reads a slot: its metadata, then its bytes into `target` (`split_bytes` long).
+    pub fn read(&self, slot: u32, target: &mut [u8]) -> SplitMeta {
+        assert_eq!(target.len(), self.label.split_bytes as usize);
+        let meta = self.meta(slot);
+        // SAFETY: as in `write`; the bytes are only loaded.
+        unsafe { slot_copy::copy_from_slot(self.slot_ptr(slot), target) };
+        meta
+    }
+
+    /// Flips bit `bit` (below `split_bytes * 8`) of a slot's bytes; metadata is untouched.
+    pub fn flip_bit(&self, slot: u32, bit: usize) {
+        assert!(bit < self.label.split_bytes as usize * 8);
+        // SAFETY: as in `write`; bit / 8 < split_bytes keeps the byte inside the slot.
+        unsafe { slot_copy::flip_bit(self.slot_ptr(slot), bit) };
+    }
+
+    /// Marks the slab as being rebuilt (client writes start taking the regeneration lock), or
+    /// not. Returns false if it already was in the asked state.
+    pub fn set_regenerating(&self, regenerating: bool) -> bool {
+        self.regenerating.swap(regenerating, Ordering::SeqCst) != regenerating
+    }
+
+    /// Whether the slab has left the table (unmapped or evicted).
+    pub fn is_detached(&self) -> bool {
+        self.detached.load(Ordering::Acquire)
+    }
+
+    fn lock_regeneration(&self) -> MutexGuard<'_, ()> {
+        // The guarded data is the slot itself, which a panicking holder leaves at worst torn,
+        // which the checksum catches: not a reason to stop serving.
+        self.regeneration_lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Checks that `client_id` owns this slab.
@@ -288,7 +374,25 @@ impl SlabTable {
         let slab = inner.slabs.remove(&slab_id).expect("present: checked above");
         inner.used_bytes -= slab.footprint_bytes();
         inner.metadata_bytes -= slab.metadata_bytes();
+        slab.detached.store(true, Ordering::Release);
         Ok(slab.label)
+    }
+
+    /// The slab `slab_id`, whoever owns it (for eviction, which tells the owner first).
+    pub fn get_any(&self, slab_id: u32) -> Result<Arc<Slab>, SlabError> {
+        let inner = self.lock();
+        inner.slabs.get(&slab_id).cloned().ok_or(SlabError::UnknownSlab { slab_id })
+    }
+
+    /// Removes the slab whoever owns it; like [`SlabTable::unmap`] otherwise. The node-internal
+    /// half of eviction: callers tell the owner first (`Shared::evict_slab`).
+    pub fn evict(&self, slab_id: u32) -> Result<Arc<Slab>, SlabError> {
+        let mut inner = self.lock();
+        let slab = inner.slabs.remove(&slab_id).ok_or(SlabError::UnknownSlab { slab_id })?;
+        inner.used_bytes -= slab.footprint_bytes();
+        inner.metadata_bytes -= slab.metadata_bytes();
+        slab.detached.store(true, Ordering::Release);
+        Ok(slab)
     }
 
     pub fn stats(&self) -> TableStats {
@@ -306,6 +410,7 @@ impl SlabTable {
         let slabs = std::mem::take(&mut inner.slabs);
         for slab in slabs.values() {
             inner.used_bytes -= slab.footprint_bytes();
+            slab.detached.store(true, Ordering::Release);
         }
         let count = slabs.len();
         inner.metadata_bytes = 0;

@@ -407,6 +407,7 @@ fn bind_rejects_invalid_configs() {
             secret: secret(),
             node_id: 1,
             max_connections,
+            fault_injection: false,
         };
     for bad in [
         config(1000, "a", 1),

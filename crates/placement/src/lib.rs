@@ -2,14 +2,31 @@
 //!
 //! The client asks a [`Placement`] policy for `width` distinct nodes each time it maps a new
 //! address range (and, later, when a slab must be rebuilt elsewhere). Policies see only a
-//! snapshot of the candidate nodes ([`NodeLoad`]); they do no I/O, so the simulator can run the
-//! exact code the cluster runs.
+//! snapshot of the candidate nodes ([`NodeLoad`]); they do no I/O, so the simulator
+//! (`remem-sim`) runs the exact code the cluster runs.
+//!
+//! Policies:
+//! - [`LeastLoaded`]: the `width` least-loaded nodes of the whole cluster (the core's policy).
+//! - [`CodingSets`]: seed 000 section 5.1. Nodes form disjoint extended groups of
+//!   `width + l` nodes; a range goes to one group and takes its `width` least-loaded members.
+//!   The group is chosen at random (the seed), by power-of-two choices or least loaded
+//!   ([`GroupChoice`]). Membership rules are in the `coding_sets` module.
+//! - [`Random`]: `width` random nodes (EC-Cache).
+//! - [`PowerOfTwo`]: per split, the less loaded of two random nodes.
 //!
 //! Invariants every policy keeps:
-//! - the returned nodes are distinct;
+//! - the returned nodes are distinct and have a free slab;
 //! - when the candidates span at least `width` failure domains, the returned nodes are in
 //!   distinct failure domains; otherwise domains repeat as little as possible and the
-//!   caller is told through [`Placed::distinct_domains`].
+//!   caller is told through [`Placed::distinct_domains`] (CodingSets keeps this within the
+//!   chosen group: its groups are formed with distinct domains where the cluster allows);
+//! - given the same seed and the same sequence of calls, the same decisions.
+
+mod coding_sets;
+mod random;
+
+pub use coding_sets::{CodingSets, GroupChoice, MembershipChange};
+pub use random::{PowerOfTwo, Random};
 
 use std::collections::HashMap;
 
@@ -40,8 +57,12 @@ pub struct Placed {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PlacementError {
+    /// Fewer than `width` usable nodes (for CodingSets: in the best group).
     #[error("placement needs {width} nodes with a free slab, only {available} have one")]
     NotEnoughNodes { width: usize, available: usize },
+    /// A CodingSets policy forms its groups for one width; a client uses one code.
+    #[error("placement groups were formed for width {formed_for}, asked for width {asked}")]
+    WidthChanged { formed_for: usize, asked: usize },
 }
 
 /// A slab placement policy.
@@ -53,7 +74,7 @@ pub trait Placement: Send {
 
 /// The simple policy of the core: least loaded first, one node per failure domain while
 /// domains last, ties broken at random so that equal nodes share the load.
-/// CodingSets comes with the Resource Monitor issue behind the same trait.
+/// Every call sorts all candidates: O(N log N) per range.
 pub struct LeastLoaded<R: Rng + Send> {
     rng: R,
 }
@@ -73,38 +94,56 @@ impl<R: Rng + Send> Placement for LeastLoaded<R> {
         // Shuffle first so that the stable sort leaves equal loads in random order.
         usable.shuffle(&mut self.rng);
         usable.sort_by_key(|n| n.slabs_mapped);
-
-        let mut chosen: Vec<usize> = Vec::with_capacity(width);
-        let mut domains_used: HashMap<&str, usize> = HashMap::new();
-        // Round by round, admit nodes whose domain has been used at most `round` times: in round
-        // 0 every domain appears once, so domains repeat only when there are too few of them.
-        let mut round = 0;
-        while chosen.len() < width {
-            for node in &usable {
-                if chosen.len() == width {
-                    break;
-                }
-                if chosen.contains(&node.node_index) {
-                    continue;
-                }
-                let key = domain_key(node);
-                let used = domains_used.get(key).copied().unwrap_or(0);
-                if used <= round {
-                    chosen.push(node.node_index);
-                    *domains_used.entry(key).or_insert(0) += 1;
-                }
-            }
-            round += 1;
-            assert!(round <= width + 1, "placement loop must finish: usable >= width");
-        }
-        let distinct_domains = domains_used.values().all(|&count| count == 1);
-        Ok(Placed { nodes: chosen, distinct_domains })
+        Ok(take_spread(&usable, width))
     }
 }
 
-/// Nodes without a label are each their own domain.
-fn domain_key(node: &NodeLoad) -> &str {
-    &node.failure_domain
+/// Takes `width` nodes from `ordered` (best first), one per failure domain while domains last.
+/// Round by round it admits nodes whose domain has been used at most `round` times: in round 0
+/// every domain appears once, so domains repeat only when there are too few of them.
+pub(crate) fn take_spread(ordered: &[&NodeLoad], width: usize) -> Placed {
+    assert!(ordered.len() >= width, "caller checked that enough nodes are usable");
+    let mut chosen: Vec<usize> = Vec::with_capacity(width);
+    let mut taken = vec![false; ordered.len()];
+    let mut domains_used: HashMap<DomainKey<'_>, usize> = HashMap::new();
+    let mut round = 0;
+    while chosen.len() < width {
+        for (position, node) in ordered.iter().enumerate() {
+            if chosen.len() == width {
+                break;
+            }
+            if taken[position] {
+                continue;
+            }
+            let key = domain_key(node);
+            let used = domains_used.get(&key).copied().unwrap_or(0);
+            if used <= round {
+                chosen.push(node.node_index);
+                taken[position] = true;
+                *domains_used.entry(key).or_insert(0) += 1;
+            }
+        }
+        round += 1;
+        assert!(round <= width + 1, "placement loop must finish: ordered.len() >= width");
+    }
+    let distinct_domains = domains_used.values().all(|&count| count == 1);
+    Placed { nodes: chosen, distinct_domains }
+}
+
+/// A failure domain's identity. Nodes without a label are each their own domain, as
+/// [`NodeLoad::failure_domain`] promises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum DomainKey<'a> {
+    Named(&'a str),
+    Alone(usize),
+}
+
+pub(crate) fn domain_key(node: &NodeLoad) -> DomainKey<'_> {
+    if node.failure_domain.is_empty() {
+        DomainKey::Alone(node.node_index)
+    } else {
+        DomainKey::Named(&node.failure_domain)
+    }
 }
 
 #[cfg(test)]

@@ -1,12 +1,57 @@
 //! Control messages: every message without a split payload, fully owned and small.
 
-use crate::frame::{ERROR_FIXED_BYTES, NODE_INFO_FIXED_BYTES};
+use crate::frame::{ERROR_FIXED_BYTES, NODE_INFO_FIXED_BYTES, REGENERATE_FIXED_BYTES};
 use crate::{DecodeError, ErrorCode, FrameHeader, Kind, READ_SPLITS_MAX_COUNT};
+use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
 
 /// Longest `failure_domain` in a NodeInfoReply, in UTF-8 bytes.
 pub const MAX_FAILURE_DOMAIN_BYTES: usize = 64;
 /// Longest message in an `Error` frame, in UTF-8 bytes; longer messages are truncated on encode.
 pub const MAX_ERROR_MESSAGE_BYTES: usize = 256;
+
+/// Most sources one `Regenerate` may name: every other split of the widest code (k + r <= 20).
+pub const MAX_REGENERATION_SOURCES: usize = 19;
+/// Size of one source entry of `Regenerate`: split_index u8, reserved [3], slab_id u32, ip [16],
+/// port u16, reserved [2].
+pub const REGENERATION_SOURCE_BYTES: usize = 1 + 3 + 4 + 16 + 2 + 2;
+/// `InjectFault.fraction_ppm` of a fault that hits every reply.
+pub const MAX_FRACTION_PPM: u32 = 1_000_000;
+
+/// Which fault an `InjectFault` injects (`docs/PROTOCOL.md`, "Fault injection").
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FaultKind {
+    /// Hold back a fraction of the node's replies by `delay_us`.
+    Delay = 1,
+    /// Flip `flips` random bits in the written slots of slab `slab_id`.
+    Corrupt = 2,
+    /// Evict slab `slab_id`: tell its owner, then unmap it.
+    Evict = 3,
+    /// Remove every standing fault (the delay).
+    ClearFaults = 4,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 4] =
+        [FaultKind::Delay, FaultKind::Corrupt, FaultKind::Evict, FaultKind::ClearFaults];
+
+    /// The fault for a wire value, or `None` for a value this version does not define.
+    pub fn from_u8(value: u8) -> Option<FaultKind> {
+        FaultKind::ALL.into_iter().find(|fault| *fault as u8 == value)
+    }
+}
+
+/// One surviving split a `Regenerate` may read from: slab `slab_id` on the node at `address`,
+/// holding split `split_index` of the same range.
+///
+/// On the wire the address is 16 bytes of IPv6 (IPv4 as IPv4-mapped IPv6) and a port; IPv6 flow
+/// info and scope id are not carried, and a mapped address decodes as [`SocketAddr::V4`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegenerationSource {
+    pub split_index: u8,
+    pub slab_id: u32,
+    pub address: SocketAddr,
+}
 
 /// What a node reports about itself in `NodeInfoReply`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,6 +63,12 @@ pub struct NodeInfo {
     pub slabs_mapped: u32,
     pub metadata_bytes: u64,
     pub requests_served: u64,
+    /// Rebuilds (`Regenerate`) running on this node now.
+    pub regenerating_slabs: u32,
+    /// Pages handled (rebuilt, skipped or lost) by the rebuilds running now, summed.
+    pub regeneration_pages_done: u64,
+    /// Pages to handle by the rebuilds running now, summed.
+    pub regeneration_pages_total: u64,
     /// At most [`MAX_FAILURE_DOMAIN_BYTES`] bytes of UTF-8.
     pub failure_domain: String,
 }
@@ -73,6 +124,40 @@ pub enum Control {
         /// 1..=[`READ_SPLITS_MAX_COUNT`].
         count: u32,
     },
+    InjectFault {
+        fault: FaultKind,
+        /// The slab of `Corrupt` and `Evict`; 0 otherwise.
+        slab_id: u32,
+        delay_us: u32,
+        /// 0..=[`MAX_FRACTION_PPM`]: the share of replies a `Delay` holds back.
+        fraction_ppm: u32,
+        flips: u32,
+        seed: u64,
+    },
+    /// Unsolicited (request id 0): the node evicted this slab of the receiving client.
+    SlabEvicted {
+        slab_id: u32,
+    },
+    Regenerate {
+        /// The new, empty slab on the receiving node that takes the lost split.
+        slab_id: u32,
+        data_splits: u8,
+        parity_splits: u8,
+        page_bytes: u32,
+        /// Slots to rebuild, from slot 0.
+        pages: u32,
+        /// 1..=[`MAX_REGENERATION_SOURCES`] entries.
+        sources: Vec<RegenerationSource>,
+    },
+    /// Sent when a rebuild ends, with the request id of its `Regenerate`.
+    RegenerationDone {
+        slab_id: u32,
+        pages_rebuilt: u64,
+        /// Pages written by the client since the rebuild began, left as written.
+        pages_skipped: u64,
+        /// Pages without k consistent valid splits among the sources, left unwritten.
+        pages_lost: u64,
+    },
 }
 
 impl Control {
@@ -94,6 +179,10 @@ impl Control {
             Control::WriteSplitOk => Kind::WriteSplitOk,
             Control::ReadSplit { .. } => Kind::ReadSplit,
             Control::ReadSplits { .. } => Kind::ReadSplits,
+            Control::InjectFault { .. } => Kind::InjectFault,
+            Control::SlabEvicted { .. } => Kind::SlabEvicted,
+            Control::Regenerate { .. } => Kind::Regenerate,
+            Control::RegenerationDone { .. } => Kind::RegenerationDone,
         }
     }
 
@@ -106,8 +195,9 @@ impl Control {
     ///
     /// An `Error` message longer than [`MAX_ERROR_MESSAGE_BYTES`] is truncated at a character
     /// boundary. Panics if a `NodeInfoReply` failure domain is longer than
-    /// [`MAX_FAILURE_DOMAIN_BYTES`] or a `ReadSplits` count is outside 1..=256: those are
-    /// configuration or programmer errors of the sender.
+    /// [`MAX_FAILURE_DOMAIN_BYTES`], a `ReadSplits` count is outside 1..=256, a `Regenerate` has
+    /// no source or more than [`MAX_REGENERATION_SOURCES`], or an `InjectFault` fraction exceeds
+    /// [`MAX_FRACTION_PPM`]: those are configuration or programmer errors of the sender.
     pub fn encode(&self, request_id: u64, out: &mut Vec<u8>) {
         let header_at = out.len();
         out.extend_from_slice(&[0u8; crate::HEADER_BYTES]);
@@ -150,6 +240,10 @@ impl Control {
                 out.extend_from_slice(&0u32.to_le_bytes());
                 out.extend_from_slice(&info.metadata_bytes.to_le_bytes());
                 out.extend_from_slice(&info.requests_served.to_le_bytes());
+                out.extend_from_slice(&info.regenerating_slabs.to_le_bytes());
+                out.extend_from_slice(&0u32.to_le_bytes());
+                out.extend_from_slice(&info.regeneration_pages_done.to_le_bytes());
+                out.extend_from_slice(&info.regeneration_pages_total.to_le_bytes());
                 out.push(info.failure_domain.len() as u8);
                 out.extend_from_slice(info.failure_domain.as_bytes());
             }
@@ -172,6 +266,53 @@ impl Control {
                 out.extend_from_slice(&first_slot.to_le_bytes());
                 out.extend_from_slice(&count.to_le_bytes());
             }
+            Control::InjectFault { fault, slab_id, delay_us, fraction_ppm, flips, seed } => {
+                assert!(
+                    *fraction_ppm <= MAX_FRACTION_PPM,
+                    "fraction_ppm {fraction_ppm} above {MAX_FRACTION_PPM}"
+                );
+                out.push(*fault as u8);
+                out.extend_from_slice(&[0u8; 3]);
+                out.extend_from_slice(&slab_id.to_le_bytes());
+                out.extend_from_slice(&delay_us.to_le_bytes());
+                out.extend_from_slice(&fraction_ppm.to_le_bytes());
+                out.extend_from_slice(&flips.to_le_bytes());
+                out.extend_from_slice(&seed.to_le_bytes());
+            }
+            Control::SlabEvicted { slab_id } => out.extend_from_slice(&slab_id.to_le_bytes()),
+            Control::Regenerate { slab_id, data_splits, parity_splits, page_bytes, pages, sources } => {
+                assert!(
+                    (1..=MAX_REGENERATION_SOURCES).contains(&sources.len()),
+                    "Regenerate with {} sources, 1..={MAX_REGENERATION_SOURCES} allowed",
+                    sources.len()
+                );
+                out.extend_from_slice(&slab_id.to_le_bytes());
+                out.push(*data_splits);
+                out.push(*parity_splits);
+                out.push(sources.len() as u8);
+                out.push(0);
+                out.extend_from_slice(&page_bytes.to_le_bytes());
+                out.extend_from_slice(&pages.to_le_bytes());
+                for source in sources {
+                    out.push(source.split_index);
+                    out.extend_from_slice(&[0u8; 3]);
+                    out.extend_from_slice(&source.slab_id.to_le_bytes());
+                    let ip = match source.address {
+                        SocketAddr::V4(address) => address.ip().to_ipv6_mapped(),
+                        SocketAddr::V6(address) => *address.ip(),
+                    };
+                    out.extend_from_slice(&ip.octets());
+                    out.extend_from_slice(&source.address.port().to_le_bytes());
+                    out.extend_from_slice(&[0u8; 2]);
+                }
+            }
+            Control::RegenerationDone { slab_id, pages_rebuilt, pages_skipped, pages_lost } => {
+                out.extend_from_slice(&slab_id.to_le_bytes());
+                out.extend_from_slice(&0u32.to_le_bytes());
+                out.extend_from_slice(&pages_rebuilt.to_le_bytes());
+                out.extend_from_slice(&pages_skipped.to_le_bytes());
+                out.extend_from_slice(&pages_lost.to_le_bytes());
+            }
         }
         let body_len = u32::try_from(out.len() - body_at).expect("control bodies are small");
         let header = FrameHeader { kind: self.kind(), body_len, request_id };
@@ -182,8 +323,9 @@ impl Control {
     ///
     /// Checks the body length against the kind's rule itself, so it is safe on any input;
     /// rejects payload-carrying kinds with [`DecodeError::NotControl`], non-zero reserved bytes,
-    /// inner lengths that disagree with the body, non-UTF-8 text, unknown error codes and
-    /// `ReadSplits` counts outside 1..=256.
+    /// inner lengths that disagree with the body, non-UTF-8 text, unknown error codes and fault
+    /// kinds, `ReadSplits` counts outside 1..=256, `Regenerate` source counts outside 1..=19 and
+    /// `InjectFault` fractions above 1_000_000.
     pub fn decode_body(kind: Kind, body: &[u8]) -> Result<Control, DecodeError> {
         if kind.carries_payload() {
             return Err(DecodeError::NotControl { kind });
@@ -223,6 +365,10 @@ impl Control {
                 reader.reserved::<4>()?;
                 let metadata_bytes = reader.u64();
                 let requests_served = reader.u64();
+                let regenerating_slabs = reader.u32();
+                reader.reserved::<4>()?;
+                let regeneration_pages_done = reader.u64();
+                let regeneration_pages_total = reader.u64();
                 let domain_len = reader.u8();
                 debug_assert_eq!(body.len() - reader.bytes.len(), NODE_INFO_FIXED_BYTES as usize);
                 let failure_domain = reader.text("domain_len", usize::from(domain_len))?;
@@ -234,6 +380,9 @@ impl Control {
                     slabs_mapped,
                     metadata_bytes,
                     requests_served,
+                    regenerating_slabs,
+                    regeneration_pages_done,
+                    regeneration_pages_total,
                     failure_domain,
                 })
             }
@@ -255,6 +404,55 @@ impl Control {
                     return Err(DecodeError::CountOutOfRange { kind, count });
                 }
                 Control::ReadSplits { slab_id, first_slot, count }
+            }
+            Kind::InjectFault => {
+                let raw_fault = reader.u8();
+                let fault =
+                    FaultKind::from_u8(raw_fault).ok_or(DecodeError::UnknownFault { found: raw_fault })?;
+                reader.reserved::<3>()?;
+                let slab_id = reader.u32();
+                let delay_us = reader.u32();
+                let fraction_ppm = reader.u32();
+                if fraction_ppm > MAX_FRACTION_PPM {
+                    return Err(DecodeError::FieldOutOfRange {
+                        kind,
+                        field: "fraction_ppm",
+                        value: u64::from(fraction_ppm),
+                        min: 0,
+                        max: u64::from(MAX_FRACTION_PPM),
+                    });
+                }
+                Control::InjectFault {
+                    fault,
+                    slab_id,
+                    delay_us,
+                    fraction_ppm,
+                    flips: reader.u32(),
+                    seed: reader.u64(),
+                }
+            }
+            Kind::SlabEvicted => Control::SlabEvicted { slab_id: reader.u32() },
+            Kind::Regenerate => {
+                let slab_id = reader.u32();
+                let data_splits = reader.u8();
+                let parity_splits = reader.u8();
+                let source_count = reader.u8();
+                reader.reserved::<1>()?;
+                let page_bytes = reader.u32();
+                let pages = reader.u32();
+                debug_assert_eq!(body.len() - reader.bytes.len(), REGENERATE_FIXED_BYTES as usize);
+                let sources = reader.regeneration_sources(source_count)?;
+                Control::Regenerate { slab_id, data_splits, parity_splits, page_bytes, pages, sources }
+            }
+            Kind::RegenerationDone => {
+                let slab_id = reader.u32();
+                reader.reserved::<4>()?;
+                Control::RegenerationDone {
+                    slab_id,
+                    pages_rebuilt: reader.u64(),
+                    pages_skipped: reader.u64(),
+                    pages_lost: reader.u64(),
+                }
             }
             Kind::WriteSplit | Kind::ReadSplitReply | Kind::ReadSplitsReply => {
                 unreachable!("payload kinds were rejected above")
@@ -318,6 +516,44 @@ impl Reader<'_> {
             return Err(DecodeError::ReservedNotZero { kind: self.kind });
         }
         Ok(())
+    }
+
+    /// Consumes the rest of the body as exactly `declared` source entries; `declared` must be
+    /// 1..=[`MAX_REGENERATION_SOURCES`]. Allocates only after both checks.
+    fn regeneration_sources(&mut self, declared: u8) -> Result<Vec<RegenerationSource>, DecodeError> {
+        if !(1..=MAX_REGENERATION_SOURCES).contains(&usize::from(declared)) {
+            return Err(DecodeError::FieldOutOfRange {
+                kind: self.kind,
+                field: "source_count",
+                value: u64::from(declared),
+                min: 1,
+                max: MAX_REGENERATION_SOURCES as u64,
+            });
+        }
+        let declared_bytes = usize::from(declared) * REGENERATION_SOURCE_BYTES;
+        if self.bytes.len() != declared_bytes {
+            return Err(DecodeError::InnerLength {
+                kind: self.kind,
+                field: "source_count",
+                declared: declared_bytes as u32,
+                available: self.bytes.len() as u32,
+            });
+        }
+        let mut sources = Vec::with_capacity(usize::from(declared));
+        for _ in 0..declared {
+            let split_index = self.u8();
+            self.reserved::<3>()?;
+            let slab_id = self.u32();
+            let ip = Ipv6Addr::from(self.take::<16>());
+            let port = self.u16();
+            self.reserved::<2>()?;
+            let address = match ip.to_ipv4_mapped() {
+                Some(v4) => SocketAddr::new(v4.into(), port),
+                None => SocketAddr::V6(SocketAddrV6::new(ip, port, 0, 0)),
+            };
+            sources.push(RegenerationSource { split_index, slab_id, address });
+        }
+        Ok(sources)
     }
 
     /// Consumes the rest of the body as exactly `declared` bytes of UTF-8.

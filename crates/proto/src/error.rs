@@ -30,6 +30,10 @@ pub enum DecodeError {
     ZeroVersion,
     #[error("{kind:?} carries a split payload and is not a control message")]
     NotControl { kind: Kind },
+    #[error("unknown fault {found}")]
+    UnknownFault { found: u8 },
+    #[error("{kind:?} {field} = {value} is outside {min}..={max}")]
+    FieldOutOfRange { kind: Kind, field: &'static str, value: u64, min: u64, max: u64 },
 }
 
 /// Error codes of the `Error` frame (`docs/PROTOCOL.md`, "Error codes").

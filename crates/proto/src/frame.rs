@@ -3,7 +3,9 @@
 //! Invariant: a header that decodes has a body length its kind admits, and at most
 //! [`MAX_BODY_BYTES`](crate::MAX_BODY_BYTES), so receivers can allocate from it.
 
-use crate::control::{MAX_ERROR_MESSAGE_BYTES, MAX_FAILURE_DOMAIN_BYTES};
+use crate::control::{
+    MAX_ERROR_MESSAGE_BYTES, MAX_FAILURE_DOMAIN_BYTES, MAX_REGENERATION_SOURCES, REGENERATION_SOURCE_BYTES,
+};
 use crate::data::{READ_SPLITS_COUNT_BYTES, SPLIT_META_BYTES, WRITE_SPLIT_PREFIX_BYTES};
 use crate::{DecodeError, HEADER_BYTES, MAGIC, MAX_BODY_BYTES, PROTOCOL_VERSION};
 
@@ -24,6 +26,10 @@ pub enum Kind {
     Ping = 11,
     Pong = 12,
     Error = 13,
+    InjectFault = 14,
+    SlabEvicted = 15,
+    Regenerate = 16,
+    RegenerationDone = 17,
     WriteSplit = 32,
     WriteSplitOk = 33,
     ReadSplit = 34,
@@ -73,12 +79,14 @@ impl std::fmt::Display for LengthRule {
 }
 
 /// Fixed part of the NodeInfoReply body, up to and including `domain_len`.
-pub(crate) const NODE_INFO_FIXED_BYTES: u32 = 8 * 4 + 4 + 4 + 8 + 8 + 1;
+pub(crate) const NODE_INFO_FIXED_BYTES: u32 = 8 * 4 + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 8 + 1;
+/// Fixed part of the Regenerate body, before its source entries.
+pub(crate) const REGENERATE_FIXED_BYTES: u32 = 4 + 1 + 1 + 1 + 1 + 4 + 4;
 /// Fixed part of the Error body: code u16 and message_len u16.
 pub(crate) const ERROR_FIXED_BYTES: u32 = 4;
 
 impl Kind {
-    pub const ALL: [Kind; 19] = [
+    pub const ALL: [Kind; 23] = [
         Kind::Hello,
         Kind::Challenge,
         Kind::Auth,
@@ -92,6 +100,10 @@ impl Kind {
         Kind::Ping,
         Kind::Pong,
         Kind::Error,
+        Kind::InjectFault,
+        Kind::SlabEvicted,
+        Kind::Regenerate,
+        Kind::RegenerationDone,
         Kind::WriteSplit,
         Kind::WriteSplitOk,
         Kind::ReadSplit,
@@ -130,6 +142,13 @@ impl Kind {
                 min: ERROR_FIXED_BYTES,
                 max: ERROR_FIXED_BYTES + MAX_ERROR_MESSAGE_BYTES as u32,
             },
+            Kind::InjectFault => LengthRule::Exact(1 + 3 + 4 + 4 + 4 + 4 + 8),
+            Kind::SlabEvicted => LengthRule::Exact(4),
+            Kind::Regenerate => LengthRule::Between {
+                min: REGENERATE_FIXED_BYTES + REGENERATION_SOURCE_BYTES as u32,
+                max: REGENERATE_FIXED_BYTES + (MAX_REGENERATION_SOURCES * REGENERATION_SOURCE_BYTES) as u32,
+            },
+            Kind::RegenerationDone => LengthRule::Exact(4 + 4 + 8 + 8 + 8),
             Kind::WriteSplit => LengthRule::AtLeast(WRITE_SPLIT_PREFIX_BYTES as u32),
             Kind::ReadSplit => LengthRule::Exact(4 + 4),
             Kind::ReadSplitReply => LengthRule::AtLeast(SPLIT_META_BYTES as u32),

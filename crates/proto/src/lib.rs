@@ -3,7 +3,7 @@
 //! Job: turn frames into typed messages and back. Every message without a split payload is a
 //! [`Control`]; the three payload-carrying kinds (`WriteSplit`, `ReadSplitReply`,
 //! `ReadSplitsReply`) are handled as a fixed-size prefix ([`WriteSplitPrefix`], [`SplitMeta`])
-//! followed by payload bytes that the receiver reads straight into their destination.
+//! followed by payload bytes; a receiver validates the prefix before it applies the payload.
 //!
 //! Invariants:
 //! - The codec does no I/O, except the small [`blocking`] helper module for control paths and
@@ -24,7 +24,10 @@ mod error;
 mod frame;
 pub mod fuzzing;
 
-pub use control::{Control, NodeInfo, MAX_ERROR_MESSAGE_BYTES, MAX_FAILURE_DOMAIN_BYTES};
+pub use control::{
+    Control, FaultKind, NodeInfo, RegenerationSource, MAX_ERROR_MESSAGE_BYTES, MAX_FAILURE_DOMAIN_BYTES,
+    MAX_FRACTION_PPM, MAX_REGENERATION_SOURCES, REGENERATION_SOURCE_BYTES,
+};
 pub use data::{
     decode_read_splits_count, encode_read_split_reply, encode_read_splits_reply_head, encode_write_split,
     max_read_splits_count, next_version, read_splits_reply_body_len, split_checksum, version_is_newer,

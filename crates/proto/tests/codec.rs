@@ -8,6 +8,24 @@ fn error_code() -> impl Strategy<Value = ErrorCode> {
     proptest::sample::select(ErrorCode::ALL.to_vec())
 }
 
+/// A source with an IPv4 address or an IPv6 one that is not IPv4-mapped (the mapped form decodes
+/// as IPv4), and no flow info or scope id (not carried on the wire).
+fn regeneration_source() -> impl Strategy<Value = RegenerationSource> {
+    let address = prop_oneof![
+        (any::<[u8; 4]>(), any::<u16>()).prop_map(|(ip, port)| std::net::SocketAddr::from((ip, port))),
+        (any::<[u16; 8]>(), any::<u16>())
+            .prop_filter("not IPv4-mapped", |(ip, _)| std::net::Ipv6Addr::from(*ip)
+                .to_ipv4_mapped()
+                .is_none())
+            .prop_map(|(ip, port)| std::net::SocketAddr::from((std::net::Ipv6Addr::from(ip), port))),
+    ];
+    (any::<u8>(), any::<u32>(), address).prop_map(|(split_index, slab_id, address)| RegenerationSource {
+        split_index,
+        slab_id,
+        address,
+    })
+}
+
 fn control() -> impl Strategy<Value = Control> {
     prop_oneof![
         (any::<u64>(), any::<[u8; 32]>())
@@ -29,22 +47,61 @@ fn control() -> impl Strategy<Value = Control> {
         Just(Control::Ok),
         Just(Control::NodeInfo),
         (
-            any::<[u64; 6]>(),
-            any::<u32>(),
-            proptest::string::string_regex("[a-zé0-9/-]{0,32}").expect("valid regex")
+            any::<[u64; 8]>(),
+            any::<[u32; 2]>(),
+            proptest::string::string_regex("[a-zé0-9/-]{0,64}").expect("valid regex")
         )
-            .prop_map(|(n, slabs_mapped, failure_domain)| {
+            .prop_filter("failure domain fits", |(_, _, domain)| domain.len() <= MAX_FAILURE_DOMAIN_BYTES)
+            .prop_map(|(n, m, failure_domain)| {
                 Control::NodeInfoReply(NodeInfo {
                     node_id: n[0],
                     capacity_bytes: n[1],
                     free_bytes: n[2],
                     slab_size_bytes: n[3],
-                    slabs_mapped,
+                    slabs_mapped: m[0],
                     metadata_bytes: n[4],
                     requests_served: n[5],
+                    regenerating_slabs: m[1],
+                    regeneration_pages_done: n[6],
+                    regeneration_pages_total: n[7],
                     failure_domain,
                 })
             }),
+        (
+            proptest::sample::select(FaultKind::ALL.to_vec()),
+            any::<[u32; 3]>(),
+            0..=MAX_FRACTION_PPM,
+            any::<u64>()
+        )
+            .prop_map(|(fault, n, fraction_ppm, seed)| Control::InjectFault {
+                fault,
+                slab_id: n[0],
+                delay_us: n[1],
+                fraction_ppm,
+                flips: n[2],
+                seed
+            }),
+        any::<u32>().prop_map(|slab_id| Control::SlabEvicted { slab_id }),
+        (
+            any::<u32>(),
+            any::<[u8; 2]>(),
+            any::<[u32; 2]>(),
+            proptest::collection::vec(regeneration_source(), 1..=MAX_REGENERATION_SOURCES)
+        )
+            .prop_map(|(slab_id, splits, n, sources)| Control::Regenerate {
+                slab_id,
+                data_splits: splits[0],
+                parity_splits: splits[1],
+                page_bytes: n[0],
+                pages: n[1],
+                sources
+            }),
+        (any::<u32>(), any::<[u64; 3]>()).prop_map(|(slab_id, n)| Control::RegenerationDone {
+            slab_id,
+            pages_rebuilt: n[0],
+            pages_skipped: n[1],
+            pages_lost: n[2]
+        }),
         Just(Control::Ping),
         Just(Control::Pong),
         (error_code(), proptest::string::string_regex(".{0,64}").expect("valid regex"))
@@ -202,8 +259,8 @@ fn header_rejects_bad_magic_version_kind_and_lengths() {
     bad[2] = 2;
     assert_eq!(FrameHeader::decode(&bad), Err(DecodeError::BadVersion { found: 2 }));
     let mut bad = good;
-    bad[3] = 14;
-    assert_eq!(FrameHeader::decode(&bad), Err(DecodeError::UnknownKind { found: 14 }));
+    bad[3] = 18;
+    assert_eq!(FrameHeader::decode(&bad), Err(DecodeError::UnknownKind { found: 18 }));
     let mut bad = good;
     bad[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
     assert!(matches!(FrameHeader::decode(&bad), Err(DecodeError::BodyTooLong { kind: Kind::Ping, .. })));
@@ -256,6 +313,69 @@ fn control_decoder_rejects_inner_inconsistencies() {
     );
     // A body longer than its kind allows, given directly.
     assert!(matches!(Control::decode_body(Kind::Ping, &[0]), Err(DecodeError::BadLength { .. })));
+}
+
+#[test]
+fn fault_and_regeneration_decoders_reject_out_of_range_fields() {
+    let inject = |fault: u8, fraction_ppm: u32| {
+        let mut body = vec![fault, 0, 0, 0];
+        body.extend_from_slice(&[0u8; 8]);
+        body.extend_from_slice(&fraction_ppm.to_le_bytes());
+        body.extend_from_slice(&[0u8; 12]);
+        body
+    };
+    assert!(Control::decode_body(Kind::InjectFault, &inject(1, 1_000_000)).is_ok());
+    assert_eq!(
+        Control::decode_body(Kind::InjectFault, &inject(0, 0)),
+        Err(DecodeError::UnknownFault { found: 0 })
+    );
+    assert_eq!(
+        Control::decode_body(Kind::InjectFault, &inject(5, 0)),
+        Err(DecodeError::UnknownFault { found: 5 })
+    );
+    assert!(matches!(
+        Control::decode_body(Kind::InjectFault, &inject(1, 1_000_001)),
+        Err(DecodeError::FieldOutOfRange { field: "fraction_ppm", .. })
+    ));
+    let mut reserved = inject(1, 0);
+    reserved[2] = 1;
+    assert_eq!(
+        Control::decode_body(Kind::InjectFault, &reserved),
+        Err(DecodeError::ReservedNotZero { kind: Kind::InjectFault })
+    );
+
+    let source = RegenerationSource { split_index: 3, slab_id: 9, address: "10.0.0.1:7100".parse().unwrap() };
+    let regenerate = Control::Regenerate {
+        slab_id: 1,
+        data_splits: 8,
+        parity_splits: 2,
+        page_bytes: 4096,
+        pages: 100,
+        sources: vec![source; 2],
+    };
+    let mut frame = Vec::new();
+    regenerate.encode(5, &mut frame);
+    let body = frame[HEADER_BYTES..].to_vec();
+    assert_eq!(body.len(), 16 + 2 * REGENERATION_SOURCE_BYTES);
+    assert_eq!(Control::decode_body(Kind::Regenerate, &body), Ok(regenerate));
+    // source_count disagreeing with the entries, or zero.
+    for count in [0u8, 1, 3] {
+        let mut bad = body.clone();
+        bad[6] = count;
+        assert!(Control::decode_body(Kind::Regenerate, &bad).is_err(), "source_count {count}");
+    }
+    // Reserved bytes in the fixed part and in an entry.
+    for at in [7, 16 + 1, 16 + 26] {
+        let mut bad = body.clone();
+        bad[at] = 1;
+        assert_eq!(
+            Control::decode_body(Kind::Regenerate, &bad),
+            Err(DecodeError::ReservedNotZero { kind: Kind::Regenerate }),
+            "byte {at}"
+        );
+    }
+    // IPv4 travels IPv4-mapped.
+    assert_eq!(&body[16 + 8..16 + 24], &std::net::Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped().octets());
 }
 
 #[test]

@@ -34,6 +34,20 @@ impl TestNode {
     }
 
     pub fn start_with(capacity_bytes: u64, slab_size_bytes: u64, max_connections: usize) -> TestNode {
+        TestNode::start_config(capacity_bytes, slab_size_bytes, max_connections, false)
+    }
+
+    /// A node that accepts `InjectFault`.
+    pub fn start_with_faults(capacity_bytes: u64, slab_size_bytes: u64) -> TestNode {
+        TestNode::start_config(capacity_bytes, slab_size_bytes, 64, true)
+    }
+
+    pub fn start_config(
+        capacity_bytes: u64,
+        slab_size_bytes: u64,
+        max_connections: usize,
+        fault_injection: bool,
+    ) -> TestNode {
         let node = Node::bind(NodeConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
             capacity_bytes,
@@ -42,6 +56,7 @@ impl TestNode {
             secret: secret(),
             node_id: NODE_ID,
             max_connections,
+            fault_injection,
         })
         .unwrap();
         let addr = node.local_addr();

@@ -1,0 +1,150 @@
+//! `remem nbd`: serve one remem address space as an NBD export until SIGTERM or Ctrl-C.
+//!
+//! Thin: connect a client to the cluster, optionally lock memory, bind, print `listening
+//! ADDRESS` as the first stdout line (tests and scripts wait for it), and hand over to
+//! `remem_nbd::serve`. The protocol lives in crates/nbd; the semantics in docs/NBD.md.
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use remem_client::cluster::ClusterFile;
+use remem_client::{Client, ClientConfig, Shape};
+use remem_nbd::{Export, Listener, ServerConfig};
+use remem_placement::LeastLoaded;
+use remem_proto::auth::Secret;
+
+use crate::units::{format_bytes, parse_bytes};
+
+#[derive(Args, Debug)]
+pub struct NbdArgs {
+    /// Cluster file written by `remem up` (default: the `remem up` default directory).
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
+    /// Size of the export (a multiple of 4 KiB). The whole address space is mapped on the
+    /// nodes at start: (k+r)/k times this size of node memory.
+    #[arg(long, value_parser = parse_bytes)]
+    pub size: u64,
+    /// Export name clients ask for (the empty name also selects it).
+    #[arg(long, default_value = "remem")]
+    pub export: String,
+    /// TCP address to listen on (port 0 picks one; the address is printed as `listening ...`).
+    #[arg(long, default_value = "127.0.0.1:10809", conflicts_with = "unix")]
+    pub listen: SocketAddr,
+    /// Listen on this Unix socket instead of TCP.
+    #[arg(long)]
+    pub unix: Option<PathBuf>,
+    /// Data splits per page (k).
+    #[arg(long, short = 'k', default_value_t = 8)]
+    pub data_splits: usize,
+    /// Parity splits per page (r): pages survive r failed nodes.
+    #[arg(long, short = 'r', default_value_t = 2)]
+    pub parity_splits: usize,
+    /// Extra splits read beyond k (delta), for stragglers.
+    #[arg(long, default_value_t = 1)]
+    pub delta: usize,
+    /// Pages in flight at once.
+    #[arg(long, default_value_t = 32)]
+    pub queue_depth: usize,
+    /// A split not answered in this time counts as failed.
+    #[arg(long, default_value_t = 2000)]
+    pub request_timeout_ms: u64,
+    /// Lock all memory (mlockall): needed when the export backs swap (docs/NBD.md).
+    #[arg(long)]
+    pub mlock: bool,
+    /// Write this value to /proc/self/oom_score_adj (-1000: never chosen by the OOM killer).
+    #[arg(long, allow_hyphen_values = true)]
+    pub oom_score_adj: Option<i32>,
+    /// Most NBD connections served at once.
+    #[arg(long, default_value_t = 16)]
+    pub max_connections: usize,
+}
+
+pub fn run(args: NbdArgs) -> Result<()> {
+    if args.size == 0 || !args.size.is_multiple_of(4096) {
+        bail!("--size {} is not a positive multiple of 4096 bytes", args.size);
+    }
+    if args.delta > args.parity_splits {
+        bail!("--delta ({}) cannot exceed -r ({})", args.delta, args.parity_splits);
+    }
+    let cluster_path =
+        args.cluster.clone().unwrap_or_else(|| crate::launcher::default_dir().join("cluster.json"));
+    let cluster = ClusterFile::load(&cluster_path)?;
+    let secret = Secret::load(Some(&cluster.secret_file))
+        .map_err(|error| anyhow::anyhow!("{error}"))
+        .with_context(|| format!("loading the secret {}", cluster.secret_file.display()))?;
+    let shape =
+        Shape { data_splits: args.data_splits, parity_splits: args.parity_splits, extra_reads: args.delta };
+    let mut config = ClientConfig::new(shape, args.size);
+    config.max_in_flight = args.queue_depth.max(1);
+    config.request_timeout = Duration::from_millis(args.request_timeout_ms);
+    let client =
+        Client::connect(&cluster.addresses(), &secret, config, &mut LeastLoaded::new(StdRng::from_entropy()))
+            .with_context(|| format!("connecting to the cluster of {}", cluster_path.display()))?;
+    let page_bytes = client.page_bytes() as u32;
+
+    if let Some(value) = args.oom_score_adj {
+        remem_nbd::host::set_oom_score_adj(value).context("setting oom_score_adj")?;
+    }
+    if args.mlock {
+        remem_nbd::host::lock_all_memory()
+            .context("mlockall (needs CAP_IPC_LOCK or a large RLIMIT_MEMLOCK)")?;
+    }
+
+    let (listener, shown) = match &args.unix {
+        Some(path) => {
+            let listener = UnixListener::bind(path)
+                .with_context(|| format!("binding the Unix socket {}", path.display()))?;
+            (Listener::Unix(listener), format!("unix:{}", path.display()))
+        }
+        None => {
+            let listener =
+                TcpListener::bind(args.listen).with_context(|| format!("binding {}", args.listen))?;
+            let address = listener.local_addr()?;
+            (Listener::Tcp(listener), address.to_string())
+        }
+    };
+    let export = Export {
+        name: args.export.clone(),
+        description: format!(
+            "remem EC({},{}) delta {}, {}",
+            args.data_splits,
+            args.parity_splits,
+            args.delta,
+            format_bytes(args.size)
+        ),
+        size_bytes: args.size,
+        max_request_bytes: 32 << 20,
+        page_bytes,
+    };
+    let mut server_config = ServerConfig::new(export);
+    server_config.max_connections = args.max_connections.max(1);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
+    signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
+    println!("listening {shown}");
+    std::io::stdout().flush()?;
+    eprintln!(
+        "serving export {:?}: {} on EC({},{}) across {} nodes",
+        args.export,
+        format_bytes(args.size),
+        args.data_splits,
+        args.parity_splits,
+        cluster.nodes.len()
+    );
+    let store = Mutex::new(client);
+    let result = remem_nbd::serve(&listener, &store, &server_config, &stop);
+    if let Some(path) = &args.unix {
+        let _ = std::fs::remove_file(path);
+    }
+    result.context("serving NBD")
+}

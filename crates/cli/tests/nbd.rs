@@ -1,0 +1,411 @@
+//! The NBD front end driven by real user-space NBD clients from Debian (qemu-io and qemu-img
+//! from qemu-utils, nbdcopy and nbdinfo from libnbd-bin, fio's nbd engine, e2fsprogs), against
+//! `remem nbd` child processes on real `remem node` processes. Nodes are SIGKILLed under load.
+//! Every external command runs under `timeout`, and every process started here is stopped
+//! when its guard drops.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use remem::launcher::{ClusterOptions, LocalCluster};
+
+fn binary() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_remem"))
+}
+
+fn test_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("remem-nbd-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("test directory");
+    dir
+}
+
+/// Ten nodes of 4 MiB slabs (an EC(8,2) range is 8192 pages, 32 MiB), 128 MiB each.
+fn start_cluster(dir: &Path) -> LocalCluster {
+    let options = ClusterOptions {
+        nodes: 10,
+        capacity_bytes: 128 << 20,
+        slab_size_bytes: 4 << 20,
+        nodes_per_domain: 1,
+        dir: dir.join("cluster"),
+        fault_injection: false,
+    };
+    LocalCluster::start(binary(), &options).expect("cluster starts")
+}
+
+/// A `remem nbd` child process, stopped on drop.
+struct NbdServer {
+    child: Child,
+    address: String,
+    log: PathBuf,
+}
+
+impl NbdServer {
+    fn start(
+        cluster: &LocalCluster,
+        dir: &Path,
+        size: &str,
+        shape: [&str; 3],
+        listen: Option<&Path>,
+    ) -> NbdServer {
+        let log = dir.join("nbd.log");
+        let mut command = Command::new(binary());
+        command
+            .args(["nbd", "--cluster"])
+            .arg(&cluster.cluster_file_path)
+            .args(["--size", size, "--export", "test", "-k", shape[0], "-r", shape[1], "--delta", shape[2]])
+            .args(["--request-timeout-ms", "1000"]);
+        match listen {
+            Some(path) => command.arg("--unix").arg(path),
+            None => command.args(["--listen", "127.0.0.1:0"]),
+        };
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(std::fs::File::create(&log).expect("log file")))
+            .spawn()
+            .expect("remem nbd starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (sender, receiver) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = sender.send(line);
+        });
+        let line = receiver.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+        let address = match line.trim().strip_prefix("listening ") {
+            Some(address) => address.to_string(),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "remem nbd did not start: {line:?}; log: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                )
+            }
+        };
+        NbdServer { child, address, log }
+    }
+
+    fn uri(&self) -> String {
+        match self.address.strip_prefix("unix:") {
+            Some(path) => format!("nbd+unix:///test?socket={path}"),
+            None => format!("nbd://{}/test", self.address),
+        }
+    }
+
+    fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!(
+                "remem nbd exited: {status}; log: {}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+}
+
+impl Drop for NbdServer {
+    fn drop(&mut self) {
+        // SAFETY: kill with the PID of a child we spawned and have not reaped.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs a program under `timeout`, returning its output.
+fn run(seconds: u32, program: &str, args: &[&str]) -> Output {
+    Command::new("timeout")
+        .args(["-k", "5", &seconds.to_string(), program])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|error| panic!("cannot run {program}: {error} (run scripts/setup.sh)"))
+}
+
+/// Runs a program and panics unless it succeeds; returns stdout.
+fn run_ok(seconds: u32, program: &str, args: &[&str]) -> String {
+    let output = run(seconds, program, args);
+    assert!(
+        output.status.success(),
+        "{program} {args:?} failed: {}\nstdout: {}\nstderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn pseudo_random(bytes: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    let mut data = vec![0u8; bytes];
+    for chunk in data.chunks_exact_mut(8) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        chunk.copy_from_slice(&state.to_le_bytes());
+    }
+    data
+}
+
+#[test]
+fn qemu_io_writes_read_back_through_nbdcopy_and_nbdinfo_ec82() {
+    let dir = test_dir("interop");
+    let cluster = start_cluster(&dir);
+    let mut server = NbdServer::start(&cluster, &dir, "16MiB", ["8", "2", "1"], None);
+    let uri = server.uri();
+
+    let info = run_ok(30, "nbdinfo", &["--json", &uri]);
+    assert!(info.contains("\"export-size\": 16777216"), "{info}");
+    assert!(info.contains("\"block_size_preferred\": 4096"), "{info}");
+    assert!(info.contains("\"can_multi_conn\": true"), "{info}");
+
+    // Aligned and unaligned writes, and write-zeroes, from qemu-io.
+    run_ok(
+        30,
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &uri,
+            "-c",
+            "write -P 0x5a 0 1M",
+            "-c",
+            "write -P 0xa5 4097 9000",
+            "-c",
+            "write -z 520000 10000",
+        ],
+    );
+    // Another qemu-io connection checks the bytes it did not write.
+    let checked =
+        run_ok(30, "qemu-io", &["-f", "raw", &uri, "-c", "read -P 0xa5 4097 9000", "-c", "read -P 0 1M 1M"]);
+    assert!(!checked.contains("Pattern verification failed"), "{checked}");
+
+    // nbdcopy reads the whole export out; compare with the model.
+    let image = dir.join("out.img");
+    run_ok(60, "nbdcopy", &[&uri, image.to_str().unwrap()]);
+    let mut expected = vec![0u8; 16 << 20];
+    expected[..1 << 20].fill(0x5a);
+    expected[4097..4097 + 9000].fill(0xa5);
+    expected[520000..530000].fill(0);
+    let actual = std::fs::read(&image).unwrap();
+    assert!(actual == expected, "nbdcopy read back different bytes");
+    server.assert_running();
+}
+
+#[test]
+fn copy_in_and_out_is_byte_exact_256mib_ec82() {
+    let dir = test_dir("copy");
+    let cluster = start_cluster(&dir);
+    let mut server = NbdServer::start(&cluster, &dir, "256MiB", ["8", "2", "1"], None);
+    let uri = server.uri();
+    let source = dir.join("source.img");
+    let data = pseudo_random(256 << 20, 42);
+    std::fs::write(&source, &data).unwrap();
+    let started = Instant::now();
+    run_ok(90, "nbdcopy", &[source.to_str().unwrap(), &uri]);
+    let copied_in = started.elapsed();
+    let back = dir.join("back.img");
+    run_ok(90, "nbdcopy", &[&uri, back.to_str().unwrap()]);
+    eprintln!("256 MiB in {copied_in:?}, out {:?}", started.elapsed() - copied_in);
+    let read_back = std::fs::read(&back).unwrap();
+    assert!(read_back == data, "256 MiB copied in and out differ");
+    server.assert_running();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// ext4 made by mke2fs from a directory, copied into the export, read back out, checked by
+/// e2fsck and read by debugfs; then changed by debugfs, copied in and out again and checked
+/// again; qemu-img compares the image with the export directly.
+#[test]
+fn ext4_made_used_and_checked_through_the_export() {
+    let dir = test_dir("ext4");
+    let cluster = start_cluster(&dir);
+    let mut server = NbdServer::start(&cluster, &dir, "64MiB", ["8", "2", "1"], None);
+    let uri = server.uri();
+    let tree = dir.join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    let blob = pseudo_random(3 << 20, 7);
+    std::fs::write(tree.join("blob.bin"), &blob).unwrap();
+    std::fs::write(tree.join("sub/hello.txt"), b"hello from remem\n").unwrap();
+    let image = dir.join("fs.img");
+    let image_path = image.to_str().unwrap();
+    run_ok(60, "mke2fs", &["-q", "-F", "-t", "ext4", "-d", tree.to_str().unwrap(), image_path, "64M"]);
+
+    run_ok(60, "nbdcopy", &[image_path, &uri]);
+    run_ok(60, "qemu-img", &["compare", "-f", "raw", "-F", "raw", image_path, &uri]);
+    let back = dir.join("back.img");
+    let back_path = back.to_str().unwrap();
+    run_ok(60, "nbdcopy", &[&uri, back_path]);
+    run_ok(60, "e2fsck", &["-fn", back_path]);
+    let blob_out = dir.join("blob.out");
+    run_ok(60, "debugfs", &["-R", &format!("dump /blob.bin {}", blob_out.display()), back_path]);
+    assert!(std::fs::read(&blob_out).unwrap() == blob, "file read back through ext4 differs");
+
+    // Use the file system: add a file, copy the image in again, and check it once more.
+    let note = dir.join("note.txt");
+    std::fs::write(&note, b"written after the first round trip\n").unwrap();
+    run_ok(60, "debugfs", &["-w", "-R", &format!("write {} /sub/note.txt", note.display()), back_path]);
+    run_ok(60, "nbdcopy", &[back_path, &uri]);
+    let again = dir.join("again.img");
+    run_ok(60, "nbdcopy", &[&uri, again.to_str().unwrap()]);
+    run_ok(60, "e2fsck", &["-fn", again.to_str().unwrap()]);
+    let listed = run_ok(60, "debugfs", &["-R", "cat /sub/note.txt", again.to_str().unwrap()]);
+    assert!(listed.contains("written after the first round trip"), "{listed}");
+    let hello = run_ok(60, "debugfs", &["-R", "cat /sub/hello.txt", again.to_str().unwrap()]);
+    assert!(hello.contains("hello from remem"), "{hello}");
+    server.assert_running();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// fio writes with crc32c verification while two of the ten nodes are SIGKILLed (r = 2), then
+/// verifies every block; a second fio run re-verifies everything on a fresh connection.
+#[test]
+fn fio_verify_survives_two_killed_nodes_k8_r2() {
+    let dir = test_dir("fio-kill");
+    let mut cluster = start_cluster(&dir);
+    let mut server = NbdServer::start(&cluster, &dir, "96MiB", ["8", "2", "1"], None);
+    let uri = format!("--uri={}", server.uri());
+    let common = [
+        "--name=verify",
+        "--ioengine=nbd",
+        uri.as_str(),
+        "--rw=randwrite",
+        "--bs=4k",
+        "--size=96M",
+        "--iodepth=16",
+        "--verify=crc32c",
+        "--verify_fatal=1",
+        "--randseed=5",
+    ];
+    let mut fio = Command::new("timeout")
+        .args(["-k", "5", "90", "fio"])
+        .args(common)
+        .arg("--do_verify=1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("fio starts (run scripts/setup.sh)");
+    let mut killed_while_running = 0;
+    for node in [3, 7] {
+        std::thread::sleep(Duration::from_millis(700));
+        if fio.try_wait().unwrap().is_none() {
+            killed_while_running += 1;
+        }
+        cluster.kill(node).unwrap();
+    }
+    let mut stdout = String::new();
+    fio.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    let mut stderr = String::new();
+    fio.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    let status = fio.wait().unwrap();
+    assert!(status.success(), "fio failed: {status}\n{stdout}\n{stderr}");
+    assert!(!stdout.contains("verify: bad"), "{stdout}");
+    assert!(killed_while_running >= 1, "fio finished before any node was killed: make the job longer");
+
+    // Everything again, read-only, on a new connection with both nodes gone.
+    let reverify = run_ok(90, "fio", &[&common[..], &["--verify_only=1"]].concat());
+    assert!(!reverify.contains("verify: bad"), "{reverify}");
+    server.assert_running();
+}
+
+/// Beyond r: with three of ten nodes gone, every page of EC(8,2) has lost three splits. Reads
+/// fail with EIO (never wrong data), writes fail, and the server keeps serving.
+#[test]
+fn three_killed_nodes_give_eio_not_wrong_data_k8_r2() {
+    let dir = test_dir("beyond-r");
+    let mut cluster = start_cluster(&dir);
+    let mut server = NbdServer::start(&cluster, &dir, "16MiB", ["8", "2", "1"], None);
+    let uri = server.uri();
+    run_ok(30, "qemu-io", &["-f", "raw", &uri, "-c", "write -P 0x33 0 2M"]);
+    for node in [0, 4, 8] {
+        cluster.kill(node).unwrap();
+    }
+    let read = run(30, "qemu-io", &["-f", "raw", &uri, "-c", "read -P 0x33 0 64k"]);
+    let text = String::from_utf8_lossy(&read.stdout).to_string() + &String::from_utf8_lossy(&read.stderr);
+    assert!(text.contains("Input/output error"), "{text}");
+    assert!(!text.contains("Pattern verification failed"), "wrong data returned: {text}");
+    let write = run(30, "qemu-io", &["-f", "raw", &uri, "-c", "write -P 0x44 0 4k"]);
+    let text = String::from_utf8_lossy(&write.stdout).to_string() + &String::from_utf8_lossy(&write.stderr);
+    assert!(text.contains("Input/output error"), "{text}");
+    // Never-written pages still read as zeros (no remote I/O), and the server still answers.
+    run_ok(30, "qemu-io", &["-f", "raw", &uri, "-c", "read -P 0 8M 64k"]);
+    server.assert_running();
+}
+
+/// Garbage, bad flags, oversized options, bad request magic, an oversized write: each ends its
+/// own connection (or gets an error) and the server keeps serving others.
+#[test]
+fn hostile_clients_do_not_disturb_the_server() {
+    let dir = test_dir("hostile");
+    let cluster = start_cluster(&dir);
+    let mut server = NbdServer::start(&cluster, &dir, "8MiB", ["1", "1", "0"], None);
+    let address = server.address.clone();
+    let attempt = |bytes: &[u8]| {
+        let mut stream = TcpStream::connect(&address).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = stream.write_all(bytes);
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        let mut sink = Vec::new();
+        // The server must answer or close, not hang: read_to_end returns within the timeout.
+        let result = stream.read_to_end(&mut sink);
+        assert!(result.is_ok() || sink.len() >= 18, "server hung: {result:?}");
+    };
+    attempt(b"");
+    attempt(&[0xff; 4096]);
+    attempt(&0xdead_beefu32.to_be_bytes());
+    let mut huge_option = 1u32.to_be_bytes().to_vec();
+    huge_option.extend_from_slice(b"IHAVEOPT");
+    huge_option.extend_from_slice(&7u32.to_be_bytes());
+    huge_option.extend_from_slice(&u32::MAX.to_be_bytes());
+    attempt(&huge_option);
+    // A valid EXPORT_NAME, then a request with a bad magic, then one with an absurd write.
+    let mut session = 3u32.to_be_bytes().to_vec();
+    session.extend_from_slice(b"IHAVEOPT");
+    session.extend_from_slice(&1u32.to_be_bytes());
+    session.extend_from_slice(&4u32.to_be_bytes());
+    session.extend_from_slice(b"test");
+    let mut bad_magic = session.clone();
+    bad_magic.extend_from_slice(&[0x11; 28]);
+    attempt(&bad_magic);
+    let mut huge_write = session.clone();
+    huge_write.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+    huge_write.extend_from_slice(&[0, 0, 0, 1]);
+    huge_write.extend_from_slice(&[0; 16]);
+    huge_write.extend_from_slice(&u32::MAX.to_be_bytes());
+    attempt(&huge_write);
+    // Out-of-range and unknown requests from a real client get errors, not a disconnect.
+    let uri = server.uri();
+    let out_of_range = run(30, "qemu-io", &["-f", "raw", &uri, "-c", "read 8M 4k"]);
+    assert!(!String::from_utf8_lossy(&out_of_range.stdout).contains("read 4096/4096"));
+    run_ok(30, "qemu-io", &["-f", "raw", &uri, "-c", "write -P 7 0 4k", "-c", "read -P 7 0 4k"]);
+    server.assert_running();
+}
+
+#[test]
+fn unix_socket_export_rep2_serves_qemu_io_and_nbdcopy() {
+    let dir = test_dir("unix");
+    let cluster = start_cluster(&dir);
+    let socket = dir.join("nbd.sock");
+    let mut server = NbdServer::start(&cluster, &dir, "8MiB", ["1", "1", "0"], Some(&socket));
+    let uri = server.uri();
+    run_ok(30, "qemu-io", &["-f", "raw", &uri, "-c", "write -P 0x77 12345 100000", "-c", "discard 0 4096"]);
+    let image = dir.join("out.img");
+    run_ok(30, "nbdcopy", &[&uri, image.to_str().unwrap()]);
+    let data = std::fs::read(&image).unwrap();
+    assert!(data[12345..112345].iter().all(|&byte| byte == 0x77));
+    assert!(data[112345..].iter().all(|&byte| byte == 0));
+    server.assert_running();
+}

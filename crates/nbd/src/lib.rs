@@ -1,0 +1,33 @@
+//! remem-nbd: a Network Block Device server on resilient remote memory.
+//!
+//! The export is an address space of remem pages: byte `b` lives in page `b / 4096`. The stock
+//! Linux `nbd-client`, qemu and libnbd speak to it (fixed newstyle handshake, `NBD_OPT_GO`,
+//! structured replies). See docs/NBD.md for the semantics a user may rely on.
+//!
+//! - [`protocol`]: wire constants, decoders, encoders (no I/O);
+//! - [`handshake`]: option haggling over any `Read + Write`;
+//! - [`command`]: validation of one request (which error a bad one earns);
+//! - [`transmission`]: batches of requests run as page operations, replies;
+//! - [`error`]: remem errors to NBD error values, in one place;
+//! - [`store`]: the `PageStore` trait (the remem client, or an in-memory model for tests);
+//! - [`server`]: the listener and connection threads; [`host`]: mlockall, OOM score.
+//!
+//! Architecture Invariant: this crate uses the remem client API only; it never speaks remem's
+//! wire protocol. Every length or offset from a socket is checked before it sizes a buffer or
+//! addresses a page, and bad input gets an NBD error or a disconnect, never a panic.
+
+pub mod command;
+pub mod error;
+pub mod handshake;
+pub mod host;
+pub mod protocol;
+pub mod server;
+pub mod store;
+pub mod transmission;
+
+pub use handshake::Export;
+pub use server::{serve, Listener, ServerConfig};
+pub use store::{MemoryStore, PageStore};
+
+#[cfg(test)]
+mod tests;

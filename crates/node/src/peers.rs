@@ -1,0 +1,108 @@
+//! The open connections of a node, so that a thread other than a connection's own can write to
+//! it: eviction notices (`SlabEvicted`) go to every connection of the slab's owner, and a rebuild
+//! reports `RegenerationDone` on the connection that asked for it.
+//!
+//! Invariant: every write to a connection's socket, by its own thread or another, happens under
+//! that connection's `write_lock` and writes whole frames, so frames never interleave mid-frame.
+//! A connection blocked in `read` still gets its notices promptly, because the writer is the
+//! notifying thread itself.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// One open connection, as seen from other threads.
+pub struct Peer {
+    /// A clone of the connection's socket: shut down to stop it, written to for notices.
+    pub stream: TcpStream,
+    client_id: AtomicU64,
+    authenticated: AtomicBool,
+    write_lock: Mutex<()>,
+}
+
+impl Peer {
+    pub fn new(stream: TcpStream) -> Peer {
+        Peer {
+            stream,
+            client_id: AtomicU64::new(0),
+            authenticated: AtomicBool::new(false),
+            write_lock: Mutex::new(()),
+        }
+    }
+
+    /// Records the authenticated client id; from now on notices for it reach this connection.
+    pub fn authenticated(&self, client_id: u64) {
+        self.client_id.store(client_id, Ordering::Relaxed);
+        self.authenticated.store(true, Ordering::Release);
+    }
+
+    fn client_id(&self) -> Option<u64> {
+        self.authenticated.load(Ordering::Acquire).then(|| self.client_id.load(Ordering::Relaxed))
+    }
+
+    /// Held while writing whole frames to the socket.
+    pub fn lock_writes(&self) -> MutexGuard<'_, ()> {
+        // The lock guards no data, only the order of bytes on the socket.
+        self.write_lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Writes one or more whole frames from another thread. Errors are the connection's own
+    /// business (its thread sees them too); they are only logged here.
+    pub fn send_frames(&self, frames: &[u8]) -> bool {
+        let _guard = self.lock_writes();
+        match (&self.stream).write_all(frames) {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::debug!(%error, "could not deliver a notice");
+                false
+            }
+        }
+    }
+}
+
+/// Open connections by connection number.
+#[derive(Default)]
+pub struct Peers {
+    open: Mutex<HashMap<u64, Arc<Peer>>>,
+}
+
+impl Peers {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Arc<Peer>>> {
+        // A map of handles stays consistent at every step; poisoning is no reason to stop.
+        self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Registers connection `number` unless `max` are open already; returns whether it was.
+    pub fn insert(&self, number: u64, peer: Arc<Peer>, max: usize) -> bool {
+        let mut open = self.lock();
+        if open.len() >= max {
+            return false;
+        }
+        open.insert(number, peer);
+        true
+    }
+
+    pub fn remove(&self, number: u64) {
+        self.lock().remove(&number);
+    }
+
+    pub fn get(&self, number: u64) -> Option<Arc<Peer>> {
+        self.lock().get(&number).cloned()
+    }
+
+    /// The authenticated connections of `client_id` (not `except`), by number.
+    pub fn of_client(&self, client_id: u64, except: Option<u64>) -> Vec<(u64, Arc<Peer>)> {
+        self.lock()
+            .iter()
+            .filter(|(number, peer)| Some(**number) != except && peer.client_id() == Some(client_id))
+            .map(|(number, peer)| (*number, Arc::clone(peer)))
+            .collect()
+    }
+
+    /// Removes and returns every connection (for shutdown).
+    pub fn drain(&self) -> Vec<Arc<Peer>> {
+        self.lock().drain().map(|(_, peer)| peer).collect()
+    }
+}

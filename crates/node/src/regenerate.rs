@@ -1,0 +1,742 @@
+//! Background slab regeneration (seed 000 §4.2, "Background Slab Regeneration"), done on the node
+//! that holds the new, empty slab.
+//!
+//! A client that lost a slab maps a new one here and sends `Regenerate` naming the surviving
+//! splits of the range. The node answers `Ok` at once and a rebuild thread then, for each batch of
+//! slots: reads the batch (`ReadSplits`) from k sources, data splits first; checks every split's
+//! end-to-end checksum and keeps, per page, the newest version that has k valid splits (so a torn
+//! write of two versions is never mixed); asks the remaining sources for pages that lack k such
+//! splits; decodes the page and takes the lost split (a data split from the decoded page, a parity
+//! split by re-encoding it); and stores it with its own checksum, but only if the slot is still
+//! unwritten. When it ends it sends `RegenerationDone` on the requesting connection.
+//!
+//! Better than the seed, writes are not blocked during the rebuild: the client writes new pages to
+//! the new slab too, and those win. "Store if unwritten" and a client write of the same slot are
+//! atomic with respect to each other through the slab's regeneration lock, taken by both only
+//! while the slab is being rebuilt (see the slab module).
+//!
+//! The rebuild acts for the client: it connects to the sources with the node's cluster secret and
+//! the requester's client id, so the sources' ownership checks pass (docs/PROTOCOL.md, security).
+//!
+//! Fault model: a source may be down, fail mid-way, time out, refuse, or return corrupted, torn or
+//! stale splits. A failed source is replaced by another; a bad split is an erasure. With fewer
+//! than k sources left, the rebuild ends with the pages done and reports the rest lost. A page
+//! without k consistent valid splits is lost and its slot stays unwritten, so it reads as version
+//! 0 (an erasure), never as wrong data.
+//!
+//! Invariant: at most [`MAX_CONCURRENT_REGENERATIONS`] rebuilds run at once, one thread each; the
+//! node stops them (and joins them) before it unmaps its slabs.
+
+use crate::connection::Shared;
+use crate::slab::Slab;
+use remem_codec::{new_codec, CodecParams, PageCodec};
+use remem_proto::blocking::{self, FrameError, HandshakeError};
+use remem_proto::{
+    max_read_splits_count, read_splits_reply_body_len, split_checksum, version_is_newer, Control, ErrorCode,
+    Kind, RegenerationSource, SplitMeta, READ_SPLITS_COUNT_BYTES, SPLIT_META_BYTES,
+};
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Most rebuilds one node runs at once; a further `Regenerate` gets `Error(NoCapacity)`.
+pub const MAX_CONCURRENT_REGENERATIONS: u32 = 4;
+const SOURCE_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A source that does not answer a batch within this is treated as failed.
+const SOURCE_IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A `Regenerate` as the connection received it.
+pub struct Request {
+    pub client_id: u64,
+    /// The requesting connection, which gets `RegenerationDone`.
+    pub connection: u64,
+    pub request_id: u64,
+    pub slab_id: u32,
+    pub data_splits: u8,
+    pub parity_splits: u8,
+    pub page_bytes: u32,
+    pub pages: u32,
+    pub sources: Vec<RegenerationSource>,
+}
+
+/// What a rebuild did: the numbers of `RegenerationDone`, and its speed for logs and benches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegenerationReport {
+    pub slab_id: u32,
+    pub pages_rebuilt: u64,
+    pub pages_skipped: u64,
+    pub pages_lost: u64,
+    /// Bytes of the new slab covered (`pages * split_bytes`).
+    pub slab_bytes: u64,
+    pub elapsed: Duration,
+}
+
+impl RegenerationReport {
+    /// Rebuild throughput in MiB of the new slab per second.
+    pub fn slab_mib_per_second(&self) -> f64 {
+        self.slab_bytes as f64 / (1024.0 * 1024.0) / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Progress of the rebuilds running now, summed, for `NodeInfoReply`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Progress {
+    pub regenerating_slabs: u32,
+    pub pages_done: u64,
+    pub pages_total: u64,
+}
+
+/// The node's rebuilds: counters, threads, and the sockets to their sources (so a stopping node
+/// can unblock them).
+#[derive(Default)]
+pub struct Regenerations {
+    running: AtomicU32,
+    pages_done: AtomicU64,
+    pages_total: AtomicU64,
+    next_job: AtomicU64,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    streams: Mutex<Vec<(u64, TcpStream)>>,
+}
+
+impl Regenerations {
+    pub fn progress(&self) -> Progress {
+        Progress {
+            regenerating_slabs: self.running.load(Ordering::Relaxed),
+            pages_done: self.pages_done.load(Ordering::Relaxed),
+            pages_total: self.pages_total.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Unblocks every rebuild (their sources' sockets are shut down; they also check
+    /// `Shared::stopping` between batches) and joins their threads.
+    pub fn stop_and_join(&self) {
+        for (_, stream) in lock(&self.streams).iter() {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        for thread in threads {
+            if thread.join().is_err() {
+                tracing::error!("a regeneration thread panicked");
+            }
+        }
+    }
+
+    fn register_stream(&self, job: u64, stream: &TcpStream) {
+        if let Ok(clone) = stream.try_clone() {
+            lock(&self.streams).push((job, clone));
+        }
+    }
+
+    fn forget_streams(&self, job: u64) {
+        lock(&self.streams).retain(|(owner, _)| *owner != job);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Lists of handles stay consistent at every step; poisoning is no reason to stop.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A validated rebuild, holding its place among the running ones. Dropping it (finished or never
+/// started) releases the place, ends the slab's regeneration mode and removes its progress.
+pub struct Job {
+    shared: Arc<Shared>,
+    id: u64,
+    request: Request,
+    slab: Arc<Slab>,
+    params: CodecParams,
+    target_split: u8,
+    pages_done: u64,
+}
+
+impl Job {
+    fn add_done(&mut self, pages: u64) {
+        self.pages_done += pages;
+        self.shared.regenerations.pages_done.fetch_add(pages, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        let regenerations = &self.shared.regenerations;
+        regenerations.pages_done.fetch_sub(self.pages_done, Ordering::Relaxed);
+        regenerations.pages_total.fetch_sub(u64::from(self.request.pages), Ordering::Relaxed);
+        regenerations.forget_streams(self.id);
+        self.slab.set_regenerating(false);
+        regenerations.running.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Checks a `Regenerate` and reserves a place for it; the caller replies `Ok` and then calls
+/// [`spawn`].
+///
+/// Errors (the `Error` reply, connection kept): `UnknownSlab`/`NotOwner` for the target slab;
+/// `BadSplitSize` if the code is invalid or its split size is not the slab's; `SlotOutOfRange`
+/// if `pages` exceeds the slab's slots; `Unsupported` for split indices that do not fit the code
+/// (target or source index >= k + r, a source with the target's index, duplicates), fewer than k
+/// sources, or a slab already being rebuilt; `NoCapacity` with
+/// [`MAX_CONCURRENT_REGENERATIONS`] rebuilds running.
+pub fn prepare(shared: &Arc<Shared>, request: Request) -> Result<Job, (ErrorCode, String)> {
+    let slab = shared
+        .table
+        .get(request.client_id, request.slab_id)
+        .map_err(|error| (error.code(), error.to_string()))?;
+    let (k, r) = (usize::from(request.data_splits), usize::from(request.parity_splits));
+    let params = CodecParams::new(k, r, request.page_bytes as usize)
+        .map_err(|error| (ErrorCode::BadSplitSize, format!("regeneration code: {error}")))?;
+    if params.split_bytes() != slab.split_bytes() as usize {
+        return Err((
+            ErrorCode::BadSplitSize,
+            format!(
+                "code splits of {} bytes, slab {} holds {}",
+                params.split_bytes(),
+                request.slab_id,
+                slab.split_bytes()
+            ),
+        ));
+    }
+    if request.pages > slab.slots() {
+        return Err((
+            ErrorCode::SlotOutOfRange,
+            format!("{} pages, slab has {} slots", request.pages, slab.slots()),
+        ));
+    }
+    let total = params.total_splits();
+    let target_split = slab.label().split_index;
+    let unsupported = |message: String| Err((ErrorCode::Unsupported, message));
+    if usize::from(target_split) >= total {
+        return unsupported(format!(
+            "slab {} holds split {target_split}, the code has {total}",
+            request.slab_id
+        ));
+    }
+    let mut seen = 1u32 << target_split;
+    for source in &request.sources {
+        if usize::from(source.split_index) >= total || seen & (1 << source.split_index) != 0 {
+            return unsupported(format!(
+                "source split {} is out of range, repeated or the one being rebuilt",
+                source.split_index
+            ));
+        }
+        seen |= 1 << source.split_index;
+    }
+    if request.sources.len() < k {
+        return unsupported(format!("{} sources, at least k = {k} needed", request.sources.len()));
+    }
+    let regenerations = &shared.regenerations;
+    let reserved = regenerations.running.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |running| {
+        (running < MAX_CONCURRENT_REGENERATIONS).then_some(running + 1)
+    });
+    if reserved.is_err() {
+        return Err((
+            ErrorCode::NoCapacity,
+            format!("{MAX_CONCURRENT_REGENERATIONS} regenerations already running"),
+        ));
+    }
+    if !slab.set_regenerating(true) {
+        regenerations.running.fetch_sub(1, Ordering::Relaxed);
+        return unsupported(format!("slab {} is already being rebuilt", request.slab_id));
+    }
+    regenerations.pages_total.fetch_add(u64::from(request.pages), Ordering::Relaxed);
+    Ok(Job {
+        shared: Arc::clone(shared),
+        id: regenerations.next_job.fetch_add(1, Ordering::Relaxed),
+        request,
+        slab,
+        params,
+        target_split,
+        pages_done: 0,
+    })
+}
+
+/// Runs the rebuild on its own thread; it reports `RegenerationDone` when it ends.
+pub fn spawn(shared: &Arc<Shared>, job: Job) {
+    let slab_id = job.request.slab_id;
+    let spawned = std::thread::Builder::new().name(format!("remem-regen-{slab_id}")).spawn(move || {
+        let mut job = job;
+        let report = rebuild(&mut job);
+        send_report(&job, &report);
+    });
+    match spawned {
+        Ok(thread) => {
+            let mut threads = lock(&shared.regenerations.threads);
+            threads.retain(|thread| !thread.is_finished());
+            threads.push(thread);
+        }
+        // The job was moved into the failed spawn and dropped there, releasing its place.
+        Err(error) => tracing::error!(slab_id, %error, "cannot spawn a regeneration thread"),
+    }
+}
+
+fn send_report(job: &Job, report: &RegenerationReport) {
+    let request = &job.request;
+    let mut frame = Vec::with_capacity(64);
+    Control::RegenerationDone {
+        slab_id: report.slab_id,
+        pages_rebuilt: report.pages_rebuilt,
+        pages_skipped: report.pages_skipped,
+        pages_lost: report.pages_lost,
+    }
+    .encode(request.request_id, &mut frame);
+    // Connection numbers are never reused, so this is the requesting connection if it is open.
+    let delivered = match job.shared.peers.get(request.connection) {
+        Some(peer) => peer.send_frames(&frame),
+        None => false,
+    };
+    if !delivered {
+        tracing::warn!(
+            client_id = request.client_id,
+            slab_id = request.slab_id,
+            "the requesting connection is gone; RegenerationDone not delivered"
+        );
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum SourceError {
+    #[error("cannot connect: {0}")]
+    Connect(#[source] io::Error),
+    #[error("handshake failed: {0}")]
+    Handshake(#[from] HandshakeError),
+    #[error("frame I/O failed: {0}")]
+    Frame(#[from] FrameError),
+    #[error("refused: {code}: {message}")]
+    Refused { code: ErrorCode, message: String },
+    #[error("unexpected reply: {0}")]
+    BadReply(String),
+}
+
+impl From<io::Error> for SourceError {
+    fn from(error: io::Error) -> SourceError {
+        SourceError::Frame(FrameError::Io(error))
+    }
+}
+
+/// One surviving split's slab and the connection to it.
+struct Source {
+    split_index: u8,
+    slab_id: u32,
+    address: SocketAddr,
+    stream: Option<TcpStream>,
+    failed: bool,
+    /// The last `ReadSplitsReply` body, and the batch it holds.
+    body: Vec<u8>,
+    batch_first_slot: Option<u32>,
+    next_request_id: u64,
+}
+
+impl Source {
+    fn connect(&mut self, job: &Job) -> Result<(), SourceError> {
+        if self.stream.is_some() {
+            return Ok(());
+        }
+        let mut stream = TcpStream::connect_timeout(&self.address, SOURCE_CONNECT_TIMEOUT)
+            .map_err(SourceError::Connect)?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(SOURCE_IO_TIMEOUT))?;
+        stream.set_write_timeout(Some(SOURCE_IO_TIMEOUT))?;
+        job.shared.regenerations.register_stream(job.id, &stream);
+        blocking::handshake(&mut stream, &job.shared.secret, job.request.client_id)?;
+        self.stream = Some(stream);
+        self.next_request_id = 2;
+        Ok(())
+    }
+
+    fn stream(&mut self) -> &mut TcpStream {
+        self.stream.as_mut().expect("connected before use")
+    }
+
+    fn request_id(&mut self) -> u64 {
+        self.next_request_id += 1;
+        self.next_request_id
+    }
+
+    fn send_batch(&mut self, first_slot: u32, count: u32) -> Result<u64, SourceError> {
+        let request_id = self.request_id();
+        let message = Control::ReadSplits { slab_id: self.slab_id, first_slot, count };
+        blocking::write_control(self.stream(), request_id, &message)?;
+        Ok(request_id)
+    }
+
+    fn receive_batch(
+        &mut self,
+        request_id: u64,
+        first_slot: u32,
+        count: u32,
+        split_bytes: u32,
+    ) -> Result<(), SourceError> {
+        self.batch_first_slot = None;
+        let stream = self.stream.as_mut().expect("connected before use");
+        let header = blocking::read_frame(stream, &mut self.body)?;
+        check_reply(header, request_id, Kind::ReadSplitsReply, &self.body)?;
+        if Some(header.body_len) != read_splits_reply_body_len(count, split_bytes) {
+            return Err(SourceError::BadReply(format!(
+                "ReadSplitsReply of {} bytes for {count} slots",
+                header.body_len
+            )));
+        }
+        self.batch_first_slot = Some(first_slot);
+        Ok(())
+    }
+
+    /// Metadata and payload of slot `first_slot + index` of the buffered batch; a meta with
+    /// non-zero reserved bytes reads as unwritten (an erasure).
+    fn entry(&self, index: usize, split_bytes: usize) -> (SplitMeta, &[u8]) {
+        let at = READ_SPLITS_COUNT_BYTES + index * (SPLIT_META_BYTES + split_bytes);
+        let meta_bytes = self.body[at..at + SPLIT_META_BYTES].try_into().expect("meta length");
+        let meta = SplitMeta::decode(meta_bytes).unwrap_or_default();
+        (meta, &self.body[at + SPLIT_META_BYTES..at + SPLIT_META_BYTES + split_bytes])
+    }
+
+    /// One slot by `ReadSplit`, for a page the batch sources could not settle.
+    fn read_one(
+        &mut self,
+        slot: u32,
+        split_bytes: u32,
+        body: &mut Vec<u8>,
+    ) -> Result<SplitMeta, SourceError> {
+        let request_id = self.request_id();
+        let message = Control::ReadSplit { slab_id: self.slab_id, slot };
+        blocking::write_control(self.stream(), request_id, &message)?;
+        let header = blocking::read_frame(self.stream(), body)?;
+        check_reply(header, request_id, Kind::ReadSplitReply, body)?;
+        if header.body_len != SPLIT_META_BYTES as u32 + split_bytes {
+            return Err(SourceError::BadReply(format!("ReadSplitReply of {} bytes", header.body_len)));
+        }
+        Ok(SplitMeta::decode(body[..SPLIT_META_BYTES].try_into().expect("meta length")).unwrap_or_default())
+    }
+
+    fn fail(&mut self, error: &SourceError) {
+        tracing::warn!(split_index = self.split_index, address = %self.address, %error, "regeneration source failed");
+        self.failed = true;
+        self.stream = None;
+        self.batch_first_slot = None;
+    }
+}
+
+fn check_reply(
+    header: remem_proto::FrameHeader,
+    request_id: u64,
+    expected: Kind,
+    body: &[u8],
+) -> Result<(), SourceError> {
+    if header.kind == Kind::Error {
+        return match Control::decode_body(Kind::Error, body) {
+            Ok(Control::Error { code, message }) => Err(SourceError::Refused { code, message }),
+            _ => Err(SourceError::BadReply("malformed Error".to_owned())),
+        };
+    }
+    if header.kind != expected || header.request_id != request_id {
+        return Err(SourceError::BadReply(format!(
+            "{:?} for request {}, expected {expected:?} for {request_id}",
+            header.kind, header.request_id
+        )));
+    }
+    Ok(())
+}
+
+/// Per-page work buffers, allocated once per rebuild.
+struct Scratch {
+    codec: Box<dyn PageCodec>,
+    page: Vec<u8>,
+    parity: Vec<u8>,
+    /// (source position, version) of the valid splits of the current page.
+    valid: Vec<(usize, u8)>,
+    /// Splits fetched one by one from sources outside the batch: (split index, meta, payload).
+    extra: Vec<(u8, SplitMeta, Vec<u8>)>,
+    single_body: Vec<u8>,
+}
+
+#[derive(Default)]
+struct Counts {
+    rebuilt: u64,
+    skipped: u64,
+    lost: u64,
+}
+
+fn rebuild(job: &mut Job) -> RegenerationReport {
+    let started = Instant::now();
+    let request = &job.request;
+    let split_bytes = job.slab.split_bytes();
+    tracing::info!(
+        client_id = request.client_id,
+        slab_id = request.slab_id,
+        split_index = job.target_split,
+        data_splits = request.data_splits,
+        parity_splits = request.parity_splits,
+        pages = request.pages,
+        sources = request.sources.len(),
+        "regeneration started"
+    );
+    // Data splits first: with all k data splits valid a page needs no decoding at all.
+    let mut sources: Vec<Source> = request
+        .sources
+        .iter()
+        .map(|source| Source {
+            split_index: source.split_index,
+            slab_id: source.slab_id,
+            address: source.address,
+            stream: None,
+            failed: false,
+            body: Vec::new(),
+            batch_first_slot: None,
+            next_request_id: 2,
+        })
+        .collect();
+    sources.sort_by_key(|source| source.split_index);
+    let mut scratch = Scratch {
+        codec: new_codec(job.params),
+        page: vec![0; job.params.page_bytes],
+        parity: vec![0; job.params.parity_bytes()],
+        valid: Vec::with_capacity(sources.len()),
+        extra: Vec::new(),
+        single_body: Vec::new(),
+    };
+    let mut counts = Counts::default();
+    let pages = job.request.pages;
+    let batch = max_read_splits_count(split_bytes);
+    let mut first_slot = 0u32;
+    while first_slot < pages {
+        let count = batch.min(pages - first_slot);
+        if job.shared.stopping.load(Ordering::Relaxed) || job.slab.is_detached() {
+            tracing::warn!(
+                slab_id = job.request.slab_id,
+                "regeneration abandoned: node stopping or slab gone"
+            );
+            break;
+        }
+        if (first_slot..first_slot + count).all(|slot| job.slab.meta(slot).version != 0) {
+            counts.skipped += u64::from(count);
+        } else {
+            let active = fetch_batch(job, &mut sources, first_slot, count);
+            if active.len() < job.params.data_splits {
+                tracing::error!(
+                    slab_id = job.request.slab_id,
+                    sources_left = active.len(),
+                    "regeneration: fewer than k sources left"
+                );
+                break;
+            }
+            for index in 0..count {
+                rebuild_page(job, &mut sources, &active, first_slot, index, &mut scratch, &mut counts);
+            }
+        }
+        job.add_done(u64::from(count));
+        first_slot += count;
+    }
+    counts.lost += u64::from(pages - first_slot);
+    job.add_done(u64::from(pages - first_slot));
+    let report = RegenerationReport {
+        slab_id: job.request.slab_id,
+        pages_rebuilt: counts.rebuilt,
+        pages_skipped: counts.skipped,
+        pages_lost: counts.lost,
+        slab_bytes: u64::from(pages) * u64::from(split_bytes),
+        elapsed: started.elapsed(),
+    };
+    tracing::info!(
+        slab_id = report.slab_id,
+        pages_rebuilt = report.pages_rebuilt,
+        pages_skipped = report.pages_skipped,
+        pages_lost = report.pages_lost,
+        seconds = report.elapsed.as_secs_f64(),
+        mib_per_second = report.slab_mib_per_second(),
+        "regeneration finished"
+    );
+    report
+}
+
+/// Makes the batch `first_slot..first_slot + count` available from k working sources (data
+/// splits first), replacing sources that fail. Returns the positions of the sources holding it:
+/// k of them, or fewer if not enough sources are left.
+fn fetch_batch(job: &Job, sources: &mut [Source], first_slot: u32, count: u32) -> Vec<usize> {
+    let k = job.params.data_splits;
+    let split_bytes = job.slab.split_bytes();
+    loop {
+        // The first k sources that have not failed, connecting as needed.
+        let mut active = Vec::with_capacity(k);
+        for (position, source) in sources.iter_mut().enumerate() {
+            if active.len() == k {
+                break;
+            }
+            if source.failed {
+                continue;
+            }
+            match source.connect(job) {
+                Ok(()) => active.push(position),
+                Err(error) => source.fail(&error),
+            }
+        }
+        // Ask all that lack the batch first, so the sources work in parallel, then read.
+        let mut asked = Vec::with_capacity(k);
+        for &position in &active {
+            let source = &mut sources[position];
+            if source.batch_first_slot == Some(first_slot) {
+                continue;
+            }
+            match source.send_batch(first_slot, count) {
+                Ok(request_id) => asked.push((position, request_id)),
+                Err(error) => source.fail(&error),
+            }
+        }
+        for (position, request_id) in asked {
+            let source = &mut sources[position];
+            if source.failed {
+                continue;
+            }
+            if let Err(error) = source.receive_batch(request_id, first_slot, count, split_bytes) {
+                source.fail(&error);
+            }
+        }
+        let holding: Vec<usize> = active
+            .iter()
+            .copied()
+            .filter(|position| sources[*position].batch_first_slot == Some(first_slot))
+            .collect();
+        if holding.len() == active.len() {
+            return holding;
+        }
+        // Some source failed: go round again, a replacement is picked (or too few are left).
+        if sources.iter().filter(|source| !source.failed).count() < k {
+            return holding;
+        }
+    }
+}
+
+/// Rebuilds the page of slot `first_slot + index` from the batch, asking the other sources if
+/// the batch does not settle it, and stores the lost split if the slot is still unwritten.
+fn rebuild_page(
+    job: &Job,
+    sources: &mut [Source],
+    active: &[usize],
+    first_slot: u32,
+    index: u32,
+    scratch: &mut Scratch,
+    counts: &mut Counts,
+) {
+    let slot = first_slot + index;
+    if job.slab.meta(slot).version != 0 {
+        counts.skipped += 1;
+        return;
+    }
+    let k = job.params.data_splits;
+    let split_bytes = job.slab.split_bytes() as usize;
+    let page_number = job.slab.label().first_page + u64::from(slot);
+    scratch.valid.clear();
+    scratch.extra.clear();
+    for &position in active {
+        let source = &sources[position];
+        let (meta, payload) = source.entry(index as usize, split_bytes);
+        if meta.version != 0
+            && split_checksum(payload, meta.version, page_number, source.split_index) == meta.checksum
+        {
+            scratch.valid.push((position, meta.version));
+        }
+    }
+    let mut version = newest_with_k(scratch.valid.iter().map(|(_, version)| *version), k);
+    if version.is_none() {
+        // Ask every other working source for this one slot.
+        for (position, source) in sources.iter_mut().enumerate() {
+            if active.contains(&position) || source.failed {
+                continue;
+            }
+            let fetched = source
+                .connect(job)
+                .and_then(|()| source.read_one(slot, split_bytes as u32, &mut scratch.single_body));
+            match fetched {
+                Ok(meta) => {
+                    let payload = &scratch.single_body[SPLIT_META_BYTES..];
+                    if meta.version != 0
+                        && split_checksum(payload, meta.version, page_number, source.split_index)
+                            == meta.checksum
+                    {
+                        scratch.extra.push((source.split_index, meta, payload.to_vec()));
+                    }
+                }
+                Err(error) => source.fail(&error),
+            }
+        }
+        let versions = scratch.valid.iter().map(|(_, version)| *version);
+        version = newest_with_k(versions.chain(scratch.extra.iter().map(|(_, meta, _)| meta.version)), k);
+    }
+    let Some(version) = version else {
+        counts.lost += 1;
+        tracing::debug!(
+            slab_id = job.request.slab_id,
+            slot,
+            "page lost: fewer than k consistent valid splits"
+        );
+        return;
+    };
+    let mut present = 0u32;
+    let batch_splits =
+        scratch.valid.iter().filter(|(_, split_version)| *split_version == version).map(|(position, _)| {
+            let source = &sources[*position];
+            (source.split_index, source.entry(index as usize, split_bytes).1)
+        });
+    let extra_splits = scratch
+        .extra
+        .iter()
+        .filter(|(_, meta, _)| meta.version == version)
+        .map(|(split_index, _, payload)| (*split_index, payload.as_slice()));
+    for (split_index, payload) in batch_splits.chain(extra_splits) {
+        let split_index = usize::from(split_index);
+        let target = if split_index < k {
+            &mut scratch.page[split_index * split_bytes..(split_index + 1) * split_bytes]
+        } else {
+            &mut scratch.parity[(split_index - k) * split_bytes..(split_index - k + 1) * split_bytes]
+        };
+        target.copy_from_slice(payload);
+        present |= 1 << split_index;
+    }
+    if let Err(error) = scratch.codec.decode(&mut scratch.page, &scratch.parity, present) {
+        // k valid splits were chosen above, so only a bug gets here; lose the page, not the node.
+        tracing::error!(slab_id = job.request.slab_id, slot, %error, "regeneration decode failed");
+        counts.lost += 1;
+        return;
+    }
+    let target = usize::from(job.target_split);
+    let rebuilt = if target < k {
+        &scratch.page[target * split_bytes..(target + 1) * split_bytes]
+    } else {
+        scratch.codec.encode(&scratch.page, &mut scratch.parity);
+        &scratch.parity[(target - k) * split_bytes..(target - k + 1) * split_bytes]
+    };
+    let checksum = split_checksum(rebuilt, version, page_number, job.target_split);
+    if job.slab.store_if_unwritten(slot, rebuilt, SplitMeta { version, checksum }) {
+        counts.rebuilt += 1;
+    } else {
+        counts.skipped += 1;
+    }
+}
+
+/// The newest version that at least `k` of `versions` share, if any.
+fn newest_with_k(versions: impl Iterator<Item = u8> + Clone, k: usize) -> Option<u8> {
+    let mut best: Option<u8> = None;
+    for version in versions.clone() {
+        if best.is_some_and(|best| !version_is_newer(version, best)) {
+            continue;
+        }
+        if versions.clone().filter(|other| *other == version).count() >= k {
+            best = Some(version);
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::newest_with_k;
+
+    #[test]
+    fn newest_version_needs_k_splits_and_wraps() {
+        assert_eq!(newest_with_k([3u8, 3, 4].into_iter(), 2), Some(3));
+        assert_eq!(newest_with_k([3u8, 4, 4].into_iter(), 2), Some(4));
+        assert_eq!(newest_with_k([3u8, 4].into_iter(), 2), None);
+        assert_eq!(newest_with_k([255u8, 255, 1, 1].into_iter(), 2), Some(1));
+        assert_eq!(newest_with_k(std::iter::empty(), 1), None);
+    }
+}
