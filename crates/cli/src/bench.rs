@@ -10,6 +10,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::placement_arg::PlacementArgs;
 use anyhow::{Context, Result};
 use clap::Args;
 use rand::rngs::StdRng;
@@ -17,7 +18,6 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use remem_client::cluster::ClusterFile;
 use remem_client::{Client, ClientConfig, PageOp, Shape};
-use remem_placement::LeastLoaded;
 use remem_proto::auth::Secret;
 use serde::Serialize;
 
@@ -48,9 +48,11 @@ pub struct BenchArgs {
     /// Write latency CDFs (queue depth 1) as a PNG to this file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// Seed of the random page order.
+    /// Seed of the random page order (and of the placement).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    #[command(flatten)]
+    pub placement: PlacementArgs,
     /// Instead of the full run: read latency of EC(8,2) delta 1 and 0 and rep(2) at queue
     /// depth 1, without faults and then with one node delaying every reply by this many
     /// microseconds (seed 000 Figure 11a). The slow node holds a data split of EC range 0.
@@ -165,9 +167,8 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
         let mut config = ClientConfig::new(scheme.shape, args.size);
         config.max_in_flight = 32;
         config.spin_before_block = Duration::from_micros(args.spin_us);
-        let mut client =
-            Client::connect(&nodes, &secret, config, &mut LeastLoaded::new(StdRng::seed_from_u64(args.seed)))
-                .with_context(|| format!("connecting the {} client", scheme.name))?;
+        let mut client = Client::connect(&nodes, &secret, config, args.placement.build(args.seed))
+            .with_context(|| format!("connecting the {} client", scheme.name))?;
         let pages = client.page_count();
         let fill_order: Vec<u64> = (0..pages).collect();
         run_series(&mut client, &fill_order, 32, Operation::Write, page_bytes)?;
@@ -294,9 +295,8 @@ fn run_straggler(
         let mut config = ClientConfig::new(scheme.shape, args.size);
         // The straggler must not be mistaken for a dead node.
         config.request_timeout = Duration::from_secs(30);
-        let mut client =
-            Client::connect(nodes, secret, config, &mut LeastLoaded::new(StdRng::seed_from_u64(args.seed)))
-                .with_context(|| format!("connecting the {} client", scheme.name))?;
+        let mut client = Client::connect(nodes, secret, config, args.placement.build(args.seed))
+            .with_context(|| format!("connecting the {} client", scheme.name))?;
         let pages = client.page_count();
         let fill_order: Vec<u64> = (0..pages).collect();
         run_series(&mut client, &fill_order, 32, Operation::Write, 4096)?;

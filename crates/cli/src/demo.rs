@@ -5,12 +5,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::placement_arg::PlacementArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 use remem_client::{Client, ClientConfig, PageOp, Shape};
-use remem_placement::LeastLoaded;
 
 use crate::launcher::{ClusterOptions, LocalCluster};
 use crate::stats::Samples;
@@ -33,6 +31,8 @@ pub struct DemoArgs {
     /// Extra splits read beyond k (delta), for stragglers.
     #[arg(long, default_value_t = 1)]
     pub delta: usize,
+    #[command(flatten)]
+    pub placement: PlacementArgs,
     /// Slab size of the nodes.
     #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
     pub slab_size: u64,
@@ -74,13 +74,8 @@ pub fn run(args: DemoArgs, binary: &std::path::Path) -> Result<()> {
     let mut cluster = LocalCluster::start(binary, &options)?;
     let mut config = ClientConfig::new(shape, args.size);
     config.max_in_flight = args.queue_depth.max(1);
-    let mut client = Client::connect(
-        &cluster.addresses(),
-        &cluster.secret,
-        config,
-        &mut LeastLoaded::new(StdRng::seed_from_u64(7)),
-    )
-    .context("connecting to the cluster")?;
+    let mut client = Client::connect(&cluster.addresses(), &cluster.secret, config, args.placement.build(7))
+        .context("connecting to the cluster")?;
     let pages = client.page_count();
     println!(
         "EC({},{}) delta={}: {} pages of 4 KiB = {} over {} ranges of {} slabs",

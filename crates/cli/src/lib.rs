@@ -11,6 +11,7 @@ pub mod launcher;
 pub mod nbd_command;
 pub mod node;
 pub mod pattern;
+pub mod placement_arg;
 pub mod plot;
 pub mod regen_bench;
 pub mod sim_command;

@@ -12,14 +12,12 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::placement_arg::PlacementArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 use remem_client::cluster::ClusterFile;
 use remem_client::{Client, ClientConfig, Shape};
 use remem_nbd::{Export, Listener, ServerConfig};
-use remem_placement::LeastLoaded;
 use remem_proto::auth::Secret;
 
 use crate::units::{format_bytes, parse_bytes};
@@ -51,6 +49,8 @@ pub struct NbdArgs {
     /// Extra splits read beyond k (delta), for stragglers.
     #[arg(long, default_value_t = 1)]
     pub delta: usize,
+    #[command(flatten)]
+    pub placement: PlacementArgs,
     /// Pages in flight at once.
     #[arg(long, default_value_t = 32)]
     pub queue_depth: usize,
@@ -86,9 +86,8 @@ pub fn run(args: NbdArgs) -> Result<()> {
     let mut config = ClientConfig::new(shape, args.size);
     config.max_in_flight = args.queue_depth.max(1);
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
-    let client =
-        Client::connect(&cluster.addresses(), &secret, config, &mut LeastLoaded::new(StdRng::from_entropy()))
-            .with_context(|| format!("connecting to the cluster of {}", cluster_path.display()))?;
+    let client = Client::connect(&cluster.addresses(), &secret, config, args.placement.build(rand::random()))
+        .with_context(|| format!("connecting to the cluster of {}", cluster_path.display()))?;
     let page_bytes = client.page_bytes() as u32;
 
     if let Some(value) = args.oom_score_adj {

@@ -62,7 +62,7 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
         &cluster.addresses(),
         &cluster.secret,
         config,
-        &mut LeastLoaded::new(StdRng::seed_from_u64(SEED)),
+        Box::new(LeastLoaded::new(StdRng::seed_from_u64(SEED))),
     )
     .context("connecting")?;
     let pages = client.page_count();

@@ -43,7 +43,7 @@ pub fn run(args: TortureArgs) -> Result<()> {
         &cluster.addresses(),
         &secret,
         config,
-        &mut LeastLoaded::new(StdRng::seed_from_u64(5)),
+        Box::new(LeastLoaded::new(StdRng::seed_from_u64(5))),
     )?;
     client.save_map(&args.map)?;
     let pages = client.page_count();

@@ -41,7 +41,7 @@ fn connect(cluster: &LocalCluster, shape: Shape, bytes: u64) -> Client {
         &cluster.addresses(),
         &cluster.secret,
         config,
-        &mut LeastLoaded::new(StdRng::seed_from_u64(3)),
+        Box::new(LeastLoaded::new(StdRng::seed_from_u64(3))),
     )
     .expect("client connects")
 }
@@ -196,7 +196,7 @@ fn wrong_secret_is_refused() {
         &cluster.addresses(),
         &secret,
         config,
-        &mut LeastLoaded::new(StdRng::seed_from_u64(1)),
+        Box::new(LeastLoaded::new(StdRng::seed_from_u64(1))),
     );
     let error = result.err().expect("a client without the secret is refused").to_string();
     assert!(error.contains("handshake"), "{error}");

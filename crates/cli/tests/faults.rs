@@ -52,7 +52,7 @@ fn connect(cluster: &LocalCluster, config: ClientConfig) -> Client {
         &cluster.addresses(),
         &cluster.secret,
         config,
-        &mut LeastLoaded::new(StdRng::seed_from_u64(seed())),
+        Box::new(LeastLoaded::new(StdRng::seed_from_u64(seed()))),
     )
     .expect("client connects")
 }
@@ -518,4 +518,48 @@ fn corrupt_split(cluster: &LocalCluster, client: &Client, split: usize, flips: u
     let fault = Fault::Corrupt { slab_id: victim.slab_id, flips, seed: seed() };
     inject(address, &cluster.secret, client.client_id(), fault).unwrap();
     victim
+}
+
+/// With CodingSets (13 nodes, EC(8,2), l=2: one extended group of 12 and one spare), a slab
+/// lost from a range is rebuilt on one of the two group members the range does not use: the
+/// range stays inside its group, so failures do not add copysets, and the spare stays empty.
+#[test]
+fn a_rebuilt_slab_stays_in_the_extended_group_of_its_range() {
+    use remem_placement::{CodingSets, GroupChoice, NodeLoad};
+    let cluster = cluster("codingsets", 13);
+    let pages = 2048;
+    let policy = CodingSets::new(StdRng::seed_from_u64(seed()), 2, GroupChoice::PowerOfTwo);
+    let mut client =
+        Client::connect(&cluster.addresses(), &cluster.secret, config(pages), Box::new(policy)).unwrap();
+    assert_eq!(client.ranges().len(), 1);
+    // The same membership rule on the same candidates gives the same groups (it uses no RNG).
+    let candidates: Vec<NodeLoad> = client
+        .node_infos()
+        .into_iter()
+        .enumerate()
+        .map(|(node_index, (_, info))| NodeLoad {
+            node_index,
+            failure_domain: info.unwrap().failure_domain,
+            slabs_mapped: 0,
+            slabs_free: 16,
+        })
+        .collect();
+    let mut mirror = CodingSets::new(StdRng::seed_from_u64(0), 2, GroupChoice::PowerOfTwo);
+    mirror.update_membership(&candidates, 10).unwrap();
+    let (_, group) = mirror.groups().next().unwrap();
+    assert_eq!((group.len(), mirror.spares().len()), (12, 1));
+    let in_range: Vec<usize> = client.ranges()[0].slabs.iter().map(|slab| slab.node).collect();
+    assert!(in_range.iter().all(|node| group.contains(node)), "the range is in the group");
+    let unused: Vec<usize> = group.iter().copied().filter(|node| !in_range.contains(node)).collect();
+
+    let mut model = Model::default();
+    model.write(&mut client, &all_pages(pages));
+    let victim = client.ranges()[0].slabs[4];
+    let address = cluster.file.nodes[victim.node].address;
+    inject(address, &cluster.secret, client.client_id(), Fault::Evict { slab_id: victim.slab_id }).unwrap();
+    model.read(&mut client, &all_pages(pages)[..256]);
+    assert!(client.wait_for_regenerations(Duration::from_secs(60)));
+    let rebuilt = client.ranges()[0].slabs[4].node;
+    assert!(unused.contains(&rebuilt), "rebuilt on node {rebuilt}, not one of the group's unused {unused:?}");
+    model.read(&mut client, &all_pages(pages));
 }

@@ -266,6 +266,8 @@ pub struct Client {
     /// Slab rebuilds this client has asked for and not seen finish.
     regenerations: Vec<regeneration::Regeneration>,
     regenerations_done: u64,
+    /// The policy that placed the ranges; it also chooses where a lost slab is rebuilt.
+    placement: Box<dyn Placement>,
 }
 
 /// What the client has seen of one node's splits: the basis of the corruption thresholds.
@@ -297,12 +299,13 @@ fn parse_request_id(id: u64) -> (usize, u32, usize) {
 
 impl Client {
     /// Connects to every node, authenticates, maps k+r slabs per address range with
-    /// `placement`, and returns a client ready for page I/O.
+    /// `placement`, and returns a client ready for page I/O. The client keeps `placement` to
+    /// choose where lost slabs are rebuilt ([`Placement::replace`]).
     pub fn connect(
         nodes: &[NodeAddress],
         secret: &Secret,
         config: ClientConfig,
-        placement: &mut dyn Placement,
+        mut placement: Box<dyn Placement>,
     ) -> Result<Client, ConnectError> {
         let shape = config.shape;
         assert!(config.max_in_flight >= 1 && config.max_in_flight < (1 << 24));
@@ -386,7 +389,7 @@ impl Client {
             ranges.push(Range { slabs, unavailable: 0, rebuilding: 0 });
         }
 
-        Client::assemble(config, codec_params, streams, ranges, pages_per_range, page_count)
+        Client::assemble(config, codec_params, streams, ranges, pages_per_range, page_count, placement)
     }
 
     /// Builds the client around authenticated connections and a slab map.
@@ -397,6 +400,7 @@ impl Client {
         ranges: Vec<Range>,
         pages_per_range: u64,
         page_count: u64,
+        placement: Box<dyn Placement>,
     ) -> Result<Client, ConnectError> {
         let split_bytes = codec_params.split_bytes();
         let node_count = streams.len();
@@ -465,6 +469,7 @@ impl Client {
             node_stats: vec![NodeStats::default(); node_count],
             regenerations: Vec::new(),
             regenerations_done: 0,
+            placement,
             config,
         })
     }

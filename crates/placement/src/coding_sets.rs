@@ -313,6 +313,34 @@ impl<R: Rng + Send> Placement for CodingSets<R> {
         usable.sort_by_key(|node| node.slabs_mapped);
         Ok(take_spread(&usable, width))
     }
+
+    /// Keeps the range in its extended group: the membership is brought up to date first (the
+    /// lost node leaves and a spare may take its place in the group), then the least-loaded
+    /// group member outside the range is chosen. The group is the one most of the range's live
+    /// nodes belong to. Only when that group has no member left to give does the range leave
+    /// it, for the least-loaded node anywhere (and the copysets grow by one range).
+    fn replace(&mut self, candidates: &[NodeLoad], current: &[usize]) -> Result<usize, PlacementError> {
+        let group = self.membership.as_ref().map(|m| m.width).and_then(|width| {
+            self.update_membership(candidates, width).ok()?;
+            let membership = self.membership.as_ref()?;
+            let mut votes: BTreeMap<usize, usize> = BTreeMap::new();
+            for node in current {
+                if let Some(Slot::Group(id)) = membership.slot.get(node) {
+                    *votes.entry(*id).or_insert(0) += 1;
+                }
+            }
+            votes.into_iter().max_by_key(|&(id, count)| (count, Reverse(id))).map(|(id, _)| id)
+        });
+        if let Some(group) = group {
+            let membership = self.membership.as_ref().expect("a group implies membership");
+            let members = &membership.groups[group];
+            if let Ok(node) = crate::least_loaded_outside(candidates, current, |node| members.contains(&node))
+            {
+                return Ok(node);
+            }
+        }
+        crate::least_loaded_outside(candidates, current, |_| true)
+    }
 }
 
 impl Membership {
@@ -549,6 +577,28 @@ mod tests {
         assert_eq!(policy.groups().count(), 1);
         let error = policy.place(&lone_nodes(10), 8).unwrap_err();
         assert_eq!(error, PlacementError::WidthChanged { formed_for: 10, asked: 8 });
+    }
+
+    #[test]
+    fn a_rebuilt_slab_stays_in_the_group_of_its_range() {
+        let mut candidates = lone_nodes(24); // 2 groups of 12 (k+r=10, l=2)
+        let mut policy = policy(2, GroupChoice::Random);
+        let placed = policy.place(&candidates, 10).unwrap();
+        let (_, members) = policy.groups().find(|(_, m)| m.contains(&placed.nodes[0])).unwrap();
+        let members = members.to_vec();
+        // The node of split 4 dies: it leaves the candidates, and the rebuild goes to one of
+        // the two group members the range does not use, never to the other group.
+        let dead = placed.nodes[4];
+        candidates.retain(|n| n.node_index != dead);
+        let spare_members: Vec<usize> =
+            members.iter().copied().filter(|m| !placed.nodes.contains(m)).collect();
+        let chosen = policy.replace(&candidates, &placed.nodes).unwrap();
+        assert!(spare_members.contains(&chosen), "{chosen} not in {spare_members:?}");
+        // With the group used up, the range leaves it rather than fail.
+        let mut current = placed.nodes.clone();
+        current.extend(&spare_members);
+        let outside = policy.replace(&candidates, &current).unwrap();
+        assert!(!members.contains(&outside));
     }
 
     #[test]

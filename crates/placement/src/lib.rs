@@ -70,6 +70,38 @@ pub trait Placement: Send {
     /// Chooses `width` distinct nodes among `candidates` (nodes without a free slab are
     /// ignored). Errors when fewer than `width` nodes can take a slab.
     fn place(&mut self, candidates: &[NodeLoad], width: usize) -> Result<Placed, PlacementError>;
+
+    /// Chooses the node that takes over one slab of a range whose slabs are now on `current`
+    /// (the lost node included), for a rebuild. `candidates` are the live nodes of the cluster
+    /// (a dead node is absent); the result is never in `current`. The default takes the least
+    /// loaded node, preferring a failure domain the range does not use yet; CodingSets keeps the
+    /// range inside its extended group.
+    ///
+    /// Errors: `NotEnoughNodes { width: 1, .. }` when no candidate outside `current` has a free
+    /// slab.
+    fn replace(&mut self, candidates: &[NodeLoad], current: &[usize]) -> Result<usize, PlacementError> {
+        least_loaded_outside(candidates, current, |_| true)
+    }
+}
+
+/// The least-loaded candidate with a free slab, not in `current`, among those `eligible` admits;
+/// one in a failure domain that `current` does not use is preferred. The lowest node index wins
+/// ties, so a replacement is deterministic.
+pub(crate) fn least_loaded_outside(
+    candidates: &[NodeLoad],
+    current: &[usize],
+    eligible: impl Fn(usize) -> bool,
+) -> Result<usize, PlacementError> {
+    let used_domains: Vec<DomainKey<'_>> =
+        candidates.iter().filter(|node| current.contains(&node.node_index)).map(domain_key).collect();
+    candidates
+        .iter()
+        .filter(|node| {
+            node.slabs_free > 0 && !current.contains(&node.node_index) && eligible(node.node_index)
+        })
+        .min_by_key(|node| (used_domains.contains(&domain_key(node)), node.slabs_mapped, node.node_index))
+        .map(|node| node.node_index)
+        .ok_or(PlacementError::NotEnoughNodes { width: 1, available: 0 })
 }
 
 /// The simple policy of the core: least loaded first, one node per failure domain while
@@ -182,6 +214,16 @@ mod tests {
         let placed = LeastLoaded::new(StdRng::seed_from_u64(2)).place(&candidates, 3).unwrap();
         assert!(placed.distinct_domains);
         assert!(placed.nodes.contains(&2) && placed.nodes.contains(&3));
+    }
+
+    #[test]
+    fn replacement_is_outside_the_range_in_a_new_domain_and_least_loaded() {
+        let candidates = nodes(&["a", "b", "c", "c", "d"], &[0, 0, 0, 1, 3]);
+        let mut policy = LeastLoaded::new(StdRng::seed_from_u64(4));
+        // Range on 0, 1, 2: node 3 is least loaded outside but shares domain "c"; 4 does not.
+        assert_eq!(policy.replace(&candidates, &[0, 1, 2]), Ok(4));
+        assert_eq!(policy.replace(&candidates, &[0, 1, 2, 4]), Ok(3));
+        assert!(policy.replace(&candidates, &[0, 1, 2, 3, 4]).is_err());
     }
 
     #[test]

@@ -13,8 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use rand::SeedableRng;
-use remem_placement::{LeastLoaded, NodeLoad, Placement};
+use remem_placement::NodeLoad;
 use remem_proto::{Control, RegenerationSource};
 
 use super::{Client, SlabRef, CONTROL_REQUEST};
@@ -93,7 +92,7 @@ impl Client {
             .conns
             .iter()
             .enumerate()
-            .filter(|(node, conn)| conn.alive && !in_range.contains(node))
+            .filter(|(_, conn)| conn.alive)
             .map(|(node, conn)| NodeLoad {
                 node_index: node,
                 failure_domain: conn.info.failure_domain.clone(),
@@ -101,13 +100,11 @@ impl Client {
                 slabs_free: conn.info.free_bytes / conn.info.slab_size_bytes.max(1),
             })
             .collect();
-        let mut placement = LeastLoaded::new(rand::rngs::StdRng::seed_from_u64(self.control_counter));
-        let Ok(placed) = placement.place(&candidates, 1) else {
+        let Ok(node) = self.placement.replace(&candidates, &in_range) else {
             tracing::warn!(range, split, "no node can take the rebuilt slab yet; retrying");
             self.regenerations[index].state = State::Queued { not_before: Instant::now() + RETRY_DELAY };
             return;
         };
-        let node = placed.nodes[0];
         let request_id = self.next_control_id();
         let message = Control::MapSlab {
             split_bytes: self.split_bytes as u32,

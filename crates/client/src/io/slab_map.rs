@@ -9,7 +9,10 @@
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 use remem_codec::CodecParams;
+use remem_placement::LeastLoaded;
 use remem_proto::auth::Secret;
 use remem_proto::Control;
 use serde::{Deserialize, Serialize};
@@ -119,6 +122,8 @@ impl Client {
     /// Reconnects to the slabs of a saved map as the same client id (their owner), without
     /// mapping anything. Every page's version is unknown until read (see the module docs).
     /// `config.release_on_drop` decides, as for any client, whether dropping it unmaps the slabs.
+    /// The map does not record the placement policy: rebuilds of a reopened client choose the
+    /// least-loaded node outside the range ([`remem_placement::Placement::replace`]'s default).
     pub fn reopen(
         map: &SlabMapFile,
         secret: &Secret,
@@ -148,8 +153,16 @@ impl Client {
             })
             .collect();
         let page_count = map.address_space_bytes / map.page_bytes as u64;
-        let mut client =
-            Client::assemble(config, codec_params, streams, ranges, map.pages_per_range, page_count)?;
+        let placement = Box::new(LeastLoaded::new(StdRng::from_entropy()));
+        let mut client = Client::assemble(
+            config,
+            codec_params,
+            streams,
+            ranges,
+            map.pages_per_range,
+            page_count,
+            placement,
+        )?;
         client.page_flags.fill(PAGE_VERSION_UNKNOWN);
         Ok(client)
     }

@@ -1,0 +1,31 @@
+//! `--placement`: the slab placement policy of a command's client, by the names `remem sim`
+//! uses, so that what the simulator measures is what the cluster runs.
+
+use clap::Args;
+use remem_placement::Placement;
+use remem_sim::Policy;
+
+#[derive(Args, Clone, Debug)]
+pub struct PlacementArgs {
+    /// Slab placement: codingsets-p2c (CodingSets, extended group by power-of-two choices),
+    /// codingsets (group at random, as in the seed), codingsets-least, ec-cache (random),
+    /// p2c-slab (power of two per slab) or least-loaded. See docs/PLACEMENT.md.
+    #[arg(long, default_value = "codingsets-p2c", value_parser = parse_policy)]
+    pub placement: Policy,
+    /// CodingSets' load-balancing factor l: extended groups have k+r+l nodes.
+    #[arg(long, default_value_t = 2)]
+    pub load_balancing_factor: usize,
+}
+
+impl PlacementArgs {
+    pub fn build(&self, seed: u64) -> Box<dyn Placement> {
+        self.placement.build(seed, self.load_balancing_factor)
+    }
+}
+
+fn parse_policy(name: &str) -> Result<Policy, String> {
+    Policy::parse(name).ok_or_else(|| {
+        let names: Vec<&str> = Policy::ALL.iter().map(|policy| policy.name()).collect();
+        format!("unknown placement {name:?}; one of {}", names.join(", "))
+    })
+}
