@@ -9,7 +9,7 @@ packages=(
   nasm autoconf automake libtool make pkg-config libclang-dev clang  # erasure-isa-l builds ISA-L from source
   libisal-dev                                                          # baseline for `remem bench codec`
   fonts-dejavu-core                                                    # text in the PNG plots
-  qemu-utils libnbd-bin fio e2fsprogs                                  # NBD peers of crates/cli/tests/nbd.rs
+  qemu-utils libnbd-bin python3-libnbd fio e2fsprogs                   # NBD peers of crates/cli/tests/nbd.rs
 )
 
 missing=()
