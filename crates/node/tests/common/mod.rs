@@ -107,6 +107,11 @@ pub struct Client {
 }
 
 impl Client {
+    /// Wraps an authenticated stream.
+    pub fn new(stream: TcpStream) -> Client {
+        Client { stream, next_request_id: 100, body: Vec::new() }
+    }
+
     pub fn request_id(&mut self) -> u64 {
         self.next_request_id += 1;
         self.next_request_id
