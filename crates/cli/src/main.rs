@@ -53,6 +53,9 @@ enum Command {
     /// Writes every page again and again until killed (fault-suite helper).
     #[command(hide = true)]
     TortureWriter(remem::torture::TortureArgs),
+    /// Allocates, touches and holds memory, optionally in a cgroup (resource-monitor test helper).
+    #[command(hide = true)]
+    MemoryHog(remem::memory_hog::MemoryHogArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -131,6 +134,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Nbd(args) => remem::nbd_command::run(args),
         Command::Sim(args) => remem::sim_command::run(args),
         Command::TortureWriter(args) => remem::torture::run(args),
+        Command::MemoryHog(args) => remem::memory_hog::run(args),
         Command::Bench(BenchCommand::Pages(args)) => {
             let json = args.json;
             let report = remem::bench::run(args, &binary)?;
