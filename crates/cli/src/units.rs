@@ -37,9 +37,7 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
         "m" | "min" => value.checked_mul(60_000),
         other => return Err(format!("{text:?}: unknown duration unit {other:?} (use ms, s or m)")),
     };
-    milliseconds
-        .map(std::time::Duration::from_millis)
-        .ok_or_else(|| format!("{text:?} is too long"))
+    milliseconds.map(std::time::Duration::from_millis).ok_or_else(|| format!("{text:?} is too long"))
 }
 
 /// Formats a byte count with the largest binary unit that keeps it readable.

@@ -52,8 +52,9 @@ impl TestCgroup {
             let root = Path::new(root);
             let controllers = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
             if controllers.split_whitespace().any(|controller| controller == "memory") {
-                std::fs::write(root.join("cgroup.subtree_control"), "+memory")
-                    .map_err(|error| format!("enabling the memory controller under {}: {error}", root.display()))?;
+                std::fs::write(root.join("cgroup.subtree_control"), "+memory").map_err(|error| {
+                    format!("enabling the memory controller under {}: {error}", root.display())
+                })?;
                 let cgroup = TestCgroup::make(root.join(name), 2)?;
                 cgroup.write("memory.max", &limit_bytes.to_string())?;
                 return Ok(cgroup);
@@ -232,13 +233,9 @@ fn a_memory_hog_in_the_nodes_cgroup_makes_it_evict_and_the_client_rebuilds_every
     let pages = 6 * SLAB_BYTES / 512;
     let mut config = ClientConfig::new(EC82, pages * 4096);
     config.request_timeout = Duration::from_secs(2);
-    let mut client = Client::connect(
-        &addresses,
-        &cluster.secret,
-        config,
-        &mut LeastLoaded::new(StdRng::seed_from_u64(7)),
-    )
-    .expect("client connects");
+    let mut client =
+        Client::connect(&addresses, &cluster.secret, config, &mut LeastLoaded::new(StdRng::seed_from_u64(7)))
+            .expect("client connects");
     write_all(&mut client, pages);
     let held_before = slabs_on(&client, target);
     assert!(held_before >= 3, "the cgroup node holds only {held_before} slabs");
@@ -254,7 +251,15 @@ fn a_memory_hog_in_the_nodes_cgroup_makes_it_evict_and_the_client_rebuilds_every
         .expect("the cgroup is already below its headroom before the hog");
     let mut hog = KillOnDrop(
         Command::new(binary())
-            .args(["memory-hog", "--bytes", &hog_bytes.to_string(), "--step-bytes", "32MiB", "--hold", "120s"])
+            .args([
+                "memory-hog",
+                "--bytes",
+                &hog_bytes.to_string(),
+                "--step-bytes",
+                "32MiB",
+                "--hold",
+                "120s",
+            ])
             .arg("--join-cgroup")
             .arg(cgroup.procs())
             .stdin(Stdio::null())

@@ -33,8 +33,8 @@ mod regenerate;
 mod slab;
 mod slot_copy;
 
-pub use monitor::{MemorySource, ResourceMonitorConfig};
 pub use connection::{HANDSHAKE_TIMEOUT, INPUT_BUFFER_BYTES, WRITE_TIMEOUT};
+pub use monitor::{MemorySource, ResourceMonitorConfig};
 pub use regenerate::{RegenerationReport, MAX_CONCURRENT_REGENERATIONS};
 pub use slab::METADATA_BYTES_PER_SLOT;
 
@@ -164,7 +164,9 @@ impl Node {
                 Some((monitor_config, source))
             }
             None => {
-                tracing::info!("resource monitor off: the node lends up to its capacity whatever the host has left");
+                tracing::info!(
+                    "resource monitor off: the node lends up to its capacity whatever the host has left"
+                );
                 None
             }
         };

@@ -334,7 +334,8 @@ pub fn plan(input: PlanInput) -> Plan {
         (u128::from(input.reading.limit_bytes) * u128::from(input.headroom_percent) / 100) as u64;
     let free_bytes = input.reading.free_bytes;
     if free_bytes < headroom_bytes {
-        let deficit_slabs = usize::try_from((headroom_bytes - free_bytes).div_ceil(slab)).unwrap_or(usize::MAX);
+        let deficit_slabs =
+            usize::try_from((headroom_bytes - free_bytes).div_ceil(slab)).unwrap_or(usize::MAX);
         let release_pooled = deficit_slabs.min(input.pooled_slabs);
         let evict = (deficit_slabs - release_pooled).min(input.mapped_slabs);
         return Plan { budget_bytes: 0, release_pooled, evict, prealloc: 0 };
@@ -412,7 +413,8 @@ fn run(shared: &Shared, config: &ResourceMonitorConfig, source: &MemorySource) {
         }
         // Sleep out the period in short steps so a stopping node does not wait for it.
         while !shared.stopping.load(Ordering::Relaxed) {
-            let Some(left) = config.period.checked_sub(started.elapsed()).filter(|left| !left.is_zero()) else {
+            let Some(left) = config.period.checked_sub(started.elapsed()).filter(|left| !left.is_zero())
+            else {
                 break;
             };
             std::thread::sleep(left.min(STOP_POLL));
@@ -448,7 +450,9 @@ fn act(
         for victim in &victims {
             match shared.evict_slab(victim.slab_id, None) {
                 Ok(_) => evicted.push((victim.slab_id, victim.requests)),
-                Err(error) => tracing::debug!(slab_id = victim.slab_id, %error, "eviction candidate went away"),
+                Err(error) => {
+                    tracing::debug!(slab_id = victim.slab_id, %error, "eviction candidate went away")
+                }
             }
         }
         tracing::info!(
@@ -530,7 +534,8 @@ mod tests {
 
     #[test]
     fn meminfo_sample_and_hostile_inputs() {
-        let sample = "MemTotal:       24684084 kB\nMemFree:        23028128 kB\nMemAvailable:   23689172 kB\n";
+        let sample =
+            "MemTotal:       24684084 kB\nMemFree:        23028128 kB\nMemAvailable:   23689172 kB\n";
         assert_eq!(
             parse_meminfo(sample).unwrap(),
             MemInfo { total_bytes: 24684084 * 1024, available_bytes: 23689172 * 1024 }
@@ -578,8 +583,14 @@ mod tests {
     #[test]
     fn below_headroom_frees_the_pool_first_then_evicts_the_rest() {
         // Headroom 256 MiB, free 200: 56 MiB short = 4 slabs of 16 MiB.
-        assert_eq!(plan(input(1024, 200, 2, 10)), Plan { budget_bytes: 0, release_pooled: 2, evict: 2, prealloc: 0 });
-        assert_eq!(plan(input(1024, 250, 2, 10)), Plan { budget_bytes: 0, release_pooled: 1, evict: 0, prealloc: 0 });
+        assert_eq!(
+            plan(input(1024, 200, 2, 10)),
+            Plan { budget_bytes: 0, release_pooled: 2, evict: 2, prealloc: 0 }
+        );
+        assert_eq!(
+            plan(input(1024, 250, 2, 10)),
+            Plan { budget_bytes: 0, release_pooled: 1, evict: 0, prealloc: 0 }
+        );
         // Never more evictions than mapped slabs.
         assert_eq!(plan(input(1024, 0, 0, 3)).evict, 3);
     }

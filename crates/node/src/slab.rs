@@ -46,7 +46,9 @@ pub enum SlabError {
     SlotOutOfRange { slab_id: u32, first_slot: u32, count: u32, slots: u32 },
     #[error("no capacity: slab needs {needed_bytes} bytes, {free_bytes} free")]
     NoCapacity { needed_bytes: u64, free_bytes: u64 },
-    #[error("no capacity: host memory is low (slab needs {needed_bytes} bytes, {spare_bytes} above the headroom)")]
+    #[error(
+        "no capacity: host memory is low (slab needs {needed_bytes} bytes, {spare_bytes} above the headroom)"
+    )]
     HostMemoryLow { needed_bytes: u64, spare_bytes: u64 },
     #[error("split size {split_bytes} is not a power of two in {min}..={max}")]
     BadSplitSize { split_bytes: u32, min: u32, max: u32 },
@@ -110,8 +112,10 @@ unsafe impl Send for PooledMemory {}
 
 impl PooledMemory {
     fn map(len_bytes: u64) -> Result<PooledMemory, SlabError> {
-        let len = usize::try_from(len_bytes)
-            .map_err(|_| SlabError::MapFailed { bytes: len_bytes, source: io::ErrorKind::InvalidInput.into() })?;
+        let len = usize::try_from(len_bytes).map_err(|_| SlabError::MapFailed {
+            bytes: len_bytes,
+            source: io::ErrorKind::InvalidInput.into(),
+        })?;
         let base = map_populated(len).map_err(|source| SlabError::MapFailed { bytes: len_bytes, source })?;
         Ok(PooledMemory { base, len_bytes: len })
     }

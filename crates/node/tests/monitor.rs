@@ -6,7 +6,9 @@
 mod common;
 
 use common::*;
-use remem_node::{MemorySource, Node, NodeConfig, NodeHandle, ResourceMonitorConfig, METADATA_BYTES_PER_SLOT};
+use remem_node::{
+    MemorySource, Node, NodeConfig, NodeHandle, ResourceMonitorConfig, METADATA_BYTES_PER_SLOT,
+};
 use remem_proto::blocking;
 use remem_proto::*;
 use std::net::SocketAddr;
@@ -181,7 +183,8 @@ fn preallocated_slabs_fill_the_pool_serve_map_slab_zeroed_and_stay_within_capaci
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(node.handle.pooled_slabs(), 1, "capacity caps pool plus mapped slabs");
     client.map_slab(SPLIT, 2, 0);
-    let reply = client.call(&Control::MapSlab { split_bytes: SPLIT, split_index: 3, first_page: 0, range_id: 0 });
+    let reply =
+        client.call(&Control::MapSlab { split_bytes: SPLIT, split_index: 3, first_page: 0, range_id: 0 });
     assert!(matches!(reply, Control::Error { code: ErrorCode::NoCapacity, .. }), "{reply:?}");
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(node.handle.pooled_slabs(), 0);
@@ -224,7 +227,8 @@ fn below_headroom_the_pool_goes_first_then_the_least_active_slabs_are_evicted_an
     wait_until("two slabs are evicted", || node.handle.info().slabs_mapped <= 2);
     // While the host is below the headroom, nothing new is mapped.
     let mut third = node.client(3);
-    let reply = third.call(&Control::MapSlab { split_bytes: SPLIT, split_index: 0, first_page: 0, range_id: 0 });
+    let reply =
+        third.call(&Control::MapSlab { split_bytes: SPLIT, split_index: 0, first_page: 0, range_id: 0 });
     assert!(matches!(reply, Control::Error { code: ErrorCode::NoCapacity, .. }), "{reply:?}");
     assert_eq!(node.handle.info().free_bytes, 0, "a host below its headroom lends nothing");
     // Memory comes back before the next period could evict more.
