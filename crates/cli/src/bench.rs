@@ -134,6 +134,7 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
                 nodes_per_domain: 1,
                 dir,
                 fault_injection: args.straggler_us.is_some(),
+                monitor_args: None,
             };
             eprintln!("starting {} nodes ...", options.nodes);
             let started = LocalCluster::start(binary, &options)?;

@@ -32,6 +32,11 @@ pub struct ClusterOptions {
     pub dir: PathBuf,
     /// Start nodes with `--fault-injection` (tests and benchmarks).
     pub fault_injection: bool,
+    /// Arguments for the nodes' resource monitor (e.g. `--monitor-period 200ms`); `None` starts
+    /// them with `--no-monitor`. Local clusters default to no monitor: all their nodes share one
+    /// host, so every monitor would see the same memory and all would evict at once, and tests
+    /// must not lose slabs because the machine is busy.
+    pub monitor_args: Option<Vec<String>>,
 }
 
 pub struct LocalCluster {
@@ -94,6 +99,10 @@ impl LocalCluster {
                 .arg("--node-id")
                 .arg((index + 1).to_string())
                 .args(options.fault_injection.then_some("--fault-injection"))
+                .args(match &options.monitor_args {
+                    Some(args) => args.clone(),
+                    None => vec!["--no-monitor".to_owned()],
+                })
                 .env("REMEM_SECRET", &secret_hex)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())

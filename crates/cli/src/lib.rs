@@ -8,6 +8,7 @@ pub mod codec_bench;
 pub mod demo;
 pub mod faults;
 pub mod launcher;
+pub mod memory_hog;
 pub mod nbd_command;
 pub mod node;
 pub mod pattern;

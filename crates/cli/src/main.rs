@@ -53,6 +53,9 @@ enum Command {
     /// Writes every page again and again until killed (fault-suite helper).
     #[command(hide = true)]
     TortureWriter(remem::torture::TortureArgs),
+    /// Allocates, touches and holds memory, optionally in a cgroup (resource-monitor test helper).
+    #[command(hide = true)]
+    MemoryHog(remem::memory_hog::MemoryHogArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -131,6 +134,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Nbd(args) => remem::nbd_command::run(args),
         Command::Sim(args) => remem::sim_command::run(args),
         Command::TortureWriter(args) => remem::torture::run(args),
+        Command::MemoryHog(args) => remem::memory_hog::run(args),
         Command::Bench(BenchCommand::Pages(args)) => {
             let json = args.json;
             let report = remem::bench::run(args, &binary)?;
@@ -173,6 +177,7 @@ fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
         nodes_per_domain: args.nodes_per_domain,
         dir: args.dir.unwrap_or_else(remem::launcher::default_dir),
         fault_injection: args.fault_injection,
+        monitor_args: None,
     };
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;

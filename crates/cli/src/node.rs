@@ -4,13 +4,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use remem_node::{Node, NodeConfig};
+use remem_node::{Node, NodeConfig, ResourceMonitorConfig};
 use remem_proto::auth::Secret;
 
-use crate::units::parse_bytes;
+use crate::units::{parse_bytes, parse_duration};
 
 #[derive(Args, Debug)]
 pub struct NodeArgs {
@@ -39,6 +40,40 @@ pub struct NodeArgs {
     /// accept fault-injection commands (tests and benchmarks only)
     #[arg(long)]
     pub fault_injection: bool,
+    /// Turn the resource monitor off: lend up to --capacity whatever the host has left, never
+    /// pre-allocate or evict. Use it when several nodes share one host (`remem up` does), since
+    /// each monitor would see the same memory and all of them would evict at once.
+    #[arg(long)]
+    pub no_monitor: bool,
+    /// Resource monitor: how often host memory is read (cgroup v2 or v1 limit of this process
+    /// if it has one, else /proc/meminfo) and acted on, e.g. 200ms or 1s.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub monitor_period: Duration,
+    /// Resource monitor: free memory kept for local applications, in percent of the limit
+    /// (0-90). Below it the node frees pre-allocated slabs, then evicts its least active slabs
+    /// (their clients rebuild them elsewhere) and refuses new ones.
+    #[arg(long, default_value_t = 25)]
+    pub headroom_percent: u8,
+    /// Resource monitor: E', the extra slabs sampled at random beyond the E to evict, so that
+    /// the E least active of the sample go (batch eviction).
+    #[arg(long, default_value_t = 2)]
+    pub eviction_extra: u32,
+    /// Resource monitor: slabs kept pre-allocated (mapped and faulted in, within --capacity)
+    /// while memory is above the headroom, so that a new slab is ready at once; 0 turns it off.
+    #[arg(long, default_value_t = 2)]
+    pub prealloc_slabs: u32,
+}
+
+impl NodeArgs {
+    fn resource_monitor(&self) -> Option<ResourceMonitorConfig> {
+        (!self.no_monitor).then(|| ResourceMonitorConfig {
+            period: self.monitor_period,
+            headroom_percent: self.headroom_percent,
+            eviction_extra: self.eviction_extra,
+            prealloc_slabs: self.prealloc_slabs,
+            ..ResourceMonitorConfig::default()
+        })
+    }
 }
 
 pub fn run(args: NodeArgs) -> Result<()> {
@@ -51,6 +86,10 @@ pub fn run(args: NodeArgs) -> Result<()> {
     if args.capacity < args.slab_size {
         bail!("--capacity ({}) is smaller than one slab ({})", args.capacity, args.slab_size);
     }
+    let resource_monitor = args.resource_monitor();
+    if let Some(monitor) = &resource_monitor {
+        monitor.validate().map_err(|message| anyhow::anyhow!("resource monitor: {message}"))?;
+    }
     let secret = Secret::load(args.secret_file.as_deref()).context("loading the cluster secret")?;
     let config = NodeConfig {
         listen: args.listen,
@@ -61,6 +100,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
         node_id: args.node_id.unwrap_or_else(rand::random),
         max_connections: args.max_connections,
         fault_injection: args.fault_injection,
+        resource_monitor,
     };
     let node = Node::bind(config).with_context(|| format!("binding {}", args.listen))?;
     let shutdown = Arc::new(AtomicBool::new(false));

@@ -34,6 +34,7 @@ fn start_cluster(dir: &Path) -> LocalCluster {
         nodes_per_domain: 1,
         dir: dir.join("cluster"),
         fault_injection: false,
+        monitor_args: None,
     };
     LocalCluster::start(binary(), &options).expect("cluster starts")
 }

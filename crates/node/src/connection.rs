@@ -72,10 +72,17 @@ impl Shared {
     pub fn node_info(&self) -> NodeInfo {
         let stats = self.table.stats();
         let progress = self.regenerations.progress();
+        // What a MapSlab could take now: pooled slabs are free for clients, and a host below its
+        // headroom (resource monitor) lends no fresh memory.
+        let capacity_free_bytes = self.capacity_bytes - stats.used_bytes + stats.pooled_bytes;
+        let free_bytes = match stats.host_budget_bytes {
+            Some(budget_bytes) => capacity_free_bytes.min(stats.pooled_bytes.saturating_add(budget_bytes)),
+            None => capacity_free_bytes,
+        };
         NodeInfo {
             node_id: self.node_id,
             capacity_bytes: self.capacity_bytes,
-            free_bytes: self.capacity_bytes - stats.used_bytes,
+            free_bytes,
             slab_size_bytes: self.slab_size_bytes,
             slabs_mapped: stats.slabs_mapped,
             metadata_bytes: stats.metadata_bytes,
@@ -90,7 +97,7 @@ impl Shared {
     /// Evicts slab `slab_id`, whoever owns it: first sends `SlabEvicted` to every connection of
     /// the owner on this node (but `skip_connection`, whose caller tells it itself), then unmaps
     /// the slab. A rebuild filling it stops at its next batch. This is the eviction the fault
-    /// command uses and the one a memory-pressure monitor will.
+    /// command and the resource monitor (`monitor`) use.
     ///
     /// Errors: `UnknownSlab` if no such slab is mapped (or it went away meanwhile).
     pub fn evict_slab(&self, slab_id: u32, skip_connection: Option<u64>) -> Result<SlabLabel, SlabError> {
@@ -484,6 +491,8 @@ impl Connection {
             return Ok(false);
         }
         let payload_at = prefix_at + WRITE_SPLIT_PREFIX_BYTES;
+        // Counted once the frame is complete: a frame may be looked at several times before.
+        slab.record_request();
         slab.write(
             prefix.slot,
             &self.input[payload_at..payload_at + payload_bytes as usize],
@@ -505,6 +514,7 @@ impl Connection {
         many: bool,
     ) -> Result<(), SlabError> {
         let slab = self.shared.table.get(self.client_id, slab_id)?;
+        slab.record_request();
         let split_bytes = slab.split_bytes();
         let in_range = u64::from(first_slot) + u64::from(count) <= u64::from(slab.slots());
         if !in_range || (many && count > max_read_splits_count(split_bytes)) {

@@ -12,28 +12,35 @@
 //! is bounded by `max_connections`, so threads are cheap enough and keep request order per
 //! connection trivially. Rebuilds run on their own threads, at most
 //! [`MAX_CONCURRENT_REGENERATIONS`] at once. Fault injection (`fault`) exists only when the node
-//! is configured for it.
+//! is configured for it. The resource monitor (`monitor`), when configured, is one more thread
+//! that keeps a free-memory headroom on the host: it pre-allocates slabs when memory is plentiful
+//! and evicts the least active ones when it is not.
 //!
 //! Invariants:
 //! - Nothing but the handshake is served before a connection is authenticated.
 //! - A slab is used only by the client id that mapped it; it outlives connections (a restarted
 //!   client with the same id keeps its slabs) and is unmapped on `UnmapSlab` or node shutdown.
-//! - Mapped memory (slabs plus 5 bytes of metadata per slot) never exceeds `capacity_bytes`.
-//! - After `run` returns, no connection or rebuild thread is left and every slab is unmapped.
+//! - Mapped memory (slabs plus 5 bytes of metadata per slot) plus pre-allocated slabs never
+//!   exceeds `capacity_bytes`.
+//! - After `run` returns, no connection, rebuild or monitor thread is left and every slab is
+//!   unmapped.
 
 mod connection;
 mod fault;
+pub mod monitor;
 mod peers;
 mod regenerate;
 mod slab;
 mod slot_copy;
 
 pub use connection::{HANDSHAKE_TIMEOUT, INPUT_BUFFER_BYTES, WRITE_TIMEOUT};
+pub use monitor::{MemorySource, ResourceMonitorConfig};
 pub use regenerate::{RegenerationReport, MAX_CONCURRENT_REGENERATIONS};
 pub use slab::METADATA_BYTES_PER_SLOT;
 
 use connection::{Connection, Shared};
 use fault::Faults;
+use monitor::Monitor;
 use peers::{Peer, Peers};
 use regenerate::Regenerations;
 use remem_proto::auth::Secret;
@@ -71,6 +78,9 @@ pub struct NodeConfig {
     /// Accept `InjectFault` (tests and benchmarks only); without it the node answers
     /// `Error(Unsupported)`.
     pub fault_injection: bool,
+    /// Keep a free-memory headroom on the host (pre-allocate, evict); `None` lends up to
+    /// `capacity_bytes` whatever the host has left.
+    pub resource_monitor: Option<ResourceMonitorConfig>,
 }
 
 /// A bound, not yet serving, memory node.
@@ -79,6 +89,8 @@ pub struct Node {
     local_addr: SocketAddr,
     max_connections: usize,
     shared: Arc<Shared>,
+    /// The monitor to start in `run`, with the memory source chosen at bind.
+    monitor: Option<(ResourceMonitorConfig, MemorySource)>,
 }
 
 /// A handle on a node's state that outlives [`Node::run`]'s borrow: for node-internal actions
@@ -104,13 +116,19 @@ impl NodeHandle {
     pub fn info(&self) -> remem_proto::NodeInfo {
         self.shared.node_info()
     }
+
+    /// Pre-allocated slabs waiting for a `MapSlab`.
+    pub fn pooled_slabs(&self) -> u32 {
+        self.shared.table.stats().pooled_slabs
+    }
 }
 
 impl Node {
     /// Validates `config` and binds the listener.
     ///
     /// Errors: `InvalidInput` for a slab size that is not a power of two in 4 KiB..=4 GiB,
-    /// a failure domain over 64 bytes, or `max_connections == 0`; bind errors as they come.
+    /// a failure domain over 64 bytes, `max_connections == 0`, a monitor knob out of range, or a
+    /// monitor that finds no memory source; bind errors as they come.
     pub fn bind(config: NodeConfig) -> io::Result<Node> {
         let invalid = |message: String| io::Error::new(io::ErrorKind::InvalidInput, message);
         if !config.slab_size_bytes.is_power_of_two()
@@ -127,6 +145,31 @@ impl Node {
         if config.max_connections == 0 {
             return Err(invalid("max_connections must be at least 1".to_owned()));
         }
+        let monitor = match config.resource_monitor {
+            Some(monitor_config) => {
+                monitor_config.validate().map_err(invalid)?;
+                let source = MemorySource::detect(&monitor_config.filesystem_root)
+                    .map_err(|error| invalid(format!("resource monitor: no memory source: {error}")))?;
+                let reading = source.read().map_err(|error| invalid(format!("resource monitor: {error}")))?;
+                tracing::info!(
+                    %source,
+                    limit_bytes = reading.limit_bytes,
+                    free_bytes = reading.free_bytes,
+                    period_ms = monitor_config.period.as_millis() as u64,
+                    headroom_percent = monitor_config.headroom_percent,
+                    eviction_extra = monitor_config.eviction_extra,
+                    prealloc_slabs = monitor_config.prealloc_slabs,
+                    "resource monitor: host memory source chosen"
+                );
+                Some((monitor_config, source))
+            }
+            None => {
+                tracing::info!(
+                    "resource monitor off: the node lends up to its capacity whatever the host has left"
+                );
+                None
+            }
+        };
         let listener = TcpListener::bind(config.listen)?;
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
@@ -143,6 +186,7 @@ impl Node {
             listener,
             local_addr,
             max_connections: config.max_connections,
+            monitor,
             shared: Arc::new(Shared {
                 node_id: config.node_id,
                 secret: config.secret,
@@ -172,7 +216,11 @@ impl Node {
     ///
     /// Errors: only if polling the listener itself fails; per-connection and accept errors are
     /// logged and survived.
-    pub fn run(self, shutdown: Arc<AtomicBool>) -> io::Result<()> {
+    pub fn run(mut self, shutdown: Arc<AtomicBool>) -> io::Result<()> {
+        let monitor = match self.monitor.take() {
+            Some((config, source)) => Some(Monitor::start(Arc::clone(&self.shared), config, source)?),
+            None => None,
+        };
         let mut threads: Vec<JoinHandle<()>> = Vec::new();
         let mut next_connection = 0u64;
         let result = loop {
@@ -201,7 +249,7 @@ impl Node {
                 threads.push(thread);
             }
         };
-        self.stop(threads);
+        self.stop(threads, monitor);
         result
     }
 
@@ -239,8 +287,12 @@ impl Node {
         }
     }
 
-    fn stop(&self, threads: Vec<JoinHandle<()>>) {
+    fn stop(&self, threads: Vec<JoinHandle<()>>, monitor: Option<Monitor>) {
         self.shared.stopping.store(true, Ordering::SeqCst);
+        // The monitor sees the flag within 50 ms; it may not fill the pool after `clear`.
+        if let Some(monitor) = monitor {
+            monitor.join();
+        }
         let open = self.shared.peers.drain();
         // Shutting a socket down wakes a thread blocked reading or writing it.
         for peer in &open {

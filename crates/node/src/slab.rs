@@ -18,15 +18,18 @@
 //! the slot is still unwritten" is atomic with respect to a client write of the same slot (the
 //! client's newer page must win). Other slabs take no lock on the data path.
 //!
-//! Invariant: `SlabTable::used_bytes` is the sum of `footprint_bytes` over mapped slabs plus
-//! in-flight reservations, and never exceeds the node's capacity.
+//! Invariant: `SlabTable::used_bytes` is the sum of `footprint_bytes` over mapped slabs, plus the
+//! slab bytes of pre-allocated (pooled) memory, plus in-flight reservations, and never exceeds the
+//! node's capacity. The pool (filled by the resource monitor, `monitor`) only ever holds fresh
+//! mappings, which the kernel zeroes: memory a client used is munmapped, never pooled, so no
+//! client's bytes or metadata can reach another client.
 
 use crate::slot_copy;
 use remem_proto::{ErrorCode, SplitMeta, MAX_SPLIT_BYTES, MIN_SPLIT_BYTES};
 use std::collections::HashMap;
 use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Bytes of metadata per slot: version u8 and checksum u32.
@@ -43,6 +46,10 @@ pub enum SlabError {
     SlotOutOfRange { slab_id: u32, first_slot: u32, count: u32, slots: u32 },
     #[error("no capacity: slab needs {needed_bytes} bytes, {free_bytes} free")]
     NoCapacity { needed_bytes: u64, free_bytes: u64 },
+    #[error(
+        "no capacity: host memory is low (slab needs {needed_bytes} bytes, {spare_bytes} above the headroom)"
+    )]
+    HostMemoryLow { needed_bytes: u64, spare_bytes: u64 },
     #[error("split size {split_bytes} is not a power of two in {min}..={max}")]
     BadSplitSize { split_bytes: u32, min: u32, max: u32 },
     #[error("payload of {payload_bytes} bytes, slab {slab_id} holds splits of {split_bytes}")]
@@ -57,7 +64,7 @@ impl SlabError {
             SlabError::UnknownSlab { .. } => ErrorCode::UnknownSlab,
             SlabError::NotOwner { .. } => ErrorCode::NotOwner,
             SlabError::SlotOutOfRange { .. } => ErrorCode::SlotOutOfRange,
-            SlabError::NoCapacity { .. } => ErrorCode::NoCapacity,
+            SlabError::NoCapacity { .. } | SlabError::HostMemoryLow { .. } => ErrorCode::NoCapacity,
             SlabError::BadSplitSize { .. } | SlabError::PayloadSize { .. } => ErrorCode::BadSplitSize,
             SlabError::MapFailed { .. } => ErrorCode::Internal,
         }
@@ -88,6 +95,61 @@ pub struct Slab {
     regeneration_lock: Mutex<()>,
     /// Set once the slab left the table (unmapped or evicted), so a rebuild stops filling it.
     detached: AtomicBool,
+    /// Requests served on this slab since the resource monitor last looked: its activity.
+    requests: AtomicU64,
+}
+
+/// A populated anonymous mapping of one slab's size that no client has used: the pool of
+/// pre-allocated slabs. Zero-filled by the kernel; unmapped on drop unless a slab takes it.
+pub struct PooledMemory {
+    base: NonNull<u8>,
+    len_bytes: usize,
+}
+
+// SAFETY: `base` is a private anonymous mapping owned by this value alone and nobody holds a
+// pointer into it, so it may move between threads.
+unsafe impl Send for PooledMemory {}
+
+impl PooledMemory {
+    fn map(len_bytes: u64) -> Result<PooledMemory, SlabError> {
+        let len = usize::try_from(len_bytes).map_err(|_| SlabError::MapFailed {
+            bytes: len_bytes,
+            source: io::ErrorKind::InvalidInput.into(),
+        })?;
+        let base = map_populated(len).map_err(|source| SlabError::MapFailed { bytes: len_bytes, source })?;
+        Ok(PooledMemory { base, len_bytes: len })
+    }
+}
+
+impl Drop for PooledMemory {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`len_bytes` are exactly the mapping created in `map`; a slab that takes
+        // the memory forgets this value, so the mapping is unmapped once.
+        let result = unsafe { libc::munmap(self.base.as_ptr().cast(), self.len_bytes) };
+        assert_eq!(result, 0, "munmap of our own mapping cannot fail");
+    }
+}
+
+/// A fresh private anonymous mapping of `len` bytes, every page faulted in.
+fn map_populated(len: usize) -> io::Result<NonNull<u8>> {
+    // SAFETY: anonymous private mapping with no address hint: it does not alias any existing
+    // memory, and the result is checked against MAP_FAILED before use. MAP_POPULATE faults
+    // every page in now (writable private pages are allocated, not shared zero pages), so
+    // the memory is really held when the client is told the slab is mapped.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_POPULATE,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(NonNull::new(base.cast::<u8>()).expect("mmap never returns null on success"))
 }
 
 // SAFETY: `base` points to a private anonymous mapping owned by this value and freed only in
@@ -98,33 +160,25 @@ unsafe impl Send for Slab {}
 unsafe impl Sync for Slab {}
 
 impl Slab {
-    fn map(len_bytes: u64, owner_client_id: u64, label: SlabLabel) -> Result<Slab, SlabError> {
-        let map_failed = |source| SlabError::MapFailed { bytes: len_bytes, source };
-        let len = usize::try_from(len_bytes)
-            .map_err(|_| map_failed(io::Error::from(io::ErrorKind::InvalidInput)))?;
+    /// Maps a slab, in `pooled` memory if given (fresh, so zero like a new mapping).
+    fn map(
+        len_bytes: u64,
+        owner_client_id: u64,
+        label: SlabLabel,
+        pooled: Option<PooledMemory>,
+    ) -> Result<Slab, SlabError> {
+        let memory = match pooled {
+            Some(memory) => memory,
+            None => PooledMemory::map(len_bytes)?,
+        };
+        assert_eq!(memory.len_bytes as u64, len_bytes, "pooled memory is one slab");
         let slots = u32::try_from(len_bytes / u64::from(label.split_bytes))
             .expect("split_bytes >= 64 and slabs <= 4 GiB (checked in Node::bind) keep slots in u32");
-        // SAFETY: anonymous private mapping with no address hint: it does not alias any existing
-        // memory, and the result is checked against MAP_FAILED before use. MAP_POPULATE faults
-        // every page in now (writable private pages are allocated, not shared zero pages), so
-        // the memory is really held when the client is told the slab is mapped.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(map_failed(io::Error::last_os_error()));
-        }
-        let base = NonNull::new(base.cast::<u8>()).expect("mmap never returns null on success");
+        // The slab's `Drop` unmaps the memory from now on.
+        let memory = std::mem::ManuallyDrop::new(memory);
         Ok(Slab {
-            base,
-            len_bytes: len,
+            base: memory.base,
+            len_bytes: memory.len_bytes,
             owner_client_id,
             label,
             slots,
@@ -133,7 +187,14 @@ impl Slab {
             regenerating: AtomicBool::new(false),
             regeneration_lock: Mutex::new(()),
             detached: AtomicBool::new(false),
+            requests: AtomicU64::new(0),
         })
+    }
+
+    /// Counts one request on this slab (data path: one relaxed increment, nothing else).
+    #[inline]
+    pub fn record_request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn split_bytes(&self) -> u32 {
@@ -271,6 +332,12 @@ pub struct TableStats {
     pub used_bytes: u64,
     pub slabs_mapped: u32,
     pub metadata_bytes: u64,
+    /// Pre-allocated slabs waiting for a `MapSlab`, and their bytes (part of `used_bytes`).
+    pub pooled_slabs: u32,
+    pub pooled_bytes: u64,
+    /// What a `MapSlab` of fresh memory may still take before the monitor's next reading; `None`
+    /// without a monitor.
+    pub host_budget_bytes: Option<u64>,
 }
 
 /// All slabs of a node, by id.
@@ -287,6 +354,11 @@ struct TableInner {
     next_slab_id: u32,
     used_bytes: u64,
     metadata_bytes: u64,
+    /// Pre-allocated memory, each one slab (counted in `used_bytes`).
+    pool: Vec<PooledMemory>,
+    /// Set by the resource monitor each period: bytes of fresh memory mappings may still take
+    /// before the host falls below its headroom. `None`: no monitor, no host limit.
+    host_budget_bytes: Option<u64>,
 }
 
 impl SlabTable {
@@ -300,6 +372,8 @@ impl SlabTable {
                 next_slab_id: 1,
                 used_bytes: 0,
                 metadata_bytes: 0,
+                pool: Vec::new(),
+                host_budget_bytes: None,
             }),
         }
     }
@@ -312,9 +386,12 @@ impl SlabTable {
 
     /// Maps a slab for `owner_client_id`: returns its id and slot count.
     ///
+    /// Takes a pre-allocated slab from the pool if there is one; otherwise maps fresh memory.
+    ///
     /// Errors: `BadSplitSize` unless `split_bytes` is a power of two in
     /// 64..=min(slab size, 1 MiB); `NoCapacity` if slab plus metadata would exceed capacity;
-    /// `MapFailed` if the kernel refuses the memory.
+    /// `HostMemoryLow` if the pool is empty and fresh memory would take the host below the
+    /// monitor's headroom; `MapFailed` if the kernel refuses the memory.
     pub fn map(&self, owner_client_id: u64, label: SlabLabel) -> Result<(u32, u32), SlabError> {
         let max_split_bytes = MAX_SPLIT_BYTES.min(u32::try_from(self.slab_size_bytes).unwrap_or(u32::MAX));
         if !label.split_bytes.is_power_of_two()
@@ -328,18 +405,29 @@ impl SlabTable {
         }
         let slots = self.slab_size_bytes / u64::from(label.split_bytes);
         let footprint_bytes = self.slab_size_bytes + slots * METADATA_BYTES_PER_SLOT;
-        let slab_id = {
+        let (slab_id, pooled) = {
             let mut inner = self.lock();
-            let free_bytes = self.capacity_bytes - inner.used_bytes;
+            // A pooled slab's bytes are already counted: taking it needs only the metadata.
+            let pooled_bytes = if inner.pool.is_empty() { 0 } else { self.slab_size_bytes };
+            let free_bytes = self.capacity_bytes - inner.used_bytes + pooled_bytes;
             if footprint_bytes > free_bytes {
                 return Err(SlabError::NoCapacity { needed_bytes: footprint_bytes, free_bytes });
             }
-            inner.used_bytes += footprint_bytes;
+            let pooled = inner.pool.pop();
+            if pooled.is_none() {
+                if let Some(spare_bytes) = inner.host_budget_bytes {
+                    if footprint_bytes > spare_bytes {
+                        return Err(SlabError::HostMemoryLow { needed_bytes: footprint_bytes, spare_bytes });
+                    }
+                    inner.host_budget_bytes = Some(spare_bytes - footprint_bytes);
+                }
+            }
+            inner.used_bytes = inner.used_bytes - pooled_bytes + footprint_bytes;
             let slab_id = inner.allocate_id();
             inner.reserved_ids.push(slab_id);
-            slab_id
+            (slab_id, pooled)
         };
-        let mapped = Slab::map(self.slab_size_bytes, owner_client_id, label);
+        let mapped = Slab::map(self.slab_size_bytes, owner_client_id, label, pooled);
         let mut inner = self.lock();
         inner.reserved_ids.retain(|id| *id != slab_id);
         match mapped {
@@ -401,12 +489,79 @@ impl SlabTable {
             used_bytes: inner.used_bytes,
             slabs_mapped: inner.slabs.len() as u32,
             metadata_bytes: inner.metadata_bytes,
+            pooled_slabs: inner.pool.len() as u32,
+            pooled_bytes: inner.pool.len() as u64 * self.slab_size_bytes,
+            host_budget_bytes: inner.host_budget_bytes,
         }
     }
 
-    /// Drops every slab (munmap happens as the last reference of each goes); returns how many.
+    /// Sets what fresh mappings may take before the monitor's next reading (`None`: no limit).
+    pub fn set_host_budget(&self, budget_bytes: Option<u64>) {
+        self.lock().host_budget_bytes = budget_bytes;
+    }
+
+    /// Adds one fresh, populated slab to the pool if the pool holds fewer than `target` and
+    /// capacity and the host budget allow it. The mmap runs outside the lock. Returns whether a
+    /// slab was added.
+    ///
+    /// Errors: `MapFailed` if the kernel refuses the memory.
+    pub fn fill_pool_one(&self, target: usize) -> Result<bool, SlabError> {
+        {
+            let mut inner = self.lock();
+            let budget_allows = inner.host_budget_bytes.is_none_or(|budget| budget >= self.slab_size_bytes);
+            if inner.pool.len() >= target
+                || self.capacity_bytes - inner.used_bytes < self.slab_size_bytes
+                || !budget_allows
+            {
+                return Ok(false);
+            }
+            inner.used_bytes += self.slab_size_bytes;
+            inner.host_budget_bytes = inner.host_budget_bytes.map(|budget| budget - self.slab_size_bytes);
+        }
+        let mapped = PooledMemory::map(self.slab_size_bytes);
+        let mut inner = self.lock();
+        match mapped {
+            Ok(memory) => {
+                inner.pool.push(memory);
+                Ok(true)
+            }
+            Err(error) => {
+                inner.used_bytes -= self.slab_size_bytes;
+                Err(error)
+            }
+        }
+    }
+
+    /// Takes up to `count` slabs out of the pool; their memory returns when the caller drops
+    /// them (outside the lock).
+    pub fn drain_pool(&self, count: usize) -> Vec<PooledMemory> {
+        let mut inner = self.lock();
+        let keep = inner.pool.len().saturating_sub(count);
+        let drained = inner.pool.split_off(keep);
+        inner.used_bytes -= drained.len() as u64 * self.slab_size_bytes;
+        drained
+    }
+
+    /// Each mapped slab's id, owner and requests since the last call (the counters restart).
+    pub fn take_activity(&self) -> Vec<SlabActivity> {
+        let inner = self.lock();
+        inner
+            .slabs
+            .iter()
+            .map(|(&slab_id, slab)| SlabActivity {
+                slab_id,
+                owner_client_id: slab.owner_client_id,
+                requests: slab.requests.swap(0, Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    /// Drops every slab (munmap happens as the last reference of each goes) and the pool;
+    /// returns how many slabs were mapped.
     pub fn clear(&self) -> usize {
         let mut inner = self.lock();
+        let pooled = std::mem::take(&mut inner.pool);
+        inner.used_bytes -= pooled.len() as u64 * self.slab_size_bytes;
         let slabs = std::mem::take(&mut inner.slabs);
         for slab in slabs.values() {
             inner.used_bytes -= slab.footprint_bytes();
@@ -416,6 +571,14 @@ impl SlabTable {
         inner.metadata_bytes = 0;
         count
     }
+}
+
+/// One mapped slab's activity over a monitor period.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlabActivity {
+    pub slab_id: u32,
+    pub owner_client_id: u64,
+    pub requests: u64,
 }
 
 impl TableInner {

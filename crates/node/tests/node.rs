@@ -408,6 +408,7 @@ fn bind_rejects_invalid_configs() {
             node_id: 1,
             max_connections,
             fault_injection: false,
+            resource_monitor: None,
         };
     for bad in [
         config(1000, "a", 1),

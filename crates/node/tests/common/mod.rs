@@ -57,6 +57,7 @@ impl TestNode {
             node_id: NODE_ID,
             max_connections,
             fault_injection,
+            resource_monitor: None,
         })
         .unwrap();
         let addr = node.local_addr();
@@ -106,6 +107,11 @@ pub struct Client {
 }
 
 impl Client {
+    /// Wraps an authenticated stream.
+    pub fn new(stream: TcpStream) -> Client {
+        Client { stream, next_request_id: 100, body: Vec::new() }
+    }
+
     pub fn request_id(&mut self) -> u64 {
         self.next_request_id += 1;
         self.next_request_id
