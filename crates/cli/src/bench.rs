@@ -132,6 +132,7 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
                 nodes_per_domain: 1,
                 dir,
                 fault_injection: args.straggler_us.is_some(),
+                unix_sockets: crate::launcher::UnixSockets::All,
             };
             eprintln!("starting {} nodes ...", options.nodes);
             let started = LocalCluster::start(binary, &options)?;

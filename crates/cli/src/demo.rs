@@ -69,6 +69,7 @@ pub fn run(args: DemoArgs, binary: &std::path::Path) -> Result<()> {
         nodes_per_domain: 1,
         dir: dir.clone(),
         fault_injection: false,
+        unix_sockets: crate::launcher::UnixSockets::All,
     };
     println!("starting {} memory nodes (logs in {}) ...", args.nodes, dir.display());
     let mut cluster = LocalCluster::start(binary, &options)?;

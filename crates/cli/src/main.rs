@@ -173,6 +173,7 @@ fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
         nodes_per_domain: args.nodes_per_domain,
         dir: args.dir.unwrap_or_else(remem::launcher::default_dir),
         fault_injection: args.fault_injection,
+        unix_sockets: remem::launcher::UnixSockets::All,
     };
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;

@@ -39,6 +39,11 @@ pub struct NodeArgs {
     /// accept fault-injection commands (tests and benchmarks only)
     #[arg(long)]
     pub fault_injection: bool,
+    /// Also listen on this Unix socket, where same-host clients may map their slabs as shared
+    /// memory after the handshake (docs/SHM.md). Keep it in a directory only the cluster's
+    /// user can reach.
+    #[arg(long)]
+    pub unix: Option<PathBuf>,
 }
 
 pub fn run(args: NodeArgs) -> Result<()> {
@@ -61,6 +66,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
         node_id: args.node_id.unwrap_or_else(rand::random),
         max_connections: args.max_connections,
         fault_injection: args.fault_injection,
+        unix_socket: args.unix,
     };
     let node = Node::bind(config).with_context(|| format!("binding {}", args.listen))?;
     let shutdown = Arc::new(AtomicBool::new(false));

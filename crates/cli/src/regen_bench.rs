@@ -52,6 +52,7 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
         nodes_per_domain: 1,
         dir,
         fault_injection: true,
+        unix_sockets: crate::launcher::UnixSockets::All,
     };
     eprintln!("starting {} nodes with {} slabs ...", options.nodes, format_bytes(args.slab_size));
     let cluster = LocalCluster::start(binary, &options)?;

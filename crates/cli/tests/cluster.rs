@@ -30,6 +30,7 @@ fn start_cluster(name: &str, nodes: usize, slab_size_bytes: u64) -> LocalCluster
         nodes_per_domain: 1,
         dir: test_dir(name),
         fault_injection: false,
+        unix_sockets: remem::launcher::UnixSockets::All,
     };
     LocalCluster::start(binary(), &options).expect("cluster starts")
 }

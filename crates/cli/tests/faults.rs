@@ -37,6 +37,7 @@ fn cluster(name: &str, nodes: usize) -> LocalCluster {
         nodes_per_domain: 1,
         dir,
         fault_injection: true,
+        unix_sockets: remem::launcher::UnixSockets::All,
     };
     LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_remem")), &options).expect("cluster starts")
 }

@@ -33,6 +33,7 @@ fn start_cluster(dir: &Path) -> LocalCluster {
         nodes_per_domain: 1,
         dir: dir.join("cluster"),
         fault_injection: false,
+        unix_sockets: remem::launcher::UnixSockets::All,
     };
     LocalCluster::start(binary(), &options).expect("cluster starts")
 }

@@ -21,12 +21,14 @@
 //! Invariant: `SlabTable::used_bytes` is the sum of `footprint_bytes` over mapped slabs plus
 //! in-flight reservations, and never exceeds the node's capacity.
 
+use crate::shared_memory::{HeaderFields, Region};
 use crate::slot_copy;
+use remem_proto::shm::ShmLayout;
 use remem_proto::{ErrorCode, SplitMeta, MAX_SPLIT_BYTES, MIN_SPLIT_BYTES};
 use std::collections::HashMap;
 use std::io;
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Bytes of metadata per slot: version u8 and checksum u32.
@@ -76,13 +78,15 @@ pub struct SlabLabel {
 /// One mapped slab. Unmapped (munmap) when the last `Arc` drops, so an unmap racing a request on
 /// another connection never frees memory under a kernel copy.
 pub struct Slab {
-    base: NonNull<u8>,
-    len_bytes: usize,
+    /// The memfd with split bytes, per-slot metadata and the shared-memory header.
+    region: Region,
     owner_client_id: u64,
     label: SlabLabel,
     slots: u32,
-    versions: Box<[AtomicU8]>,
-    checksums: Box<[AtomicU32]>,
+    /// Unique per slab this node ever mapped; in the header and in `SlabExported`.
+    epoch: u64,
+    /// Set once the memfd was handed to the owner (`ExportSlab`).
+    exported: AtomicBool,
     /// Set while a rebuild fills this slab; client writes then take `regeneration_lock`.
     regenerating: AtomicBool,
     regeneration_lock: Mutex<()>,
@@ -90,46 +94,17 @@ pub struct Slab {
     detached: AtomicBool,
 }
 
-// SAFETY: `base` points to a private anonymous mapping owned by this value and freed only in
-// `Drop`; the slab hands out only raw pointers into it, used by the kernel (see module docs), and
-// its metadata is atomic, so sharing and sending it between threads is sound.
-unsafe impl Send for Slab {}
-// SAFETY: as for `Send`: no `&self` method creates a Rust reference to slab memory.
-unsafe impl Sync for Slab {}
-
 impl Slab {
-    fn map(len_bytes: u64, owner_client_id: u64, label: SlabLabel) -> Result<Slab, SlabError> {
-        let map_failed = |source| SlabError::MapFailed { bytes: len_bytes, source };
-        let len = usize::try_from(len_bytes)
-            .map_err(|_| map_failed(io::Error::from(io::ErrorKind::InvalidInput)))?;
-        let slots = u32::try_from(len_bytes / u64::from(label.split_bytes))
-            .expect("split_bytes >= 64 and slabs <= 4 GiB (checked in Node::bind) keep slots in u32");
-        // SAFETY: anonymous private mapping with no address hint: it does not alias any existing
-        // memory, and the result is checked against MAP_FAILED before use. MAP_POPULATE faults
-        // every page in now (writable private pages are allocated, not shared zero pages), so
-        // the memory is really held when the client is told the slab is mapped.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(map_failed(io::Error::last_os_error()));
-        }
-        let base = NonNull::new(base.cast::<u8>()).expect("mmap never returns null on success");
+    fn map(layout: ShmLayout, owner_client_id: u64, label: SlabLabel, header: HeaderFields) -> Result<Slab, SlabError> {
+        let region = Region::create(layout, header)
+            .map_err(|source| SlabError::MapFailed { bytes: layout.total_bytes, source })?;
         Ok(Slab {
-            base,
-            len_bytes: len,
+            region,
             owner_client_id,
             label,
-            slots,
-            versions: (0..slots).map(|_| AtomicU8::new(0)).collect(),
-            checksums: (0..slots).map(|_| AtomicU32::new(0)).collect(),
+            slots: layout.slots,
+            epoch: header.epoch,
+            exported: AtomicBool::new(false),
             regenerating: AtomicBool::new(false),
             regeneration_lock: Mutex::new(()),
             detached: AtomicBool::new(false),
@@ -144,13 +119,14 @@ impl Slab {
         self.slots
     }
 
-    /// Slab memory plus metadata, what the slab counts against capacity.
+    /// The whole memfd (slab memory, metadata, header), what the slab counts against capacity.
     pub fn footprint_bytes(&self) -> u64 {
-        self.len_bytes as u64 + self.metadata_bytes()
+        self.region.layout().total_bytes
     }
 
+    /// Per-slot metadata plus the header and the rounding to a page.
     pub fn metadata_bytes(&self) -> u64 {
-        u64::from(self.slots) * METADATA_BYTES_PER_SLOT
+        self.region.layout().metadata_bytes()
     }
 
     pub fn label(&self) -> SlabLabel {
@@ -164,23 +140,19 @@ impl Slab {
     /// Start of `slot`'s bytes: `split_bytes` writable, 8-byte aligned bytes that stay mapped
     /// while `self` lives. Only for `slot_copy`; never turn it into a reference.
     fn slot_ptr(&self, slot: u32) -> *mut u8 {
-        assert!(slot < self.slots, "slot {slot} out of {}", self.slots);
-        let offset = slot as usize * self.label.split_bytes as usize;
-        // SAFETY: slot < slots, so offset + split_bytes <= slots * split_bytes <= len_bytes: the
-        // result stays inside the one mapping `base` points to.
-        unsafe { self.base.as_ptr().add(offset) }
+        self.region.slot_ptr(slot)
     }
 
     pub fn meta(&self, slot: u32) -> SplitMeta {
-        let version = self.versions[slot as usize].load(Ordering::Acquire);
-        let checksum = self.checksums[slot as usize].load(Ordering::Relaxed);
+        let version = self.region.version(slot).load(Ordering::Acquire);
+        let checksum = self.region.checksum(slot).load(Ordering::Relaxed);
         SplitMeta { version, checksum }
     }
 
     /// Publishes the metadata of a slot whose payload has just been written.
     fn set_meta(&self, slot: u32, meta: SplitMeta) {
-        self.checksums[slot as usize].store(meta.checksum, Ordering::Relaxed);
-        self.versions[slot as usize].store(meta.version, Ordering::Release);
+        self.region.checksum(slot).store(meta.checksum, Ordering::Relaxed);
+        self.region.version(slot).store(meta.version, Ordering::Release);
     }
 
     /// A client write: the payload, then its metadata. Takes the regeneration lock only while a
@@ -205,7 +177,7 @@ impl Slab {
         assert_eq!(payload.len(), self.label.split_bytes as usize);
         assert_ne!(meta.version, 0, "a stored split has a written version");
         let _guard = self.lock_regeneration();
-        if self.versions[slot as usize].load(Ordering::Acquire) != 0 {
+        if self.region.version(slot).load(Ordering::Acquire) != 0 {
             return false;
         }
         // SAFETY: as in `write`.
@@ -256,12 +228,39 @@ impl Slab {
     }
 }
 
-impl Drop for Slab {
-    fn drop(&mut self) {
-        // SAFETY: `base`/`len_bytes` are exactly the mapping created in `map`, unmapped only here,
-        // and the last `Arc` is gone, so no request still holds a pointer into it.
-        let result = unsafe { libc::munmap(self.base.as_ptr().cast(), self.len_bytes) };
-        assert_eq!(result, 0, "munmap of our own mapping cannot fail");
+impl Slab {
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn layout(&self) -> ShmLayout {
+        self.region.layout()
+    }
+
+    /// The memfd to pass to the owner, or `None` if the slab already left the table. Marks the
+    /// slab exported, so that leaving the table revokes it. `export` and `detach` each store
+    /// their flag, then load the other's (SeqCst), so at least one of them sees both and
+    /// revokes: an unmap racing an export never leaves a live mapping of a forgotten slab.
+    pub fn export(&self) -> Option<BorrowedFd<'_>> {
+        self.exported.store(true, Ordering::SeqCst);
+        if self.detached.load(Ordering::SeqCst) {
+            self.region.revoke();
+            return None;
+        }
+        Some(self.region.memfd())
+    }
+
+    pub fn is_regenerating(&self) -> bool {
+        self.regenerating.load(Ordering::SeqCst)
+    }
+
+    /// Called once the slab left the table: stops rebuilds and, if a client maps the memfd,
+    /// revokes it there and returns its memory to the OS now (`shared_memory`).
+    fn detach(&self) {
+        self.detached.store(true, Ordering::SeqCst);
+        if self.exported.load(Ordering::SeqCst) {
+            self.region.revoke();
+        }
     }
 }
 
@@ -277,6 +276,8 @@ pub struct TableStats {
 pub struct SlabTable {
     slab_size_bytes: u64,
     capacity_bytes: u64,
+    /// The epoch of the next slab mapped: 1, 2, ... never reused while the node runs.
+    next_epoch: AtomicU64,
     inner: Mutex<TableInner>,
 }
 
@@ -294,6 +295,7 @@ impl SlabTable {
         SlabTable {
             slab_size_bytes,
             capacity_bytes,
+            next_epoch: AtomicU64::new(1),
             inner: Mutex::new(TableInner {
                 slabs: HashMap::new(),
                 reserved_ids: Vec::new(),
@@ -326,8 +328,9 @@ impl SlabTable {
                 max: max_split_bytes,
             });
         }
-        let slots = self.slab_size_bytes / u64::from(label.split_bytes);
-        let footprint_bytes = self.slab_size_bytes + slots * METADATA_BYTES_PER_SLOT;
+        let layout = ShmLayout::new(self.slab_size_bytes, label.split_bytes)
+            .expect("slab size checked in Node::bind, split size just above");
+        let footprint_bytes = layout.total_bytes;
         let slab_id = {
             let mut inner = self.lock();
             let free_bytes = self.capacity_bytes - inner.used_bytes;
@@ -339,7 +342,9 @@ impl SlabTable {
             inner.reserved_ids.push(slab_id);
             slab_id
         };
-        let mapped = Slab::map(self.slab_size_bytes, owner_client_id, label);
+        let epoch = self.next_epoch.fetch_add(1, Ordering::Relaxed);
+        let header = HeaderFields { epoch, owner_client_id, slab_id };
+        let mapped = Slab::map(layout, owner_client_id, label, header);
         let mut inner = self.lock();
         inner.reserved_ids.retain(|id| *id != slab_id);
         match mapped {
@@ -374,7 +379,7 @@ impl SlabTable {
         let slab = inner.slabs.remove(&slab_id).expect("present: checked above");
         inner.used_bytes -= slab.footprint_bytes();
         inner.metadata_bytes -= slab.metadata_bytes();
-        slab.detached.store(true, Ordering::Release);
+        slab.detach();
         Ok(slab.label)
     }
 
@@ -391,7 +396,7 @@ impl SlabTable {
         let slab = inner.slabs.remove(&slab_id).ok_or(SlabError::UnknownSlab { slab_id })?;
         inner.used_bytes -= slab.footprint_bytes();
         inner.metadata_bytes -= slab.metadata_bytes();
-        slab.detached.store(true, Ordering::Release);
+        slab.detach();
         Ok(slab)
     }
 
@@ -410,7 +415,7 @@ impl SlabTable {
         let slabs = std::mem::take(&mut inner.slabs);
         for slab in slabs.values() {
             inner.used_bytes -= slab.footprint_bytes();
-            slab.detached.store(true, Ordering::Release);
+            slab.detach();
         }
         let count = slabs.len();
         inner.metadata_bytes = 0;

@@ -146,6 +146,7 @@ fn node_handle_evicts_without_a_client_request() {
         node_id: NODE_ID,
         max_connections: 8,
         fault_injection: false,
+        unix_socket: None,
     })
     .unwrap();
     let handle = node.handle();

@@ -57,6 +57,7 @@ impl TestNode {
             node_id: NODE_ID,
             max_connections,
             fault_injection,
+            unix_socket: None,
         })
         .unwrap();
         let addr = node.local_addr();
