@@ -1749,6 +1749,14 @@ impl Client {
         }
     }
 
+    /// The splits of range `range` that this client reads and writes through shared memory.
+    pub fn shared_memory_splits(&self, range: usize) -> SplitMask {
+        let width = self.config.shape.total_splits();
+        (0..width)
+            .filter(|&split| live_shm(&self.shm, &self.ranges, width, range, split).is_some())
+            .fold(0, |mask, split| mask | (1 << split))
+    }
+
     fn export_slab(&mut self, node: usize, slab_id: u32) -> Result<ShmSlab, String> {
         let reply = self.control(node, &Control::ExportSlab { slab_id }).map_err(|error| error.to_string())?;
         let memfd = self.control_fd.take();
