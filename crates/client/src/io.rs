@@ -798,6 +798,7 @@ impl Client {
         slot.version = version;
         slot.write = Some(state);
         let split_bytes = self.split_bytes;
+        self.prefetch_shm(range_index, self.slots[slot_index].slot_in_range, targets);
         // Data splits go on the wire first; parities are encoded while they travel.
         for split in 0..shape.data_splits {
             if targets & (1 << split) != 0 {
@@ -898,6 +899,7 @@ impl Client {
     fn queue_reads(&mut self, slot_index: usize, mask: SplitMask) {
         let slot = &self.slots[slot_index];
         let (range, slot_in_range, generation) = (slot.range, slot.slot_in_range, slot.generation);
+        self.prefetch_shm(range, slot_in_range, mask);
         for split in 0..self.config.shape.total_splits() {
             if mask & (1 << split) == 0 {
                 continue;
@@ -1745,6 +1747,19 @@ impl Client {
                             "slab stays on the socket path")
                     }
                 }
+            }
+        }
+    }
+
+    /// Starts loading the shared-memory slots of `mask` (see [`ShmSlab::prefetch`]).
+    fn prefetch_shm(&self, range: usize, slot_in_range: u32, mask: SplitMask) {
+        if !self.shm_in_use {
+            return;
+        }
+        let width = self.config.shape.total_splits();
+        for split in (0..width).filter(|split| mask & (1 << split) != 0) {
+            if let Some(mapping) = live_shm(&self.shm, &self.ranges, width, range, split) {
+                mapping.prefetch(slot_in_range);
             }
         }
     }
