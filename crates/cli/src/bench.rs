@@ -263,8 +263,16 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
                 p50("ec(8,2) d=1", "write", 1) / p50("rep(2)", "write", 1),
                 None,
             ),
-            ratio("ec(8,2) d=1 read p50 / none read p50", p50("ec(8,2) d=1", "read", 1) / p50("none", "read", 1), None),
-            ratio("rep(2) read p50 / memcpy 4KiB p50", p50("rep(2)", "read", 1) / p50(MEMCPY_FLOOR, "read", 1), None),
+            ratio(
+                "ec(8,2) d=1 read p50 / none read p50",
+                p50("ec(8,2) d=1", "read", 1) / p50("none", "read", 1),
+                None,
+            ),
+            ratio(
+                "rep(2) read p50 / memcpy 4KiB p50",
+                p50("rep(2)", "read", 1) / p50(MEMCPY_FLOOR, "read", 1),
+                None,
+            ),
             ratio(
                 "ec(8,2) d=1 read p50 / memcpy 4KiB p50",
                 p50("ec(8,2) d=1", "read", 1) / p50(MEMCPY_FLOOR, "read", 1),
@@ -273,37 +281,37 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
         ]
     } else {
         vec![
-        ratio(
-            "ec(8,2) d=1 read p50 / fan-out 9->8 floor p50",
-            p50("ec(8,2) d=1", "read", 1) / p50("floor: fan-out 9->8", "read", 1),
-            Some(1.3),
-        ),
-        ratio(
-            "ec(8,2) d=0 read p50 / fan-out 8->8 floor p50",
-            p50("ec(8,2) d=0", "read", 1) / p50("floor: fan-out 8->8", "read", 1),
-            Some(1.3),
-        ),
-        ratio(
-            "ec(8,2) d=1 read p50 / rep(2) read p50",
-            p50("ec(8,2) d=1", "read", 1) / p50("rep(2)", "read", 1),
-            None,
-        ),
-        ratio(
-            "ec(8,2) write p50 / rep(2) write p50",
-            p50("ec(8,2) d=1", "write", 1) / p50("rep(2)", "write", 1),
-            None,
-        ),
-        ratio(
-            "rep(2) read p50 / 4KiB round-trip floor p50",
-            p50("rep(2)", "read", 1) / p50("floor: 4KiB round trip", "read", 1),
-            None,
-        ),
-        ratio(
-            "fan-out 9->8 floor p50 / 4KiB round-trip floor p50",
-            p50("floor: fan-out 9->8", "read", 1) / p50("floor: 4KiB round trip", "read", 1),
-            None,
-        ),
-    ]
+            ratio(
+                "ec(8,2) d=1 read p50 / fan-out 9->8 floor p50",
+                p50("ec(8,2) d=1", "read", 1) / p50("floor: fan-out 9->8", "read", 1),
+                Some(1.3),
+            ),
+            ratio(
+                "ec(8,2) d=0 read p50 / fan-out 8->8 floor p50",
+                p50("ec(8,2) d=0", "read", 1) / p50("floor: fan-out 8->8", "read", 1),
+                Some(1.3),
+            ),
+            ratio(
+                "ec(8,2) d=1 read p50 / rep(2) read p50",
+                p50("ec(8,2) d=1", "read", 1) / p50("rep(2)", "read", 1),
+                None,
+            ),
+            ratio(
+                "ec(8,2) write p50 / rep(2) write p50",
+                p50("ec(8,2) d=1", "write", 1) / p50("rep(2)", "write", 1),
+                None,
+            ),
+            ratio(
+                "rep(2) read p50 / 4KiB round-trip floor p50",
+                p50("rep(2)", "read", 1) / p50("floor: 4KiB round trip", "read", 1),
+                None,
+            ),
+            ratio(
+                "fan-out 9->8 floor p50 / 4KiB round-trip floor p50",
+                p50("floor: fan-out 9->8", "read", 1) / p50("floor: 4KiB round trip", "read", 1),
+                None,
+            ),
+        ]
     };
     let report = BenchReport {
         nodes: nodes.len(),

@@ -132,7 +132,12 @@ impl LocalCluster {
             let address = read_listen_line(stdout, Duration::from_secs(20)).with_context(|| {
                 format!("node {index} (pid {pid}) did not start; see {}", log_path.display())
             })?;
-            cluster.file.nodes.push(ClusterNode { address, failure_domain: domain, pid: Some(pid), unix_socket });
+            cluster.file.nodes.push(ClusterNode {
+                address,
+                failure_domain: domain,
+                pid: Some(pid),
+                unix_socket,
+            });
         }
         cluster.file.save(&cluster.cluster_file_path)?;
         Ok(cluster)

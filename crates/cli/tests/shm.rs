@@ -42,8 +42,13 @@ fn connect(cluster: &LocalCluster) -> Client {
     let mut config = ClientConfig::new(EC82, PAGES * 4096);
     config.request_timeout = Duration::from_millis(1500);
     config.shared_memory = true;
-    Client::connect(&cluster.addresses(), &cluster.secret, config, &mut LeastLoaded::new(StdRng::seed_from_u64(7)))
-        .expect("client connects")
+    Client::connect(
+        &cluster.addresses(),
+        &cluster.secret,
+        config,
+        &mut LeastLoaded::new(StdRng::seed_from_u64(7)),
+    )
+    .expect("client connects")
 }
 
 /// Remote memory's reference model: the generation last written to each page.
@@ -54,7 +59,8 @@ struct Model {
 
 impl Model {
     fn write(&mut self, client: &mut Client, pages: &[u64]) {
-        let next: Vec<u64> = pages.iter().map(|page| self.generations.get(page).copied().unwrap_or(0) + 1).collect();
+        let next: Vec<u64> =
+            pages.iter().map(|page| self.generations.get(page).copied().unwrap_or(0) + 1).collect();
         let buffers: Vec<Vec<u8>> = pages
             .iter()
             .zip(&next)
@@ -148,7 +154,8 @@ fn a_killed_node_is_never_used_again_and_reads_never_return_wrong_data() {
     loop {
         model.read(&mut client, &all_pages()[..256]);
         let range = &client.ranges()[0];
-        let still_mapped = client.shared_memory_splits(0) & (1 << victim_split) != 0 && range.slabs[victim_split] == victim;
+        let still_mapped =
+            client.shared_memory_splits(0) & (1 << victim_split) != 0 && range.slabs[victim_split] == victim;
         if !still_mapped {
             break;
         }

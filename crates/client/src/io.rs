@@ -478,7 +478,8 @@ impl Client {
             ranges.push(Range { slabs, unavailable: 0, rebuilding: 0 });
         }
 
-        let mut client = Client::assemble(config, codec_params, streams, ranges, pages_per_range, page_count)?;
+        let mut client =
+            Client::assemble(config, codec_params, streams, ranges, pages_per_range, page_count)?;
         client.export_slabs();
         Ok(client)
     }
@@ -843,7 +844,12 @@ impl Client {
         let shm_stored = live_shm(&self.shm, &self.ranges, self.config.shape.total_splits(), range, split)
             .map(|shm| shm.write_split(prefix.slot, payload, meta));
         if let Some(stored) = shm_stored {
-            self.events.push(SplitEvent { slot: slot_index, generation, split, outcome: Outcome::Write(stored) });
+            self.events.push(SplitEvent {
+                slot: slot_index,
+                generation,
+                split,
+                outcome: Outcome::Write(stored),
+            });
             if !stored {
                 self.schedule_regeneration(range, split, "shared-memory slab revoked");
             }
@@ -906,7 +912,12 @@ impl Client {
             }
             let slab = self.ranges[range].slabs[split];
             if live_shm(&self.shm, &self.ranges, self.config.shape.total_splits(), range, split).is_some() {
-                self.events.push(SplitEvent { slot: slot_index, generation, split, outcome: Outcome::ShmRead });
+                self.events.push(SplitEvent {
+                    slot: slot_index,
+                    generation,
+                    split,
+                    outcome: Outcome::ShmRead,
+                });
                 continue;
             }
             let conn = &mut self.conns[slab.node];
@@ -1733,7 +1744,8 @@ impl Client {
         for range in 0..self.ranges.len() {
             for split in 0..width {
                 let slab = self.ranges[range].slabs[split];
-                let skipped = (self.ranges[range].unavailable | self.ranges[range].rebuilding) & (1 << split) != 0;
+                let skipped =
+                    (self.ranges[range].unavailable | self.ranges[range].rebuilding) & (1 << split) != 0;
                 if skipped || !matches!(self.conns[slab.node].stream, ConnStream::Unix(_)) {
                     continue;
                 }
@@ -1773,7 +1785,8 @@ impl Client {
     }
 
     fn export_slab(&mut self, node: usize, slab_id: u32) -> Result<ShmSlab, String> {
-        let reply = self.control(node, &Control::ExportSlab { slab_id }).map_err(|error| error.to_string())?;
+        let reply =
+            self.control(node, &Control::ExportSlab { slab_id }).map_err(|error| error.to_string())?;
         let memfd = self.control_fd.take();
         let Control::SlabExported { slab_id: exported, epoch, layout } = reply else {
             return Err(format!("{:?} reply to ExportSlab", reply.kind()));
@@ -1781,7 +1794,8 @@ impl Client {
         if exported != slab_id {
             return Err(format!("asked for slab {slab_id}, node exported {exported}"));
         }
-        if layout.split_bytes as usize != self.split_bytes || u64::from(layout.slots) != self.pages_per_range {
+        if layout.split_bytes as usize != self.split_bytes || u64::from(layout.slots) != self.pages_per_range
+        {
             return Err(format!("slab of {} splits of {} bytes", layout.slots, layout.split_bytes));
         }
         let memfd = memfd.ok_or("no descriptor with SlabExported")?;

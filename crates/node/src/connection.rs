@@ -26,6 +26,7 @@ use crate::fault::{self, ConnectionDelay, DelayFault, Faults};
 use crate::peers::{Peer, Peers};
 use crate::regenerate::{self, Regenerations};
 use crate::slab::{SlabError, SlabLabel, SlabTable};
+use crate::stream::Stream;
 use remem_proto::auth::{self, Secret};
 use remem_proto::{
     encode_read_splits_reply_head, max_read_splits_count, Control, DecodeError, ErrorCode, FaultKind,
@@ -33,7 +34,6 @@ use remem_proto::{
     WRITE_SPLIT_PREFIX_BYTES,
 };
 use std::io::{self, Read, Write};
-use crate::stream::Stream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -447,7 +447,10 @@ impl Connection {
     /// `UnknownSlab`, `NotOwner`.
     fn export_slab(&mut self, request_id: u64, slab_id: u32) -> Result<Option<Control>, ConnectionEnd> {
         if !self.stream.is_unix() {
-            return Ok(Some(Control::error(ErrorCode::Unsupported, "ExportSlab needs a Unix-socket connection")));
+            return Ok(Some(Control::error(
+                ErrorCode::Unsupported,
+                "ExportSlab needs a Unix-socket connection",
+            )));
         }
         let slab = match self.shared.table.get(self.client_id, slab_id) {
             Ok(slab) => slab,
@@ -460,7 +463,8 @@ impl Connection {
             return Ok(Some(self.refusal_reply(SlabError::UnknownSlab { slab_id })));
         };
         let mut frame = Vec::with_capacity(HEADER_BYTES + 64);
-        Control::SlabExported { slab_id, epoch: slab.epoch(), layout: slab.layout() }.encode(request_id, &mut frame);
+        Control::SlabExported { slab_id, epoch: slab.epoch(), layout: slab.layout() }
+            .encode(request_id, &mut frame);
         self.flush()?;
         let sent = {
             let _guard = self.handle.lock_writes();

@@ -1,7 +1,7 @@
 //! remem-node: the memory node server.
 //!
-//! Job: hold slabs of anonymous memory for authenticated clients and serve split reads and writes
-//! on them over the remem wire protocol (`docs/PROTOCOL.md`). A node stores what clients send and
+//! Job: hold slabs of memory (memfds, `shared_memory`) for authenticated clients and serve split
+//! reads and writes on them over the remem wire protocol (`docs/PROTOCOL.md`). A node stores what clients send and
 //! never interprets payloads on the data path: erasure coding, checksum verification and
 //! placement are the client's. The one exception is a rebuild (`Regenerate`, module
 //! `regenerate`): there the node acts for the client, reads surviving splits from other nodes,
@@ -46,11 +46,11 @@ use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use stream::Stream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+use stream::Stream;
 
 /// How often the acceptor looks at the shutdown flag.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
@@ -197,16 +197,19 @@ impl Node {
             }
             threads.retain(|thread| !thread.is_finished());
             let unix_fd = self.unix_listener.as_ref().map(|(listener, _)| listener.as_raw_fd());
-            let (tcp_ready, unix_ready) = match wait_readable(self.listener.as_raw_fd(), unix_fd, SHUTDOWN_POLL) {
-                Ok(ready) => ready,
-                Err(error) => break Err(error),
-            };
+            let (tcp_ready, unix_ready) =
+                match wait_readable(self.listener.as_raw_fd(), unix_fd, SHUTDOWN_POLL) {
+                    Ok(ready) => ready,
+                    Err(error) => break Err(error),
+                };
             if tcp_ready {
                 match self.listener.accept() {
                     Ok((stream, peer)) => {
                         next_connection += 1;
                         let prepared = stream.set_nodelay(true).map(|()| Stream::Tcp(stream));
-                        if let Some(thread) = self.start_connection(next_connection, prepared, peer.to_string()) {
+                        if let Some(thread) =
+                            self.start_connection(next_connection, prepared, peer.to_string())
+                        {
                             threads.push(thread);
                         }
                     }
@@ -217,9 +220,11 @@ impl Node {
                 match listener.accept() {
                     Ok((stream, _)) => {
                         next_connection += 1;
-                        if let Some(thread) =
-                            self.start_connection(next_connection, Ok(Stream::Unix(stream)), "unix".to_owned())
-                        {
+                        if let Some(thread) = self.start_connection(
+                            next_connection,
+                            Ok(Stream::Unix(stream)),
+                            "unix".to_owned(),
+                        ) {
                             threads.push(thread);
                         }
                     }
@@ -241,7 +246,12 @@ impl Node {
         std::thread::sleep(SHUTDOWN_POLL);
     }
 
-    fn start_connection(&self, number: u64, stream: io::Result<Stream>, peer: String) -> Option<JoinHandle<()>> {
+    fn start_connection(
+        &self,
+        number: u64,
+        stream: io::Result<Stream>,
+        peer: String,
+    ) -> Option<JoinHandle<()>> {
         let prepared = stream.and_then(|stream| {
             stream.set_nonblocking(false)?;
             let handle = stream.try_clone()?;

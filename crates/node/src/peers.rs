@@ -7,9 +7,9 @@
 //! A connection blocked in `read` still gets its notices promptly, because the writer is the
 //! notifying thread itself.
 
+use crate::stream::Stream;
 use std::collections::HashMap;
 use std::io::Write;
-use crate::stream::Stream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 

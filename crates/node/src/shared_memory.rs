@@ -51,9 +51,12 @@ unsafe impl Sync for Region {}
 impl Region {
     /// Creates, sizes, seals, allocates and maps a memfd for `layout`, with its header written.
     pub fn create(layout: ShmLayout, header: HeaderFields) -> io::Result<Region> {
-        let len = usize::try_from(layout.total_bytes).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let len =
+            usize::try_from(layout.total_bytes).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: a NUL-terminated name and valid flags; the result is checked before use.
-        let raw = unsafe { libc::memfd_create(c"remem-slab".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+        let raw = unsafe {
+            libc::memfd_create(c"remem-slab".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
         if raw < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -70,7 +73,9 @@ impl Region {
             if libc::fallocate(fd, 0, 0, total) != 0 {
                 return Err(io::Error::last_os_error());
             }
-            if libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) != 0 {
+            if libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL)
+                != 0
+            {
                 return Err(io::Error::last_os_error());
             }
         }

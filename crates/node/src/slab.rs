@@ -1,5 +1,6 @@
-//! Slabs: anonymous mmap'd memory carved into equal slots, plus per-slot metadata, and the table
-//! of slabs a node has mapped.
+//! Slabs: memfd-backed memory (`shared_memory`) carved into equal slots, with per-slot metadata in
+//! the same shared mapping, and the table of slabs a node has mapped. A slab's owner may map it
+//! too (`ExportSlab`); it then reads and writes slots with the same ordering as the node.
 //!
 //! Concurrency and fault model: a slab may be used by several connection threads at once (one
 //! client may hold several connections), by a rebuild thread (`regenerate`) and by fault
@@ -7,7 +8,7 @@
 //! `slot_copy`; Rust code never forms a reference to slab memory, so a racing write and read are
 //! not a data race in the Rust memory model, only a word-level race. A reader racing a writer of
 //! the same slot may therefore see torn payload bytes, or a payload from one write with the
-//! metadata of another. Metadata is two atomics per slot; a writer stores the payload first, then
+//! metadata of another. Metadata is two atomics per slot in the memfd; a writer stores the payload first, then
 //! the checksum, then the version (release), and a reader loads the version (acquire) and checksum
 //! before copying the payload. Any torn combination fails the end-to-end checksum at the client,
 //! which treats the split as an erasure; the client orders its own writes and reads of one slot on
@@ -95,7 +96,12 @@ pub struct Slab {
 }
 
 impl Slab {
-    fn map(layout: ShmLayout, owner_client_id: u64, label: SlabLabel, header: HeaderFields) -> Result<Slab, SlabError> {
+    fn map(
+        layout: ShmLayout,
+        owner_client_id: u64,
+        label: SlabLabel,
+        header: HeaderFields,
+    ) -> Result<Slab, SlabError> {
         let region = Region::create(layout, header)
             .map_err(|source| SlabError::MapFailed { bytes: layout.total_bytes, source })?;
         Ok(Slab {

@@ -64,7 +64,8 @@ impl ShmLayout {
     /// The layout of a slab of `slab_bytes` (a power of two in 4 KiB..=4 GiB) cut into splits of
     /// `split_bytes` (a power of two in 64..=min(slab_bytes, 1 MiB)); `None` otherwise.
     pub fn new(slab_bytes: u64, split_bytes: u32) -> Option<ShmLayout> {
-        let slab_ok = slab_bytes.is_power_of_two() && (SHM_PAGE_BYTES..=SHM_MAX_SLAB_BYTES).contains(&slab_bytes);
+        let slab_ok =
+            slab_bytes.is_power_of_two() && (SHM_PAGE_BYTES..=SHM_MAX_SLAB_BYTES).contains(&slab_bytes);
         let split_ok = split_bytes.is_power_of_two()
             && (MIN_SPLIT_BYTES..=MAX_SPLIT_BYTES).contains(&split_bytes)
             && u64::from(split_bytes) <= slab_bytes;

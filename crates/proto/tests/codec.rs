@@ -528,10 +528,16 @@ fn slab_exported_rejects_layouts_other_than_the_computed_one_and_epoch_zero() {
     }
     let mut bad = body.to_vec();
     bad[8] ^= 1; // slots
-    assert_eq!(Control::decode_body(Kind::SlabExported, &bad), Err(DecodeError::BadLayout { kind: Kind::SlabExported }));
+    assert_eq!(
+        Control::decode_body(Kind::SlabExported, &bad),
+        Err(DecodeError::BadLayout { kind: Kind::SlabExported })
+    );
     let mut bad = body.to_vec();
     bad[4..8].copy_from_slice(&100u32.to_le_bytes()); // split_bytes not a power of two
-    assert_eq!(Control::decode_body(Kind::SlabExported, &bad), Err(DecodeError::BadLayout { kind: Kind::SlabExported }));
+    assert_eq!(
+        Control::decode_body(Kind::SlabExported, &bad),
+        Err(DecodeError::BadLayout { kind: Kind::SlabExported })
+    );
     let mut bad = body.to_vec();
     bad[12] = 1; // reserved
     assert_eq!(
@@ -547,7 +553,10 @@ fn slab_exported_rejects_layouts_other_than_the_computed_one_and_epoch_zero() {
     // Wrong lengths never reach the field decoder.
     assert!(Control::decode_body(Kind::SlabExported, &body[..63]).is_err());
     assert!(Control::decode_body(Kind::ExportSlab, &[0u8; 5]).is_err());
-    assert_eq!(Control::decode_body(Kind::ExportSlab, &9u32.to_le_bytes()), Ok(Control::ExportSlab { slab_id: 9 }));
+    assert_eq!(
+        Control::decode_body(Kind::ExportSlab, &9u32.to_le_bytes()),
+        Ok(Control::ExportSlab { slab_id: 9 })
+    );
 }
 
 #[test]

@@ -145,13 +145,22 @@ impl ShmSlab {
         let layout = self.layout;
         let checks: [(bool, &'static str); 9] = [
             (self.header_u64(SHM_HEADER_MAGIC).load(Ordering::Acquire) == SHM_MAGIC, "magic"),
-            (self.header_u32(SHM_HEADER_LAYOUT_VERSION).load(Ordering::Relaxed) == SHM_LAYOUT_VERSION, "version"),
+            (
+                self.header_u32(SHM_HEADER_LAYOUT_VERSION).load(Ordering::Relaxed) == SHM_LAYOUT_VERSION,
+                "version",
+            ),
             (self.header_u64(SHM_HEADER_EPOCH).load(Ordering::Relaxed) == expected.epoch, "epoch"),
             (self.header_u64(SHM_HEADER_OWNER).load(Ordering::Relaxed) == expected.owner_client_id, "owner"),
             (self.header_u32(SHM_HEADER_SLAB_ID).load(Ordering::Relaxed) == expected.slab_id, "slab id"),
-            (self.header_u32(SHM_HEADER_SPLIT_BYTES).load(Ordering::Relaxed) == layout.split_bytes, "split size"),
+            (
+                self.header_u32(SHM_HEADER_SPLIT_BYTES).load(Ordering::Relaxed) == layout.split_bytes,
+                "split size",
+            ),
             (self.header_u32(SHM_HEADER_SLOTS).load(Ordering::Relaxed) == layout.slots, "slots"),
-            (self.header_u64(SHM_HEADER_SLAB_BYTES).load(Ordering::Relaxed) == layout.slab_bytes, "slab size"),
+            (
+                self.header_u64(SHM_HEADER_SLAB_BYTES).load(Ordering::Relaxed) == layout.slab_bytes,
+                "slab size",
+            ),
             (!self.is_revoked(), "revoked"),
         ];
         match checks.iter().find(|(ok, _)| !ok) {
@@ -167,18 +176,24 @@ impl ShmSlab {
     fn header_u64(&self, field: u64) -> &AtomicU64 {
         // SAFETY: the header lies inside the mapping (the layout was checked against the file
         // size), 64-aligned; u64 fields at multiples of 8; accessed only atomically.
-        unsafe { AtomicU64::from_ptr(self.base.as_ptr().add((self.layout.header_offset + field) as usize).cast()) }
+        unsafe {
+            AtomicU64::from_ptr(self.base.as_ptr().add((self.layout.header_offset + field) as usize).cast())
+        }
     }
 
     fn header_u32(&self, field: u64) -> &AtomicU32 {
         // SAFETY: as in `header_u64`, u32 fields at multiples of 4.
-        unsafe { AtomicU32::from_ptr(self.base.as_ptr().add((self.layout.header_offset + field) as usize).cast()) }
+        unsafe {
+            AtomicU32::from_ptr(self.base.as_ptr().add((self.layout.header_offset + field) as usize).cast())
+        }
     }
 
     fn version(&self, slot: u32) -> &AtomicU8 {
         assert!(slot < self.layout.slots);
         // SAFETY: inside the versions array of the mapping; accessed only atomically.
-        unsafe { AtomicU8::from_ptr(self.base.as_ptr().add(self.layout.versions_offset as usize + slot as usize)) }
+        unsafe {
+            AtomicU8::from_ptr(self.base.as_ptr().add(self.layout.versions_offset as usize + slot as usize))
+        }
     }
 
     fn checksum(&self, slot: u32) -> &AtomicU32 {
@@ -274,7 +289,11 @@ impl Drop for ShmSlab {
 /// through the returned flag.
 ///
 /// Returns (bytes read, whether descriptors were dropped or truncated).
-pub(super) fn recv_with_fds(fd: RawFd, buf: &mut [u8], fds: &mut VecDeque<OwnedFd>) -> io::Result<(usize, bool)> {
+pub(super) fn recv_with_fds(
+    fd: RawFd,
+    buf: &mut [u8],
+    fds: &mut VecDeque<OwnedFd>,
+) -> io::Result<(usize, bool)> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     // Room for a few descriptors; aligned for cmsghdr.
     let mut control = [0u64; 8];
@@ -297,7 +316,8 @@ pub(super) fn recv_with_fds(fd: RawFd, buf: &mut [u8], fds: &mut VecDeque<OwnedF
         while !header.is_null() {
             if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
                 let data = libc::CMSG_DATA(header).cast::<libc::c_int>();
-                let count = ((*header).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<libc::c_int>();
+                let count = ((*header).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
+                    / std::mem::size_of::<libc::c_int>();
                 for index in 0..count {
                     let raw = std::ptr::read_unaligned(data.add(index));
                     let owned = OwnedFd::from_raw_fd(raw);
@@ -371,7 +391,10 @@ mod tests {
             }
         }
         let bigger = ShmLayout::new(128 * 1024, 512).unwrap();
-        assert!(matches!(ShmSlab::map(duplicate(&memfd), 0, expected(bigger)), Err(ShmError::Mismatch("file size"))));
+        assert!(matches!(
+            ShmSlab::map(duplicate(&memfd), 0, expected(bigger)),
+            Err(ShmError::Mismatch("file size"))
+        ));
     }
 
     #[test]
@@ -411,7 +434,8 @@ mod tests {
         let readers: Vec<_> = (0..2)
             .map(|_| {
                 let slab = ShmSlab::map(duplicate(&memfd), 0, expected(layout)).unwrap();
-                let (stop, accepted, rejected) = (Arc::clone(&stop), Arc::clone(&accepted), Arc::clone(&rejected));
+                let (stop, accepted, rejected) =
+                    (Arc::clone(&stop), Arc::clone(&accepted), Arc::clone(&rejected));
                 std::thread::spawn(move || {
                     let mut copy = vec![0u8; 512];
                     while !stop.load(Ordering::Relaxed) {

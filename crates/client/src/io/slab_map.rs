@@ -15,7 +15,9 @@ use remem_proto::auth::Secret;
 use remem_proto::Control;
 use serde::{Deserialize, Serialize};
 
-use super::{blocking_control, unexpected, BlockingStream, Client, ClientConfig, Range, SlabRef, PAGE_VERSION_UNKNOWN};
+use super::{
+    blocking_control, unexpected, BlockingStream, Client, ClientConfig, Range, SlabRef, PAGE_VERSION_UNKNOWN,
+};
 use crate::core::Shape;
 use crate::error::ConnectError;
 
