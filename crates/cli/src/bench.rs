@@ -33,8 +33,9 @@ pub struct BenchArgs {
     /// Nodes of the cluster the bench starts when no --cluster is given.
     #[arg(long, default_value_t = 10)]
     pub nodes: usize,
-    /// Slab size of the cluster the bench starts.
-    #[arg(long, default_value = "16MiB", value_parser = parse_bytes)]
+    /// Slab size of the cluster the bench starts (64 MiB keeps shared-memory metadata, header
+    /// page included, under 1% of slab memory at 512-byte splits).
+    #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
     pub slab_size: u64,
     /// Address space per scheme; filled completely before measuring.
     #[arg(long, default_value = "128MiB", value_parser = parse_bytes)]
@@ -61,6 +62,17 @@ pub struct BenchArgs {
     /// Clients poll without blocking this long before they block (see ClientConfig).
     #[arg(long = "spin", value_name = "MICROSECONDS", default_value_t = 0)]
     pub spin_us: u64,
+    /// `tcp`, or `shm`: every node on this host is reached over its Unix socket and its slabs
+    /// are read and written as shared memory (docs/SHM.md); the floor is then a plain 4 KiB
+    /// memcpy instead of socket round trips.
+    #[arg(long, value_enum, default_value_t = Transport::Tcp)]
+    pub transport: Transport,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Transport {
+    Tcp,
+    Shm,
 }
 
 #[derive(Debug, Serialize)]
@@ -135,6 +147,7 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
                 dir,
                 fault_injection: args.straggler_us.is_some(),
                 monitor_args: None,
+                unix_sockets: crate::launcher::UnixSockets::All,
             };
             eprintln!("starting {} nodes ...", options.nodes);
             let started = LocalCluster::start(binary, &options)?;
@@ -168,6 +181,7 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
         let mut config = ClientConfig::new(scheme.shape, args.size);
         config.max_in_flight = 32;
         config.spin_before_block = Duration::from_micros(args.spin_us);
+        config.shared_memory = args.transport == Transport::Shm;
         let mut client = Client::connect(&nodes, &secret, config, args.placement.build(args.seed))
             .with_context(|| format!("connecting the {} client", scheme.name))?;
         let pages = client.page_count();
@@ -187,7 +201,15 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
                 series.push(result(scheme.name, operation.name(), queue_depth, samples, elapsed));
             }
         }
-        if scheme.name == SCHEMES[0].name {
+        if args.transport == Transport::Shm {
+            let splits = client.shared_memory_splits(0);
+            anyhow::ensure!(
+                splits == scheme.shape.all_splits(),
+                "{}: only splits {splits:#b} of range 0 are on shared memory",
+                scheme.name
+            );
+        }
+        if scheme.name == SCHEMES[0].name && args.transport == Transport::Tcp {
             // Floors on the nodes of range 0 of the EC client, so they share its placement.
             let range_nodes = client.range_nodes(0);
             let k = scheme.shape.data_splits;
@@ -207,6 +229,14 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
         client.release().context("releasing slabs")?;
     }
     drop(own_cluster);
+    if args.transport == Transport::Shm {
+        for queue_depth in [1, 32] {
+            let count = if queue_depth == 1 { args.ops } else { args.ops * 4 };
+            eprintln!("floor: memcpy 4KiB x{count} ...");
+            let (samples, elapsed) = run_memcpy(&mut rng, args.size, page_bytes, count);
+            series.push(result(MEMCPY_FLOOR, "read", queue_depth, samples, elapsed));
+        }
+    }
 
     let p50 = |name: &str, operation: &str, queue_depth: usize| {
         series
@@ -214,39 +244,77 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
             .find(|s| s.name == name && s.operation == operation && s.queue_depth == queue_depth)
             .map_or(f64::NAN, |s| s.latency.p50_us)
     };
+    let percentile = |name: &str, operation: &str, pick: fn(&Summary) -> f64| {
+        series
+            .iter()
+            .find(|s| s.name == name && s.operation == operation && s.queue_depth == 1)
+            .map_or(f64::NAN, |s| pick(&s.latency))
+    };
     let ratio = |name: &str, value: f64, target: Option<f64>| Ratio { name: name.to_string(), value, target };
-    let ratios = vec![
-        ratio(
-            "ec(8,2) d=1 read p50 / fan-out 9->8 floor p50",
-            p50("ec(8,2) d=1", "read", 1) / p50("floor: fan-out 9->8", "read", 1),
-            Some(1.3),
-        ),
-        ratio(
-            "ec(8,2) d=0 read p50 / fan-out 8->8 floor p50",
-            p50("ec(8,2) d=0", "read", 1) / p50("floor: fan-out 8->8", "read", 1),
-            Some(1.3),
-        ),
-        ratio(
-            "ec(8,2) d=1 read p50 / rep(2) read p50",
-            p50("ec(8,2) d=1", "read", 1) / p50("rep(2)", "read", 1),
-            None,
-        ),
-        ratio(
-            "ec(8,2) write p50 / rep(2) write p50",
-            p50("ec(8,2) d=1", "write", 1) / p50("rep(2)", "write", 1),
-            None,
-        ),
-        ratio(
-            "rep(2) read p50 / 4KiB round-trip floor p50",
-            p50("rep(2)", "read", 1) / p50("floor: 4KiB round trip", "read", 1),
-            None,
-        ),
-        ratio(
-            "fan-out 9->8 floor p50 / 4KiB round-trip floor p50",
-            p50("floor: fan-out 9->8", "read", 1) / p50("floor: 4KiB round trip", "read", 1),
-            None,
-        ),
-    ];
+    let ratios = if args.transport == Transport::Shm {
+        vec![
+            ratio("ec(8,2) d=1 read p99 us", percentile("ec(8,2) d=1", "read", |l| l.p99_us), Some(10.0)),
+            ratio("ec(8,2) d=1 write p99 us", percentile("ec(8,2) d=1", "write", |l| l.p99_us), Some(10.0)),
+            ratio(
+                "ec(8,2) d=1 read p50 / rep(2) read p50",
+                p50("ec(8,2) d=1", "read", 1) / p50("rep(2)", "read", 1),
+                Some(2.0),
+            ),
+            ratio(
+                "ec(8,2) d=1 write p50 / rep(2) write p50",
+                p50("ec(8,2) d=1", "write", 1) / p50("rep(2)", "write", 1),
+                None,
+            ),
+            ratio(
+                "ec(8,2) d=1 read p50 / none read p50",
+                p50("ec(8,2) d=1", "read", 1) / p50("none", "read", 1),
+                None,
+            ),
+            ratio(
+                "rep(2) read p50 / memcpy 4KiB p50",
+                p50("rep(2)", "read", 1) / p50(MEMCPY_FLOOR, "read", 1),
+                None,
+            ),
+            ratio(
+                "ec(8,2) d=1 read p50 / memcpy 4KiB p50",
+                p50("ec(8,2) d=1", "read", 1) / p50(MEMCPY_FLOOR, "read", 1),
+                None,
+            ),
+        ]
+    } else {
+        vec![
+            ratio(
+                "ec(8,2) d=1 read p50 / fan-out 9->8 floor p50",
+                p50("ec(8,2) d=1", "read", 1) / p50("floor: fan-out 9->8", "read", 1),
+                Some(1.3),
+            ),
+            ratio(
+                "ec(8,2) d=0 read p50 / fan-out 8->8 floor p50",
+                p50("ec(8,2) d=0", "read", 1) / p50("floor: fan-out 8->8", "read", 1),
+                Some(1.3),
+            ),
+            ratio(
+                "ec(8,2) d=1 read p50 / rep(2) read p50",
+                p50("ec(8,2) d=1", "read", 1) / p50("rep(2)", "read", 1),
+                None,
+            ),
+            ratio(
+                "ec(8,2) write p50 / rep(2) write p50",
+                p50("ec(8,2) d=1", "write", 1) / p50("rep(2)", "write", 1),
+                None,
+            ),
+            ratio(
+                "rep(2) read p50 / 4KiB round-trip floor p50",
+                p50("rep(2)", "read", 1) / p50("floor: 4KiB round trip", "read", 1),
+                None,
+            ),
+            ratio(
+                "fan-out 9->8 floor p50 / 4KiB round-trip floor p50",
+                p50("floor: fan-out 9->8", "read", 1) / p50("floor: 4KiB round trip", "read", 1),
+                None,
+            ),
+        ]
+    };
     let report = BenchReport {
         nodes: nodes.len(),
         page_bytes,
@@ -278,6 +346,27 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
         eprintln!("plots: {} and {}", path.display(), write_path.display());
     }
     Ok(report)
+}
+
+const MEMCPY_FLOOR: &str = "floor: memcpy 4KiB";
+
+/// The shared-memory floor: one 4 KiB copy from a random page of a buffer as large as a
+/// scheme's address space, timed like a page op (two clock reads around it).
+fn run_memcpy(rng: &mut StdRng, size: u64, page_bytes: usize, count: usize) -> (Samples, Duration) {
+    let pages = (size as usize / page_bytes).max(1);
+    let source: Vec<u8> = (0..pages * page_bytes).map(|byte| byte as u8).collect();
+    let mut target = vec![0u8; page_bytes];
+    let order = random_pages(rng, pages as u64, count);
+    let mut samples = Samples::with_capacity(count);
+    let started = Instant::now();
+    for page in order {
+        let at = page as usize * page_bytes;
+        let op_started = Instant::now();
+        target.copy_from_slice(std::hint::black_box(&source[at..at + page_bytes]));
+        std::hint::black_box(&mut target);
+        samples.push(op_started.elapsed());
+    }
+    (samples, started.elapsed())
 }
 
 /// Seed 000 Figure 11a on this cluster: read p99 with one straggler, per scheme.

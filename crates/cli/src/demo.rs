@@ -70,6 +70,7 @@ pub fn run(args: DemoArgs, binary: &std::path::Path) -> Result<()> {
         dir: dir.clone(),
         fault_injection: false,
         monitor_args: None,
+        unix_sockets: crate::launcher::UnixSockets::All,
     };
     println!("starting {} memory nodes (logs in {}) ...", args.nodes, dir.display());
     let mut cluster = LocalCluster::start(binary, &options)?;

@@ -37,6 +37,29 @@ pub struct ClusterOptions {
     /// host, so every monitor would see the same memory and all would evict at once, and tests
     /// must not lose slabs because the machine is busy.
     pub monitor_args: Option<Vec<String>>,
+    /// Give node N a Unix socket `DIR/node-N.sock` (recorded in the cluster file) for
+    /// same-host shared memory. Nodes not listed get none (for mixed-transport tests).
+    pub unix_sockets: UnixSockets,
+}
+
+/// Which nodes of a local cluster listen on a Unix socket too.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum UnixSockets {
+    #[default]
+    All,
+    None,
+    /// Only these node indexes.
+    Only(Vec<usize>),
+}
+
+impl UnixSockets {
+    fn includes(&self, node: usize) -> bool {
+        match self {
+            UnixSockets::All => true,
+            UnixSockets::None => false,
+            UnixSockets::Only(nodes) => nodes.contains(&node),
+        }
+    }
 }
 
 pub struct LocalCluster {
@@ -86,6 +109,8 @@ impl LocalCluster {
             let log_path = options.dir.join(format!("node-{index}.log"));
             let log = std::fs::File::create(&log_path)
                 .with_context(|| format!("creating {}", log_path.display()))?;
+            let unix_socket =
+                options.unix_sockets.includes(index).then(|| options.dir.join(format!("node-{index}.sock")));
             let mut child = Command::new(binary)
                 .arg("node")
                 .arg("--listen")
@@ -103,6 +128,7 @@ impl LocalCluster {
                     Some(args) => args.clone(),
                     None => vec!["--no-monitor".to_owned()],
                 })
+                .args(unix_socket.iter().flat_map(|path| [std::ffi::OsStr::new("--unix"), path.as_os_str()]))
                 .env("REMEM_SECRET", &secret_hex)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
@@ -115,7 +141,12 @@ impl LocalCluster {
             let address = read_listen_line(stdout, Duration::from_secs(20)).with_context(|| {
                 format!("node {index} (pid {pid}) did not start; see {}", log_path.display())
             })?;
-            cluster.file.nodes.push(ClusterNode { address, failure_domain: domain, pid: Some(pid) });
+            cluster.file.nodes.push(ClusterNode {
+                address,
+                failure_domain: domain,
+                pid: Some(pid),
+                unix_socket,
+            });
         }
         cluster.file.save(&cluster.cluster_file_path)?;
         Ok(cluster)

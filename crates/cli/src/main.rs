@@ -178,6 +178,7 @@ fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
         dir: args.dir.unwrap_or_else(remem::launcher::default_dir),
         fault_injection: args.fault_injection,
         monitor_args: None,
+        unix_sockets: remem::launcher::UnixSockets::All,
     };
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;

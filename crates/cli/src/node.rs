@@ -62,6 +62,11 @@ pub struct NodeArgs {
     /// while memory is above the headroom, so that a new slab is ready at once; 0 turns it off.
     #[arg(long, default_value_t = 2)]
     pub prealloc_slabs: u32,
+    /// Also listen on this Unix socket, where same-host clients may map their slabs as shared
+    /// memory after the handshake (docs/SHM.md). Keep it in a directory only the cluster's
+    /// user can reach.
+    #[arg(long)]
+    pub unix: Option<PathBuf>,
 }
 
 impl NodeArgs {
@@ -101,6 +106,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
         max_connections: args.max_connections,
         fault_injection: args.fault_injection,
         resource_monitor,
+        unix_socket: args.unix,
     };
     let node = Node::bind(config).with_context(|| format!("binding {}", args.listen))?;
     let shutdown = Arc::new(AtomicBool::new(false));

@@ -53,6 +53,7 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
         dir,
         fault_injection: true,
         monitor_args: None,
+        unix_sockets: crate::launcher::UnixSockets::All,
     };
     eprintln!("starting {} nodes with {} slabs ...", options.nodes, format_bytes(args.slab_size));
     let cluster = LocalCluster::start(binary, &options)?;

@@ -31,6 +31,7 @@ fn start_cluster(name: &str, nodes: usize, slab_size_bytes: u64) -> LocalCluster
         dir: test_dir(name),
         fault_injection: false,
         monitor_args: None,
+        unix_sockets: remem::launcher::UnixSockets::All,
     };
     LocalCluster::start(binary(), &options).expect("cluster starts")
 }

@@ -47,9 +47,12 @@ fn bench_pages_reports_every_scheme_floor_and_ratio() {
         let value = ratio["value"].as_f64().unwrap();
         assert!(value.is_finite() && value > 0.0, "{ratio}");
     }
-    // One EC(8,2) range of 1 MiB slabs filled completely: 1.25 plus 5 bytes per 512.
+    // EC(8,2) ranges of 1 MiB slabs filled completely: 1.25 times each slab's memfd (5 bytes of
+    // metadata per 512-byte split, plus the shared-memory header page) over its split bytes.
+    let layout = remem_proto::shm::ShmLayout::new(1 << 20, 512).unwrap();
+    let expected = 1.25 * layout.total_bytes as f64 / (1u64 << 20) as f64;
     let memory = report["ec_memory_ratio"].as_f64().unwrap();
-    assert!((memory - 1.25 * (1.0 + 5.0 / 512.0)).abs() < 1e-6, "memory ratio {memory}");
+    assert!((memory - expected).abs() < 1e-6, "memory ratio {memory}, expected {expected}");
     let png = std::fs::read(&plot).expect("plot written");
     assert_eq!(&png[1..4], b"PNG");
 }

@@ -38,6 +38,7 @@ fn cluster(name: &str, nodes: usize) -> LocalCluster {
         dir,
         fault_injection: true,
         monitor_args: None,
+        unix_sockets: remem::launcher::UnixSockets::All,
     };
     LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_remem")), &options).expect("cluster starts")
 }

@@ -35,6 +35,7 @@ fn start_cluster(dir: &Path) -> LocalCluster {
         dir: dir.join("cluster"),
         fault_injection: false,
         monitor_args: None,
+        unix_sockets: remem::launcher::UnixSockets::All,
     };
     LocalCluster::start(binary(), &options).expect("cluster starts")
 }

@@ -198,6 +198,7 @@ fn a_memory_hog_in_the_nodes_cgroup_makes_it_evict_and_the_client_rebuilds_every
             dir: dir.clone(),
             fault_injection: false,
             monitor_args: None,
+            unix_sockets: remem::launcher::UnixSockets::None,
         },
     )
     .expect("cluster starts");
@@ -226,7 +227,7 @@ fn a_memory_hog_in_the_nodes_cgroup_makes_it_evict_and_the_client_rebuilds_every
     let line = wait_for_line(&mut node.0, "listening ", Duration::from_secs(20));
     let node_address = line["listening ".len()..].trim().parse().expect("node address");
     let mut addresses = cluster.addresses();
-    addresses.push(NodeAddress { address: node_address });
+    addresses.push(NodeAddress { address: node_address, unix_socket: None });
     let target = addresses.len() - 1;
 
     // Six ranges over eleven nodes: the cgroup node holds a slab of most of them.

@@ -20,6 +20,10 @@ pub struct ClusterNode {
     pub failure_domain: String,
     /// Process id when the node was started by `remem up`.
     pub pid: Option<u32>,
+    /// The node's Unix socket, when it has one (same-host clients may use shared memory
+    /// through it, docs/SHM.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unix_socket: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +60,9 @@ impl ClusterFile {
     }
 
     pub fn addresses(&self) -> Vec<crate::NodeAddress> {
-        self.nodes.iter().map(|node| crate::NodeAddress { address: node.address }).collect()
+        self.nodes
+            .iter()
+            .map(|node| crate::NodeAddress { address: node.address, unix_socket: node.unix_socket.clone() })
+            .collect()
     }
 }

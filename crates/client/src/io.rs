@@ -18,11 +18,16 @@
 //! op is done its slot's generation moves on, so a late reply is copied nowhere. Within one op
 //! each split is asked once, so no reply can overwrite a split that the decoder counted on.
 
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use mio::net::TcpStream as MioStream;
+use mio::net::UnixStream as MioUnixStream;
 use mio::{Events, Interest, Poll, Token};
 use remem_codec::{CodecParams, PageCodec};
 use remem_placement::{NodeLoad, Placement};
@@ -35,7 +40,10 @@ use crate::core::{ReadState, ReadStep, Shape, SplitMask, SplitOutcome, WriteStat
 use crate::error::{ConnectError, PageError};
 
 mod regeneration;
+mod shm;
 mod slab_map;
+
+use shm::ShmSlab;
 
 pub use regeneration::RegenerationStatus;
 pub use slab_map::{SlabMapError, SlabMapFile};
@@ -50,11 +58,17 @@ const MAX_SPLITS: usize = 20;
 const PAGE_DISCARDED: u8 = 1;
 /// Page flag: version not known (reopened client); a read discovers it.
 const PAGE_VERSION_UNKNOWN: u8 = 2;
+/// With shared-memory slabs a batch may finish without touching a socket; the sockets (eviction
+/// notices, a node's EOF) are still looked at, without blocking, at least this often.
+const SOCKET_CHECK_INTERVAL: Duration = Duration::from_millis(1);
 
 /// Where a node listens and which failure domain it reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeAddress {
     pub address: SocketAddr,
+    /// The node's Unix socket, if it has one on this host: with
+    /// [`ClientConfig::shared_memory`] the client connects there and maps its slabs.
+    pub unix_socket: Option<PathBuf>,
 }
 
 /// Settings of one client (one remote address space).
@@ -84,6 +98,9 @@ pub struct ClientConfig {
     /// Unmap every slab when the client is dropped. Off for a client that saves its slab map
     /// to come back to its pages after a restart.
     pub release_on_drop: bool,
+    /// Reach nodes that have a Unix socket through it and map their slabs as shared memory
+    /// (`docs/SHM.md`); splits on those slabs are then plain loads and stores.
+    pub shared_memory: bool,
 }
 
 impl ClientConfig {
@@ -102,6 +119,7 @@ impl ClientConfig {
             regenerate: true,
             release_on_drop: true,
             spin_before_block: Duration::ZERO,
+            shared_memory: false,
         }
     }
 }
@@ -179,9 +197,72 @@ pub struct MemoryReport {
     pub address_space_bytes: u64,
 }
 
+/// A node connection's socket: TCP, or a Unix socket (which can carry a slab's memfd).
+enum ConnStream {
+    Tcp(MioStream),
+    Unix(MioUnixStream),
+}
+
+impl ConnStream {
+    fn source(&mut self) -> &mut dyn mio::event::Source {
+        match self {
+            ConnStream::Tcp(stream) => stream,
+            ConnStream::Unix(stream) => stream,
+        }
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        match self {
+            ConnStream::Tcp(stream) => stream.write(bytes),
+            ConnStream::Unix(stream) => stream.write(bytes),
+        }
+    }
+
+    /// One read; on a Unix socket descriptors that come along go onto `fds` (see `shm`).
+    fn read(&mut self, buf: &mut [u8], fds: &mut VecDeque<OwnedFd>) -> io::Result<usize> {
+        match self {
+            ConnStream::Tcp(stream) => stream.read(buf),
+            ConnStream::Unix(stream) => match shm::recv_with_fds(stream.as_raw_fd(), buf, fds)? {
+                (_, true) => Err(io::Error::new(io::ErrorKind::InvalidData, "unexpected file descriptors")),
+                (received, false) => Ok(received),
+            },
+        }
+    }
+}
+
+/// A blocking connection during connect: TCP or Unix.
+pub(crate) enum BlockingStream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Read for BlockingStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            BlockingStream::Tcp(stream) => stream.read(buf),
+            BlockingStream::Unix(stream) => stream.read(buf),
+        }
+    }
+}
+
+impl Write for BlockingStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            BlockingStream::Tcp(stream) => stream.write(buf),
+            BlockingStream::Unix(stream) => stream.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 struct Conn {
     address: SocketAddr,
-    stream: MioStream,
+    stream: ConnStream,
+    /// Descriptors received and not yet claimed by their `SlabExported` frame.
+    fds: VecDeque<OwnedFd>,
     alive: bool,
     out: Vec<u8>,
     out_sent: usize,
@@ -190,6 +271,19 @@ struct Conn {
     input_start: usize,
     input_end: usize,
     info: NodeInfo,
+    /// In `Client::send_order` since its last flush.
+    queued: bool,
+}
+
+/// Notes that `conn` (node `node`) has requests to send, so that `flush_all` sends connections
+/// in the order their first request was queued: a read queues its data splits before its extra
+/// parity split, and sending them in that order is what lets the data splits win the race
+/// (no decode) on a healthy cluster, whatever the node numbering.
+fn mark_queued(send_order: &mut Vec<usize>, conn: &mut Conn, node: usize) {
+    if !conn.queued {
+        conn.queued = true;
+        send_order.push(node);
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -232,6 +326,9 @@ enum Outcome {
     Write(bool),
     ProbeReply,
     ProbeFailed,
+    /// A split of a shared-memory slab to read: done (synchronously) in `process_events`, where
+    /// the destination page is at hand.
+    ShmRead,
 }
 
 /// A connected client: one remote address space on k+r slabs per range.
@@ -268,6 +365,15 @@ pub struct Client {
     regenerations_done: u64,
     /// The policy that placed the ranges; it also chooses where a lost slab is rebuilt.
     placement: Box<dyn Placement>,
+    /// Connections with requests to send, in the order of their first request (`mark_queued`).
+    send_order: Vec<usize>,
+    /// Per (range, split), at `range * (k + r) + split`: the slab's shared mapping, if exported.
+    shm: Vec<Option<ShmSlab>>,
+    /// Whether any slab was ever exported (then `execute` polls the sockets now and then).
+    shm_in_use: bool,
+    last_socket_check: Instant,
+    /// The descriptor that came with the last `SlabExported` control reply.
+    control_fd: Option<OwnedFd>,
 }
 
 /// What the client has seen of one node's splits: the basis of the corruption thresholds.
@@ -319,7 +425,8 @@ impl Client {
 
         let mut streams = Vec::with_capacity(nodes.len());
         for node in nodes {
-            let (stream, info) = slab_map::connect_node(node.address, secret, &config)?;
+            let unix = node.unix_socket.as_deref().filter(|_| config.shared_memory);
+            let (stream, info) = slab_map::connect_node(node.address, unix, secret, &config)?;
             streams.push((stream, info, node.address));
         }
 
@@ -389,14 +496,17 @@ impl Client {
             ranges.push(Range { slabs, unavailable: 0, rebuilding: 0 });
         }
 
-        Client::assemble(config, codec_params, streams, ranges, pages_per_range, page_count, placement)
+        let mut client =
+            Client::assemble(config, codec_params, streams, ranges, pages_per_range, page_count, placement)?;
+        client.export_slabs();
+        Ok(client)
     }
 
     /// Builds the client around authenticated connections and a slab map.
     fn assemble(
         config: ClientConfig,
         codec_params: CodecParams,
-        streams: Vec<(TcpStream, NodeInfo, SocketAddr)>,
+        streams: Vec<(BlockingStream, NodeInfo, SocketAddr)>,
         ranges: Vec<Range>,
         pages_per_range: u64,
         page_count: u64,
@@ -404,18 +514,29 @@ impl Client {
     ) -> Result<Client, ConnectError> {
         let split_bytes = codec_params.split_bytes();
         let node_count = streams.len();
+        let ranges_len = ranges.len();
         let poll = Poll::new().map_err(ConnectError::Poll)?;
         let mut conns = Vec::with_capacity(streams.len());
         let input_bytes = (256 * 1024).max(4 * (HEADER_BYTES + SPLIT_META_BYTES + config.page_bytes));
         for (index, (stream, info, address)) in streams.into_iter().enumerate() {
             let io_error = |source| ConnectError::Io { address, source };
-            stream.set_read_timeout(None).map_err(io_error)?;
-            stream.set_nonblocking(true).map_err(io_error)?;
-            let mut stream = MioStream::from_std(stream);
-            poll.registry().register(&mut stream, Token(index), Interest::READABLE).map_err(io_error)?;
+            let mut stream = match stream {
+                BlockingStream::Tcp(stream) => {
+                    stream.set_read_timeout(None).map_err(io_error)?;
+                    stream.set_nonblocking(true).map_err(io_error)?;
+                    ConnStream::Tcp(MioStream::from_std(stream))
+                }
+                BlockingStream::Unix(stream) => {
+                    stream.set_read_timeout(None).map_err(io_error)?;
+                    stream.set_nonblocking(true).map_err(io_error)?;
+                    ConnStream::Unix(MioUnixStream::from_std(stream))
+                }
+            };
+            poll.registry().register(stream.source(), Token(index), Interest::READABLE).map_err(io_error)?;
             conns.push(Conn {
                 address,
                 stream,
+                fds: VecDeque::with_capacity(shm::MAX_PENDING_FDS),
                 alive: true,
                 out: Vec::with_capacity(64 * 1024),
                 out_sent: 0,
@@ -424,6 +545,7 @@ impl Client {
                 input_start: 0,
                 input_end: 0,
                 info,
+                queued: false,
             });
         }
 
@@ -470,6 +592,11 @@ impl Client {
             regenerations: Vec::new(),
             regenerations_done: 0,
             placement,
+            send_order: Vec::with_capacity(node_count),
+            shm: (0..ranges_len * config.shape.total_splits()).map(|_| None).collect(),
+            shm_in_use: false,
+            last_socket_check: now,
+            control_fd: None,
             config,
         })
     }
@@ -541,6 +668,13 @@ impl Client {
     /// op as it completes (in completion order). Ops on the same page run in batch order, one at
     /// a time. Returns when every op is done.
     pub fn execute(&mut self, ops: &mut [PageOp<'_>], mut on_done: impl FnMut(OpDone)) {
+        if self.shm_in_use && self.last_socket_check.elapsed() >= SOCKET_CHECK_INTERVAL {
+            // Batches on shared memory alone never wait on the sockets: look at them here, without
+            // blocking, for eviction notices and dead nodes.
+            self.last_socket_check = Instant::now();
+            self.wait_and_read(ops, Some(Duration::ZERO));
+            self.process_events(ops, &mut on_done);
+        }
         let mut next = 0;
         while next < ops.len() || self.active > 0 {
             while next < ops.len() && self.active < self.in_flight_limit {
@@ -551,6 +685,10 @@ impl Client {
                 }
                 self.start_op(ops, next, &mut on_done);
                 next += 1;
+            }
+            if !self.events.is_empty() {
+                // Splits on shared memory are done already: finish what they finish.
+                self.process_events(ops, &mut on_done);
             }
             self.flush_all();
             if self.active == 0 {
@@ -683,6 +821,7 @@ impl Client {
         slot.version = version;
         slot.write = Some(state);
         let split_bytes = self.split_bytes;
+        self.prefetch_shm(range_index, self.slots[slot_index].slot_in_range, targets);
         // Data splits go on the wire first; parities are encoded while they travel.
         for split in 0..shape.data_splits {
             if targets & (1 << split) != 0 {
@@ -722,6 +861,22 @@ impl Client {
             version: slot.version,
             checksum,
         };
+        let (range, generation) = (slot.range, slot.generation);
+        let meta = SplitMeta { version: slot.version, checksum };
+        let shm_stored = live_shm(&self.shm, &self.ranges, self.config.shape.total_splits(), range, split)
+            .map(|shm| shm.write_split(prefix.slot, payload, meta));
+        if let Some(stored) = shm_stored {
+            self.events.push(SplitEvent {
+                slot: slot_index,
+                generation,
+                split,
+                outcome: Outcome::Write(stored),
+            });
+            if !stored {
+                self.schedule_regeneration(range, split, "shared-memory slab revoked");
+            }
+            return;
+        }
         let id = request_id(slot_index, slot.generation, split);
         let conn = &mut self.conns[slab.node];
         if !conn.alive {
@@ -735,6 +890,7 @@ impl Client {
             return;
         }
         remem_proto::encode_write_split(id, &prefix, payload, &mut conn.out);
+        mark_queued(&mut self.send_order, conn, slab.node);
     }
 
     fn start_read(
@@ -772,11 +928,21 @@ impl Client {
     fn queue_reads(&mut self, slot_index: usize, mask: SplitMask) {
         let slot = &self.slots[slot_index];
         let (range, slot_in_range, generation) = (slot.range, slot.slot_in_range, slot.generation);
+        self.prefetch_shm(range, slot_in_range, mask);
         for split in 0..self.config.shape.total_splits() {
             if mask & (1 << split) == 0 {
                 continue;
             }
             let slab = self.ranges[range].slabs[split];
+            if live_shm(&self.shm, &self.ranges, self.config.shape.total_splits(), range, split).is_some() {
+                self.events.push(SplitEvent {
+                    slot: slot_index,
+                    generation,
+                    split,
+                    outcome: Outcome::ShmRead,
+                });
+                continue;
+            }
             let conn = &mut self.conns[slab.node];
             if !conn.alive {
                 self.events.push(SplitEvent {
@@ -789,6 +955,7 @@ impl Client {
             }
             let message = Control::ReadSplit { slab_id: slab.slab_id, slot: slot_in_range };
             message.encode(request_id(slot_index, generation, split), &mut conn.out);
+            mark_queued(&mut self.send_order, conn, slab.node);
         }
     }
 
@@ -803,6 +970,7 @@ impl Client {
             self.slots[slot_index].probe_asked |= 1 << split;
             let message = Control::ReadSplit { slab_id, slot: 0 };
             message.encode(request_id(slot_index, generation, split), &mut self.conns[node].out);
+            mark_queued(&mut self.send_order, &mut self.conns[node], node);
         }
     }
 
@@ -824,6 +992,16 @@ impl Client {
     }
 
     fn flush_all(&mut self) {
+        let mut order = std::mem::take(&mut self.send_order);
+        for &index in &order {
+            self.conns[index].queued = false;
+            if self.conns[index].out.len() > self.conns[index].out_sent {
+                self.flush(index);
+            }
+        }
+        order.clear();
+        self.send_order = order;
+        // Whatever else was encoded (control messages) goes out after.
         for index in 0..self.conns.len() {
             if self.conns[index].out.len() > self.conns[index].out_sent {
                 self.flush(index);
@@ -846,7 +1024,7 @@ impl Client {
                     if !conn.writable_interest {
                         conn.writable_interest = true;
                         let _ = self.poll.registry().reregister(
-                            &mut conn.stream,
+                            conn.stream.source(),
                             Token(index),
                             Interest::READABLE | Interest::WRITABLE,
                         );
@@ -861,7 +1039,7 @@ impl Client {
         conn.out_sent = 0;
         if conn.writable_interest {
             conn.writable_interest = false;
-            let _ = self.poll.registry().reregister(&mut conn.stream, Token(index), Interest::READABLE);
+            let _ = self.poll.registry().reregister(conn.stream.source(), Token(index), Interest::READABLE);
         }
     }
 
@@ -900,7 +1078,8 @@ impl Client {
         conn.alive = false;
         conn.out.clear();
         conn.out_sent = 0;
-        let _ = self.poll.registry().deregister(&mut conn.stream);
+        let _ = self.poll.registry().deregister(conn.stream.source());
+        conn.fds.clear();
         for range in &mut self.ranges {
             for (split, slab) in range.slabs.iter().enumerate() {
                 if slab.node == index {
@@ -1035,7 +1214,7 @@ impl Client {
                 conn.input_start = 0;
             }
             let end = conn.input_end;
-            match conn.stream.read(&mut conn.input[end..]) {
+            match conn.stream.read(&mut conn.input[end..], &mut conn.fds) {
                 Ok(0) => return self.conn_died(index, "node closed the connection"),
                 Ok(received) => {
                     conn.input_end += received;
@@ -1112,6 +1291,11 @@ impl Client {
         if header.request_id & CONTROL_REQUEST != 0 {
             let message = Control::decode_body(header.kind, &self.conns[index].input[body])
                 .map_err(|error| error.to_string())?;
+            if header.kind == Kind::SlabExported {
+                // The memfd came with this frame's first byte, so it is already queued.
+                let fd = self.conns[index].fds.pop_front().ok_or("SlabExported without a descriptor")?;
+                self.control_fd = Some(fd);
+            }
             if !self.regeneration_reply(index, header.request_id, &message) {
                 self.control_reply = Some((header.request_id, message));
             }
@@ -1209,12 +1393,16 @@ impl Client {
         let mut cursor = 0;
         // Handling an event can queue more (a dead connection found while asking more splits).
         while cursor < self.events.len() {
-            let event = self.events[cursor];
+            let mut event = self.events[cursor];
             cursor += 1;
-            let slot = &mut self.slots[event.slot];
+            let slot = &self.slots[event.slot];
             if slot.generation != event.generation || slot.kind == SlotKind::Free {
                 continue;
             }
+            if let Outcome::ShmRead = event.outcome {
+                event.outcome = Outcome::Read(self.read_shm_split(event.slot, event.split, ops));
+            }
+            let slot = &mut self.slots[event.slot];
             match event.outcome {
                 Outcome::Read(outcome) => {
                     let step = slot
@@ -1304,6 +1492,7 @@ impl Client {
                         self.finish(event.slot, Ok(()), false, on_done);
                     }
                 }
+                Outcome::ShmRead => unreachable!("turned into a read outcome above"),
             }
         }
         self.events.clear();
@@ -1391,6 +1580,7 @@ impl Client {
         self.flush(node);
         let deadline = Instant::now() + self.config.request_timeout;
         self.control_reply = None;
+        self.control_fd = None;
         loop {
             if let Some((reply_id, reply)) = self.control_reply.take() {
                 if reply_id == id {
@@ -1511,6 +1701,8 @@ impl Client {
 
     /// Unmaps every slab of this client. Also done on drop; call it to see the errors.
     pub fn release(&mut self) -> Result<(), PageError> {
+        // Our mappings go first: a slab is never touched again once its unmap is on the way.
+        self.shm.iter_mut().for_each(|mapping| *mapping = None);
         let mut first_error = None;
         let mut slabs: Vec<(usize, u32)> = self.probe_slabs.drain(..).collect();
         for range in self.ranges.drain(..) {
@@ -1540,7 +1732,7 @@ impl Drop for Client {
 }
 
 fn blocking_control(
-    stream: &mut TcpStream,
+    stream: &mut (impl Read + Write),
     request_id: u64,
     message: &Control,
     address: SocketAddr,
@@ -1563,4 +1755,133 @@ fn blocking_control(
 
 fn unexpected(address: SocketAddr, reply: &Control) -> ConnectError {
     ConnectError::Protocol { address, message: format!("unexpected reply {:?}", reply.kind()) }
+}
+
+/// The shared mapping of split `split` of range `range`, if it is exported and still the slab the
+/// range names (a rebuilt or replaced slab never reuses an old mapping).
+fn live_shm<'a>(
+    shm: &'a [Option<ShmSlab>],
+    ranges: &[Range],
+    width: usize,
+    range: usize,
+    split: usize,
+) -> Option<&'a ShmSlab> {
+    let mapping = shm.get(range * width + split)?.as_ref()?;
+    let slab = ranges[range].slabs[split];
+    (mapping.node == slab.node && mapping.slab_id == slab.slab_id).then_some(mapping)
+}
+
+impl Client {
+    /// Asks every Unix-socket node to export this client's slabs on it and maps them. A slab
+    /// that cannot be exported stays on the socket path (logged). Between batches only.
+    fn export_slabs(&mut self) {
+        let width = self.config.shape.total_splits();
+        for range in 0..self.ranges.len() {
+            for split in 0..width {
+                let slab = self.ranges[range].slabs[split];
+                let skipped =
+                    (self.ranges[range].unavailable | self.ranges[range].rebuilding) & (1 << split) != 0;
+                if skipped || !matches!(self.conns[slab.node].stream, ConnStream::Unix(_)) {
+                    continue;
+                }
+                match self.export_slab(slab.node, slab.slab_id) {
+                    Ok(mapping) => {
+                        self.shm[range * width + split] = Some(mapping);
+                        self.shm_in_use = true;
+                    }
+                    Err(message) => {
+                        tracing::warn!(node = %self.conns[slab.node].address, slab_id = slab.slab_id, %message,
+                            "slab stays on the socket path")
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts loading the shared-memory slots of `mask` (see [`ShmSlab::prefetch`]).
+    fn prefetch_shm(&self, range: usize, slot_in_range: u32, mask: SplitMask) {
+        if !self.shm_in_use {
+            return;
+        }
+        let width = self.config.shape.total_splits();
+        for split in (0..width).filter(|split| mask & (1 << split) != 0) {
+            if let Some(mapping) = live_shm(&self.shm, &self.ranges, width, range, split) {
+                mapping.prefetch(slot_in_range);
+            }
+        }
+    }
+
+    /// The splits of range `range` that this client reads and writes through shared memory.
+    pub fn shared_memory_splits(&self, range: usize) -> SplitMask {
+        let width = self.config.shape.total_splits();
+        (0..width)
+            .filter(|&split| live_shm(&self.shm, &self.ranges, width, range, split).is_some())
+            .fold(0, |mask, split| mask | (1 << split))
+    }
+
+    fn export_slab(&mut self, node: usize, slab_id: u32) -> Result<ShmSlab, String> {
+        let reply =
+            self.control(node, &Control::ExportSlab { slab_id }).map_err(|error| error.to_string())?;
+        let memfd = self.control_fd.take();
+        let Control::SlabExported { slab_id: exported, epoch, layout } = reply else {
+            return Err(format!("{:?} reply to ExportSlab", reply.kind()));
+        };
+        if exported != slab_id {
+            return Err(format!("asked for slab {slab_id}, node exported {exported}"));
+        }
+        if layout.split_bytes as usize != self.split_bytes || u64::from(layout.slots) != self.pages_per_range
+        {
+            return Err(format!("slab of {} splits of {} bytes", layout.slots, layout.split_bytes));
+        }
+        let memfd = memfd.ok_or("no descriptor with SlabExported")?;
+        let expected = shm::Expected { owner_client_id: self.config.client_id, slab_id, epoch, layout };
+        ShmSlab::map(memfd, node, expected).map_err(|error| error.to_string())
+    }
+
+    /// Forgets the shared mapping of one split (revoked, evicted, its node lost, or replaced).
+    pub(super) fn drop_shm(&mut self, range: usize, split: usize) {
+        let width = self.config.shape.total_splits();
+        if let Some(mapping) = self.shm.get_mut(range * width + split) {
+            *mapping = None;
+        }
+    }
+
+    /// Reads one split of a shared-memory slab straight into its place (the caller's page for a
+    /// data split, the op's parity buffer for a parity) and checks it like a split from a socket.
+    fn read_shm_split(&mut self, slot_index: usize, split: usize, ops: &mut [PageOp<'_>]) -> SplitOutcome {
+        let width = self.config.shape.total_splits();
+        let k = self.config.shape.data_splits;
+        let split_bytes = self.split_bytes;
+        let slot = &mut self.slots[slot_index];
+        let (range, page, slot_in_range) = (slot.range, slot.page, slot.slot_in_range);
+        let Some(mapping) = live_shm(&self.shm, &self.ranges, width, range, split) else {
+            return SplitOutcome::Failed;
+        };
+        let target = if split >= k {
+            &mut slot.parity[(split - k) * split_bytes..(split - k + 1) * split_bytes]
+        } else if let PageOp::Read { buf, .. } = &mut ops[slot.op_index] {
+            &mut buf[split * split_bytes..(split + 1) * split_bytes]
+        } else {
+            unreachable!("a read slot points at a read op");
+        };
+        let node = mapping.node;
+        let Some(meta) = mapping.read_split(slot_in_range, target) else {
+            if mapping.is_revoked() {
+                self.schedule_regeneration(range, split, "shared-memory slab revoked");
+                return SplitOutcome::Failed;
+            }
+            // A write overlapped the copy (not ours: we never race ourselves): an erasure.
+            return SplitOutcome::Corrupt;
+        };
+        let checksum = remem_proto::split_checksum(target, meta.version, page, split as u8);
+        self.record_split_read(node);
+        if meta.version == 0 && meta.checksum == 0 {
+            SplitOutcome::Valid { version: 0 }
+        } else if checksum != meta.checksum || meta.version == 0 {
+            self.record_corruption(node);
+            SplitOutcome::Corrupt
+        } else {
+            SplitOutcome::Valid { version: meta.version }
+        }
+    }
 }

@@ -26,6 +26,7 @@ use crate::fault::{self, ConnectionDelay, DelayFault, Faults};
 use crate::peers::{Peer, Peers};
 use crate::regenerate::{self, Regenerations};
 use crate::slab::{SlabError, SlabLabel, SlabTable};
+use crate::stream::Stream;
 use remem_proto::auth::{self, Secret};
 use remem_proto::{
     encode_read_splits_reply_head, max_read_splits_count, Control, DecodeError, ErrorCode, FaultKind,
@@ -33,7 +34,6 @@ use remem_proto::{
     WRITE_SPLIT_PREFIX_BYTES,
 };
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -136,8 +136,9 @@ pub enum ConnectionEnd {
 }
 
 pub struct Connection {
-    stream: TcpStream,
-    peer: SocketAddr,
+    stream: Stream,
+    /// The peer's address, for logs (`unix` for a Unix connection).
+    peer: String,
     shared: Arc<Shared>,
     /// This connection's number in `Shared::peers`.
     number: u64,
@@ -155,8 +156,8 @@ pub struct Connection {
 
 impl Connection {
     pub fn new(
-        stream: TcpStream,
-        peer: SocketAddr,
+        stream: Stream,
+        peer: String,
         shared: Arc<Shared>,
         number: u64,
         handle: Arc<Peer>,
@@ -265,7 +266,8 @@ impl Connection {
                     | Kind::ReadSplit
                     | Kind::ReadSplits
                     | Kind::InjectFault
-                    | Kind::Regenerate => {
+                    | Kind::Regenerate
+                    | Kind::ExportSlab => {
                         if self.frame_complete(header) {
                             let request = self.take_control(header)?;
                             self.handle_control(header.request_id, request)?;
@@ -377,6 +379,10 @@ impl Connection {
                     }
                 }
             }
+            Control::ExportSlab { slab_id } => match self.export_slab(request_id, slab_id)? {
+                None => return Ok(()),
+                Some(refusal) => refusal,
+            },
             other => unreachable!("serve_requests only passes requests, got {other:?}"),
         };
         self.push_control(request_id, &reply);
@@ -439,6 +445,40 @@ impl Connection {
                 }
             }
         }
+    }
+
+    /// Sends `SlabExported` with the slab's memfd attached (SCM_RIGHTS), after every reply
+    /// already pending so replies stay in request order. Returns the refusal to send instead, if
+    /// any: `Unsupported` on a TCP connection or for a slab being rebuilt (the rebuild's
+    /// conditional stores take a lock that plain stores from the client would bypass),
+    /// `UnknownSlab`, `NotOwner`.
+    fn export_slab(&mut self, request_id: u64, slab_id: u32) -> Result<Option<Control>, ConnectionEnd> {
+        if !self.stream.is_unix() {
+            return Ok(Some(Control::error(
+                ErrorCode::Unsupported,
+                "ExportSlab needs a Unix-socket connection",
+            )));
+        }
+        let slab = match self.shared.table.get(self.client_id, slab_id) {
+            Ok(slab) => slab,
+            Err(error) => return Ok(Some(self.refusal_reply(error))),
+        };
+        if slab.is_regenerating() {
+            return Ok(Some(Control::error(ErrorCode::Unsupported, "slab is being rebuilt")));
+        }
+        let Some(memfd) = slab.export() else {
+            return Ok(Some(self.refusal_reply(SlabError::UnknownSlab { slab_id })));
+        };
+        let mut frame = Vec::with_capacity(HEADER_BYTES + 64);
+        Control::SlabExported { slab_id, epoch: slab.epoch(), layout: slab.layout() }
+            .encode(request_id, &mut frame);
+        self.flush()?;
+        let sent = {
+            let _guard = self.handle.lock_writes();
+            self.stream.send_with_fd(&frame, memfd)
+        };
+        tracing::info!(client_id = self.client_id, slab_id, epoch = slab.epoch(), "slab exported");
+        sent.map(|()| None).map_err(end_of_io)
     }
 
     fn refusal_reply(&self, error: SlabError) -> Control {
@@ -590,7 +630,7 @@ impl Connection {
         }
         assert!(self.end < self.input.len(), "peek_header grows the buffer for a frame that does not fit");
         loop {
-            match self.stream.read(&mut self.input[self.end..]) {
+            match (&self.stream).read(&mut self.input[self.end..]) {
                 Ok(0) if self.end == 0 => return Err(ConnectionEnd::PeerClosed),
                 Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
                 Ok(n) => {
@@ -621,7 +661,7 @@ impl Connection {
         self.replies_pending = 0;
         let result = {
             let _guard = self.handle.lock_writes();
-            self.stream.write_all(&self.out)
+            (&self.stream).write_all(&self.out)
         };
         self.out.clear();
         result.map_err(end_of_io)
@@ -659,7 +699,7 @@ impl Connection {
         let mut discarded = 0;
         let mut sink = [0u8; 4096];
         while discarded < LINGER_MAX_BYTES && started.elapsed() < LINGER {
-            match self.stream.read(&mut sink) {
+            match (&self.stream).read(&mut sink) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => discarded += n,
             }

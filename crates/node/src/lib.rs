@@ -1,7 +1,7 @@
 //! remem-node: the memory node server.
 //!
-//! Job: hold slabs of anonymous memory for authenticated clients and serve split reads and writes
-//! on them over the remem wire protocol (`docs/PROTOCOL.md`). A node stores what clients send and
+//! Job: hold slabs of memory (memfds, `shared_memory`) for authenticated clients and serve split
+//! reads and writes on them over the remem wire protocol (`docs/PROTOCOL.md`). A node stores what clients send and
 //! never interprets payloads on the data path: erasure coding, checksum verification and
 //! placement are the client's. The one exception is a rebuild (`Regenerate`, module
 //! `regenerate`): there the node acts for the client, reads surviving splits from other nodes,
@@ -30,8 +30,10 @@ mod fault;
 pub mod monitor;
 mod peers;
 mod regenerate;
+mod shared_memory;
 mod slab;
 mod slot_copy;
+mod stream;
 
 pub use connection::{HANDSHAKE_TIMEOUT, INPUT_BUFFER_BYTES, WRITE_TIMEOUT};
 pub use monitor::{MemorySource, ResourceMonitorConfig};
@@ -47,12 +49,15 @@ use remem_proto::auth::Secret;
 use remem_proto::{Control, ErrorCode, MAX_FAILURE_DOMAIN_BYTES};
 use slab::SlabTable;
 use std::io::{self, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+use stream::Stream;
 
 /// How often the acceptor looks at the shutdown flag.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
@@ -81,12 +86,17 @@ pub struct NodeConfig {
     /// Keep a free-memory headroom on the host (pre-allocate, evict); `None` lends up to
     /// `capacity_bytes` whatever the host has left.
     pub resource_monitor: Option<ResourceMonitorConfig>,
+    /// Also listen on this Unix socket (same protocol, plus `ExportSlab` for same-host clients,
+    /// `docs/SHM.md`). A stale socket file at the path is replaced; the file is removed when the
+    /// node stops.
+    pub unix_socket: Option<PathBuf>,
 }
 
 /// A bound, not yet serving, memory node.
 pub struct Node {
     listener: TcpListener,
     local_addr: SocketAddr,
+    unix_listener: Option<(UnixListener, PathBuf)>,
     max_connections: usize,
     shared: Arc<Shared>,
     /// The monitor to start in `run`, with the memory source chosen at bind.
@@ -173,6 +183,10 @@ impl Node {
         let listener = TcpListener::bind(config.listen)?;
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
+        let unix_listener = match &config.unix_socket {
+            Some(path) => Some((bind_unix(path)?, path.clone())),
+            None => None,
+        };
         tracing::info!(
             %local_addr,
             node_id = config.node_id,
@@ -180,11 +194,13 @@ impl Node {
             slab_size_bytes = config.slab_size_bytes,
             failure_domain = %config.failure_domain,
             fault_injection = config.fault_injection,
+            unix_socket = ?config.unix_socket,
             "node listening"
         );
         Ok(Node {
             listener,
             local_addr,
+            unix_listener,
             max_connections: config.max_connections,
             monitor,
             shared: Arc::new(Shared {
@@ -228,38 +244,69 @@ impl Node {
                 break Ok(());
             }
             threads.retain(|thread| !thread.is_finished());
-            match wait_readable(&self.listener, SHUTDOWN_POLL) {
-                Ok(false) => continue,
-                Ok(true) => {}
-                Err(error) => break Err(error),
-            }
-            let (stream, peer) = match self.listener.accept() {
-                Ok(accepted) => accepted,
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(error) => {
-                    // Typically EMFILE or a connection reset before accept: keep serving, but do
-                    // not spin on a persistent error.
-                    tracing::warn!(%error, "accept failed");
-                    std::thread::sleep(SHUTDOWN_POLL);
-                    continue;
+            let unix_fd = self.unix_listener.as_ref().map(|(listener, _)| listener.as_raw_fd());
+            let (tcp_ready, unix_ready) =
+                match wait_readable(self.listener.as_raw_fd(), unix_fd, SHUTDOWN_POLL) {
+                    Ok(ready) => ready,
+                    Err(error) => break Err(error),
+                };
+            if tcp_ready {
+                match self.listener.accept() {
+                    Ok((stream, peer)) => {
+                        next_connection += 1;
+                        let prepared = stream.set_nodelay(true).map(|()| Stream::Tcp(stream));
+                        if let Some(thread) =
+                            self.start_connection(next_connection, prepared, peer.to_string())
+                        {
+                            threads.push(thread);
+                        }
+                    }
+                    Err(error) => self.accept_failed(error),
                 }
-            };
-            next_connection += 1;
-            if let Some(thread) = self.start_connection(next_connection, stream, peer) {
-                threads.push(thread);
+            }
+            if let (true, Some((listener, _))) = (unix_ready, &self.unix_listener) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        next_connection += 1;
+                        if let Some(thread) = self.start_connection(
+                            next_connection,
+                            Ok(Stream::Unix(stream)),
+                            "unix".to_owned(),
+                        ) {
+                            threads.push(thread);
+                        }
+                    }
+                    Err(error) => self.accept_failed(error),
+                }
             }
         };
         self.stop(threads, monitor);
         result
     }
 
-    fn start_connection(&self, number: u64, stream: TcpStream, peer: SocketAddr) -> Option<JoinHandle<()>> {
-        let prepared = stream
-            .set_nonblocking(false)
-            .and_then(|()| stream.set_nodelay(true))
-            .and_then(|()| stream.try_clone());
-        let handle = match prepared {
-            Ok(handle) => handle,
+    fn accept_failed(&self, error: io::Error) {
+        if error.kind() == io::ErrorKind::WouldBlock {
+            return;
+        }
+        // Typically EMFILE or a connection reset before accept: keep serving, but do not spin on
+        // a persistent error.
+        tracing::warn!(%error, "accept failed");
+        std::thread::sleep(SHUTDOWN_POLL);
+    }
+
+    fn start_connection(
+        &self,
+        number: u64,
+        stream: io::Result<Stream>,
+        peer: String,
+    ) -> Option<JoinHandle<()>> {
+        let prepared = stream.and_then(|stream| {
+            stream.set_nonblocking(false)?;
+            let handle = stream.try_clone()?;
+            Ok((stream, handle))
+        });
+        let (stream, handle) = match prepared {
+            Ok(prepared) => prepared,
             Err(error) => {
                 tracing::warn!(%peer, %error, "cannot set up connection");
                 return None;
@@ -280,7 +327,7 @@ impl Node {
         match spawned {
             Ok(thread) => Some(thread),
             Err(error) => {
-                tracing::error!(%peer, %error, "cannot spawn connection thread");
+                tracing::error!(%error, "cannot spawn connection thread");
                 self.shared.peers.remove(number);
                 None
             }
@@ -305,6 +352,9 @@ impl Node {
         }
         self.shared.regenerations.stop_and_join();
         let slabs = self.shared.table.clear();
+        if let Some((_, path)) = &self.unix_listener {
+            let _ = std::fs::remove_file(path);
+        }
         tracing::info!(
             connections_closed = open.len(),
             slabs_unmapped = slabs,
@@ -316,24 +366,47 @@ impl Node {
 
 /// Tells an over-limit peer why before closing. The frame is tiny and the socket fresh, so the
 /// write cannot block on a full buffer.
-fn refuse_connection(mut stream: TcpStream) {
+fn refuse_connection(stream: Stream) {
     let mut frame = Vec::new();
     Control::error(ErrorCode::NoCapacity, "connection limit reached").encode(0, &mut frame);
     let _ = stream.set_nonblocking(true);
-    let _ = stream.write_all(&frame);
+    let _ = (&stream).write_all(&frame);
 }
 
-/// Waits up to `timeout` for the listener to have a connection to accept.
-fn wait_readable(listener: &TcpListener, timeout: Duration) -> io::Result<bool> {
-    let mut poll_fd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    // SAFETY: one valid pollfd that lives across the call; nfds is 1.
-    let ready = unsafe { libc::poll(&mut poll_fd, 1, timeout.as_millis() as libc::c_int) };
+/// Binds the Unix listener at `path`, replacing a stale socket file (never any other file).
+fn bind_unix(path: &Path) -> io::Result<UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(metadata) if metadata.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ))
+        }
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error),
+    }
+    let listener = UnixListener::bind(path)?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// Waits up to `timeout` for either listener to have a connection to accept; returns which.
+fn wait_readable(tcp: RawFd, unix: Option<RawFd>, timeout: Duration) -> io::Result<(bool, bool)> {
+    let mut poll_fds = [
+        libc::pollfd { fd: tcp, events: libc::POLLIN, revents: 0 },
+        // A negative fd is ignored by poll.
+        libc::pollfd { fd: unix.unwrap_or(-1), events: libc::POLLIN, revents: 0 },
+    ];
+    // SAFETY: two valid pollfds that live across the call; nfds is 2.
+    let ready = unsafe { libc::poll(poll_fds.as_mut_ptr(), 2, timeout.as_millis() as libc::c_int) };
     if ready < 0 {
         let error = io::Error::last_os_error();
         if error.kind() == io::ErrorKind::Interrupted {
-            return Ok(false);
+            return Ok((false, false));
         }
         return Err(error);
     }
-    Ok(ready > 0)
+    Ok((poll_fds[0].revents != 0, poll_fds[1].revents != 0))
 }

@@ -7,23 +7,23 @@
 //! A connection blocked in `read` still gets its notices promptly, because the writer is the
 //! notifying thread itself.
 
+use crate::stream::Stream;
 use std::collections::HashMap;
 use std::io::Write;
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// One open connection, as seen from other threads.
 pub struct Peer {
     /// A clone of the connection's socket: shut down to stop it, written to for notices.
-    pub stream: TcpStream,
+    pub stream: Stream,
     client_id: AtomicU64,
     authenticated: AtomicBool,
     write_lock: Mutex<()>,
 }
 
 impl Peer {
-    pub fn new(stream: TcpStream) -> Peer {
+    pub fn new(stream: Stream) -> Peer {
         Peer {
             stream,
             client_id: AtomicU64::new(0),

@@ -1,5 +1,6 @@
-//! Slabs: anonymous mmap'd memory carved into equal slots, plus per-slot metadata, and the table
-//! of slabs a node has mapped.
+//! Slabs: memfd-backed memory (`shared_memory`) carved into equal slots, with per-slot metadata in
+//! the same shared mapping, and the table of slabs a node has mapped. A slab's owner may map it
+//! too (`ExportSlab`); it then reads and writes slots with the same ordering as the node.
 //!
 //! Concurrency and fault model: a slab may be used by several connection threads at once (one
 //! client may hold several connections), by a rebuild thread (`regenerate`) and by fault
@@ -7,7 +8,7 @@
 //! `slot_copy`; Rust code never forms a reference to slab memory, so a racing write and read are
 //! not a data race in the Rust memory model, only a word-level race. A reader racing a writer of
 //! the same slot may therefore see torn payload bytes, or a payload from one write with the
-//! metadata of another. Metadata is two atomics per slot; a writer stores the payload first, then
+//! metadata of another. Metadata is two atomics per slot in the memfd; a writer stores the payload first, then
 //! the checksum, then the version (release), and a reader loads the version (acquire) and checksum
 //! before copying the payload. Any torn combination fails the end-to-end checksum at the client,
 //! which treats the split as an erasure; the client orders its own writes and reads of one slot on
@@ -24,12 +25,14 @@
 //! mappings, which the kernel zeroes: memory a client used is munmapped, never pooled, so no
 //! client's bytes or metadata can reach another client.
 
+use crate::shared_memory::{HeaderFields, Region};
 use crate::slot_copy;
+use remem_proto::shm::ShmLayout;
 use remem_proto::{ErrorCode, SplitMeta, MAX_SPLIT_BYTES, MIN_SPLIT_BYTES};
 use std::collections::HashMap;
 use std::io;
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Bytes of metadata per slot: version u8 and checksum u32.
@@ -83,13 +86,15 @@ pub struct SlabLabel {
 /// One mapped slab. Unmapped (munmap) when the last `Arc` drops, so an unmap racing a request on
 /// another connection never frees memory under a kernel copy.
 pub struct Slab {
-    base: NonNull<u8>,
-    len_bytes: usize,
+    /// The memfd with split bytes, per-slot metadata and the shared-memory header.
+    region: Region,
     owner_client_id: u64,
     label: SlabLabel,
     slots: u32,
-    versions: Box<[AtomicU8]>,
-    checksums: Box<[AtomicU32]>,
+    /// Unique per slab this node ever mapped; in the header and in `SlabExported`.
+    epoch: u64,
+    /// Set once the memfd was handed to the owner (`ExportSlab`).
+    exported: AtomicBool,
     /// Set while a rebuild fills this slab; client writes then take `regeneration_lock`.
     regenerating: AtomicBool,
     regeneration_lock: Mutex<()>,
@@ -99,91 +104,54 @@ pub struct Slab {
     requests: AtomicU64,
 }
 
-/// A populated anonymous mapping of one slab's size that no client has used: the pool of
-/// pre-allocated slabs. Zero-filled by the kernel; unmapped on drop unless a slab takes it.
-pub struct PooledMemory {
-    base: NonNull<u8>,
-    len_bytes: usize,
-}
+/// The split size pre-allocated slabs are laid out for: a 4 KiB page at k = 8, the default
+/// code. A `MapSlab` of another split size takes no pooled slab (its layout differs: the
+/// metadata area scales with the slot count) and maps fresh memory.
+pub const POOL_SPLIT_BYTES: u32 = 512;
 
-// SAFETY: `base` is a private anonymous mapping owned by this value alone and nobody holds a
-// pointer into it, so it may move between threads.
-unsafe impl Send for PooledMemory {}
+/// A populated memfd region of one slab that no client has used: the pool of pre-allocated
+/// slabs. Zero-filled by the kernel, its header blank until a `MapSlab` takes it and writes the
+/// owner; unmapped and closed on drop otherwise.
+pub struct PooledMemory {
+    region: Region,
+}
 
 impl PooledMemory {
-    fn map(len_bytes: u64) -> Result<PooledMemory, SlabError> {
-        let len = usize::try_from(len_bytes).map_err(|_| SlabError::MapFailed {
-            bytes: len_bytes,
-            source: io::ErrorKind::InvalidInput.into(),
-        })?;
-        let base = map_populated(len).map_err(|source| SlabError::MapFailed { bytes: len_bytes, source })?;
-        Ok(PooledMemory { base, len_bytes: len })
+    fn map(slab_size_bytes: u64) -> Result<PooledMemory, SlabError> {
+        let layout = ShmLayout::new(slab_size_bytes, POOL_SPLIT_BYTES)
+            .expect("slab size checked in Node::bind; 512-byte splits fit every slab size");
+        let blank = HeaderFields { epoch: 0, owner_client_id: 0, slab_id: u32::MAX };
+        let region = Region::create(layout, blank)
+            .map_err(|source| SlabError::MapFailed { bytes: layout.total_bytes, source })?;
+        Ok(PooledMemory { region })
     }
 }
-
-impl Drop for PooledMemory {
-    fn drop(&mut self) {
-        // SAFETY: `base`/`len_bytes` are exactly the mapping created in `map`; a slab that takes
-        // the memory forgets this value, so the mapping is unmapped once.
-        let result = unsafe { libc::munmap(self.base.as_ptr().cast(), self.len_bytes) };
-        assert_eq!(result, 0, "munmap of our own mapping cannot fail");
-    }
-}
-
-/// A fresh private anonymous mapping of `len` bytes, every page faulted in.
-fn map_populated(len: usize) -> io::Result<NonNull<u8>> {
-    // SAFETY: anonymous private mapping with no address hint: it does not alias any existing
-    // memory, and the result is checked against MAP_FAILED before use. MAP_POPULATE faults
-    // every page in now (writable private pages are allocated, not shared zero pages), so
-    // the memory is really held when the client is told the slab is mapped.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_POPULATE,
-            -1,
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(NonNull::new(base.cast::<u8>()).expect("mmap never returns null on success"))
-}
-
-// SAFETY: `base` points to a private anonymous mapping owned by this value and freed only in
-// `Drop`; the slab hands out only raw pointers into it, used by the kernel (see module docs), and
-// its metadata is atomic, so sharing and sending it between threads is sound.
-unsafe impl Send for Slab {}
-// SAFETY: as for `Send`: no `&self` method creates a Rust reference to slab memory.
-unsafe impl Sync for Slab {}
 
 impl Slab {
-    /// Maps a slab, in `pooled` memory if given (fresh, so zero like a new mapping).
+    /// Maps a slab in `pooled` memory if given and laid out for this split size (fresh, so zero
+    /// like a new memfd), else in a new memfd.
     fn map(
-        len_bytes: u64,
+        layout: ShmLayout,
         owner_client_id: u64,
         label: SlabLabel,
+        header: HeaderFields,
         pooled: Option<PooledMemory>,
     ) -> Result<Slab, SlabError> {
-        let memory = match pooled {
-            Some(memory) => memory,
-            None => PooledMemory::map(len_bytes)?,
+        let region = match pooled {
+            Some(PooledMemory { region }) if region.layout() == layout => {
+                region.write_header(header);
+                region
+            }
+            _ => Region::create(layout, header)
+                .map_err(|source| SlabError::MapFailed { bytes: layout.total_bytes, source })?,
         };
-        assert_eq!(memory.len_bytes as u64, len_bytes, "pooled memory is one slab");
-        let slots = u32::try_from(len_bytes / u64::from(label.split_bytes))
-            .expect("split_bytes >= 64 and slabs <= 4 GiB (checked in Node::bind) keep slots in u32");
-        // The slab's `Drop` unmaps the memory from now on.
-        let memory = std::mem::ManuallyDrop::new(memory);
         Ok(Slab {
-            base: memory.base,
-            len_bytes: memory.len_bytes,
+            region,
             owner_client_id,
             label,
-            slots,
-            versions: (0..slots).map(|_| AtomicU8::new(0)).collect(),
-            checksums: (0..slots).map(|_| AtomicU32::new(0)).collect(),
+            slots: layout.slots,
+            epoch: header.epoch,
+            exported: AtomicBool::new(false),
             regenerating: AtomicBool::new(false),
             regeneration_lock: Mutex::new(()),
             detached: AtomicBool::new(false),
@@ -205,13 +173,14 @@ impl Slab {
         self.slots
     }
 
-    /// Slab memory plus metadata, what the slab counts against capacity.
+    /// The whole memfd (slab memory, metadata, header), what the slab counts against capacity.
     pub fn footprint_bytes(&self) -> u64 {
-        self.len_bytes as u64 + self.metadata_bytes()
+        self.region.layout().total_bytes
     }
 
+    /// Per-slot metadata plus the header and the rounding to a page.
     pub fn metadata_bytes(&self) -> u64 {
-        u64::from(self.slots) * METADATA_BYTES_PER_SLOT
+        self.region.layout().metadata_bytes()
     }
 
     pub fn label(&self) -> SlabLabel {
@@ -225,23 +194,19 @@ impl Slab {
     /// Start of `slot`'s bytes: `split_bytes` writable, 8-byte aligned bytes that stay mapped
     /// while `self` lives. Only for `slot_copy`; never turn it into a reference.
     fn slot_ptr(&self, slot: u32) -> *mut u8 {
-        assert!(slot < self.slots, "slot {slot} out of {}", self.slots);
-        let offset = slot as usize * self.label.split_bytes as usize;
-        // SAFETY: slot < slots, so offset + split_bytes <= slots * split_bytes <= len_bytes: the
-        // result stays inside the one mapping `base` points to.
-        unsafe { self.base.as_ptr().add(offset) }
+        self.region.slot_ptr(slot)
     }
 
     pub fn meta(&self, slot: u32) -> SplitMeta {
-        let version = self.versions[slot as usize].load(Ordering::Acquire);
-        let checksum = self.checksums[slot as usize].load(Ordering::Relaxed);
+        let version = self.region.version(slot).load(Ordering::Acquire);
+        let checksum = self.region.checksum(slot).load(Ordering::Relaxed);
         SplitMeta { version, checksum }
     }
 
     /// Publishes the metadata of a slot whose payload has just been written.
     fn set_meta(&self, slot: u32, meta: SplitMeta) {
-        self.checksums[slot as usize].store(meta.checksum, Ordering::Relaxed);
-        self.versions[slot as usize].store(meta.version, Ordering::Release);
+        self.region.checksum(slot).store(meta.checksum, Ordering::Relaxed);
+        self.region.version(slot).store(meta.version, Ordering::Release);
     }
 
     /// A client write: the payload, then its metadata. Takes the regeneration lock only while a
@@ -266,7 +231,7 @@ impl Slab {
         assert_eq!(payload.len(), self.label.split_bytes as usize);
         assert_ne!(meta.version, 0, "a stored split has a written version");
         let _guard = self.lock_regeneration();
-        if self.versions[slot as usize].load(Ordering::Acquire) != 0 {
+        if self.region.version(slot).load(Ordering::Acquire) != 0 {
             return false;
         }
         // SAFETY: as in `write`.
@@ -317,12 +282,39 @@ impl Slab {
     }
 }
 
-impl Drop for Slab {
-    fn drop(&mut self) {
-        // SAFETY: `base`/`len_bytes` are exactly the mapping created in `map`, unmapped only here,
-        // and the last `Arc` is gone, so no request still holds a pointer into it.
-        let result = unsafe { libc::munmap(self.base.as_ptr().cast(), self.len_bytes) };
-        assert_eq!(result, 0, "munmap of our own mapping cannot fail");
+impl Slab {
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn layout(&self) -> ShmLayout {
+        self.region.layout()
+    }
+
+    /// The memfd to pass to the owner, or `None` if the slab already left the table. Marks the
+    /// slab exported, so that leaving the table revokes it. `export` and `detach` each store
+    /// their flag, then load the other's (SeqCst), so at least one of them sees both and
+    /// revokes: an unmap racing an export never leaves a live mapping of a forgotten slab.
+    pub fn export(&self) -> Option<BorrowedFd<'_>> {
+        self.exported.store(true, Ordering::SeqCst);
+        if self.detached.load(Ordering::SeqCst) {
+            self.region.revoke();
+            return None;
+        }
+        Some(self.region.memfd())
+    }
+
+    pub fn is_regenerating(&self) -> bool {
+        self.regenerating.load(Ordering::SeqCst)
+    }
+
+    /// Called once the slab left the table: stops rebuilds and, if a client maps the memfd,
+    /// revokes it there and returns its memory to the OS now (`shared_memory`).
+    fn detach(&self) {
+        self.detached.store(true, Ordering::SeqCst);
+        if self.exported.load(Ordering::SeqCst) {
+            self.region.revoke();
+        }
     }
 }
 
@@ -343,7 +335,11 @@ pub struct TableStats {
 /// All slabs of a node, by id.
 pub struct SlabTable {
     slab_size_bytes: u64,
+    /// Memory of one pre-allocated slab: its memfd laid out for [`POOL_SPLIT_BYTES`].
+    pool_slab_bytes: u64,
     capacity_bytes: u64,
+    /// The epoch of the next slab mapped: 1, 2, ... never reused while the node runs.
+    next_epoch: AtomicU64,
     inner: Mutex<TableInner>,
 }
 
@@ -363,9 +359,13 @@ struct TableInner {
 
 impl SlabTable {
     pub fn new(slab_size_bytes: u64, capacity_bytes: u64) -> SlabTable {
+        let pool_slab_bytes = ShmLayout::new(slab_size_bytes, POOL_SPLIT_BYTES)
+            .map_or(slab_size_bytes, |layout| layout.total_bytes);
         SlabTable {
             slab_size_bytes,
+            pool_slab_bytes,
             capacity_bytes,
+            next_epoch: AtomicU64::new(1),
             inner: Mutex::new(TableInner {
                 slabs: HashMap::new(),
                 reserved_ids: Vec::new(),
@@ -403,12 +403,13 @@ impl SlabTable {
                 max: max_split_bytes,
             });
         }
-        let slots = self.slab_size_bytes / u64::from(label.split_bytes);
-        let footprint_bytes = self.slab_size_bytes + slots * METADATA_BYTES_PER_SLOT;
+        let layout = ShmLayout::new(self.slab_size_bytes, label.split_bytes)
+            .expect("slab size checked in Node::bind, split size just above");
+        let footprint_bytes = layout.total_bytes;
         let (slab_id, pooled) = {
             let mut inner = self.lock();
             // A pooled slab's bytes are already counted: taking it needs only the metadata.
-            let pooled_bytes = if inner.pool.is_empty() { 0 } else { self.slab_size_bytes };
+            let pooled_bytes = if inner.pool.is_empty() { 0 } else { self.pool_slab_bytes };
             let free_bytes = self.capacity_bytes - inner.used_bytes + pooled_bytes;
             if footprint_bytes > free_bytes {
                 return Err(SlabError::NoCapacity { needed_bytes: footprint_bytes, free_bytes });
@@ -427,7 +428,9 @@ impl SlabTable {
             inner.reserved_ids.push(slab_id);
             (slab_id, pooled)
         };
-        let mapped = Slab::map(self.slab_size_bytes, owner_client_id, label, pooled);
+        let epoch = self.next_epoch.fetch_add(1, Ordering::Relaxed);
+        let header = HeaderFields { epoch, owner_client_id, slab_id };
+        let mapped = Slab::map(layout, owner_client_id, label, header, pooled);
         let mut inner = self.lock();
         inner.reserved_ids.retain(|id| *id != slab_id);
         match mapped {
@@ -462,7 +465,7 @@ impl SlabTable {
         let slab = inner.slabs.remove(&slab_id).expect("present: checked above");
         inner.used_bytes -= slab.footprint_bytes();
         inner.metadata_bytes -= slab.metadata_bytes();
-        slab.detached.store(true, Ordering::Release);
+        slab.detach();
         Ok(slab.label)
     }
 
@@ -479,7 +482,7 @@ impl SlabTable {
         let slab = inner.slabs.remove(&slab_id).ok_or(SlabError::UnknownSlab { slab_id })?;
         inner.used_bytes -= slab.footprint_bytes();
         inner.metadata_bytes -= slab.metadata_bytes();
-        slab.detached.store(true, Ordering::Release);
+        slab.detach();
         Ok(slab)
     }
 
@@ -490,7 +493,7 @@ impl SlabTable {
             slabs_mapped: inner.slabs.len() as u32,
             metadata_bytes: inner.metadata_bytes,
             pooled_slabs: inner.pool.len() as u32,
-            pooled_bytes: inner.pool.len() as u64 * self.slab_size_bytes,
+            pooled_bytes: inner.pool.len() as u64 * self.pool_slab_bytes,
             host_budget_bytes: inner.host_budget_bytes,
         }
     }
@@ -508,15 +511,15 @@ impl SlabTable {
     pub fn fill_pool_one(&self, target: usize) -> Result<bool, SlabError> {
         {
             let mut inner = self.lock();
-            let budget_allows = inner.host_budget_bytes.is_none_or(|budget| budget >= self.slab_size_bytes);
+            let budget_allows = inner.host_budget_bytes.is_none_or(|budget| budget >= self.pool_slab_bytes);
             if inner.pool.len() >= target
-                || self.capacity_bytes - inner.used_bytes < self.slab_size_bytes
+                || self.capacity_bytes - inner.used_bytes < self.pool_slab_bytes
                 || !budget_allows
             {
                 return Ok(false);
             }
-            inner.used_bytes += self.slab_size_bytes;
-            inner.host_budget_bytes = inner.host_budget_bytes.map(|budget| budget - self.slab_size_bytes);
+            inner.used_bytes += self.pool_slab_bytes;
+            inner.host_budget_bytes = inner.host_budget_bytes.map(|budget| budget - self.pool_slab_bytes);
         }
         let mapped = PooledMemory::map(self.slab_size_bytes);
         let mut inner = self.lock();
@@ -526,7 +529,7 @@ impl SlabTable {
                 Ok(true)
             }
             Err(error) => {
-                inner.used_bytes -= self.slab_size_bytes;
+                inner.used_bytes -= self.pool_slab_bytes;
                 Err(error)
             }
         }
@@ -538,7 +541,7 @@ impl SlabTable {
         let mut inner = self.lock();
         let keep = inner.pool.len().saturating_sub(count);
         let drained = inner.pool.split_off(keep);
-        inner.used_bytes -= drained.len() as u64 * self.slab_size_bytes;
+        inner.used_bytes -= drained.len() as u64 * self.pool_slab_bytes;
         drained
     }
 
@@ -561,11 +564,11 @@ impl SlabTable {
     pub fn clear(&self) -> usize {
         let mut inner = self.lock();
         let pooled = std::mem::take(&mut inner.pool);
-        inner.used_bytes -= pooled.len() as u64 * self.slab_size_bytes;
+        inner.used_bytes -= pooled.len() as u64 * self.pool_slab_bytes;
         let slabs = std::mem::take(&mut inner.slabs);
         for slab in slabs.values() {
             inner.used_bytes -= slab.footprint_bytes();
-            slab.detached.store(true, Ordering::Release);
+            slab.detach();
         }
         let count = slabs.len();
         inner.metadata_bytes = 0;

@@ -147,6 +147,7 @@ fn node_handle_evicts_without_a_client_request() {
         max_connections: 8,
         fault_injection: false,
         resource_monitor: None,
+        unix_socket: None,
     })
     .unwrap();
     let handle = node.handle();

@@ -6,9 +6,7 @@
 mod common;
 
 use common::*;
-use remem_node::{
-    MemorySource, Node, NodeConfig, NodeHandle, ResourceMonitorConfig, METADATA_BYTES_PER_SLOT,
-};
+use remem_node::{MemorySource, Node, NodeConfig, NodeHandle, ResourceMonitorConfig};
 use remem_proto::blocking;
 use remem_proto::*;
 use std::net::SocketAddr;
@@ -21,7 +19,10 @@ use std::time::{Duration, Instant};
 const SLAB: u64 = 1 << 20;
 const SPLIT: u32 = 512;
 /// One 1 MiB slab of 512-byte splits plus its metadata.
-const FOOTPRINT: u64 = SLAB + (SLAB / SPLIT as u64) * METADATA_BYTES_PER_SLOT;
+/// One slab's memfd: split bytes, 5 bytes of metadata per slot, the shared-memory header.
+fn footprint() -> u64 {
+    remem_proto::shm::ShmLayout::new(SLAB, SPLIT).unwrap().total_bytes
+}
 
 /// A fake filesystem root, removed on drop.
 struct FakeHost {
@@ -80,6 +81,7 @@ impl MonitoredNode {
             node_id: NODE_ID,
             max_connections: 16,
             fault_injection: false,
+            unix_socket: None,
             resource_monitor: Some(ResourceMonitorConfig {
                 period,
                 filesystem_root: root.to_owned(),
@@ -163,10 +165,10 @@ fn preallocated_slabs_fill_the_pool_serve_map_slab_zeroed_and_stay_within_capaci
     let host = FakeHost::new("pool");
     host.set_meminfo(16 * 1024, 12 * 1024);
     // Room for exactly three slabs with their metadata.
-    let node = MonitoredNode::start(&host.root, 3 * FOOTPRINT, Duration::from_millis(20));
+    let node = MonitoredNode::start(&host.root, 3 * footprint(), Duration::from_millis(20));
     wait_until("the pool holds 2 slabs", || node.handle.pooled_slabs() == 2);
     let info = node.handle.info();
-    assert_eq!(info.free_bytes, 3 * FOOTPRINT, "pooled slabs count as free for clients");
+    assert_eq!(info.free_bytes, 3 * footprint(), "pooled slabs count as free for clients");
 
     let mut client = node.client(5);
     let (first, slots) = client.map_slab(SPLIT, 0, 0);
@@ -197,7 +199,7 @@ fn below_headroom_the_pool_goes_first_then_the_least_active_slabs_are_evicted_an
     let host = FakeHost::new("evict");
     // 1 GiB host, 25% headroom = 256 MiB; plenty free to start with.
     host.set_meminfo(1024, 900);
-    let node = MonitoredNode::start(&host.root, 16 * FOOTPRINT, Duration::from_millis(250));
+    let node = MonitoredNode::start(&host.root, 16 * footprint(), Duration::from_millis(250));
     wait_until("the pool holds 2 slabs", || node.handle.pooled_slabs() == 2);
 
     // Client 1 owns two idle slabs, client 2 two busy ones.

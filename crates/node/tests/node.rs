@@ -12,8 +12,12 @@ use std::net::Shutdown;
 const SLAB: u64 = 64 * 1024;
 const SPLIT: u32 = 512;
 
+/// The slab's memfd: split bytes, 5 bytes of metadata per slot, the shared-memory header and
+/// the rounding to a page (`remem_proto::shm::ShmLayout`).
 fn slab_footprint(split_bytes: u32) -> u64 {
-    SLAB + SLAB / u64::from(split_bytes) * remem_node::METADATA_BYTES_PER_SLOT
+    let layout = remem_proto::shm::ShmLayout::new(SLAB, split_bytes).unwrap();
+    assert!(layout.total_bytes >= SLAB + SLAB / u64::from(split_bytes) * remem_node::METADATA_BYTES_PER_SLOT);
+    layout.total_bytes
 }
 
 #[test]
@@ -117,7 +121,8 @@ fn map_write_read_round_trip_with_checksum() {
     assert_eq!(info.capacity_bytes, capacity);
     assert_eq!(info.slab_size_bytes, SLAB);
     assert_eq!(info.slabs_mapped, 1);
-    assert_eq!(info.metadata_bytes, u64::from(slots) * 5);
+    assert_eq!(info.metadata_bytes, slab_footprint(SPLIT) - SLAB);
+    assert!(info.metadata_bytes <= u64::from(slots) * 5 + 4096);
     assert_eq!(info.free_bytes, capacity - slab_footprint(SPLIT));
     assert_eq!(info.failure_domain, "rack-1");
     assert!(info.requests_served >= 7, "{}", info.requests_served);
@@ -409,6 +414,7 @@ fn bind_rejects_invalid_configs() {
             max_connections,
             fault_injection: false,
             resource_monitor: None,
+            unix_socket: None,
         };
     for bad in [
         config(1000, "a", 1),

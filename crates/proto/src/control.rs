@@ -1,6 +1,7 @@
 //! Control messages: every message without a split payload, fully owned and small.
 
 use crate::frame::{ERROR_FIXED_BYTES, NODE_INFO_FIXED_BYTES, REGENERATE_FIXED_BYTES};
+use crate::shm::ShmLayout;
 use crate::{DecodeError, ErrorCode, FrameHeader, Kind, READ_SPLITS_MAX_COUNT};
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
 
@@ -158,6 +159,19 @@ pub enum Control {
         /// Pages without k consistent valid splits among the sources, left unwritten.
         pages_lost: u64,
     },
+    /// Asks the node to pass slab `slab_id`'s memfd over this Unix connection (`docs/SHM.md`).
+    ExportSlab {
+        slab_id: u32,
+    },
+    /// The reply to `ExportSlab`; the frame travels with exactly one file descriptor
+    /// (SCM_RIGHTS), the slab's memfd laid out as `layout` says.
+    SlabExported {
+        slab_id: u32,
+        /// Nonzero, unique per slab the node ever mapped: a reused slab id has a new epoch.
+        epoch: u64,
+        /// Always what [`ShmLayout::new`] computes for its `slab_bytes` and `split_bytes`.
+        layout: ShmLayout,
+    },
 }
 
 impl Control {
@@ -183,6 +197,8 @@ impl Control {
             Control::SlabEvicted { .. } => Kind::SlabEvicted,
             Control::Regenerate { .. } => Kind::Regenerate,
             Control::RegenerationDone { .. } => Kind::RegenerationDone,
+            Control::ExportSlab { .. } => Kind::ExportSlab,
+            Control::SlabExported { .. } => Kind::SlabExported,
         }
     }
 
@@ -312,6 +328,25 @@ impl Control {
                 out.extend_from_slice(&pages_rebuilt.to_le_bytes());
                 out.extend_from_slice(&pages_skipped.to_le_bytes());
                 out.extend_from_slice(&pages_lost.to_le_bytes());
+            }
+            Control::ExportSlab { slab_id } => out.extend_from_slice(&slab_id.to_le_bytes()),
+            Control::SlabExported { slab_id, epoch, layout } => {
+                assert_eq!(
+                    ShmLayout::new(layout.slab_bytes, layout.split_bytes),
+                    Some(*layout),
+                    "a SlabExported layout is the computed one"
+                );
+                assert_ne!(*epoch, 0, "epochs start at 1");
+                out.extend_from_slice(&slab_id.to_le_bytes());
+                out.extend_from_slice(&layout.split_bytes.to_le_bytes());
+                out.extend_from_slice(&layout.slots.to_le_bytes());
+                out.extend_from_slice(&0u32.to_le_bytes());
+                out.extend_from_slice(&epoch.to_le_bytes());
+                out.extend_from_slice(&layout.slab_bytes.to_le_bytes());
+                out.extend_from_slice(&layout.checksums_offset.to_le_bytes());
+                out.extend_from_slice(&layout.versions_offset.to_le_bytes());
+                out.extend_from_slice(&layout.header_offset.to_le_bytes());
+                out.extend_from_slice(&layout.total_bytes.to_le_bytes());
             }
         }
         let body_len = u32::try_from(out.len() - body_at).expect("control bodies are small");
@@ -453,6 +488,36 @@ impl Control {
                     pages_skipped: reader.u64(),
                     pages_lost: reader.u64(),
                 }
+            }
+            Kind::ExportSlab => Control::ExportSlab { slab_id: reader.u32() },
+            Kind::SlabExported => {
+                let slab_id = reader.u32();
+                let split_bytes = reader.u32();
+                let slots = reader.u32();
+                reader.reserved::<4>()?;
+                let epoch = reader.u64();
+                let layout = ShmLayout {
+                    slab_bytes: reader.u64(),
+                    split_bytes,
+                    slots,
+                    checksums_offset: reader.u64(),
+                    versions_offset: reader.u64(),
+                    header_offset: reader.u64(),
+                    total_bytes: reader.u64(),
+                };
+                if epoch == 0 {
+                    return Err(DecodeError::FieldOutOfRange {
+                        kind,
+                        field: "epoch",
+                        value: 0,
+                        min: 1,
+                        max: u64::MAX,
+                    });
+                }
+                if ShmLayout::new(layout.slab_bytes, layout.split_bytes) != Some(layout) {
+                    return Err(DecodeError::BadLayout { kind });
+                }
+                Control::SlabExported { slab_id, epoch, layout }
             }
             Kind::WriteSplit | Kind::ReadSplitReply | Kind::ReadSplitsReply => {
                 unreachable!("payload kinds were rejected above")

@@ -34,6 +34,8 @@ pub enum DecodeError {
     UnknownFault { found: u8 },
     #[error("{kind:?} {field} = {value} is outside {min}..={max}")]
     FieldOutOfRange { kind: Kind, field: &'static str, value: u64, min: u64, max: u64 },
+    #[error("{kind:?} describes a shared-memory layout other than the one its sizes give")]
+    BadLayout { kind: Kind },
 }
 
 /// Error codes of the `Error` frame (`docs/PROTOCOL.md`, "Error codes").

@@ -30,6 +30,8 @@ pub enum Kind {
     SlabEvicted = 15,
     Regenerate = 16,
     RegenerationDone = 17,
+    ExportSlab = 18,
+    SlabExported = 19,
     WriteSplit = 32,
     WriteSplitOk = 33,
     ReadSplit = 34,
@@ -86,7 +88,7 @@ pub(crate) const REGENERATE_FIXED_BYTES: u32 = 4 + 1 + 1 + 1 + 1 + 4 + 4;
 pub(crate) const ERROR_FIXED_BYTES: u32 = 4;
 
 impl Kind {
-    pub const ALL: [Kind; 23] = [
+    pub const ALL: [Kind; 25] = [
         Kind::Hello,
         Kind::Challenge,
         Kind::Auth,
@@ -104,6 +106,8 @@ impl Kind {
         Kind::SlabEvicted,
         Kind::Regenerate,
         Kind::RegenerationDone,
+        Kind::ExportSlab,
+        Kind::SlabExported,
         Kind::WriteSplit,
         Kind::WriteSplitOk,
         Kind::ReadSplit,
@@ -149,6 +153,8 @@ impl Kind {
                 max: REGENERATE_FIXED_BYTES + (MAX_REGENERATION_SOURCES * REGENERATION_SOURCE_BYTES) as u32,
             },
             Kind::RegenerationDone => LengthRule::Exact(4 + 4 + 8 + 8 + 8),
+            Kind::ExportSlab => LengthRule::Exact(4),
+            Kind::SlabExported => LengthRule::Exact(4 * 4 + 6 * 8),
             Kind::WriteSplit => LengthRule::AtLeast(WRITE_SPLIT_PREFIX_BYTES as u32),
             Kind::ReadSplit => LengthRule::Exact(4 + 4),
             Kind::ReadSplitReply => LengthRule::AtLeast(SPLIT_META_BYTES as u32),

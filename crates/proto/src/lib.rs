@@ -23,6 +23,7 @@ mod data;
 mod error;
 mod frame;
 pub mod fuzzing;
+pub mod shm;
 
 pub use control::{
     Control, FaultKind, NodeInfo, RegenerationSource, MAX_ERROR_MESSAGE_BYTES, MAX_FAILURE_DOMAIN_BYTES,

@@ -2,6 +2,7 @@
 
 use proptest::prelude::*;
 use remem_proto::auth::{self, Secret};
+use remem_proto::shm::ShmLayout;
 use remem_proto::*;
 
 fn error_code() -> impl Strategy<Value = ErrorCode> {
@@ -102,6 +103,14 @@ fn control() -> impl Strategy<Value = Control> {
             pages_skipped: n[1],
             pages_lost: n[2]
         }),
+        any::<u32>().prop_map(|slab_id| Control::ExportSlab { slab_id }),
+        (any::<u32>(), 1..=u64::MAX, 12u32..=32, 6u32..=20)
+            .prop_filter("split fits in the slab", |(_, _, slab_log, split_log)| split_log <= slab_log)
+            .prop_map(|(slab_id, epoch, slab_log, split_log)| Control::SlabExported {
+                slab_id,
+                epoch,
+                layout: ShmLayout::new(1 << slab_log, 1 << split_log).expect("valid sizes"),
+            }),
         Just(Control::Ping),
         Just(Control::Pong),
         (error_code(), proptest::string::string_regex(".{0,64}").expect("valid regex"))
@@ -259,8 +268,8 @@ fn header_rejects_bad_magic_version_kind_and_lengths() {
     bad[2] = 2;
     assert_eq!(FrameHeader::decode(&bad), Err(DecodeError::BadVersion { found: 2 }));
     let mut bad = good;
-    bad[3] = 18;
-    assert_eq!(FrameHeader::decode(&bad), Err(DecodeError::UnknownKind { found: 18 }));
+    bad[3] = 20;
+    assert_eq!(FrameHeader::decode(&bad), Err(DecodeError::UnknownKind { found: 20 }));
     let mut bad = good;
     bad[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
     assert!(matches!(FrameHeader::decode(&bad), Err(DecodeError::BodyTooLong { kind: Kind::Ping, .. })));
@@ -491,4 +500,72 @@ fn secrets_load_from_file_trimming_one_newline_and_reject_short_ones() {
     assert!(matches!(Secret::load(Some(&path)), Err(auth::SecretError::TooShort { len: 5 })));
     assert!(matches!(Secret::load(Some(&dir.join("absent"))), Err(auth::SecretError::Read { .. })));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn slab_exported_rejects_layouts_other_than_the_computed_one_and_epoch_zero() {
+    let layout = ShmLayout::new(64 << 20, 512).expect("valid sizes");
+    assert_eq!(layout.slots, 131_072);
+    assert_eq!(layout.checksums_offset, 64 << 20);
+    assert_eq!(layout.versions_offset, (64 << 20) + 4 * 131_072);
+    // 5 bytes per slot plus the header page: under 1% of a 64 MiB slab.
+    assert!(layout.metadata_bytes() * 100 < layout.slab_bytes, "{} metadata bytes", layout.metadata_bytes());
+    let message = Control::SlabExported { slab_id: 7, epoch: 3, layout };
+    let mut frame = Vec::new();
+    message.encode(5, &mut frame);
+    let body = &frame[HEADER_BYTES..];
+    assert_eq!(Control::decode_body(Kind::SlabExported, body), Ok(message));
+
+    // Every layout field lies about the memfd in turn: each is refused.
+    for field_at in [24usize, 32, 40, 48, 56] {
+        let mut bad = body.to_vec();
+        bad[field_at] ^= 0x40;
+        assert_eq!(
+            Control::decode_body(Kind::SlabExported, &bad),
+            Err(DecodeError::BadLayout { kind: Kind::SlabExported }),
+            "field at {field_at}"
+        );
+    }
+    let mut bad = body.to_vec();
+    bad[8] ^= 1; // slots
+    assert_eq!(
+        Control::decode_body(Kind::SlabExported, &bad),
+        Err(DecodeError::BadLayout { kind: Kind::SlabExported })
+    );
+    let mut bad = body.to_vec();
+    bad[4..8].copy_from_slice(&100u32.to_le_bytes()); // split_bytes not a power of two
+    assert_eq!(
+        Control::decode_body(Kind::SlabExported, &bad),
+        Err(DecodeError::BadLayout { kind: Kind::SlabExported })
+    );
+    let mut bad = body.to_vec();
+    bad[12] = 1; // reserved
+    assert_eq!(
+        Control::decode_body(Kind::SlabExported, &bad),
+        Err(DecodeError::ReservedNotZero { kind: Kind::SlabExported })
+    );
+    let mut bad = body.to_vec();
+    bad[16..24].copy_from_slice(&0u64.to_le_bytes());
+    assert!(matches!(
+        Control::decode_body(Kind::SlabExported, &bad),
+        Err(DecodeError::FieldOutOfRange { field: "epoch", .. })
+    ));
+    // Wrong lengths never reach the field decoder.
+    assert!(Control::decode_body(Kind::SlabExported, &body[..63]).is_err());
+    assert!(Control::decode_body(Kind::ExportSlab, &[0u8; 5]).is_err());
+    assert_eq!(
+        Control::decode_body(Kind::ExportSlab, &9u32.to_le_bytes()),
+        Ok(Control::ExportSlab { slab_id: 9 })
+    );
+}
+
+#[test]
+fn shm_layouts_reject_bad_sizes() {
+    assert_eq!(ShmLayout::new(4096, 8192), None);
+    assert_eq!(ShmLayout::new(4096 + 1, 512), None);
+    assert_eq!(ShmLayout::new(1 << 33, 512), None);
+    assert_eq!(ShmLayout::new(1 << 20, 32), None);
+    let small = ShmLayout::new(4096, 64).expect("one page of 64-byte splits");
+    assert_eq!(small.total_bytes % 4096, 0);
+    assert!(small.header_offset >= small.versions_offset + u64::from(small.slots));
 }

@@ -57,6 +57,8 @@ impl Client {
     pub(super) fn schedule_regeneration(&mut self, range: usize, split: usize, reason: &'static str) {
         let bit = 1 << split;
         self.ranges[range].unavailable |= bit;
+        // An unavailable slab is never read or written through shared memory again.
+        self.drop_shm(range, split);
         if !self.config.regenerate {
             return;
         }
@@ -147,6 +149,7 @@ impl Client {
                     // Corruption or a hang that came back: the old slab is dropped.
                     self.unmap_quietly(old.node, old.slab_id);
                 }
+                self.drop_shm(range, split);
                 self.ranges[range].slabs[split] = SlabRef { node, slab_id: *slab_id };
                 self.ranges[range].rebuilding |= bit;
                 let unavailable = self.ranges[range].unavailable;

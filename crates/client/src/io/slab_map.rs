@@ -7,6 +7,7 @@
 //! never as a mix.
 
 use std::net::{SocketAddr, TcpStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use rand::rngs::StdRng;
@@ -17,7 +18,9 @@ use remem_proto::auth::Secret;
 use remem_proto::Control;
 use serde::{Deserialize, Serialize};
 
-use super::{blocking_control, unexpected, Client, ClientConfig, Range, SlabRef, PAGE_VERSION_UNKNOWN};
+use super::{
+    blocking_control, unexpected, BlockingStream, Client, ClientConfig, Range, SlabRef, PAGE_VERSION_UNKNOWN,
+};
 use crate::core::Shape;
 use crate::error::ConnectError;
 
@@ -140,7 +143,7 @@ impl Client {
         let codec_params = CodecParams::new(map.data_splits, map.parity_splits, map.page_bytes)?;
         let mut streams = Vec::with_capacity(map.nodes.len());
         for &address in &map.nodes {
-            let (stream, info) = connect_node(address, secret, &config)?;
+            let (stream, info) = connect_node(address, None, secret, &config)?;
             streams.push((stream, info, address));
         }
         let ranges = map
@@ -168,17 +171,29 @@ impl Client {
     }
 }
 
-/// Connects, authenticates and asks a node for its info.
+/// Connects (over the Unix socket `unix` if given, else TCP), authenticates and asks a node for
+/// its info.
 pub(super) fn connect_node(
     address: SocketAddr,
+    unix: Option<&Path>,
     secret: &Secret,
     config: &ClientConfig,
-) -> Result<(TcpStream, remem_proto::NodeInfo), ConnectError> {
-    let mut stream = TcpStream::connect_timeout(&address, config.connect_timeout)
-        .map_err(|source| ConnectError::Io { address, source })?;
+) -> Result<(BlockingStream, remem_proto::NodeInfo), ConnectError> {
     let io_error = |source| ConnectError::Io { address, source };
-    stream.set_nodelay(true).map_err(io_error)?;
-    stream.set_read_timeout(Some(config.connect_timeout)).map_err(io_error)?;
+    let mut stream = match unix {
+        Some(path) => {
+            let stream = UnixStream::connect(path).map_err(io_error)?;
+            stream.set_read_timeout(Some(config.connect_timeout)).map_err(io_error)?;
+            stream.set_write_timeout(Some(config.connect_timeout)).map_err(io_error)?;
+            BlockingStream::Unix(stream)
+        }
+        None => {
+            let stream = TcpStream::connect_timeout(&address, config.connect_timeout).map_err(io_error)?;
+            stream.set_nodelay(true).map_err(io_error)?;
+            stream.set_read_timeout(Some(config.connect_timeout)).map_err(io_error)?;
+            BlockingStream::Tcp(stream)
+        }
+    };
     remem_proto::blocking::handshake(&mut stream, secret, config.client_id)
         .map_err(|source| ConnectError::Handshake { address, message: source.to_string() })?;
     match blocking_control(&mut stream, 1, &Control::NodeInfo, address)? {

@@ -58,6 +58,7 @@ impl TestNode {
             max_connections,
             fault_injection,
             resource_monitor: None,
+            unix_socket: None,
         })
         .unwrap();
         let addr = node.local_addr();
