@@ -22,7 +22,7 @@
 //! Invariant: `SlabTable::used_bytes` is the sum of `footprint_bytes` over mapped slabs, plus the
 //! slab bytes of pre-allocated (pooled) memory, plus in-flight reservations, and never exceeds the
 //! node's capacity. The pool (filled by the resource monitor, `monitor`) only ever holds fresh
-//! mappings, which the kernel zeroes: memory a client used is munmapped, never pooled, so no
+//! memfds, which the kernel zeroes: memory a client used is unmapped, never pooled, so no
 //! client's bytes or metadata can reach another client.
 
 use crate::shared_memory::{HeaderFields, Region};
