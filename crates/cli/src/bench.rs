@@ -80,6 +80,11 @@ pub struct StragglerRow {
     pub name: String,
     pub healthy: Summary,
     pub straggler: Summary,
+    /// The slowed node: the one holding split 0 (first data split, or the primary copy) of this
+    /// scheme's range 0, so that every scheme is measured with a slow node on its read path.
+    pub slow_node: String,
+    /// Fraction of the measured reads whose first k+delta splits include the slow node.
+    pub reads_asking_slow_node: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -377,7 +382,6 @@ fn run_straggler(
     delay_us: u32,
 ) -> Result<Vec<StragglerRow>> {
     let schemes = &SCHEMES[..3];
-    let mut slow_node = None;
     let mut rows = Vec::new();
     let mut rng = StdRng::seed_from_u64(args.seed);
     for scheme in schemes {
@@ -390,8 +394,16 @@ fn run_straggler(
         let pages = client.page_count();
         let fill_order: Vec<u64> = (0..pages).collect();
         run_series(&mut client, &fill_order, 32, Operation::Write, 4096)?;
-        let slow = *slow_node.get_or_insert_with(|| client.range_nodes(0)[0]);
+        let slow = client.range_nodes(0)[0];
         let order = random_pages(&mut rng, pages, args.ops);
+        let asked = scheme.shape.data_splits + scheme.shape.extra_reads;
+        let ranges_asking: Vec<bool> = (0..client.ranges().len())
+            .map(|range| client.range_nodes(range)[..asked].contains(&slow))
+            .collect();
+        let per_range = client.pages_per_range();
+        let reads_asking_slow_node =
+            order.iter().filter(|&&page| ranges_asking[(page / per_range) as usize]).count() as f64
+                / order.len().max(1) as f64;
         eprintln!("{}: read qd1 x{} healthy ...", scheme.name, args.ops);
         let (mut healthy, _) = run_series(&mut client, &order, 1, Operation::Read, 4096)?;
         let address = nodes[slow].address;
@@ -412,6 +424,8 @@ fn run_straggler(
             name: scheme.name.to_string(),
             healthy: healthy.summarize(),
             straggler: slowed.summarize(),
+            slow_node: address.to_string(),
+            reads_asking_slow_node,
         });
         client.release().context("releasing slabs")?;
     }
@@ -421,19 +435,22 @@ fn run_straggler(
 pub fn print_table(report: &BenchReport) {
     if let Some((delay_us, rows)) = &report.straggler {
         println!("read latency at queue depth 1, healthy vs one node delaying every reply by {delay_us} us");
+        println!("(per scheme, the slow node holds split 0 of its range 0; 'asking' is the share of reads");
+        println!(" whose first k+delta splits include it)");
         println!(
-            "{:<14} {:>12} {:>12} {:>14} {:>14} {:>14}",
-            "scheme", "p50 healthy", "p99 healthy", "p50 straggler", "p99 straggler", "p99 ratio"
+            "{:<14} {:>12} {:>12} {:>14} {:>14} {:>10} {:>8}",
+            "scheme", "p50 healthy", "p99 healthy", "p50 straggler", "p99 straggler", "p99 ratio", "asking"
         );
         for row in rows {
             println!(
-                "{:<14} {:>12.1} {:>12.1} {:>14.1} {:>14.1} {:>14.2}",
+                "{:<14} {:>12.1} {:>12.1} {:>14.1} {:>14.1} {:>10.2} {:>7.0}%",
                 row.name,
                 row.healthy.p50_us,
                 row.healthy.p99_us,
                 row.straggler.p50_us,
                 row.straggler.p99_us,
-                row.straggler.p99_us / row.healthy.p99_us
+                row.straggler.p99_us / row.healthy.p99_us,
+                100.0 * row.reads_asking_slow_node
             );
         }
         return;

@@ -170,5 +170,8 @@ fn bench_straggler_reports_healthy_and_slowed_p99_per_scheme() {
     for row in rows {
         assert!(row["healthy"]["p99_us"].as_f64().unwrap() > 0.0);
         assert!(row["straggler"]["p99_us"].as_f64().unwrap() > 0.0);
+        // The slow node holds split 0 of range 0, so at least the reads of range 0 ask it.
+        let asking = row["reads_asking_slow_node"].as_f64().unwrap();
+        assert!(asking > 0.0 && asking <= 1.0, "{row}");
     }
 }

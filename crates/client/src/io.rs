@@ -1699,6 +1699,11 @@ impl Client {
         self.ranges[range].slabs.iter().map(|slab| slab.node).collect()
     }
 
+    /// Pages per address range: page `p` lives in range `p / pages_per_range()`.
+    pub fn pages_per_range(&self) -> u64 {
+        self.pages_per_range
+    }
+
     /// Unmaps every slab of this client. Also done on drop; call it to see the errors.
     pub fn release(&mut self) -> Result<(), PageError> {
         // Our mappings go first: a slab is never touched again once its unmap is on the way.
