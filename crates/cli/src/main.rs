@@ -41,8 +41,9 @@ enum Command {
     /// Serve a remem address space as an NBD block device (qemu, nbd-client, libnbd): swap or a
     /// file system on resilient remote memory. See docs/NBD.md. First stdout line: `listening ADDRESS`.
     Nbd(remem::nbd_command::NbdArgs),
-    /// Benchmarks: `remem bench pages` (schemes vs transport floors) and `remem bench codec`
-    /// (erasure coding vs Intel ISA-L).
+    /// Benchmarks: `remem bench pages` (schemes vs transport floors, over TCP or same-host
+    /// shared memory, or with one straggler), `remem bench codec` (erasure coding vs Intel
+    /// ISA-L) and `remem bench regen` (rebuilding a slab under load).
     #[command(subcommand)]
     Bench(BenchCommand),
     /// Simulate placement policies: probability of data loss when f% of N nodes fail at once
