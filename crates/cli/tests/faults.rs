@@ -565,3 +565,35 @@ fn a_rebuilt_slab_stays_in_the_extended_group_of_its_range() {
     assert!(unused.contains(&rebuilt), "rebuilt on node {rebuilt}, not one of the group's unused {unused:?}");
     model.read(&mut client, &all_pages(pages));
 }
+
+/// A client restarted from its saved slab map while one node of its range is down: it opens,
+/// reads every page (discovering versions from the other splits), writes, and rebuilds the
+/// missing slab elsewhere.
+#[test]
+fn a_client_reopens_its_saved_map_with_a_node_down() {
+    let mut cluster = cluster("reopen-down", 11);
+    let dir = cluster.cluster_file_path.parent().unwrap().to_owned();
+    let map_path = dir.join("reopen-map.json");
+    let pages = 2048;
+    let mut config = config(pages);
+    config.release_on_drop = false;
+    let mut client = connect(&cluster, config);
+    let mut model = Model::default();
+    model.write(&mut client, &all_pages(pages));
+    client.save_map(&map_path).unwrap();
+    let victim = client.ranges()[0].slabs[3].node;
+    drop(client);
+    cluster.kill(victim).unwrap();
+
+    let map = SlabMapFile::load(&map_path).unwrap();
+    let mut config = self::config(pages);
+    config.release_on_drop = true;
+    let mut client = Client::reopen(&map, &cluster.secret, config).expect("reopens with one node down");
+    assert!(client.ranges()[0].unavailable & (1 << 3) != 0 || client.ranges()[0].slabs[3].node != victim);
+    model.read(&mut client, &all_pages(pages));
+    model.write(&mut client, &all_pages(pages)[..256]);
+    assert!(client.wait_for_regenerations(Duration::from_secs(60)));
+    assert_ne!(client.ranges()[0].slabs[3].node, victim, "the lost slab was rebuilt elsewhere");
+    assert_eq!(client.ranges()[0].unavailable, 0);
+    model.read(&mut client, &all_pages(pages));
+}

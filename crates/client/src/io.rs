@@ -201,13 +201,16 @@ pub struct MemoryReport {
 enum ConnStream {
     Tcp(MioStream),
     Unix(MioUnixStream),
+    /// No connection: the node was unreachable when a saved map was reopened.
+    Unreachable,
 }
 
 impl ConnStream {
-    fn source(&mut self) -> &mut dyn mio::event::Source {
+    fn source(&mut self) -> Option<&mut dyn mio::event::Source> {
         match self {
-            ConnStream::Tcp(stream) => stream,
-            ConnStream::Unix(stream) => stream,
+            ConnStream::Tcp(stream) => Some(stream),
+            ConnStream::Unix(stream) => Some(stream),
+            ConnStream::Unreachable => None,
         }
     }
 
@@ -215,6 +218,7 @@ impl ConnStream {
         match self {
             ConnStream::Tcp(stream) => stream.write(bytes),
             ConnStream::Unix(stream) => stream.write(bytes),
+            ConnStream::Unreachable => Err(io::ErrorKind::NotConnected.into()),
         }
     }
 
@@ -226,6 +230,7 @@ impl ConnStream {
                 (_, true) => Err(io::Error::new(io::ErrorKind::InvalidData, "unexpected file descriptors")),
                 (received, false) => Ok(received),
             },
+            ConnStream::Unreachable => Err(io::ErrorKind::NotConnected.into()),
         }
     }
 }
@@ -496,6 +501,8 @@ impl Client {
             ranges.push(Range { slabs, unavailable: 0, rebuilding: 0 });
         }
 
+        let streams =
+            streams.into_iter().map(|(stream, info, address)| (Some(stream), info, address)).collect();
         let mut client =
             Client::assemble(config, codec_params, streams, ranges, pages_per_range, page_count, placement)?;
         client.export_slabs();
@@ -506,7 +513,7 @@ impl Client {
     fn assemble(
         config: ClientConfig,
         codec_params: CodecParams,
-        streams: Vec<(BlockingStream, NodeInfo, SocketAddr)>,
+        streams: Vec<(Option<BlockingStream>, NodeInfo, SocketAddr)>,
         ranges: Vec<Range>,
         pages_per_range: u64,
         page_count: u64,
@@ -521,18 +528,21 @@ impl Client {
         for (index, (stream, info, address)) in streams.into_iter().enumerate() {
             let io_error = |source| ConnectError::Io { address, source };
             let mut stream = match stream {
-                BlockingStream::Tcp(stream) => {
+                None => ConnStream::Unreachable,
+                Some(BlockingStream::Tcp(stream)) => {
                     stream.set_read_timeout(None).map_err(io_error)?;
                     stream.set_nonblocking(true).map_err(io_error)?;
                     ConnStream::Tcp(MioStream::from_std(stream))
                 }
-                BlockingStream::Unix(stream) => {
+                Some(BlockingStream::Unix(stream)) => {
                     stream.set_read_timeout(None).map_err(io_error)?;
                     stream.set_nonblocking(true).map_err(io_error)?;
                     ConnStream::Unix(MioUnixStream::from_std(stream))
                 }
             };
-            poll.registry().register(stream.source(), Token(index), Interest::READABLE).map_err(io_error)?;
+            if let Some(source) = stream.source() {
+                poll.registry().register(source, Token(index), Interest::READABLE).map_err(io_error)?;
+            }
             conns.push(Conn {
                 address,
                 stream,
@@ -1023,11 +1033,10 @@ impl Client {
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
                     if !conn.writable_interest {
                         conn.writable_interest = true;
-                        let _ = self.poll.registry().reregister(
-                            conn.stream.source(),
-                            Token(index),
-                            Interest::READABLE | Interest::WRITABLE,
-                        );
+                        if let Some(source) = conn.stream.source() {
+                            let interest = Interest::READABLE | Interest::WRITABLE;
+                            let _ = self.poll.registry().reregister(source, Token(index), interest);
+                        }
                     }
                     return;
                 }
@@ -1039,7 +1048,9 @@ impl Client {
         conn.out_sent = 0;
         if conn.writable_interest {
             conn.writable_interest = false;
-            let _ = self.poll.registry().reregister(conn.stream.source(), Token(index), Interest::READABLE);
+            if let Some(source) = conn.stream.source() {
+                let _ = self.poll.registry().reregister(source, Token(index), Interest::READABLE);
+            }
         }
     }
 
@@ -1078,7 +1089,9 @@ impl Client {
         conn.alive = false;
         conn.out.clear();
         conn.out_sent = 0;
-        let _ = self.poll.registry().deregister(conn.stream.source());
+        if let Some(source) = conn.stream.source() {
+            let _ = self.poll.registry().deregister(source);
+        }
         conn.fds.clear();
         for range in &mut self.ranges {
             for (split, slab) in range.slabs.iter().enumerate() {

@@ -15,7 +15,7 @@ use rand::SeedableRng;
 use remem_codec::CodecParams;
 use remem_placement::LeastLoaded;
 use remem_proto::auth::Secret;
-use remem_proto::Control;
+use remem_proto::{Control, NodeInfo};
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -141,10 +141,22 @@ impl Client {
         config.address_space_bytes = map.address_space_bytes;
         config.client_id = map.client_id;
         let codec_params = CodecParams::new(map.data_splits, map.parity_splits, map.page_bytes)?;
+        // A node down now is like one that died: its slabs are unavailable and rebuilt, and the
+        // client opens as long as the cluster answers at all.
         let mut streams = Vec::with_capacity(map.nodes.len());
-        for &address in &map.nodes {
-            let (stream, info) = connect_node(address, None, secret, &config)?;
-            streams.push((stream, info, address));
+        let mut unreachable = Vec::new();
+        for (index, &address) in map.nodes.iter().enumerate() {
+            match connect_node(address, None, secret, &config) {
+                Ok((stream, info)) => streams.push((Some(stream), info, address)),
+                Err(error) => {
+                    tracing::warn!(node = %address, %error, "node unreachable at reopen: its slabs count as lost");
+                    unreachable.push((index, error));
+                    streams.push((None, unreachable_node_info(), address));
+                }
+            }
+        }
+        if unreachable.len() == map.nodes.len() && !unreachable.is_empty() {
+            return Err(unreachable.swap_remove(0).1);
         }
         let ranges = map
             .ranges
@@ -167,6 +179,10 @@ impl Client {
             placement,
         )?;
         client.page_flags.fill(PAGE_VERSION_UNKNOWN);
+        for (index, error) in unreachable {
+            let why = format!("unreachable at reopen: {error}");
+            client.conn_died(index, &why);
+        }
         Ok(client)
     }
 }
@@ -199,5 +215,22 @@ pub(super) fn connect_node(
     match blocking_control(&mut stream, 1, &Control::NodeInfo, address)? {
         Control::NodeInfoReply(info) => Ok((stream, info)),
         other => Err(unexpected(address, &other)),
+    }
+}
+
+/// What the client assumes of a node it could not reach: nothing free, no domain.
+fn unreachable_node_info() -> NodeInfo {
+    NodeInfo {
+        node_id: 0,
+        capacity_bytes: 0,
+        free_bytes: 0,
+        slab_size_bytes: 0,
+        slabs_mapped: 0,
+        metadata_bytes: 0,
+        requests_served: 0,
+        regenerating_slabs: 0,
+        regeneration_pages_done: 0,
+        regeneration_pages_total: 0,
+        failure_domain: String::new(),
     }
 }
