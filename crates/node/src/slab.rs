@@ -546,15 +546,21 @@ impl SlabTable {
     }
 
     /// Each mapped slab's id, owner and requests since the last call (the counters restart).
+    /// A slab exported as shared memory is read and written without the node seeing it, so
+    /// its activity is unknown and counts as the highest: it goes only after every slab of the
+    /// sample whose idleness the node can see.
     pub fn take_activity(&self) -> Vec<SlabActivity> {
         let inner = self.lock();
         inner
             .slabs
             .iter()
-            .map(|(&slab_id, slab)| SlabActivity {
-                slab_id,
-                owner_client_id: slab.owner_client_id,
-                requests: slab.requests.swap(0, Ordering::Relaxed),
+            .map(|(&slab_id, slab)| {
+                let requests = slab.requests.swap(0, Ordering::Relaxed);
+                SlabActivity {
+                    slab_id,
+                    owner_client_id: slab.owner_client_id,
+                    requests: if slab.exported.load(Ordering::Relaxed) { u64::MAX } else { requests },
+                }
             })
             .collect()
     }
@@ -593,5 +599,31 @@ impl TableInner {
                 return id;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn label(split_index: u8) -> SlabLabel {
+        SlabLabel { split_bytes: 512, split_index, first_page: 0, range_id: 0 }
+    }
+
+    #[test]
+    fn an_exported_slab_counts_as_most_active() {
+        let table = SlabTable::new(1 << 20, 16 << 20);
+        let (seen, _) = table.map(7, label(0)).unwrap();
+        let (exported, _) = table.map(7, label(1)).unwrap();
+        let slab = table.get(7, seen).unwrap();
+        slab.requests.fetch_add(5, Ordering::Relaxed);
+        assert!(table.get(7, exported).unwrap().export().is_some());
+        let activity = table.take_activity();
+        let of = |id: u32| activity.iter().find(|slab| slab.slab_id == id).unwrap().requests;
+        assert_eq!(of(seen), 5);
+        assert_eq!(of(exported), u64::MAX, "unknown activity ranks as the highest");
+        // Counters restart each period; the exported slab stays unknown.
+        let activity = table.take_activity();
+        assert_eq!(activity.iter().find(|slab| slab.slab_id == seen).unwrap().requests, 0);
     }
 }
