@@ -918,7 +918,14 @@ impl Client {
                 // Ranges with a node that corrupts often start with one more split, so that a
                 // bad split rarely costs a second round trip (seed 000 §4.2 "Corruption").
                 let suspect = self.range_has_suspect_node(range_index);
-                let extra = (shape.extra_reads + suspect as usize).min(shape.parity_splits);
+                let mut extra = (shape.extra_reads + suspect as usize).min(shape.parity_splits);
+                // Shared-memory splits complete at once and in order, so an extra split cannot
+                // beat a data split: when every data split is shared, ask no more than k (a
+                // failed one is replaced at once, as always).
+                let data = shape.data_mask();
+                if self.shm_in_use && self.shared_memory_splits(range_index) & data == data {
+                    extra = 0;
+                }
                 ReadState::start(shape, version, unavailable, extra)
             }
             None => ReadState::discover(shape, unavailable),
