@@ -3,12 +3,14 @@
 //! against a model (`HashMap<page, generation>`). Seeded: a failing seed reproduces the run
 //! (set REMEM_FAULT_SEED). Every test bounds its time and stops what it started.
 
-use std::collections::HashMap;
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{Model, PATTERN_SEED};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -19,7 +21,6 @@ use remem_client::{Client, ClientConfig, PageOp, Shape, SlabMapFile, SlabRef};
 use remem_placement::LeastLoaded;
 
 const EC82: Shape = Shape { data_splits: 8, parity_splits: 2, extra_reads: 1 };
-const PATTERN_SEED: u64 = 21;
 /// 1 MiB slabs hold 2048 splits of 512 B: one EC(8,2) range is 2048 pages.
 const SLAB_BYTES: u64 = 1 << 20;
 
@@ -57,73 +58,6 @@ fn connect(cluster: &LocalCluster, config: ClientConfig) -> Client {
         Box::new(LeastLoaded::new(StdRng::seed_from_u64(seed()))),
     )
     .expect("client connects")
-}
-
-/// The reference model of remote memory: the generation last written to each page.
-#[derive(Default)]
-struct Model {
-    generations: HashMap<u64, u64>,
-    verified: u64,
-    mismatches: u64,
-}
-
-impl Model {
-    fn write(&mut self, client: &mut Client, pages: &[u64]) {
-        let next: Vec<u64> =
-            pages.iter().map(|page| self.generations.get(page).copied().unwrap_or(0) + 1).collect();
-        let buffers: Vec<Vec<u8>> = pages
-            .iter()
-            .zip(&next)
-            .map(|(&page, &generation)| {
-                let mut buffer = vec![0; 4096];
-                pattern::fill(&mut buffer, page, generation, PATTERN_SEED);
-                buffer
-            })
-            .collect();
-        let mut ops: Vec<PageOp<'_>> =
-            pages.iter().zip(&buffers).map(|(&page, data)| PageOp::Write { page, data }).collect();
-        let mut errors = Vec::new();
-        client.execute(&mut ops, |done| {
-            if let Err(error) = done.result {
-                errors.push(error.to_string());
-            }
-        });
-        assert!(errors.is_empty(), "writes failed: {:?}", &errors[..errors.len().min(3)]);
-        for (&page, generation) in pages.iter().zip(next) {
-            self.generations.insert(page, generation);
-        }
-    }
-
-    /// Reads `pages`, checks each against the model; returns how many were decoded.
-    fn read(&mut self, client: &mut Client, pages: &[u64]) -> usize {
-        let mut buffers = vec![vec![0u8; 4096]; pages.len()];
-        let mut errors = Vec::new();
-        let mut decoded = 0;
-        {
-            let mut ops: Vec<PageOp<'_>> =
-                pages.iter().zip(buffers.iter_mut()).map(|(&page, buf)| PageOp::Read { page, buf }).collect();
-            client.execute(&mut ops, |done| {
-                decoded += done.decoded as usize;
-                if let Err(error) = done.result {
-                    errors.push(error.to_string());
-                }
-            });
-        }
-        assert!(errors.is_empty(), "reads failed: {:?}", &errors[..errors.len().min(3)]);
-        let mut scratch = vec![0; 4096];
-        for (page, buffer) in pages.iter().zip(&buffers) {
-            self.verified += 1;
-            let ok = match self.generations.get(page) {
-                Some(&generation) => pattern::check(buffer, *page, generation, PATTERN_SEED, &mut scratch),
-                None => buffer.iter().all(|&byte| byte == 0),
-            };
-            if !ok {
-                self.mismatches += 1;
-            }
-        }
-        assert_eq!(self.mismatches, 0, "a page read back wrong");
-        decoded
-    }
 }
 
 fn all_pages(pages: u64) -> Vec<u64> {

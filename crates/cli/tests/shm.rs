@@ -3,22 +3,22 @@
 //! node SIGKILLed while its slabs are mapped, an evicted (revoked) slab, and the ownership and
 //! transport checks of `ExportSlab`. Every test bounds its time; clusters stop their own PIDs.
 
-use std::collections::HashMap;
+mod common;
+
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::Model;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use remem::faults::{inject, Fault};
 use remem::launcher::{ClusterOptions, LocalCluster, UnixSockets};
-use remem::pattern;
-use remem_client::{Client, ClientConfig, PageOp, Shape};
+use remem_client::{Client, ClientConfig, Shape};
 use remem_placement::LeastLoaded;
 use remem_proto::{Control, ErrorCode};
 
 const EC82: Shape = Shape { data_splits: 8, parity_splits: 2, extra_reads: 1 };
-const PATTERN_SEED: u64 = 33;
 /// 1 MiB slabs of 512-byte splits: one EC(8,2) range is 2048 pages.
 const SLAB_BYTES: u64 = 1 << 20;
 const PAGES: u64 = 2048;
@@ -50,52 +50,6 @@ fn connect(cluster: &LocalCluster) -> Client {
         Box::new(LeastLoaded::new(StdRng::seed_from_u64(7))),
     )
     .expect("client connects")
-}
-
-/// Remote memory's reference model: the generation last written to each page.
-#[derive(Default)]
-struct Model {
-    generations: HashMap<u64, u64>,
-}
-
-impl Model {
-    fn write(&mut self, client: &mut Client, pages: &[u64]) {
-        let next: Vec<u64> =
-            pages.iter().map(|page| self.generations.get(page).copied().unwrap_or(0) + 1).collect();
-        let buffers: Vec<Vec<u8>> = pages
-            .iter()
-            .zip(&next)
-            .map(|(&page, &generation)| {
-                let mut buffer = vec![0; 4096];
-                pattern::fill(&mut buffer, page, generation, PATTERN_SEED);
-                buffer
-            })
-            .collect();
-        let mut ops: Vec<PageOp<'_>> =
-            pages.iter().zip(&buffers).map(|(&page, data)| PageOp::Write { page, data }).collect();
-        client.execute_all(&mut ops).expect("writes succeed");
-        for (&page, generation) in pages.iter().zip(next) {
-            self.generations.insert(page, generation);
-        }
-    }
-
-    /// Reads `pages` and checks every byte against the model.
-    fn read(&self, client: &mut Client, pages: &[u64]) {
-        let mut buffers = vec![vec![0u8; 4096]; pages.len()];
-        {
-            let mut ops: Vec<PageOp<'_>> =
-                pages.iter().zip(buffers.iter_mut()).map(|(&page, buf)| PageOp::Read { page, buf }).collect();
-            client.execute_all(&mut ops).expect("reads succeed");
-        }
-        let mut scratch = vec![0; 4096];
-        for (page, buffer) in pages.iter().zip(&buffers) {
-            let ok = match self.generations.get(page) {
-                Some(&generation) => pattern::check(buffer, *page, generation, PATTERN_SEED, &mut scratch),
-                None => buffer.iter().all(|&byte| byte == 0),
-            };
-            assert!(ok, "page {page} read back wrong");
-        }
-    }
 }
 
 fn all_pages() -> Vec<u64> {

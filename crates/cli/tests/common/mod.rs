@@ -1,0 +1,77 @@
+//! What the integration tests share: a reference model of remote memory that writes pages with
+//! a pattern per (page, generation) and checks every byte read back.
+
+use std::collections::HashMap;
+
+use remem::pattern;
+use remem_client::{Client, PageOp};
+
+/// Pattern seed of the pages the model writes.
+pub const PATTERN_SEED: u64 = 0x5eed_da7a;
+
+/// The reference model of remote memory: the generation last written to each page.
+#[derive(Default)]
+pub struct Model {
+    pub generations: HashMap<u64, u64>,
+    pub verified: u64,
+    pub mismatches: u64,
+}
+
+impl Model {
+    pub fn write(&mut self, client: &mut Client, pages: &[u64]) {
+        let next: Vec<u64> =
+            pages.iter().map(|page| self.generations.get(page).copied().unwrap_or(0) + 1).collect();
+        let buffers: Vec<Vec<u8>> = pages
+            .iter()
+            .zip(&next)
+            .map(|(&page, &generation)| {
+                let mut buffer = vec![0; 4096];
+                pattern::fill(&mut buffer, page, generation, PATTERN_SEED);
+                buffer
+            })
+            .collect();
+        let mut ops: Vec<PageOp<'_>> =
+            pages.iter().zip(&buffers).map(|(&page, data)| PageOp::Write { page, data }).collect();
+        let mut errors = Vec::new();
+        client.execute(&mut ops, |done| {
+            if let Err(error) = done.result {
+                errors.push(error.to_string());
+            }
+        });
+        assert!(errors.is_empty(), "writes failed: {:?}", &errors[..errors.len().min(3)]);
+        for (&page, generation) in pages.iter().zip(next) {
+            self.generations.insert(page, generation);
+        }
+    }
+
+    /// Reads `pages`, checks each against the model; returns how many were decoded.
+    pub fn read(&mut self, client: &mut Client, pages: &[u64]) -> usize {
+        let mut buffers = vec![vec![0u8; 4096]; pages.len()];
+        let mut errors = Vec::new();
+        let mut decoded = 0;
+        {
+            let mut ops: Vec<PageOp<'_>> =
+                pages.iter().zip(buffers.iter_mut()).map(|(&page, buf)| PageOp::Read { page, buf }).collect();
+            client.execute(&mut ops, |done| {
+                decoded += done.decoded as usize;
+                if let Err(error) = done.result {
+                    errors.push(error.to_string());
+                }
+            });
+        }
+        assert!(errors.is_empty(), "reads failed: {:?}", &errors[..errors.len().min(3)]);
+        let mut scratch = vec![0; 4096];
+        for (page, buffer) in pages.iter().zip(&buffers) {
+            self.verified += 1;
+            let ok = match self.generations.get(page) {
+                Some(&generation) => pattern::check(buffer, *page, generation, PATTERN_SEED, &mut scratch),
+                None => buffer.iter().all(|&byte| byte == 0),
+            };
+            if !ok {
+                self.mismatches += 1;
+            }
+        }
+        assert_eq!(self.mismatches, 0, "a page read back wrong");
+        decoded
+    }
+}
