@@ -193,3 +193,38 @@ fn only_the_owner_may_export_a_slab_and_only_over_a_unix_socket() {
         reply => panic!("the owner got {reply:?}"),
     }
 }
+
+/// A client restarted from its saved slab map maps its slabs as shared memory again (the map
+/// records each node's Unix socket) and reads every page back, its versions discovered anew.
+#[test]
+fn a_reopened_client_maps_its_slabs_as_shared_memory_again() {
+    let cluster = cluster("reopen", 10, UnixSockets::All);
+    let map_path = cluster.cluster_file_path.parent().unwrap().join("shm-map.json");
+    let mut client = {
+        let mut config = ClientConfig::new(EC82, PAGES * 4096);
+        config.shared_memory = true;
+        config.release_on_drop = false;
+        Client::connect(
+            &cluster.addresses(),
+            &cluster.secret,
+            config,
+            Box::new(LeastLoaded::new(StdRng::seed_from_u64(7))),
+        )
+        .unwrap()
+    };
+    let mut model = Model::default();
+    model.write(&mut client, &all_pages());
+    client.save_map(&map_path).unwrap();
+    drop(client);
+
+    let map = remem_client::SlabMapFile::load(&map_path).unwrap();
+    assert!(map.unix_sockets.iter().all(Option::is_some), "{:?}", map.unix_sockets);
+    let mut config = ClientConfig::new(EC82, PAGES * 4096);
+    config.shared_memory = true;
+    config.release_on_drop = true;
+    let mut client = Client::reopen(&map, &cluster.secret, config).unwrap();
+    assert_eq!(client.shared_memory_splits(0), EC82.all_splits(), "every slab is exported again");
+    model.read(&mut client, &all_pages());
+    model.write(&mut client, &all_pages()[..128]);
+    model.read(&mut client, &all_pages());
+}

@@ -278,6 +278,8 @@ struct Conn {
     info: NodeInfo,
     /// In `Client::send_order` since its last flush.
     queued: bool,
+    /// The node's Unix socket as given to the client (saved in the slab map for a restart).
+    unix_socket: Option<PathBuf>,
 }
 
 /// Notes that `conn` (node `node`) has requests to send, so that `flush_all` sends connections
@@ -505,6 +507,9 @@ impl Client {
             streams.into_iter().map(|(stream, info, address)| (Some(stream), info, address)).collect();
         let mut client =
             Client::assemble(config, codec_params, streams, ranges, pages_per_range, page_count, placement)?;
+        for (conn, node) in client.conns.iter_mut().zip(nodes) {
+            conn.unix_socket = node.unix_socket.clone();
+        }
         client.export_slabs();
         Ok(client)
     }
@@ -556,6 +561,7 @@ impl Client {
                 input_end: 0,
                 info,
                 queued: false,
+                unix_socket: None,
             });
         }
 

@@ -37,6 +37,10 @@ pub struct SlabMapFile {
     pub nodes: Vec<SocketAddr>,
     /// Per range, per split: (node index, slab id).
     pub ranges: Vec<Vec<(usize, u32)>>,
+    /// Per node, its Unix socket on this host if it has one (for shared memory after a
+    /// restart); empty in maps written before there were any.
+    #[serde(default)]
+    pub unix_sockets: Vec<Option<PathBuf>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +75,13 @@ impl SlabMapFile {
                 "{} ranges listed, the address space needs {}",
                 self.ranges.len(),
                 pages.div_ceil(self.pages_per_range)
+            ));
+        }
+        if !self.unix_sockets.is_empty() && self.unix_sockets.len() != self.nodes.len() {
+            return Err(format!(
+                "{} unix sockets listed for {} nodes",
+                self.unix_sockets.len(),
+                self.nodes.len()
             ));
         }
         for (index, range) in self.ranges.iter().enumerate() {
@@ -109,6 +120,7 @@ impl Client {
             address_space_bytes: self.config.address_space_bytes,
             pages_per_range: self.pages_per_range,
             nodes: self.conns.iter().map(|conn| conn.address).collect(),
+            unix_sockets: self.conns.iter().map(|conn| conn.unix_socket.clone()).collect(),
             ranges: self
                 .ranges
                 .iter()
@@ -146,7 +158,9 @@ impl Client {
         let mut streams = Vec::with_capacity(map.nodes.len());
         let mut unreachable = Vec::new();
         for (index, &address) in map.nodes.iter().enumerate() {
-            match connect_node(address, None, secret, &config) {
+            let unix =
+                map.unix_sockets.get(index).and_then(Option::as_deref).filter(|_| config.shared_memory);
+            match connect_node(address, unix, secret, &config) {
                 Ok((stream, info)) => streams.push((Some(stream), info, address)),
                 Err(error) => {
                     tracing::warn!(node = %address, %error, "node unreachable at reopen: its slabs count as lost");
@@ -179,10 +193,14 @@ impl Client {
             placement,
         )?;
         client.page_flags.fill(PAGE_VERSION_UNKNOWN);
+        for (conn, unix) in client.conns.iter_mut().zip(&map.unix_sockets) {
+            conn.unix_socket = unix.clone();
+        }
         for (index, error) in unreachable {
             let why = format!("unreachable at reopen: {error}");
             client.conn_died(index, &why);
         }
+        client.export_slabs();
         Ok(client)
     }
 }
