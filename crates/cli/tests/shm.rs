@@ -144,6 +144,10 @@ fn an_evicted_shared_slab_is_revoked_punched_out_and_rebuilt() {
     assert!(client.wait_for_regenerations(Duration::from_secs(60)));
     assert_ne!(client.ranges()[0].slabs[0], victim);
     model.read(&mut client, &all_pages());
+    // The rebuilt slab was exported between batches: the whole range is shared memory again.
+    assert_eq!(client.shared_memory_splits(0), EC82.all_splits(), "the rebuilt slab is mapped");
+    model.write(&mut client, &all_pages()[..64]);
+    model.read(&mut client, &all_pages());
 }
 
 #[test]

@@ -381,6 +381,8 @@ pub struct Client {
     last_socket_check: Instant,
     /// The descriptor that came with the last `SlabExported` control reply.
     control_fd: Option<OwnedFd>,
+    /// (range, split) of slabs rebuilt on a node with a Unix socket, to export between batches.
+    pending_exports: Vec<(usize, usize)>,
 }
 
 /// What the client has seen of one node's splits: the basis of the corruption thresholds.
@@ -611,6 +613,7 @@ impl Client {
             send_order: Vec::with_capacity(node_count),
             shm: (0..ranges_len * config.shape.total_splits()).map(|_| None).collect(),
             shm_in_use: false,
+            pending_exports: Vec::new(),
             last_socket_check: now,
             control_fd: None,
             config,
@@ -684,6 +687,9 @@ impl Client {
     /// op as it completes (in completion order). Ops on the same page run in batch order, one at
     /// a time. Returns when every op is done.
     pub fn execute(&mut self, ops: &mut [PageOp<'_>], mut on_done: impl FnMut(OpDone)) {
+        if !self.pending_exports.is_empty() && self.active == 0 {
+            self.export_rebuilt_slabs();
+        }
         if self.shm_in_use && self.last_socket_check.elapsed() >= SOCKET_CHECK_INTERVAL {
             // Batches on shared memory alone never wait on the sockets: look at them here, without
             // blocking, for eviction notices and dead nodes.
@@ -1805,6 +1811,28 @@ fn live_shm<'a>(
 impl Client {
     /// Asks every Unix-socket node to export this client's slabs on it and maps them. A slab
     /// that cannot be exported stays on the socket path (logged). Between batches only.
+    /// Maps the slabs rebuilt since the last batch as shared memory (a control round trip each,
+    /// so only between batches). A slab that changed again or is unavailable is skipped.
+    fn export_rebuilt_slabs(&mut self) {
+        let width = self.config.shape.total_splits();
+        for (range, split) in std::mem::take(&mut self.pending_exports) {
+            let slab = self.ranges[range].slabs[split];
+            let skipped =
+                (self.ranges[range].unavailable | self.ranges[range].rebuilding) & (1 << split) != 0;
+            if skipped || self.shm[range * width + split].is_some() {
+                continue;
+            }
+            match self.export_slab(slab.node, slab.slab_id) {
+                Ok(mapping) => {
+                    self.shm[range * width + split] = Some(mapping);
+                    self.shm_in_use = true;
+                }
+                Err(message) => tracing::warn!(node = %self.conns[slab.node].address, slab_id = slab.slab_id,
+                    %message, "rebuilt slab stays on the socket path"),
+            }
+        }
+    }
+
     fn export_slabs(&mut self) {
         let width = self.config.shape.total_splits();
         for range in 0..self.ranges.len() {

@@ -258,6 +258,10 @@ pub fn spawn(shared: &Arc<Shared>, job: Job) {
     let spawned = std::thread::Builder::new().name(format!("remem-regen-{slab_id}")).spawn(move || {
         let mut job = job;
         let report = rebuild(&mut job);
+        // The slab is an ordinary one again before its owner hears so: an `ExportSlab` sent on
+        // `RegenerationDone` must not find it still rebuilding. (Drop clears it too, on every
+        // other way out.)
+        job.slab.set_regenerating(false);
         send_report(&job, &report);
     });
     match spawned {

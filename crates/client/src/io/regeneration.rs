@@ -206,6 +206,9 @@ impl Client {
                 );
                 self.ranges[range].unavailable &= !bit;
                 self.ranges[range].rebuilding &= !bit;
+                if matches!(self.conns[*node].stream, super::ConnStream::Unix(_)) {
+                    self.pending_exports.push((range, split));
+                }
                 self.regenerations.swap_remove(index);
                 self.regenerations_done += 1;
             }
@@ -316,6 +319,9 @@ impl Client {
     /// Runs the event loop for at most `timeout` without page I/O: rebuild progress, eviction
     /// notices, connection failures. Applications call it when idle; `execute` does it too.
     pub fn poll_background(&mut self, timeout: Duration) {
+        if !self.pending_exports.is_empty() && self.active == 0 {
+            self.export_rebuilt_slabs();
+        }
         self.drive_regenerations();
         self.flush_all();
         self.wait_and_read(&mut [], Some(timeout));
