@@ -232,3 +232,36 @@ fn a_reopened_client_maps_its_slabs_as_shared_memory_again() {
     model.write(&mut client, &all_pages()[..128]);
     model.read(&mut client, &all_pages());
 }
+
+/// Many client threads at once, each its own client (clients are driven by one thread) on the
+/// same ten nodes' shared memory: no lock is shared on the data path, and every page of every
+/// client reads back exactly.
+#[test]
+fn client_threads_write_and_read_shared_memory_at_once() {
+    let cluster = cluster("threads", 10, UnixSockets::All);
+    let threads: Vec<_> = (0..4u64)
+        .map(|thread| {
+            let addresses = cluster.addresses();
+            let secret = cluster.secret.clone();
+            std::thread::spawn(move || {
+                let mut config = ClientConfig::new(EC82, PAGES * 4096);
+                config.shared_memory = true;
+                let policy = Box::new(LeastLoaded::new(StdRng::seed_from_u64(thread)));
+                let mut client = Client::connect(&addresses, &secret, config, policy).unwrap();
+                assert_eq!(client.shared_memory_splits(0), EC82.all_splits());
+                let mut model = Model::default();
+                for round in 0..3 {
+                    model.write(&mut client, &all_pages());
+                    model.read(&mut client, &all_pages());
+                    model.write(&mut client, &all_pages()[(round * 100) as usize..][..100]);
+                }
+                model.read(&mut client, &all_pages());
+                model.verified
+            })
+        })
+        .collect();
+    for thread in threads {
+        let verified = thread.join().expect("a client thread failed");
+        assert_eq!(verified, 4 * PAGES);
+    }
+}
