@@ -383,6 +383,8 @@ pub struct Client {
     control_fd: Option<OwnedFd>,
     /// (range, split) of slabs rebuilt on a node with a Unix socket, to export between batches.
     pending_exports: Vec<(usize, usize)>,
+    /// Per range: page operations started on it, ever (what `SlabActivity` answers).
+    range_accesses: Vec<u64>,
 }
 
 /// What the client has seen of one node's splits: the basis of the corruption thresholds.
@@ -513,6 +515,7 @@ impl Client {
             conn.unix_socket = node.unix_socket.clone();
         }
         client.export_slabs();
+        client.volunteer_for_activity();
         Ok(client)
     }
 
@@ -614,6 +617,7 @@ impl Client {
             shm: (0..ranges_len * config.shape.total_splits()).map(|_| None).collect(),
             shm_in_use: false,
             pending_exports: Vec::new(),
+            range_accesses: vec![0; ranges_len],
             last_socket_check: now,
             control_fd: None,
             config,
@@ -823,6 +827,7 @@ impl Client {
     ) -> Result<(), PageError> {
         let shape = self.config.shape;
         let range_index = (page / self.pages_per_range) as usize;
+        self.range_accesses[range_index] = self.range_accesses[range_index].wrapping_add(1);
         let range = &self.ranges[range_index];
         // Slabs being rebuilt take writes: the rebuild skips pages written since it began.
         let unavailable = range.unavailable & !range.rebuilding;
@@ -924,6 +929,7 @@ impl Client {
     ) -> Result<(), PageError> {
         let shape = self.config.shape;
         let range_index = (page / self.pages_per_range) as usize;
+        self.range_accesses[range_index] = self.range_accesses[range_index].wrapping_add(1);
         let unavailable = self.ranges[range_index].unavailable;
         let (state, step) = match version {
             Some(version) => {
@@ -1311,6 +1317,27 @@ impl Client {
         ops: &mut [PageOp<'_>],
     ) -> Result<(), String> {
         let body = body_start..body_start + body_len;
+        if header.kind == Kind::SlabActivityQuery {
+            // Unsolicited: a node's resource monitor asks how active one of our slabs is (we
+            // volunteered this connection with `AnswerActivity`). The answer goes out with the
+            // next flush; a client that is not running its loop does not answer, and the node
+            // then keeps what it saw itself.
+            let message = Control::decode_body(header.kind, &self.conns[index].input[body.clone()])
+                .map_err(|error| error.to_string())?;
+            if let Control::SlabActivityQuery { slab_id } = message {
+                let accesses = self
+                    .ranges
+                    .iter()
+                    .position(|range| {
+                        range.slabs.iter().any(|slab| slab.node == index && slab.slab_id == slab_id)
+                    })
+                    .map_or(0, |range| self.range_accesses[range]);
+                let conn = &mut self.conns[index];
+                Control::SlabActivity { slab_id, accesses }.encode(header.request_id, &mut conn.out);
+                mark_queued(&mut self.send_order, conn, index);
+            }
+            return Ok(());
+        }
         if header.kind == Kind::SlabEvicted {
             // Unsolicited: the node evicts one of our slabs (memory pressure or command).
             let message = Control::decode_body(header.kind, &self.conns[index].input[body])
@@ -1811,6 +1838,20 @@ fn live_shm<'a>(
 impl Client {
     /// Asks every Unix-socket node to export this client's slabs on it and maps them. A slab
     /// that cannot be exported stays on the socket path (logged). Between batches only.
+    /// Tells every node that this client's connection answers its resource monitor's activity
+    /// questions (`AnswerActivity`; side connections never do). A node that refuses is only
+    /// logged: it then ranks our slabs by what it sees.
+    pub(super) fn volunteer_for_activity(&mut self) {
+        for node in 0..self.conns.len() {
+            if !self.conns[node].alive {
+                continue;
+            }
+            if let Err(error) = self.control(node, &Control::AnswerActivity) {
+                tracing::warn!(node = %self.conns[node].address, %error, "node will not ask us about activity");
+            }
+        }
+    }
+
     /// Maps the slabs rebuilt since the last batch as shared memory (a control round trip each,
     /// so only between batches). A slab that changed again or is unavailable is skipped.
     fn export_rebuilt_slabs(&mut self) {

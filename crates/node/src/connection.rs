@@ -66,6 +66,8 @@ pub struct Shared {
     pub regenerations: Regenerations,
     /// Set when the node stops; rebuilds check it between batches.
     pub stopping: AtomicBool,
+    /// Owners' answers to the resource monitor's `SlabActivityQuery`s.
+    pub activity_answers: crate::monitor::ActivityAnswers,
 }
 
 impl Shared {
@@ -267,7 +269,9 @@ impl Connection {
                     | Kind::ReadSplits
                     | Kind::InjectFault
                     | Kind::Regenerate
-                    | Kind::ExportSlab => {
+                    | Kind::ExportSlab
+                    | Kind::AnswerActivity
+                    | Kind::SlabActivity => {
                         if self.frame_complete(header) {
                             let request = self.take_control(header)?;
                             self.handle_control(header.request_id, request)?;
@@ -378,6 +382,16 @@ impl Connection {
                         Control::error(code, message)
                     }
                 }
+            }
+            Control::AnswerActivity => {
+                self.handle.volunteer_for_activity();
+                Control::Ok
+            }
+            // An owner's answer to the resource monitor: no reply. Kept only if the monitor asked
+            // this request id of this client about this slab.
+            Control::SlabActivity { slab_id, accesses } => {
+                self.shared.activity_answers.answer(request_id, client_id, slab_id, accesses);
+                return Ok(());
             }
             Control::ExportSlab { slab_id } => match self.export_slab(request_id, slab_id)? {
                 None => return Ok(()),

@@ -215,6 +215,7 @@ impl Node {
                 faults: Faults::new(config.fault_injection),
                 regenerations: Regenerations::default(),
                 stopping: AtomicBool::new(false),
+                activity_answers: monitor::ActivityAnswers::default(),
             }),
         })
     }

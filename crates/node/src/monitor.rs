@@ -28,10 +28,12 @@
 use crate::connection::Shared;
 use crate::slab::SlabActivity;
 use rand::seq::SliceRandom;
+use remem_proto::Control;
+use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -354,11 +356,109 @@ pub fn choose_victims(
     extra: usize,
     rng: &mut impl rand::Rng,
 ) -> Vec<SlabActivity> {
+    choose_victims_asking(candidates, evict, extra, rng, |_| {})
+}
+
+/// [`choose_victims`], with `ask` given the sample to correct its activity (ask the owners)
+/// before the least active are chosen.
+pub fn choose_victims_asking(
+    candidates: &[SlabActivity],
+    evict: usize,
+    extra: usize,
+    rng: &mut impl rand::Rng,
+    ask: impl FnOnce(&mut [SlabActivity]),
+) -> Vec<SlabActivity> {
     let mut sample: Vec<SlabActivity> =
         candidates.choose_multiple(rng, evict.saturating_add(extra)).copied().collect();
+    ask(&mut sample);
     sample.sort_by_key(|slab| slab.requests);
     sample.truncate(evict);
     sample
+}
+
+/// How long the monitor waits for owners to answer `SlabActivityQuery` (at most a quarter of
+/// the period). An owner that does not answer in time is not looking at its sockets, which
+/// says something about its activity too; its slabs keep what the node saw.
+const OWNER_ANSWER_WAIT: Duration = Duration::from_millis(50);
+
+/// The owners' answers to the monitor's `SlabActivityQuery`s, filled in by connection threads.
+/// Bounded: only the monitor registers questions (at most one sample's worth per period) and
+/// it removes them all before the period ends.
+#[derive(Default)]
+pub struct ActivityAnswers {
+    next_request_id: AtomicU64,
+    pending: Mutex<HashMap<u64, Question>>,
+}
+
+struct Question {
+    client_id: u64,
+    slab_id: u32,
+    accesses: Option<u64>,
+}
+
+impl ActivityAnswers {
+    fn ask(&self, client_id: u64, slab_id: u32) -> u64 {
+        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed) + 1;
+        self.lock().insert(request_id, Question { client_id, slab_id, accesses: None });
+        request_id
+    }
+
+    /// Records an answer if it is to a question asked of this client about this slab.
+    pub fn answer(&self, request_id: u64, client_id: u64, slab_id: u32, accesses: u64) {
+        if let Some(question) = self.lock().get_mut(&request_id) {
+            if question.client_id == client_id && question.slab_id == slab_id {
+                question.accesses = Some(accesses);
+            }
+        }
+    }
+
+    fn answered(&self, request_ids: &[u64]) -> bool {
+        let pending = self.lock();
+        request_ids.iter().all(|id| pending.get(id).is_none_or(|question| question.accesses.is_some()))
+    }
+
+    fn take(&self, request_id: u64) -> Option<u64> {
+        self.lock().remove(&request_id).and_then(|question| question.accesses)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Question>> {
+        self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Asks the owner of every sampled slab, on the connection it volunteered, how active the slab
+/// is, waits up to [`OWNER_ANSWER_WAIT`], and raises each answered slab's activity to what its
+/// owner reports since its previous answer. The node's own count stays where the owner says
+/// less (a TCP slab's requests are seen here anyway); for an exported slab, whose accesses the
+/// node cannot see (`u64::MAX` = unknown), the owner's figure replaces it.
+fn ask_owners(shared: &Shared, sample: &mut [SlabActivity], wait: Duration) {
+    let mut asked: Vec<(usize, u64)> = Vec::with_capacity(sample.len());
+    for (index, slab) in sample.iter().enumerate() {
+        let Some(peer) = shared.peers.activity_peer(slab.owner_client_id) else { continue };
+        let request_id = shared.activity_answers.ask(slab.owner_client_id, slab.slab_id);
+        let mut frame = Vec::with_capacity(remem_proto::HEADER_BYTES + 4);
+        Control::SlabActivityQuery { slab_id: slab.slab_id }.encode(request_id, &mut frame);
+        if peer.send_frames(&frame) {
+            asked.push((index, request_id));
+        } else {
+            shared.activity_answers.take(request_id);
+        }
+    }
+    if asked.is_empty() {
+        return;
+    }
+    let ids: Vec<u64> = asked.iter().map(|&(_, id)| id).collect();
+    let deadline = Instant::now() + wait;
+    while !shared.activity_answers.answered(&ids) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for (index, request_id) in asked {
+        let Some(total) = shared.activity_answers.take(request_id) else { continue };
+        let Ok(slab) = shared.table.get_any(sample[index].slab_id) else { continue };
+        let reported = slab.owner_accesses_since_last(total);
+        let seen = &mut sample[index].requests;
+        *seen = if *seen == u64::MAX { reported } else { (*seen).max(reported) };
+    }
 }
 
 /// A started monitor: its thread, joined by [`Monitor::join`] after the node's stop flag is set.
@@ -445,7 +545,11 @@ fn act(
     let below_headroom = reading.free_bytes < headroom_bytes;
     if below_headroom {
         let released = shared.table.drain_pool(plan.release_pooled).len();
-        let victims = choose_victims(activity, plan.evict, config.eviction_extra as usize, rng);
+        let wait = OWNER_ANSWER_WAIT.min(config.period / 4);
+        let victims =
+            choose_victims_asking(activity, plan.evict, config.eviction_extra as usize, rng, |sample| {
+                ask_owners(shared, sample, wait)
+            });
         let mut evicted = Vec::with_capacity(victims.len());
         for victim in &victims {
             match shared.evict_slab(victim.slab_id, None) {

@@ -19,6 +19,8 @@ pub struct Peer {
     pub stream: Stream,
     client_id: AtomicU64,
     authenticated: AtomicBool,
+    /// The client volunteered this connection for `SlabActivityQuery` (`AnswerActivity`).
+    answers_activity: AtomicBool,
     write_lock: Mutex<()>,
 }
 
@@ -28,6 +30,7 @@ impl Peer {
             stream,
             client_id: AtomicU64::new(0),
             authenticated: AtomicBool::new(false),
+            answers_activity: AtomicBool::new(false),
             write_lock: Mutex::new(()),
         }
     }
@@ -36,6 +39,10 @@ impl Peer {
     pub fn authenticated(&self, client_id: u64) {
         self.client_id.store(client_id, Ordering::Relaxed);
         self.authenticated.store(true, Ordering::Release);
+    }
+
+    pub fn volunteer_for_activity(&self) {
+        self.answers_activity.store(true, Ordering::Relaxed);
     }
 
     fn client_id(&self) -> Option<u64> {
@@ -99,6 +106,14 @@ impl Peers {
             .filter(|(number, peer)| Some(**number) != except && peer.client_id() == Some(client_id))
             .map(|(number, peer)| (*number, Arc::clone(peer)))
             .collect()
+    }
+
+    /// The connection of `client_id` that answers activity queries, if it has one open.
+    pub fn activity_peer(&self, client_id: u64) -> Option<Arc<Peer>> {
+        self.lock()
+            .values()
+            .find(|peer| peer.client_id() == Some(client_id) && peer.answers_activity.load(Ordering::Relaxed))
+            .cloned()
     }
 
     /// Removes and returns every connection (for shutdown).

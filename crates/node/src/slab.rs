@@ -102,6 +102,8 @@ pub struct Slab {
     detached: AtomicBool,
     /// Requests served on this slab since the resource monitor last looked: its activity.
     requests: AtomicU64,
+    /// The owner's running total of accesses at its last `SlabActivity` answer.
+    owner_reported: AtomicU64,
 }
 
 /// The split size pre-allocated slabs are laid out for: a 4 KiB page at k = 8, the default
@@ -156,6 +158,7 @@ impl Slab {
             regeneration_lock: Mutex::new(()),
             detached: AtomicBool::new(false),
             requests: AtomicU64::new(0),
+            owner_reported: AtomicU64::new(0),
         })
     }
 
@@ -302,6 +305,13 @@ impl Slab {
             return None;
         }
         Some(self.region.memfd())
+    }
+
+    /// Accesses the owner reports since its previous answer, from its running `total` (a
+    /// restarted owner counts from zero again: then the total itself).
+    pub fn owner_accesses_since_last(&self, total: u64) -> u64 {
+        let last = self.owner_reported.swap(total, Ordering::Relaxed);
+        total.checked_sub(last).unwrap_or(total)
     }
 
     pub fn is_regenerating(&self) -> bool {

@@ -268,3 +268,90 @@ fn below_headroom_the_pool_goes_first_then_the_least_active_slabs_are_evicted_an
     });
     wait_until("the pool refills", || node.handle.pooled_slabs() == 2);
 }
+
+/// Seed 000's batch eviction asks the owners: a slab the node sees as idle (its owner reaches it
+/// some other way, e.g. shared memory) survives when its owner reports it busy, and the idle
+/// ones go. Only the connection that volunteered (`AnswerActivity`) is asked.
+#[test]
+fn owners_are_asked_and_a_slab_they_report_busy_is_kept() {
+    let host = FakeHost::new("ask");
+    host.set_meminfo(1024, 900);
+    let node = MonitoredNode::start(&host.root, 16 * footprint(), Duration::from_millis(1000));
+    wait_until("the pool holds 2 slabs", || node.handle.pooled_slabs() == 2);
+
+    // Client 1 volunteers and owns two slabs; it will report the first busy, the second idle.
+    let mut owner = node.client(1);
+    assert_eq!(owner.call(&Control::AnswerActivity), Control::Ok);
+    let busy_slab = owner.map_slab(SPLIT, 0, 0).0;
+    let idle_slab = owner.map_slab(SPLIT, 1, 0).0;
+    // A second connection of client 1 that never volunteered: it must never be asked.
+    let mut side = node.client(1);
+    side.stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    // Client 2 owns two slabs and does not answer questions.
+    let mut other = node.client(2);
+    let other_slabs = [other.map_slab(SPLIT, 0, 0).0, other.map_slab(SPLIT, 1, 0).0];
+    wait_until("the pool refills", || node.handle.pooled_slabs() == 2);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let answerer = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            owner.stream.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            let (mut asked, mut evicted) = (Vec::new(), Vec::new());
+            let mut total = 0u64;
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                let (header, message) = match blocking::read_control(&mut owner.stream, &mut owner.body) {
+                    Ok(frame) => frame,
+                    Err(_) => continue, // the read timed out
+                };
+                match message {
+                    Control::SlabActivityQuery { slab_id } => {
+                        asked.push(slab_id);
+                        total += 1000;
+                        let accesses = if slab_id == busy_slab { total } else { 0 };
+                        let answer = Control::SlabActivity { slab_id, accesses };
+                        blocking::write_control(&mut owner.stream, header.request_id, &answer).unwrap();
+                    }
+                    Control::SlabEvicted { slab_id } => evicted.push(slab_id),
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            (asked, evicted)
+        })
+    };
+
+    // Short of the headroom by two slabs beyond the pool: E = 2, E' = 2, all four sampled.
+    host.set_meminfo(1024, 256 - 4);
+    wait_until("two slabs are evicted", || node.handle.info().slabs_mapped <= 2);
+    assert_eq!(node.handle.info().slabs_mapped, 2, "exactly E = 2 evicted");
+    host.set_meminfo(1024, 900);
+    std::thread::sleep(Duration::from_millis(100));
+    stop.store(true, Ordering::Relaxed);
+    let (mut asked, evicted) = answerer.join().expect("the answering owner failed");
+    asked.sort_unstable();
+    asked.dedup();
+    let mut owned = vec![busy_slab, idle_slab];
+    owned.sort_unstable();
+    assert_eq!(asked, owned, "the owner was asked about each of its sampled slabs");
+    assert!(!evicted.contains(&busy_slab), "the slab its owner reports busy is kept: {evicted:?}");
+    // Two of the three idle slabs (the owner's idle one, the silent client's two) went, ties
+    // broken at random; the busy one stays readable. Fresh connections: the old ones may hold
+    // eviction notices unread.
+    let mut check = node.client(1);
+    assert!(check.read_split(busy_slab, 0).is_ok());
+    let owner_idle_left = usize::from(check.read_split(idle_slab, 0).is_ok());
+    assert_eq!(owner_idle_left, 1 - evicted.len(), "the owner heard of its evicted slab");
+    let mut other = node.client(2);
+    let other_left = other_slabs.iter().filter(|&&slab| other.read_split(slab, 0).is_ok()).count();
+    assert_eq!(owner_idle_left + other_left, 1, "exactly two of the three idle slabs went");
+    // The side connection of the same client was never asked.
+    let mut body = Vec::new();
+    loop {
+        match blocking::read_control(&mut side.stream, &mut body) {
+            Ok((_, Control::SlabEvicted { .. })) => continue,
+            Ok((_, other)) => panic!("the side connection got {other:?}"),
+            Err(_) => break,
+        }
+    }
+}

@@ -172,6 +172,21 @@ pub enum Control {
         /// Always what [`ShmLayout::new`] computes for its `slab_bytes` and `split_bytes`.
         layout: ShmLayout,
     },
+    /// A client's main connection volunteers to answer `SlabActivityQuery` (reply `Ok`). Other
+    /// connections of the same client id (a rebuild reading sources, tools) never get queries.
+    AnswerActivity,
+    /// From the node's resource monitor to a slab's owner, on the connection that volunteered:
+    /// how active is this slab? (Seed 000 batch eviction asks the owners; the node cannot see
+    /// shared-memory accesses itself.) The request id is the node's.
+    SlabActivityQuery {
+        slab_id: u32,
+    },
+    /// The owner's answer, with the query's request id: page operations on the slab's range
+    /// since the client started (a running total; the node takes differences).
+    SlabActivity {
+        slab_id: u32,
+        accesses: u64,
+    },
 }
 
 impl Control {
@@ -199,6 +214,9 @@ impl Control {
             Control::RegenerationDone { .. } => Kind::RegenerationDone,
             Control::ExportSlab { .. } => Kind::ExportSlab,
             Control::SlabExported { .. } => Kind::SlabExported,
+            Control::AnswerActivity => Kind::AnswerActivity,
+            Control::SlabActivityQuery { .. } => Kind::SlabActivityQuery,
+            Control::SlabActivity { .. } => Kind::SlabActivity,
         }
     }
 
@@ -330,6 +348,13 @@ impl Control {
                 out.extend_from_slice(&pages_lost.to_le_bytes());
             }
             Control::ExportSlab { slab_id } => out.extend_from_slice(&slab_id.to_le_bytes()),
+            Control::AnswerActivity => {}
+            Control::SlabActivityQuery { slab_id } => out.extend_from_slice(&slab_id.to_le_bytes()),
+            Control::SlabActivity { slab_id, accesses } => {
+                out.extend_from_slice(&slab_id.to_le_bytes());
+                out.extend_from_slice(&[0u8; 4]);
+                out.extend_from_slice(&accesses.to_le_bytes());
+            }
             Control::SlabExported { slab_id, epoch, layout } => {
                 assert_eq!(
                     ShmLayout::new(layout.slab_bytes, layout.split_bytes),
@@ -490,6 +515,13 @@ impl Control {
                 }
             }
             Kind::ExportSlab => Control::ExportSlab { slab_id: reader.u32() },
+            Kind::AnswerActivity => Control::AnswerActivity,
+            Kind::SlabActivityQuery => Control::SlabActivityQuery { slab_id: reader.u32() },
+            Kind::SlabActivity => {
+                let slab_id = reader.u32();
+                reader.reserved::<4>()?;
+                Control::SlabActivity { slab_id, accesses: reader.u64() }
+            }
             Kind::SlabExported => {
                 let slab_id = reader.u32();
                 let split_bytes = reader.u32();

@@ -32,6 +32,9 @@ pub enum Kind {
     RegenerationDone = 17,
     ExportSlab = 18,
     SlabExported = 19,
+    AnswerActivity = 20,
+    SlabActivityQuery = 21,
+    SlabActivity = 22,
     WriteSplit = 32,
     WriteSplitOk = 33,
     ReadSplit = 34,
@@ -88,7 +91,7 @@ pub(crate) const REGENERATE_FIXED_BYTES: u32 = 4 + 1 + 1 + 1 + 1 + 4 + 4;
 pub(crate) const ERROR_FIXED_BYTES: u32 = 4;
 
 impl Kind {
-    pub const ALL: [Kind; 25] = [
+    pub const ALL: [Kind; 28] = [
         Kind::Hello,
         Kind::Challenge,
         Kind::Auth,
@@ -108,6 +111,9 @@ impl Kind {
         Kind::RegenerationDone,
         Kind::ExportSlab,
         Kind::SlabExported,
+        Kind::AnswerActivity,
+        Kind::SlabActivityQuery,
+        Kind::SlabActivity,
         Kind::WriteSplit,
         Kind::WriteSplitOk,
         Kind::ReadSplit,
@@ -155,6 +161,9 @@ impl Kind {
             Kind::RegenerationDone => LengthRule::Exact(4 + 4 + 8 + 8 + 8),
             Kind::ExportSlab => LengthRule::Exact(4),
             Kind::SlabExported => LengthRule::Exact(4 * 4 + 6 * 8),
+            Kind::AnswerActivity => LengthRule::Exact(0),
+            Kind::SlabActivityQuery => LengthRule::Exact(4),
+            Kind::SlabActivity => LengthRule::Exact(4 + 4 + 8),
             Kind::WriteSplit => LengthRule::AtLeast(WRITE_SPLIT_PREFIX_BYTES as u32),
             Kind::ReadSplit => LengthRule::Exact(4 + 4),
             Kind::ReadSplitReply => LengthRule::AtLeast(SPLIT_META_BYTES as u32),

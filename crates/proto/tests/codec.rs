@@ -104,6 +104,10 @@ fn control() -> impl Strategy<Value = Control> {
             pages_lost: n[2]
         }),
         any::<u32>().prop_map(|slab_id| Control::ExportSlab { slab_id }),
+        Just(Control::AnswerActivity),
+        any::<u32>().prop_map(|slab_id| Control::SlabActivityQuery { slab_id }),
+        (any::<u32>(), any::<u64>())
+            .prop_map(|(slab_id, accesses)| Control::SlabActivity { slab_id, accesses }),
         (any::<u32>(), 1..=u64::MAX, 12u32..=32, 6u32..=20)
             .prop_filter("split fits in the slab", |(_, _, slab_log, split_log)| split_log <= slab_log)
             .prop_map(|(slab_id, epoch, slab_log, split_log)| Control::SlabExported {
@@ -268,8 +272,8 @@ fn header_rejects_bad_magic_version_kind_and_lengths() {
     bad[2] = 2;
     assert_eq!(FrameHeader::decode(&bad), Err(DecodeError::BadVersion { found: 2 }));
     let mut bad = good;
-    bad[3] = 20;
-    assert_eq!(FrameHeader::decode(&bad), Err(DecodeError::UnknownKind { found: 20 }));
+    bad[3] = 23;
+    assert_eq!(FrameHeader::decode(&bad), Err(DecodeError::UnknownKind { found: 23 }));
     let mut bad = good;
     bad[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
     assert!(matches!(FrameHeader::decode(&bad), Err(DecodeError::BodyTooLong { kind: Kind::Ping, .. })));
@@ -557,6 +561,25 @@ fn slab_exported_rejects_layouts_other_than_the_computed_one_and_epoch_zero() {
         Control::decode_body(Kind::ExportSlab, &9u32.to_le_bytes()),
         Ok(Control::ExportSlab { slab_id: 9 })
     );
+}
+
+#[test]
+fn slab_activity_decoders_check_length_and_reserved_bytes() {
+    let mut frame = Vec::new();
+    Control::SlabActivity { slab_id: 3, accesses: 77 }.encode(5, &mut frame);
+    let body = &frame[remem_proto::HEADER_BYTES..];
+    assert_eq!(body.len(), 16);
+    assert_eq!(
+        Control::decode_body(Kind::SlabActivity, body),
+        Ok(Control::SlabActivity { slab_id: 3, accesses: 77 })
+    );
+    let mut bad = body.to_vec();
+    bad[5] = 1;
+    assert!(Control::decode_body(Kind::SlabActivity, &bad).is_err(), "reserved bytes must be zero");
+    assert!(Control::decode_body(Kind::SlabActivity, &body[..15]).is_err());
+    assert!(Control::decode_body(Kind::SlabActivityQuery, &[0u8; 3]).is_err());
+    assert!(Control::decode_body(Kind::AnswerActivity, &[0u8; 1]).is_err());
+    assert_eq!(Control::decode_body(Kind::AnswerActivity, &[]), Ok(Control::AnswerActivity));
 }
 
 #[test]

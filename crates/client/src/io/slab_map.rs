@@ -201,6 +201,7 @@ impl Client {
             client.conn_died(index, &why);
         }
         client.export_slabs();
+        client.volunteer_for_activity();
         Ok(client)
     }
 }
