@@ -106,16 +106,7 @@ impl ReadState {
         extra_splits: usize,
     ) -> (ReadState, ReadStep) {
         assert!(expected_version != 0, "a never-written page is not read remotely");
-        let mut state = ReadState {
-            shape,
-            expected_version: Some(expected_version),
-            versions: [0; 32],
-            unavailable,
-            asked: 0,
-            valid: 0,
-            failed: 0,
-            finished: false,
-        };
+        let mut state = ReadState::new(shape, Some(expected_version), unavailable);
         let want = (shape.data_splits + extra_splits).min(shape.total_splits());
         let first = state.choose(want);
         let step = if first == 0 {
@@ -132,21 +123,26 @@ impl ReadState {
         (state, step)
     }
 
-    /// Starts a read that does not know the page's version (a client restarted from its saved
-    /// slab map, or torn writes suspected): asks every available split, waits for all of them,
-    /// and completes with the newest version that has k valid splits (seed 000 §4.2; torn
-    /// writes are never decoded as a mix). Lost if no version has k.
-    pub fn discover(shape: Shape, unavailable: SplitMask) -> (ReadState, ReadStep) {
-        let mut state = ReadState {
+    /// A read that has asked nothing yet.
+    fn new(shape: Shape, expected_version: Option<u8>, unavailable: SplitMask) -> ReadState {
+        ReadState {
             shape,
-            expected_version: None,
+            expected_version,
             versions: [0; 32],
             unavailable,
             asked: 0,
             valid: 0,
             failed: 0,
             finished: false,
-        };
+        }
+    }
+
+    /// Starts a read that does not know the page's version (a client restarted from its saved
+    /// slab map, or torn writes suspected): asks every available split, waits for all of them,
+    /// and completes with the newest version that has k valid splits (seed 000 §4.2; torn
+    /// writes are never decoded as a mix). Lost if no version has k.
+    pub fn discover(shape: Shape, unavailable: SplitMask) -> (ReadState, ReadStep) {
+        let mut state = ReadState::new(shape, None, unavailable);
         let all = state.choose(shape.total_splits());
         if (all.count_ones() as usize) < shape.data_splits {
             state.finished = true;
