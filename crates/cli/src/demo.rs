@@ -5,10 +5,11 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::code_args::CodeArgs;
 use crate::placement_arg::PlacementArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use remem_client::{Client, ClientConfig, PageOp, Shape};
+use remem_client::{Client, ClientConfig, PageOp};
 
 use crate::launcher::{ClusterOptions, LocalCluster};
 use crate::stats::Samples;
@@ -22,15 +23,8 @@ pub struct DemoArgs {
     /// Memory nodes to start (at least k+r).
     #[arg(long, default_value_t = 10)]
     pub nodes: usize,
-    /// Data splits per page (k).
-    #[arg(long, short = 'k', default_value_t = 8)]
-    pub data_splits: usize,
-    /// Parity splits per page (r).
-    #[arg(long, short = 'r', default_value_t = 2)]
-    pub parity_splits: usize,
-    /// Extra splits read beyond k (delta), for stragglers.
-    #[arg(long, default_value_t = 1)]
-    pub delta: usize,
+    #[command(flatten)]
+    pub code: CodeArgs,
     #[command(flatten)]
     pub placement: PlacementArgs,
     /// Slab size of the nodes.
@@ -47,11 +41,7 @@ pub struct DemoArgs {
 const CHUNK_PAGES: usize = 4096;
 
 pub fn run(args: DemoArgs, binary: &std::path::Path) -> Result<()> {
-    let shape =
-        Shape { data_splits: args.data_splits, parity_splits: args.parity_splits, extra_reads: args.delta };
-    if args.delta > args.parity_splits {
-        bail!("--delta ({}) cannot exceed --parity-splits ({})", args.delta, args.parity_splits);
-    }
+    let shape = args.code.shape()?;
     if args.nodes < shape.total_splits() {
         bail!("--nodes {} is fewer than k+r = {}", args.nodes, shape.total_splits());
     }
@@ -59,7 +49,7 @@ pub fn run(args: DemoArgs, binary: &std::path::Path) -> Result<()> {
         .dir
         .clone()
         .unwrap_or_else(|| std::env::temp_dir().join(format!("remem-demo-{}", std::process::id())));
-    let split_bytes = 4096 / args.data_splits as u64;
+    let split_bytes = 4096 / args.code.data_splits as u64;
     let slabs_needed = args.size.div_ceil(args.slab_size / split_bytes * 4096) * shape.total_splits() as u64;
     let per_node = slabs_needed.div_ceil(args.nodes as u64) + 2;
     let options = ClusterOptions {
@@ -81,9 +71,9 @@ pub fn run(args: DemoArgs, binary: &std::path::Path) -> Result<()> {
     let pages = client.page_count();
     println!(
         "EC({},{}) delta={}: {} pages of 4 KiB = {} over {} ranges of {} slabs",
-        args.data_splits,
-        args.parity_splits,
-        args.delta,
+        args.code.data_splits,
+        args.code.parity_splits,
+        args.code.delta,
         pages,
         format_bytes(args.size),
         client.ranges().len(),
@@ -121,9 +111,9 @@ pub fn run(args: DemoArgs, binary: &std::path::Path) -> Result<()> {
         format_bytes(memory.metadata_bytes),
         format_bytes(memory.address_space_bytes),
         node_bytes as f64 / memory.address_space_bytes as f64,
-        args.data_splits,
-        args.parity_splits,
-        shape.total_splits() as f64 / args.data_splits as f64,
+        args.code.data_splits,
+        args.code.parity_splits,
+        shape.total_splits() as f64 / args.code.data_splits as f64,
         memory.metadata_bytes as f64 * 100.0 / memory.slab_bytes.max(1) as f64,
     );
     client.release().context("releasing slabs")?;

@@ -4,6 +4,7 @@
 //! tests can drive the same code.
 
 pub mod bench;
+pub mod code_args;
 pub mod codec_bench;
 pub mod demo;
 pub mod faults;

@@ -12,11 +12,12 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::code_args::CodeArgs;
 use crate::placement_arg::PlacementArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use remem_client::cluster::ClusterFile;
-use remem_client::{Client, ClientConfig, Shape};
+use remem_client::{Client, ClientConfig};
 use remem_nbd::{Export, Listener, ServerConfig};
 use remem_proto::auth::Secret;
 
@@ -40,15 +41,8 @@ pub struct NbdArgs {
     /// Listen on this Unix socket instead of TCP.
     #[arg(long)]
     pub unix: Option<PathBuf>,
-    /// Data splits per page (k).
-    #[arg(long, short = 'k', default_value_t = 8)]
-    pub data_splits: usize,
-    /// Parity splits per page (r): pages survive r failed nodes.
-    #[arg(long, short = 'r', default_value_t = 2)]
-    pub parity_splits: usize,
-    /// Extra splits read beyond k (delta), for stragglers.
-    #[arg(long, default_value_t = 1)]
-    pub delta: usize,
+    #[command(flatten)]
+    pub code: CodeArgs,
     #[command(flatten)]
     pub placement: PlacementArgs,
     /// Pages in flight at once.
@@ -72,17 +66,13 @@ pub fn run(args: NbdArgs) -> Result<()> {
     if args.size == 0 || !args.size.is_multiple_of(4096) {
         bail!("--size {} is not a positive multiple of 4096 bytes", args.size);
     }
-    if args.delta > args.parity_splits {
-        bail!("--delta ({}) cannot exceed -r ({})", args.delta, args.parity_splits);
-    }
+    let shape = args.code.shape()?;
     let cluster_path =
         args.cluster.clone().unwrap_or_else(|| crate::launcher::default_dir().join("cluster.json"));
     let cluster = ClusterFile::load(&cluster_path)?;
     let secret = Secret::load(Some(&cluster.secret_file))
         .map_err(|error| anyhow::anyhow!("{error}"))
         .with_context(|| format!("loading the secret {}", cluster.secret_file.display()))?;
-    let shape =
-        Shape { data_splits: args.data_splits, parity_splits: args.parity_splits, extra_reads: args.delta };
     let mut config = ClientConfig::new(shape, args.size);
     config.max_in_flight = args.queue_depth.max(1);
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
@@ -115,9 +105,9 @@ pub fn run(args: NbdArgs) -> Result<()> {
         name: args.export.clone(),
         description: format!(
             "remem EC({},{}) delta {}, {}",
-            args.data_splits,
-            args.parity_splits,
-            args.delta,
+            args.code.data_splits,
+            args.code.parity_splits,
+            args.code.delta,
             format_bytes(args.size)
         ),
         size_bytes: args.size,
@@ -136,8 +126,8 @@ pub fn run(args: NbdArgs) -> Result<()> {
         "serving export {:?}: {} on EC({},{}) across {} nodes",
         args.export,
         format_bytes(args.size),
-        args.data_splits,
-        args.parity_splits,
+        args.code.data_splits,
+        args.code.parity_splits,
         cluster.nodes.len()
     );
     let store = Mutex::new(client);
