@@ -6,7 +6,6 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -15,33 +14,19 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use remem::faults::{inject, Fault};
-use remem::launcher::{ClusterOptions, LocalCluster};
+use remem::launcher::LocalCluster;
 use remem::pattern;
 use remem_client::{Client, ClientConfig, PageOp, Shape, SlabMapFile, SlabRef};
 use remem_placement::LeastLoaded;
 
 const EC82: Shape = Shape { data_splits: 8, parity_splits: 2, extra_reads: 1 };
-/// 1 MiB slabs hold 2048 splits of 512 B: one EC(8,2) range is 2048 pages.
-const SLAB_BYTES: u64 = 1 << 20;
 
 fn seed() -> u64 {
     std::env::var("REMEM_FAULT_SEED").ok().and_then(|text| text.parse().ok()).unwrap_or(0x5eed)
 }
 
 fn cluster(name: &str, nodes: usize) -> LocalCluster {
-    let dir = std::env::temp_dir().join(format!("remem-faults-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let options = ClusterOptions {
-        nodes,
-        capacity_bytes: 16 * SLAB_BYTES,
-        slab_size_bytes: SLAB_BYTES,
-        nodes_per_domain: 1,
-        dir,
-        fault_injection: true,
-        monitor_args: None,
-        unix_sockets: remem::launcher::UnixSockets::All,
-    };
-    LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_remem")), &options).expect("cluster starts")
+    common::start_cluster("faults", name, nodes, remem::launcher::UnixSockets::All)
 }
 
 fn config(pages: u64) -> ClientConfig {

@@ -6,37 +6,22 @@
 mod common;
 
 use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::Model;
+use common::{Model, SLAB_BYTES};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use remem::faults::{inject, Fault};
-use remem::launcher::{ClusterOptions, LocalCluster, UnixSockets};
+use remem::launcher::{LocalCluster, UnixSockets};
 use remem_client::{Client, ClientConfig, Shape};
 use remem_placement::LeastLoaded;
 use remem_proto::{Control, ErrorCode};
 
 const EC82: Shape = Shape { data_splits: 8, parity_splits: 2, extra_reads: 1 };
-/// 1 MiB slabs of 512-byte splits: one EC(8,2) range is 2048 pages.
-const SLAB_BYTES: u64 = 1 << 20;
 const PAGES: u64 = 2048;
 
 fn cluster(name: &str, nodes: usize, unix_sockets: UnixSockets) -> LocalCluster {
-    let dir = std::env::temp_dir().join(format!("remem-shm-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let options = ClusterOptions {
-        nodes,
-        capacity_bytes: 16 * SLAB_BYTES,
-        slab_size_bytes: SLAB_BYTES,
-        nodes_per_domain: 1,
-        dir,
-        fault_injection: true,
-        monitor_args: None,
-        unix_sockets,
-    };
-    LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_remem")), &options).expect("cluster starts")
+    common::start_cluster("shm", name, nodes, unix_sockets)
 }
 
 fn connect(cluster: &LocalCluster) -> Client {

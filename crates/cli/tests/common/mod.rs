@@ -1,10 +1,34 @@
-//! What the integration tests share: a reference model of remote memory that writes pages with
-//! a pattern per (page, generation) and checks every byte read back.
+//! What the integration tests share: a local cluster of real node processes, and a reference
+//! model of remote memory that writes pages with a pattern per (page, generation) and checks
+//! every byte read back.
 
 use std::collections::HashMap;
+use std::path::Path;
 
+use remem::launcher::{ClusterOptions, LocalCluster, UnixSockets};
 use remem::pattern;
 use remem_client::{Client, PageOp};
+
+/// 1 MiB slabs hold 2048 splits of 512 B: one EC(8,2) range is 2048 pages.
+pub const SLAB_BYTES: u64 = 1 << 20;
+
+/// Starts `nodes` node processes with fault injection on, 16 slabs of [`SLAB_BYTES`] each, one
+/// failure domain per node, in a fresh directory named after `suite` and `name`.
+pub fn start_cluster(suite: &str, name: &str, nodes: usize, unix_sockets: UnixSockets) -> LocalCluster {
+    let dir = std::env::temp_dir().join(format!("remem-{suite}-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let options = ClusterOptions {
+        nodes,
+        capacity_bytes: 16 * SLAB_BYTES,
+        slab_size_bytes: SLAB_BYTES,
+        nodes_per_domain: 1,
+        dir,
+        fault_injection: true,
+        monitor_args: None,
+        unix_sockets,
+    };
+    LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_remem")), &options).expect("cluster starts")
+}
 
 /// Pattern seed of the pages the model writes.
 pub const PATTERN_SEED: u64 = 0x5eed_da7a;
