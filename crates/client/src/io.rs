@@ -282,8 +282,9 @@ struct Conn {
     unix_socket: Option<PathBuf>,
 }
 
-/// Notes that `conn` (node `node`) has requests to send, so that `flush_all` sends connections
-/// in the order their first request was queued: a read queues its data splits before its extra
+/// Notes that `conn` (node `node`) has requests to send; every frame queued on a connection
+/// outside `control` (which flushes at once) is followed by this call, and `flush_all` sends
+/// exactly the connections noted, in the order their first request was queued: a read queues its data splits before its extra
 /// parity split, and sending them in that order is what lets the data splits win the race
 /// (no decode) on a healthy cluster, whatever the node numbering.
 fn mark_queued(send_order: &mut Vec<usize>, conn: &mut Conn, node: usize) {
@@ -1036,12 +1037,6 @@ impl Client {
         }
         order.clear();
         self.send_order = order;
-        // Whatever else was encoded (control messages) goes out after.
-        for index in 0..self.conns.len() {
-            if self.conns[index].out.len() > self.conns[index].out_sent {
-                self.flush(index);
-            }
-        }
     }
 
     fn flush(&mut self, index: usize) {

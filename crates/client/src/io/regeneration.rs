@@ -115,6 +115,7 @@ impl Client {
             range_id: range as u64,
         };
         message.encode(request_id, &mut self.conns[node].out);
+        super::mark_queued(&mut self.send_order, &mut self.conns[node], node);
         // Count the slab now so that two rebuilds do not pile onto one node.
         self.conns[node].info.slabs_mapped += 1;
         self.conns[node].info.free_bytes =
@@ -185,6 +186,7 @@ impl Client {
                     sources,
                 };
                 message.encode(request_id, &mut self.conns[node].out);
+                super::mark_queued(&mut self.send_order, &mut self.conns[node], node);
                 self.regenerations[index].state = State::Rebuilding { node, request_id };
             }
             (State::Rebuilding { .. }, Control::Ok) => {}
@@ -234,6 +236,7 @@ impl Client {
         // The reply is not awaited: it lands as an unclaimed control reply and is dropped.
         let request_id = self.next_control_id();
         Control::UnmapSlab { slab_id }.encode(request_id, &mut self.conns[node].out);
+        super::mark_queued(&mut self.send_order, &mut self.conns[node], node);
     }
 
     /// A node died: rebuilds it was part of start over.
