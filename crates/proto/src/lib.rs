@@ -24,6 +24,7 @@ mod error;
 mod frame;
 pub mod fuzzing;
 pub mod shm;
+mod validity;
 
 pub use control::{
     Control, FaultKind, NodeInfo, RegenerationSource, MAX_ERROR_MESSAGE_BYTES, MAX_FAILURE_DOMAIN_BYTES,
@@ -37,6 +38,7 @@ pub use data::{
 };
 pub use error::{DecodeError, ErrorCode};
 pub use frame::{FrameHeader, Kind, LengthRule};
+pub use validity::{judge_split, newest_with_k, SplitVerdict};
 
 /// The protocol version carried in every frame header; anything else is rejected.
 pub const PROTOCOL_VERSION: u8 = 1;
