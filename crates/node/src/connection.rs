@@ -22,19 +22,20 @@
 //! (grown once, to the largest frame, if a frame does not fit), the output buffer keeps its
 //! capacity, and payloads move with one copy each between those buffers and slab memory.
 
-use crate::fault::{self, ConnectionDelay, DelayFault, Faults};
-use crate::peers::{Peer, Peers};
-use crate::regenerate::{self, Regenerations};
-use crate::slab::{SlabError, SlabLabel, SlabTable};
+use crate::fault::{self, ConnectionDelay, DelayFault};
+use crate::peers::Peer;
+use crate::regenerate;
+use crate::shared::Shared;
+use crate::slab::{SlabError, SlabLabel};
 use crate::stream::Stream;
-use remem_proto::auth::{self, Secret};
+use remem_proto::auth;
 use remem_proto::{
     encode_read_splits_reply_head, max_read_splits_count, Control, DecodeError, ErrorCode, FaultKind,
-    FrameHeader, Kind, NodeInfo, SplitMeta, WriteSplitPrefix, HEADER_BYTES, MAX_BODY_BYTES, SPLIT_META_BYTES,
+    FrameHeader, Kind, SplitMeta, WriteSplitPrefix, HEADER_BYTES, MAX_BODY_BYTES, SPLIT_META_BYTES,
     WRITE_SPLIT_PREFIX_BYTES,
 };
 use std::io::{self, Read, Write};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,79 +52,6 @@ const OUTPUT_FLUSH_BYTES: usize = 256 * 1024;
 /// The largest frame; a connection's input buffer grows to this once if it meets a frame larger
 /// than [`INPUT_BUFFER_BYTES`].
 const MAX_FRAME_BYTES: usize = HEADER_BYTES + MAX_BODY_BYTES as usize;
-
-/// State shared by all connections and rebuilds of a node.
-pub struct Shared {
-    pub node_id: u64,
-    pub secret: Secret,
-    pub capacity_bytes: u64,
-    pub slab_size_bytes: u64,
-    pub failure_domain: String,
-    pub table: SlabTable,
-    pub requests_served: AtomicU64,
-    pub peers: Peers,
-    pub faults: Faults,
-    pub regenerations: Regenerations,
-    /// Set when the node stops; rebuilds check it between batches.
-    pub stopping: AtomicBool,
-    /// Owners' answers to the resource monitor's `SlabActivityQuery`s.
-    pub activity_answers: crate::monitor::ActivityAnswers,
-}
-
-impl Shared {
-    pub fn node_info(&self) -> NodeInfo {
-        let stats = self.table.stats();
-        let progress = self.regenerations.progress();
-        // What a MapSlab could take now: pooled slabs are free for clients, and a host below its
-        // headroom (resource monitor) lends no fresh memory.
-        let capacity_free_bytes = self.capacity_bytes - stats.used_bytes + stats.pooled_bytes;
-        let free_bytes = match stats.host_budget_bytes {
-            Some(budget_bytes) => capacity_free_bytes.min(stats.pooled_bytes.saturating_add(budget_bytes)),
-            None => capacity_free_bytes,
-        };
-        NodeInfo {
-            node_id: self.node_id,
-            capacity_bytes: self.capacity_bytes,
-            free_bytes,
-            slab_size_bytes: self.slab_size_bytes,
-            slabs_mapped: stats.slabs_mapped,
-            metadata_bytes: stats.metadata_bytes,
-            requests_served: self.requests_served.load(Ordering::Relaxed),
-            regenerating_slabs: progress.regenerating_slabs,
-            regeneration_pages_done: progress.pages_done,
-            regeneration_pages_total: progress.pages_total,
-            failure_domain: self.failure_domain.clone(),
-        }
-    }
-
-    /// Evicts slab `slab_id`, whoever owns it: first sends `SlabEvicted` to every connection of
-    /// the owner on this node (but `skip_connection`, whose caller tells it itself), then unmaps
-    /// the slab. A rebuild filling it stops at its next batch. This is the eviction the fault
-    /// command and the resource monitor (`monitor`) use.
-    ///
-    /// Errors: `UnknownSlab` if no such slab is mapped (or it went away meanwhile).
-    pub fn evict_slab(&self, slab_id: u32, skip_connection: Option<u64>) -> Result<SlabLabel, SlabError> {
-        let slab = self.table.get_any(slab_id)?;
-        let owner = slab.owner_client_id();
-        let mut notice = Vec::with_capacity(HEADER_BYTES + 4);
-        Control::SlabEvicted { slab_id }.encode(0, &mut notice);
-        let mut told = 0;
-        for (_, peer) in self.peers.of_client(owner, skip_connection) {
-            told += usize::from(peer.send_frames(&notice));
-        }
-        let label = self.table.evict(slab_id)?.label();
-        tracing::warn!(
-            slab_id,
-            client_id = owner,
-            split_index = label.split_index,
-            first_page = label.first_page,
-            range_id = label.range_id,
-            connections_told = told,
-            "slab evicted"
-        );
-        Ok(label)
-    }
-}
 
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]

@@ -10,9 +10,9 @@
 //! Shape: one acceptor loop ([`Node::run`]) and one thread per connection with blocking I/O and
 //! buffered frames (module `connection`). Each node is its own process and the connection count
 //! is bounded by `max_connections`, so threads are cheap enough and keep request order per
-//! connection trivially. Rebuilds run on their own threads, at most
-//! [`MAX_CONCURRENT_REGENERATIONS`] at once. Fault injection (`fault`) exists only when the node
-//! is configured for it. The resource monitor (`monitor`), when configured, is one more thread
+//! connection trivially. What all these threads share is one `shared::Shared`. Rebuilds run on
+//! their own threads, at most [`MAX_CONCURRENT_REGENERATIONS`] at once. Fault injection (`fault`)
+//! exists only when the node is configured for it. The resource monitor (`monitor`), when configured, is one more thread
 //! that keeps a free-memory headroom on the host: it pre-allocates slabs when memory is plentiful
 //! and evicts the least active ones when it is not.
 //!
@@ -30,6 +30,7 @@ mod fault;
 pub mod monitor;
 mod peers;
 mod regenerate;
+mod shared;
 mod shared_memory;
 mod slab;
 mod slot_copy;
@@ -40,13 +41,14 @@ pub use monitor::{MemorySource, ResourceMonitorConfig};
 pub use regenerate::{RegenerationReport, MAX_CONCURRENT_REGENERATIONS};
 pub use slab::METADATA_BYTES_PER_SLOT;
 
-use connection::{Connection, Shared};
+use connection::Connection;
 use fault::Faults;
 use monitor::Monitor;
 use peers::{Peer, Peers};
 use regenerate::Regenerations;
 use remem_proto::auth::Secret;
 use remem_proto::{Control, ErrorCode, MAX_FAILURE_DOMAIN_BYTES};
+use shared::Shared;
 use slab::SlabTable;
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpListener};

@@ -25,7 +25,7 @@
 //! table enforces it); the pool only holds fresh mappings; the loop runs at most once per period
 //! and each period does bounded work (at most E + E' samples, the pool target of fills).
 
-use crate::connection::Shared;
+use crate::shared::Shared;
 use crate::slab::SlabActivity;
 use rand::seq::SliceRandom;
 use remem_proto::Control;

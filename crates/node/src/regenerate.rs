@@ -3,12 +3,22 @@
 //!
 //! A client that lost a slab maps a new one here and sends `Regenerate` naming the surviving
 //! splits of the range. The node answers `Ok` at once and a rebuild thread then, for each batch of
-//! slots: reads the batch (`ReadSplits`) from k sources, data splits first; checks every split's
-//! end-to-end checksum and keeps, per page, the newest version that has k valid splits (so a torn
-//! write of two versions is never mixed); asks the remaining sources for pages that lack k such
-//! splits; decodes the page and takes the lost split (a data split from the decoded page, a parity
-//! split by re-encoding it); and stores it with its own checksum, but only if the slot is still
-//! unwritten. When it ends it sends `RegenerationDone` on the requesting connection.
+//! slots: reads the batch (`ReadSplits`) from k sources, data splits first; judges every split
+//! with the protocol's shared rules (`remem_proto::judge_split`: valid at a version, never
+//! written, or corrupt) and keeps, per page, the newest version that k of the splits agree on
+//! (`remem_proto::newest_with_k`, where never written is version 0, older than any write), so a
+//! torn write of two versions is never mixed; asks the remaining sources for pages that lack k
+//! such splits; and then either leaves the slot alone (the newest agreed version is 0: the page
+//! was never written, so there is nothing to rebuild) or decodes the page, takes the lost split (a
+//! data split from the decoded page, a parity split by re-encoding it) and stores it with its own
+//! checksum, but only if the slot is still unwritten. When it ends it sends `RegenerationDone` on
+//! the requesting connection.
+//!
+//! Counting, which the client acts on (any lost page means the slab is not rebuilt): a page is
+//! rebuilt when its split was stored; skipped when there was nothing to store (the client wrote
+//! the slot meanwhile, or the page was never written); lost only when it was, or may have been,
+//! written and could not be rebuilt: no version has k consistent splits, or the rebuild ended
+//! before reaching it. Rebuilt + skipped + lost = pages.
 //!
 //! Better than the seed, writes are not blocked during the rebuild: the client writes new pages to
 //! the new slab too, and those win. "Store if unwritten" and a client write of the same slot are
@@ -19,21 +29,22 @@
 //! the requester's client id, so the sources' ownership checks pass (docs/PROTOCOL.md, security).
 //!
 //! Fault model: a source may be down, fail mid-way, time out, refuse, or return corrupted, torn or
-//! stale splits. A failed source is replaced by another; a bad split is an erasure. With fewer
-//! than k sources left, the rebuild ends with the pages done and reports the rest lost. A page
-//! without k consistent valid splits is lost and its slot stays unwritten, so it reads as version
+//! stale splits. A failed source is replaced by another; a corrupt split (bad checksum, or
+//! metadata with non-zero reserved bytes) is an erasure, never a vote for "never written". With
+//! fewer than k sources left, the rebuild ends with the pages done and reports the rest lost. A
+//! page without k consistent splits is lost and its slot stays unwritten, so it reads as version
 //! 0 (an erasure), never as wrong data.
 //!
 //! Invariant: at most [`MAX_CONCURRENT_REGENERATIONS`] rebuilds run at once, one thread each; the
 //! node stops them (and joins them) before it unmaps its slabs.
 
-use crate::connection::Shared;
+use crate::shared::Shared;
 use crate::slab::Slab;
 use remem_codec::{new_codec, CodecParams, PageCodec};
 use remem_proto::blocking::{self, FrameError, HandshakeError};
 use remem_proto::{
-    max_read_splits_count, read_splits_reply_body_len, split_checksum, version_is_newer, Control, ErrorCode,
-    Kind, RegenerationSource, SplitMeta, READ_SPLITS_COUNT_BYTES, SPLIT_META_BYTES,
+    judge_split, max_read_splits_count, newest_with_k, read_splits_reply_body_len, split_checksum, Control,
+    ErrorCode, Kind, RegenerationSource, SplitMeta, SplitVerdict, READ_SPLITS_COUNT_BYTES, SPLIT_META_BYTES,
 };
 use std::io;
 use std::net::{SocketAddr, TcpStream};
@@ -213,11 +224,14 @@ pub fn prepare(shared: &Arc<Shared>, request: Request) -> Result<Job, (ErrorCode
             request.slab_id
         ));
     }
-    let mut seen = 1u32 << target_split;
+    // A source may name the split being rebuilt: the slab it replaces, kept by the client as a
+    // source while its node is reachable (a node that corrupts, a drained node). Its splits are
+    // judged like any other: corrupt or stale ones are erasures.
+    let mut seen = 0u32;
     for source in &request.sources {
         if usize::from(source.split_index) >= total || seen & (1 << source.split_index) != 0 {
             return unsupported(format!(
-                "source split {} is out of range, repeated or the one being rebuilt",
+                "source split {} is out of range or repeated",
                 source.split_index
             ));
         }
@@ -386,22 +400,25 @@ impl Source {
         Ok(())
     }
 
-    /// Metadata and payload of slot `first_slot + index` of the buffered batch; a meta with
-    /// non-zero reserved bytes reads as unwritten (an erasure).
-    fn entry(&self, index: usize, split_bytes: usize) -> (SplitMeta, &[u8]) {
+    /// Metadata and payload of slot `first_slot + index` of the buffered batch. The metadata is
+    /// `None` when its reserved bytes are not zero: such a split is corrupt, and must not pass
+    /// for a slot never written.
+    fn entry(&self, index: usize, split_bytes: usize) -> (Option<SplitMeta>, &[u8]) {
         let at = READ_SPLITS_COUNT_BYTES + index * (SPLIT_META_BYTES + split_bytes);
         let meta_bytes = self.body[at..at + SPLIT_META_BYTES].try_into().expect("meta length");
-        let meta = SplitMeta::decode(meta_bytes).unwrap_or_default();
+        let meta = SplitMeta::decode(meta_bytes).ok();
         (meta, &self.body[at + SPLIT_META_BYTES..at + SPLIT_META_BYTES + split_bytes])
     }
 
-    /// One slot by `ReadSplit`, for a page the batch sources could not settle.
+    /// One slot by `ReadSplit`, for a page the batch sources could not settle; the payload is
+    /// left in `body` after the metadata. The metadata is `None` when its reserved bytes are not
+    /// zero (a corrupt split, as in [`Source::entry`]).
     fn read_one(
         &mut self,
         slot: u32,
         split_bytes: u32,
         body: &mut Vec<u8>,
-    ) -> Result<SplitMeta, SourceError> {
+    ) -> Result<Option<SplitMeta>, SourceError> {
         let request_id = self.request_id();
         let message = Control::ReadSplit { slab_id: self.slab_id, slot };
         blocking::write_control(self.stream(), request_id, &message)?;
@@ -410,7 +427,7 @@ impl Source {
         if header.body_len != SPLIT_META_BYTES as u32 + split_bytes {
             return Err(SourceError::BadReply(format!("ReadSplitReply of {} bytes", header.body_len)));
         }
-        Ok(SplitMeta::decode(body[..SPLIT_META_BYTES].try_into().expect("meta length")).unwrap_or_default())
+        Ok(SplitMeta::decode(body[..SPLIT_META_BYTES].try_into().expect("meta length")).ok())
     }
 
     fn fail(&mut self, error: &SourceError) {
@@ -447,18 +464,31 @@ struct Scratch {
     codec: Box<dyn PageCodec>,
     page: Vec<u8>,
     parity: Vec<u8>,
-    /// (source position, version) of the valid splits of the current page.
-    valid: Vec<(usize, u8)>,
-    /// Splits fetched one by one from sources outside the batch: (split index, meta, payload).
-    extra: Vec<(u8, SplitMeta, Vec<u8>)>,
+    /// (source position, version) of the current page's batch splits that are not corrupt;
+    /// version 0 is a slot never written.
+    sound: Vec<(usize, u8)>,
+    /// Splits fetched one by one from sources outside the batch that are not corrupt:
+    /// (split index, version, payload). A never-written split keeps no payload.
+    extra: Vec<(u8, u8, Vec<u8>)>,
     single_body: Vec<u8>,
 }
 
+/// The numbers of `RegenerationDone` (see the module documentation for what each one means).
 #[derive(Default)]
 struct Counts {
     rebuilt: u64,
+    /// Written by the client meanwhile, or never written: nothing to store.
     skipped: u64,
+    /// Written (or possibly written) and not rebuilt.
     lost: u64,
+}
+
+/// The verdict on one split as a source returned it; metadata that did not decode is corrupt.
+fn judge(meta: Option<SplitMeta>, payload: &[u8], page: u64, split_index: u8) -> SplitVerdict {
+    match meta {
+        Some(meta) => judge_split(payload, meta, page, split_index),
+        None => SplitVerdict::Corrupt,
+    }
 }
 
 fn rebuild(job: &mut Job) -> RegenerationReport {
@@ -495,7 +525,7 @@ fn rebuild(job: &mut Job) -> RegenerationReport {
         codec: new_codec(job.params),
         page: vec![0; job.params.page_bytes],
         parity: vec![0; job.params.parity_bytes()],
-        valid: Vec::with_capacity(sources.len()),
+        sound: Vec::with_capacity(sources.len()),
         extra: Vec::new(),
         single_body: Vec::new(),
     };
@@ -611,7 +641,9 @@ fn fetch_batch(job: &Job, sources: &mut [Source], first_slot: u32, count: u32) -
 }
 
 /// Rebuilds the page of slot `first_slot + index` from the batch, asking the other sources if
-/// the batch does not settle it, and stores the lost split if the slot is still unwritten.
+/// the batch does not settle it, and stores the lost split if the slot is still unwritten. A page
+/// whose newest agreed version is 0 was never written: nothing is stored and it counts as
+/// skipped.
 fn rebuild_page(
     job: &Job,
     sources: &mut [Source],
@@ -629,18 +661,16 @@ fn rebuild_page(
     let k = job.params.data_splits;
     let split_bytes = job.slab.split_bytes() as usize;
     let page_number = job.slab.label().first_page + u64::from(slot);
-    scratch.valid.clear();
+    scratch.sound.clear();
     scratch.extra.clear();
     for &position in active {
         let source = &sources[position];
         let (meta, payload) = source.entry(index as usize, split_bytes);
-        if meta.version != 0
-            && split_checksum(payload, meta.version, page_number, source.split_index) == meta.checksum
-        {
-            scratch.valid.push((position, meta.version));
+        if let Some(version) = judge(meta, payload, page_number, source.split_index).version() {
+            scratch.sound.push((position, version));
         }
     }
-    let mut version = newest_with_k(scratch.valid.iter().map(|(_, version)| *version), k);
+    let mut version = newest_with_k(scratch.sound.iter().map(|(_, version)| *version), k);
     if version.is_none() {
         // Ask every other working source for this one slot.
         for (position, source) in sources.iter_mut().enumerate() {
@@ -653,38 +683,44 @@ fn rebuild_page(
             match fetched {
                 Ok(meta) => {
                     let payload = &scratch.single_body[SPLIT_META_BYTES..];
-                    if meta.version != 0
-                        && split_checksum(payload, meta.version, page_number, source.split_index)
-                            == meta.checksum
-                    {
-                        scratch.extra.push((source.split_index, meta, payload.to_vec()));
+                    match judge(meta, payload, page_number, source.split_index) {
+                        SplitVerdict::Valid { version } => {
+                            scratch.extra.push((source.split_index, version, payload.to_vec()))
+                        }
+                        SplitVerdict::NeverWritten => scratch.extra.push((source.split_index, 0, Vec::new())),
+                        SplitVerdict::Corrupt => {}
                     }
                 }
                 Err(error) => source.fail(&error),
             }
         }
-        let versions = scratch.valid.iter().map(|(_, version)| *version);
-        version = newest_with_k(versions.chain(scratch.extra.iter().map(|(_, meta, _)| meta.version)), k);
+        let versions = scratch.sound.iter().map(|(_, version)| *version);
+        version = newest_with_k(versions.chain(scratch.extra.iter().map(|(_, version, _)| *version)), k);
     }
-    let Some(version) = version else {
-        counts.lost += 1;
-        tracing::debug!(
-            slab_id = job.request.slab_id,
-            slot,
-            "page lost: fewer than k consistent valid splits"
-        );
-        return;
+    let version = match version {
+        None => {
+            counts.lost += 1;
+            tracing::debug!(slab_id = job.request.slab_id, slot, "page lost: fewer than k consistent splits");
+            return;
+        }
+        // k splits agree the page was never written and none of a newer version reach k: the
+        // slot stays unwritten, as it would be on a slab that never failed.
+        Some(0) => {
+            counts.skipped += 1;
+            return;
+        }
+        Some(version) => version,
     };
     let mut present = 0u32;
     let batch_splits =
-        scratch.valid.iter().filter(|(_, split_version)| *split_version == version).map(|(position, _)| {
+        scratch.sound.iter().filter(|(_, split_version)| *split_version == version).map(|(position, _)| {
             let source = &sources[*position];
             (source.split_index, source.entry(index as usize, split_bytes).1)
         });
     let extra_splits = scratch
         .extra
         .iter()
-        .filter(|(_, meta, _)| meta.version == version)
+        .filter(|(_, split_version, _)| *split_version == version)
         .map(|(split_index, _, payload)| (*split_index, payload.as_slice()));
     for (split_index, payload) in batch_splits.chain(extra_splits) {
         let split_index = usize::from(split_index);
@@ -717,30 +753,19 @@ fn rebuild_page(
     }
 }
 
-/// The newest version that at least `k` of `versions` share, if any.
-fn newest_with_k(versions: impl Iterator<Item = u8> + Clone, k: usize) -> Option<u8> {
-    let mut best: Option<u8> = None;
-    for version in versions.clone() {
-        if best.is_some_and(|best| !version_is_newer(version, best)) {
-            continue;
-        }
-        if versions.clone().filter(|other| *other == version).count() >= k {
-            best = Some(version);
-        }
-    }
-    best
-}
-
 #[cfg(test)]
 mod tests {
-    use super::newest_with_k;
+    use super::*;
 
     #[test]
-    fn newest_version_needs_k_splits_and_wraps() {
-        assert_eq!(newest_with_k([3u8, 3, 4].into_iter(), 2), Some(3));
-        assert_eq!(newest_with_k([3u8, 4, 4].into_iter(), 2), Some(4));
-        assert_eq!(newest_with_k([3u8, 4].into_iter(), 2), None);
-        assert_eq!(newest_with_k([255u8, 255, 1, 1].into_iter(), 2), Some(1));
-        assert_eq!(newest_with_k(std::iter::empty(), 1), None);
+    fn metadata_that_does_not_decode_is_corrupt_not_never_written() {
+        let payload = [0u8; 64];
+        assert_eq!(judge(None, &payload, 3, 1), SplitVerdict::Corrupt);
+        assert_eq!(judge(Some(SplitMeta::default()), &payload, 3, 1), SplitVerdict::NeverWritten);
+        let checksum = split_checksum(&payload, 4, 3, 1);
+        assert_eq!(
+            judge(Some(SplitMeta { version: 4, checksum }), &payload, 3, 1),
+            SplitVerdict::Valid { version: 4 }
+        );
     }
 }

@@ -101,10 +101,15 @@ impl Range {
 
     /// Writes version 1 of every page `0..pages`.
     fn fill(&mut self, pages: u32) {
+        self.fill_slots(&(0..pages).collect::<Vec<_>>());
+    }
+
+    /// Writes version 1 of the pages at `slots`, all k + r splits of each.
+    fn fill_slots(&mut self, slots: &[u32]) {
         let mut codec = new_codec(CodecParams::new(K, R, PAGE).unwrap());
-        for chunk_start in (0..pages).step_by(512) {
+        for chunk in slots.chunks(512) {
             let mut writes = Vec::new();
-            for slot in chunk_start..(chunk_start + 512).min(pages) {
+            for &slot in chunk {
                 let page = page_bytes(FIRST_PAGE + u64::from(slot), 1);
                 for (split, payload) in splits_of(codec.as_mut(), &page).into_iter().enumerate() {
                     writes.push((slot, 1, split, payload));
@@ -295,6 +300,102 @@ fn lost_parity_split_is_rebuilt_while_a_source_is_down_and_progress_shows_in_nod
         let page = page_bytes(FIRST_PAGE + u64::from(slot), 1);
         let expected = &splits_of(codec.as_mut(), &page)[lost];
         assert_rebuilt(&mut target, new_slab, slot, lost as u8, 1, expected);
+    }
+}
+
+/// Checks slot `slot` of the rebuilt slab was left never written.
+fn assert_unwritten(client: &mut Client, slab_id: u32, slot: u32) {
+    let (meta, payload) = client.read_split(slab_id, slot).unwrap();
+    assert_eq!(meta, SplitMeta::default(), "slot {slot} must stay never written");
+    assert!(payload.iter().all(|byte| *byte == 0), "slot {slot} holds bytes");
+}
+
+#[test]
+fn rebuild_of_a_partly_written_slab_skips_never_written_pages_and_loses_none_k8_r2() {
+    let mut range = Range::new(64 * 1024, false);
+    let pages = range.slots;
+    // The first half, plus every seventh page of the second half; the others were never written.
+    let written: Vec<u32> = (0..pages).filter(|slot| *slot < pages / 2 || slot % 7 == 0).collect();
+    range.fill_slots(&written);
+    let lost = 3;
+    let mut target = range.spare.client(CLIENT);
+    let (new_slab, _) = target.map_slab(SPLIT as u32, lost as u8, FIRST_PAGE);
+    // A data source is gone too, so never-written pages are also judged from a parity split.
+    range.nodes[0].take().unwrap().stop();
+
+    let ((rebuilt, skipped, lost_pages), _) = regenerate(&mut target, new_slab, pages, range.sources(lost));
+    let written_count = written.len() as u64;
+    assert_eq!((rebuilt, skipped, lost_pages), (written_count, u64::from(pages) - written_count, 0));
+
+    for slot in 0..pages {
+        if written.contains(&slot) {
+            let page = page_bytes(FIRST_PAGE + u64::from(slot), 1);
+            assert_rebuilt(
+                &mut target,
+                new_slab,
+                slot,
+                lost as u8,
+                1,
+                &page[lost * SPLIT..(lost + 1) * SPLIT],
+            );
+        } else {
+            assert_unwritten(&mut target, new_slab, slot);
+        }
+    }
+}
+
+#[test]
+fn first_write_torn_below_k_is_lost_but_one_stray_split_over_k_never_written_is_empty_k8_r2() {
+    let mut range = Range::new(64 * 1024, false);
+    let pages = range.slots;
+    range.fill_slots(&[0]);
+    let mut codec = new_codec(CodecParams::new(K, R, PAGE).unwrap());
+    let lost = 3;
+    // Slot 1: the first write reached five splits; four sources still say never written. Neither
+    // version has k = 8 splits, and the page may have been written: lost.
+    let splits_1 = splits_of(codec.as_mut(), &page_bytes(FIRST_PAGE + 1, 1));
+    let torn: Vec<_> =
+        [0usize, 1, 2, 4, 5].iter().map(|split| (1u32, 1u8, *split, splits_1[*split].clone())).collect();
+    range.write(&torn);
+    // Slot 2: the first write reached split 0 only. The batch (splits 0..=8 but 3) does not
+    // settle it, the spare source does: eight splits agree on never written, so it is empty.
+    let splits_2 = splits_of(codec.as_mut(), &page_bytes(FIRST_PAGE + 2, 1));
+    range.write(&[(2, 1, 0, splits_2[0].clone())]);
+    let mut target = range.spare.client(CLIENT);
+    let (new_slab, _) = target.map_slab(SPLIT as u32, lost as u8, FIRST_PAGE);
+
+    let ((rebuilt, skipped, lost_pages), _) = regenerate(&mut target, new_slab, pages, range.sources(lost));
+    assert_eq!((rebuilt, skipped, lost_pages), (1, u64::from(pages) - 2, 1));
+    assert_rebuilt(
+        &mut target,
+        new_slab,
+        0,
+        lost as u8,
+        1,
+        &page_bytes(FIRST_PAGE, 1)[lost * SPLIT..(lost + 1) * SPLIT],
+    );
+    for slot in 1..pages {
+        assert_unwritten(&mut target, new_slab, slot);
+    }
+}
+
+#[test]
+fn rebuild_with_fewer_than_k_reachable_sources_counts_every_page_lost_k8_r2() {
+    let mut range = Range::new(64 * 1024, false);
+    let pages = range.slots;
+    range.fill_slots(&(0..pages / 2).collect::<Vec<_>>());
+    let lost = 3;
+    let mut target = range.spare.client(CLIENT);
+    let (new_slab, _) = target.map_slab(SPLIT as u32, lost as u8, FIRST_PAGE);
+    // Two of the nine sources are gone: seven are left, fewer than k. Whether a page was ever
+    // written cannot be told then, so even the never-written half counts as lost.
+    range.nodes[0].take().unwrap().stop();
+    range.nodes[K].take().unwrap().stop();
+
+    let ((rebuilt, skipped, lost_pages), _) = regenerate(&mut target, new_slab, pages, range.sources(lost));
+    assert_eq!((rebuilt, skipped, lost_pages), (0, 0, u64::from(pages)));
+    for slot in 0..pages {
+        assert_unwritten(&mut target, new_slab, slot);
     }
 }
 

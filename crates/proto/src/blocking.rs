@@ -4,7 +4,8 @@
 //! bound and at most `MAX_BODY_BYTES`.
 
 use crate::auth::{self, Secret};
-use crate::{Control, DecodeError, ErrorCode, FrameHeader, Kind, HEADER_BYTES};
+use crate::sizes::HEADER_BYTES;
+use crate::{Control, DecodeError, ErrorCode, FrameHeader, Kind};
 use std::io::{self, Read, Write};
 
 #[derive(Debug, thiserror::Error)]

@@ -1,22 +1,14 @@
 //! Control messages: every message without a split payload, fully owned and small.
 
-use crate::frame::{ERROR_FIXED_BYTES, NODE_INFO_FIXED_BYTES, REGENERATE_FIXED_BYTES};
+use crate::error::{DecodeError, ErrorCode};
+use crate::frame::{FrameHeader, Kind};
 use crate::shm::ShmLayout;
-use crate::{DecodeError, ErrorCode, FrameHeader, Kind, READ_SPLITS_MAX_COUNT};
+use crate::sizes::{
+    ERROR_FIXED_BYTES, HEADER_BYTES, MAX_ERROR_MESSAGE_BYTES, MAX_FAILURE_DOMAIN_BYTES, MAX_FRACTION_PPM,
+    MAX_REGENERATION_SOURCES, NODE_INFO_FIXED_BYTES, READ_SPLITS_MAX_COUNT, REGENERATE_FIXED_BYTES,
+    REGENERATION_SOURCE_BYTES,
+};
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
-
-/// Longest `failure_domain` in a NodeInfoReply, in UTF-8 bytes.
-pub const MAX_FAILURE_DOMAIN_BYTES: usize = 64;
-/// Longest message in an `Error` frame, in UTF-8 bytes; longer messages are truncated on encode.
-pub const MAX_ERROR_MESSAGE_BYTES: usize = 256;
-
-/// Most sources one `Regenerate` may name: every other split of the widest code (k + r <= 20).
-pub const MAX_REGENERATION_SOURCES: usize = 19;
-/// Size of one source entry of `Regenerate`: split_index u8, reserved [3], slab_id u32, ip [16],
-/// port u16, reserved [2].
-pub const REGENERATION_SOURCE_BYTES: usize = 1 + 3 + 4 + 16 + 2 + 2;
-/// `InjectFault.fraction_ppm` of a fault that hits every reply.
-pub const MAX_FRACTION_PPM: u32 = 1_000_000;
 
 /// Which fault an `InjectFault` injects (`docs/PROTOCOL.md`, "Fault injection").
 #[repr(u8)]
@@ -154,9 +146,13 @@ pub enum Control {
     RegenerationDone {
         slab_id: u32,
         pages_rebuilt: u64,
-        /// Pages written by the client since the rebuild began, left as written.
+        /// Pages with nothing to rebuild, left as they are: written by the client since the
+        /// rebuild began, or never written (the newest version that k sources agree on is 0).
         pages_skipped: u64,
-        /// Pages without k consistent valid splits among the sources, left unwritten.
+        /// Pages that were, or may have been, written and could not be rebuilt, left unwritten:
+        /// fewer than k consistent valid splits among the sources, or not reached because the
+        /// rebuild ended early (fewer than k sources left, node stopping, slab gone). A requester
+        /// that sees any lost page must treat the slab as not rebuilt.
         pages_lost: u64,
     },
     /// Asks the node to pass slab `slab_id`'s memfd over this Unix connection (`docs/SHM.md`).
@@ -234,7 +230,7 @@ impl Control {
     /// [`MAX_FRACTION_PPM`]: those are configuration or programmer errors of the sender.
     pub fn encode(&self, request_id: u64, out: &mut Vec<u8>) {
         let header_at = out.len();
-        out.extend_from_slice(&[0u8; crate::HEADER_BYTES]);
+        out.extend_from_slice(&[0u8; HEADER_BYTES]);
         let body_at = out.len();
         match self {
             Control::Hello { client_id, client_nonce } => {

@@ -4,23 +4,12 @@
 //! Invariant: payload bytes are never interpreted here. The decoders check only the prefix; the
 //! receiver knows the slab's `split_bytes` and checks the payload length against it.
 
-use crate::{DecodeError, FrameHeader, Kind, MAX_BODY_BYTES};
-
-/// Size of the `WriteSplit` prefix: slab_id u32, slot u32, version u8, reserved [3], checksum u32.
-pub const WRITE_SPLIT_PREFIX_BYTES: usize = 16;
-/// Size of [`SplitMeta`] on the wire: version u8, reserved [3], checksum u32.
-pub const SPLIT_META_BYTES: usize = 8;
-/// Size of the `count` field that opens a `ReadSplitsReply` body.
-pub const READ_SPLITS_COUNT_BYTES: usize = 4;
-/// Most slots one `ReadSplits` may ask for.
-pub const READ_SPLITS_MAX_COUNT: u32 = 256;
-/// Smallest split a slab may be mapped with.
-pub const MIN_SPLIT_BYTES: u32 = 64;
-/// Largest split a slab may be mapped with, so that one split always fits in one frame.
-pub const MAX_SPLIT_BYTES: u32 = 1024 * 1024;
-const _: () = assert!(WRITE_SPLIT_PREFIX_BYTES as u32 + MAX_SPLIT_BYTES <= MAX_BODY_BYTES);
-const _: () =
-    assert!((READ_SPLITS_COUNT_BYTES + SPLIT_META_BYTES) as u32 + MAX_SPLIT_BYTES <= MAX_BODY_BYTES);
+use crate::error::DecodeError;
+use crate::frame::{FrameHeader, Kind};
+use crate::sizes::{
+    MAX_BODY_BYTES, READ_SPLITS_COUNT_BYTES, READ_SPLITS_MAX_COUNT, SPLIT_META_BYTES,
+    WRITE_SPLIT_PREFIX_BYTES,
+};
 
 /// The fixed prefix of a `WriteSplit` body; `split_bytes` of payload follow it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,7 +120,8 @@ pub fn read_splits_reply_body_len(count: u32, split_bytes: u32) -> Option<u32> {
 }
 
 /// The most slots one `ReadSplits` may ask for at this split size: 256, or fewer when 256 replies
-/// would not fit in one frame. At least 1 for every split size up to [`MAX_SPLIT_BYTES`].
+/// would not fit in one frame. At least 1 for every split size up to
+/// [`MAX_SPLIT_BYTES`](crate::MAX_SPLIT_BYTES).
 pub fn max_read_splits_count(split_bytes: u32) -> u32 {
     let entry = u64::from(split_bytes) + SPLIT_META_BYTES as u64;
     let fit = (u64::from(MAX_BODY_BYTES) - READ_SPLITS_COUNT_BYTES as u64) / entry;

@@ -1,14 +1,15 @@
 //! Decode errors and the error codes carried by `Error` frames.
 
 use crate::frame::{Kind, LengthRule};
+use crate::sizes::{MAGIC, PROTOCOL_VERSION, READ_SPLITS_MAX_COUNT};
 
 /// Why received bytes are not a valid frame or message. Every variant names what was found so a
 /// log line is enough to tell a peer's bug from line noise.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
-    #[error("bad magic {found:#06x}, expected {expected:#06x}", expected = crate::MAGIC)]
+    #[error("bad magic {found:#06x}, expected {expected:#06x}", expected = MAGIC)]
     BadMagic { found: u16 },
-    #[error("unsupported protocol version {found}, expected {expected}", expected = crate::PROTOCOL_VERSION)]
+    #[error("unsupported protocol version {found}, expected {expected}", expected = PROTOCOL_VERSION)]
     BadVersion { found: u8 },
     #[error("unknown message kind {found}")]
     UnknownKind { found: u8 },
@@ -24,7 +25,7 @@ pub enum DecodeError {
     BadUtf8 { kind: Kind },
     #[error("unknown error code {found}")]
     UnknownErrorCode { found: u16 },
-    #[error("{kind:?} count {count} is outside 1..={max}", max = crate::READ_SPLITS_MAX_COUNT)]
+    #[error("{kind:?} count {count} is outside 1..={max}", max = READ_SPLITS_MAX_COUNT)]
     CountOutOfRange { kind: Kind, count: u32 },
     #[error("WriteSplit with version 0 (0 means never written)")]
     ZeroVersion,

@@ -3,11 +3,13 @@
 //! Invariant: a header that decodes has a body length its kind admits, and at most
 //! [`MAX_BODY_BYTES`](crate::MAX_BODY_BYTES), so receivers can allocate from it.
 
-use crate::control::{
-    MAX_ERROR_MESSAGE_BYTES, MAX_FAILURE_DOMAIN_BYTES, MAX_REGENERATION_SOURCES, REGENERATION_SOURCE_BYTES,
+use crate::error::DecodeError;
+use crate::sizes::{
+    ERROR_FIXED_BYTES, HEADER_BYTES, MAGIC, MAX_BODY_BYTES, MAX_ERROR_MESSAGE_BYTES,
+    MAX_FAILURE_DOMAIN_BYTES, MAX_REGENERATION_SOURCES, NODE_INFO_FIXED_BYTES, PROTOCOL_VERSION,
+    READ_SPLITS_COUNT_BYTES, REGENERATE_FIXED_BYTES, REGENERATION_SOURCE_BYTES, SPLIT_META_BYTES,
+    WRITE_SPLIT_PREFIX_BYTES,
 };
-use crate::data::{READ_SPLITS_COUNT_BYTES, SPLIT_META_BYTES, WRITE_SPLIT_PREFIX_BYTES};
-use crate::{DecodeError, HEADER_BYTES, MAGIC, MAX_BODY_BYTES, PROTOCOL_VERSION};
 
 /// Message kinds: control plane 1..=31, data plane 32..=63.
 #[repr(u8)]
@@ -82,13 +84,6 @@ impl std::fmt::Display for LengthRule {
         }
     }
 }
-
-/// Fixed part of the NodeInfoReply body, up to and including `domain_len`.
-pub(crate) const NODE_INFO_FIXED_BYTES: u32 = 8 * 4 + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 8 + 1;
-/// Fixed part of the Regenerate body, before its source entries.
-pub(crate) const REGENERATE_FIXED_BYTES: u32 = 4 + 1 + 1 + 1 + 1 + 4 + 4;
-/// Fixed part of the Error body: code u16 and message_len u16.
-pub(crate) const ERROR_FIXED_BYTES: u32 = 4;
 
 impl Kind {
     pub const ALL: [Kind; 28] = [

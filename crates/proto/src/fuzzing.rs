@@ -4,10 +4,8 @@
 //! Oracle: no panic on any input, and every frame that decodes re-encodes to the same bytes
 //! (the decoders are strict, so the encoding is canonical).
 
-use crate::{
-    decode_read_splits_count, Control, FrameHeader, Kind, SplitMeta, WriteSplitPrefix, HEADER_BYTES,
-    READ_SPLITS_COUNT_BYTES, SPLIT_META_BYTES, WRITE_SPLIT_PREFIX_BYTES,
-};
+use crate::sizes::{HEADER_BYTES, READ_SPLITS_COUNT_BYTES, SPLIT_META_BYTES, WRITE_SPLIT_PREFIX_BYTES};
+use crate::{decode_read_splits_count, Control, FrameHeader, Kind, SplitMeta, WriteSplitPrefix};
 
 /// Decodes `data` as a stream of frames until the first error or the end; returns how many whole
 /// frames decoded. Panics only if a decoded frame does not re-encode to its own bytes.

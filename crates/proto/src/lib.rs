@@ -24,27 +24,20 @@ mod error;
 mod frame;
 pub mod fuzzing;
 pub mod shm;
+mod sizes;
 mod validity;
 
-pub use control::{
-    Control, FaultKind, NodeInfo, RegenerationSource, MAX_ERROR_MESSAGE_BYTES, MAX_FAILURE_DOMAIN_BYTES,
-    MAX_FRACTION_PPM, MAX_REGENERATION_SOURCES, REGENERATION_SOURCE_BYTES,
-};
+pub use control::{Control, FaultKind, NodeInfo, RegenerationSource};
 pub use data::{
     decode_read_splits_count, encode_read_split_reply, encode_read_splits_reply_head, encode_write_split,
     max_read_splits_count, next_version, read_splits_reply_body_len, split_checksum, version_is_newer,
-    SplitMeta, WriteSplitPrefix, MAX_SPLIT_BYTES, MIN_SPLIT_BYTES, READ_SPLITS_COUNT_BYTES,
-    READ_SPLITS_MAX_COUNT, SPLIT_META_BYTES, WRITE_SPLIT_PREFIX_BYTES,
+    SplitMeta, WriteSplitPrefix,
 };
 pub use error::{DecodeError, ErrorCode};
 pub use frame::{FrameHeader, Kind, LengthRule};
+pub use sizes::{
+    HEADER_BYTES, MAGIC, MAX_BODY_BYTES, MAX_ERROR_MESSAGE_BYTES, MAX_FAILURE_DOMAIN_BYTES, MAX_FRACTION_PPM,
+    MAX_REGENERATION_SOURCES, MAX_SPLIT_BYTES, MIN_SPLIT_BYTES, PROTOCOL_VERSION, READ_SPLITS_COUNT_BYTES,
+    READ_SPLITS_MAX_COUNT, REGENERATION_SOURCE_BYTES, SPLIT_META_BYTES, WRITE_SPLIT_PREFIX_BYTES,
+};
 pub use validity::{judge_split, newest_with_k, SplitVerdict};
-
-/// The protocol version carried in every frame header; anything else is rejected.
-pub const PROTOCOL_VERSION: u8 = 1;
-/// Size of the fixed frame header.
-pub const HEADER_BYTES: usize = 16;
-/// Largest `body_len` any frame may declare: one 1 MiB split plus its prefix, with slack.
-pub const MAX_BODY_BYTES: u32 = 1024 * 1024 + 64;
-/// The two magic bytes `R`, `M` read as a little-endian u16.
-pub const MAGIC: u16 = u16::from_le_bytes(*b"RM");

@@ -19,13 +19,13 @@
 //! only `revoked` afterwards): magic u64 at 0, layout_version u32 at 8, revoked u32 at 12
 //! (atomic: 0 live, 1 revoked), epoch u64 at 16, owner client_id u64 at 24, slab_id u32 at 32,
 //! split_bytes u32 at 36, slots u32 at 40, reserved u32 at 44, slab_bytes u64 at 48, reserved
-//! [8] at 56.
+//! \[8\] at 56.
 //!
 //! Memory: 5 bytes of metadata per slot plus at most one page for the header and the rounding.
 //! With 512-byte splits that is 0.977% plus 4 KiB: under 1% for slabs of 32 MiB and more
 //! (0.983% at the default 64 MiB; `docs/SHM.md`, "Memory").
 
-use crate::{MAX_SPLIT_BYTES, MIN_SPLIT_BYTES};
+use crate::sizes::{MAX_SPLIT_BYTES, MIN_SPLIT_BYTES};
 
 /// Bytes of the header at `header_offset`.
 pub const SHM_HEADER_BYTES: u64 = 64;

@@ -87,5 +87,6 @@ mod tests {
         assert_eq!(newest_with_k([255, 255, 1, 1].into_iter(), 2), Some(1));
         assert_eq!(newest_with_k([0, 0, 4].into_iter(), 2), Some(0));
         assert_eq!(newest_with_k([0, 0, 4, 4].into_iter(), 2), Some(4));
+        assert_eq!(newest_with_k(std::iter::empty(), 1), None);
     }
 }
