@@ -1,11 +1,13 @@
-//! `remem bench`: page latency and throughput of every scheme, beside the transport floors
-//! measured by the same binary, on the same cluster, in the same run.
+//! `remem bench`: page latency and throughput of every scheme, each beside its transport floor
+//! measured by the same binary, on the same client, in the same run.
 //!
 //! Schemes go through one code path with other parameters: EC(8,2) with delta 1 and 0,
-//! replication rep(2) = (k=1, r=1), no redundancy = (k=1, r=0). Floors are raw reads through the
-//! same event loop with no checksum, no coding: one 4 KiB round trip to one node, and the raw
-//! fan-out of k+delta reads of page_size/k bytes to k+delta nodes, done at the k-th reply.
-//! Ratios are what to read: these 2-core machines are noisy, and the same noise hits both sides.
+//! replication rep(2) = (k=1, r=1, delta 0), no redundancy = (k=1, r=0). Over TCP each series
+//! runs interleaved, round by round, with its floor: raw one-split reads through the same event
+//! loop with no checksum, no coding, in exactly the fan-out its reads make (k+delta reads of
+//! page_size/k bytes to the page's range, done at the k-th), or for writes a labelled proxy
+//! (bench_floor.rs). Over shared memory the floor is a plain 4 KiB memcpy. Ratios are what to
+//! read: these 2-core machines are noisy, and the same noise hits both sides.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -21,6 +23,7 @@ use remem_client::{Client, ClientConfig, PageOp, Shape};
 use remem_proto::auth::Secret;
 use serde::Serialize;
 
+use crate::bench_floor::{self, FanOut, FloorComparison, RangeProbes};
 use crate::launcher::{ClusterOptions, LocalCluster};
 use crate::stats::{Samples, Summary};
 use crate::units::parse_bytes;
@@ -94,6 +97,8 @@ pub struct SeriesResult {
     pub queue_depth: usize,
     pub latency: Summary,
     pub ops_per_second: f64,
+    /// For a floor or proxy series: the raw fan-out it measures; null for a scheme's series.
+    pub fan_out: Option<FanOut>,
     #[serde(skip)]
     pub sorted_nanos: Vec<u64>,
 }
@@ -111,6 +116,11 @@ pub struct BenchReport {
     pub page_bytes: usize,
     pub series: Vec<SeriesResult>,
     pub ratios: Vec<Ratio>,
+    /// Over TCP: every scheme series beside its floor (reads) or proxy (writes), measured
+    /// interleaved with it.
+    pub floors: Vec<FloorComparison>,
+    /// One line per series whose p50 beats its floor's by more than noise (empty when honest).
+    pub warnings: Vec<String>,
     /// EC(8,2): node memory (slabs + metadata) over the data written.
     pub ec_memory_ratio: f64,
     pub ec_metadata_fraction_of_slab_memory: f64,
@@ -132,7 +142,7 @@ const SCHEMES: [Scheme; 4] = [
 
 /// Ops per `execute` call; buffers for one chunk are reused. Large enough that the pipeline
 /// drains rarely (once per 1024 ops at queue depth 32).
-const CHUNK_OPS: usize = 1024;
+pub(crate) const CHUNK_OPS: usize = 1024;
 
 pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
     let mut own_cluster = None;
@@ -171,12 +181,15 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
             page_bytes,
             series: Vec::new(),
             ratios: Vec::new(),
+            floors: Vec::new(),
+            warnings: Vec::new(),
             ec_memory_ratio: 0.0,
             ec_metadata_fraction_of_slab_memory: 0.0,
             straggler: Some((delay_us, rows)),
         });
     }
     let mut series = Vec::new();
+    let mut floors = Vec::new();
     let mut memory_ratio = 0.0;
     let mut metadata_fraction = 0.0;
     let mut rng = StdRng::seed_from_u64(args.seed);
@@ -198,12 +211,41 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
                 (memory.slab_bytes + memory.metadata_bytes) as f64 / memory.address_space_bytes as f64;
             metadata_fraction = memory.metadata_bytes as f64 / memory.slab_bytes as f64;
         }
+        // Over TCP every series runs interleaved with its floor (reads) or proxy (writes), on
+        // this client and over the pages of the series (bench_floor.rs).
+        let probes = match args.transport {
+            Transport::Tcp => Some([
+                RangeProbes::prepare(&mut client, FanOut::write_proxy(scheme.shape, page_bytes))?,
+                RangeProbes::prepare(&mut client, FanOut::read(scheme.shape, page_bytes))?,
+            ]),
+            Transport::Shm => None,
+        };
         for (queue_depth, count) in [(1, args.ops), (32, args.ops * 4)] {
             let order = random_pages(&mut rng, pages, count);
             for operation in [Operation::Write, Operation::Read] {
-                eprintln!("{}: {} qd{queue_depth} x{count} ...", scheme.name, operation.name());
-                let (samples, elapsed) = run_series(&mut client, &order, queue_depth, operation, page_bytes)?;
-                series.push(result(scheme.name, operation.name(), queue_depth, samples, elapsed));
+                let Some([write_probes, read_probes]) = &probes else {
+                    eprintln!("{}: {} qd{queue_depth} x{count} ...", scheme.name, operation.name());
+                    let (samples, elapsed) =
+                        run_series(&mut client, &order, queue_depth, operation, page_bytes)?;
+                    series.push(result(scheme.name, operation.name(), queue_depth, samples, elapsed));
+                    continue;
+                };
+                let probes = match operation {
+                    Operation::Write => write_probes,
+                    Operation::Read => read_probes,
+                };
+                let (scheme_result, floor_result, comparison) = bench_floor::measure_beside_floor(
+                    &mut client,
+                    scheme.name,
+                    &order,
+                    queue_depth,
+                    operation,
+                    page_bytes,
+                    probes,
+                )?;
+                series.push(scheme_result);
+                series.push(floor_result);
+                floors.push(comparison);
             }
         }
         if args.transport == Transport::Shm {
@@ -213,23 +255,6 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
                 "{}: only splits {splits:#b} of range 0 are on shared memory",
                 scheme.name
             );
-        }
-        if scheme.name == SCHEMES[0].name && args.transport == Transport::Tcp {
-            // Floors on the nodes of range 0 of the EC client, so they share its placement.
-            let range_nodes = client.range_nodes(0);
-            let k = scheme.shape.data_splits;
-            let probes = [
-                ("floor: 4KiB round trip", client.prepare_probe(&range_nodes[..1], page_bytes, 1)?),
-                ("floor: fan-out 9->8", client.prepare_probe(&range_nodes[..k + 1], page_bytes / k, k)?),
-                ("floor: fan-out 8->8", client.prepare_probe(&range_nodes[..k], page_bytes / k, k)?),
-            ];
-            for (name, probe) in probes {
-                for (queue_depth, count) in [(1, args.ops), (32, args.ops * 4)] {
-                    eprintln!("{name}: qd{queue_depth} x{count} ...");
-                    let (samples, elapsed) = run_probe(&mut client, probe, count, queue_depth)?;
-                    series.push(result(name, "read", queue_depth, samples, elapsed));
-                }
-            }
         }
         client.release().context("releasing slabs")?;
     }
@@ -289,13 +314,13 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
     } else {
         vec![
             ratio(
-                "ec(8,2) d=1 read p50 / fan-out 9->8 floor p50",
-                p50("ec(8,2) d=1", "read", 1) / p50("floor: fan-out 9->8", "read", 1),
+                "ec(8,2) d=1 read p50 / its floor p50",
+                p50("ec(8,2) d=1", "read", 1) / p50("floor: ec(8,2) d=1", "read", 1),
                 Some(1.3),
             ),
             ratio(
-                "ec(8,2) d=0 read p50 / fan-out 8->8 floor p50",
-                p50("ec(8,2) d=0", "read", 1) / p50("floor: fan-out 8->8", "read", 1),
+                "ec(8,2) d=0 read p50 / its floor p50",
+                p50("ec(8,2) d=0", "read", 1) / p50("floor: ec(8,2) d=0", "read", 1),
                 Some(1.3),
             ),
             ratio(
@@ -309,22 +334,29 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
                 None,
             ),
             ratio(
-                "rep(2) read p50 / 4KiB round-trip floor p50",
-                p50("rep(2)", "read", 1) / p50("floor: 4KiB round trip", "read", 1),
+                "rep(2) read p50 / its floor p50",
+                p50("rep(2)", "read", 1) / p50("floor: rep(2)", "read", 1),
                 None,
             ),
             ratio(
-                "fan-out 9->8 floor p50 / 4KiB round-trip floor p50",
-                p50("floor: fan-out 9->8", "read", 1) / p50("floor: 4KiB round trip", "read", 1),
+                "ec(8,2) d=1 read floor p50 / rep(2) read floor p50",
+                p50("floor: ec(8,2) d=1", "read", 1) / p50("floor: rep(2)", "read", 1),
                 None,
             ),
         ]
     };
+    let warnings: Vec<String> = floors.iter().filter_map(FloorComparison::warning).collect();
+    if args.json {
+        // The table prints them; with --json they would otherwise go unseen.
+        warnings.iter().for_each(|warning| eprintln!("{warning}"));
+    }
     let report = BenchReport {
         nodes: nodes.len(),
         page_bytes,
         series,
         ratios,
+        floors,
+        warnings,
         ec_memory_ratio: memory_ratio,
         ec_metadata_fraction_of_slab_memory: metadata_fraction,
         straggler: None,
@@ -472,6 +504,10 @@ pub fn print_table(report: &BenchReport) {
         );
     }
     println!();
+    if !report.floors.is_empty() {
+        crate::bench_floor::print_comparisons(&report.floors);
+        println!();
+    }
     for ratio in &report.ratios {
         match ratio.target {
             Some(target) => println!(
@@ -513,7 +549,7 @@ fn random_pages(rng: &mut StdRng, pages: u64, count: usize) -> Vec<u64> {
     (0..count).map(|index| all[index % all.len()]).collect()
 }
 
-fn result(
+pub(crate) fn result(
     name: &str,
     operation: &str,
     queue_depth: usize,
@@ -527,6 +563,7 @@ fn result(
         queue_depth,
         ops_per_second: latency.count as f64 / elapsed.as_secs_f64(),
         latency,
+        fan_out: None,
         sorted_nanos: samples.nanos,
     }
 }
@@ -546,39 +583,32 @@ pub fn run_series(
     for (index, buffer) in buffers.iter_mut().enumerate() {
         crate::pattern::fill(buffer, index as u64, 0, 42);
     }
-    let mut first_error = None;
-    let started = Instant::now();
+    let mut elapsed = Duration::ZERO;
     for chunk in order.chunks(CHUNK_OPS) {
-        let mut ops: Vec<PageOp<'_>> = match operation {
-            Operation::Write => {
-                chunk.iter().zip(buffers.iter()).map(|(&page, data)| PageOp::Write { page, data }).collect()
-            }
-            Operation::Read => {
-                chunk.iter().zip(buffers.iter_mut()).map(|(&page, buf)| PageOp::Read { page, buf }).collect()
-            }
-        };
-        client.execute(&mut ops, |done| {
-            samples.push(done.latency);
-            if let Err(error) = done.result {
-                first_error.get_or_insert(error);
-            }
-        });
-        if let Some(error) = first_error.take() {
-            return Err(error).context("page operation failed during the bench");
-        }
+        elapsed += run_chunk(client, chunk, operation, &mut buffers, &mut samples)?;
     }
-    Ok((samples, started.elapsed()))
+    Ok((samples, elapsed))
 }
 
-fn run_probe(
+/// Runs `pages` (at most `buffers.len()`) as one batch at the client's current in-flight limit,
+/// writing `buffers` or reading into them; adds each op's latency to `samples` and returns the
+/// batch's wall time.
+pub(crate) fn run_chunk(
     client: &mut Client,
-    probe: usize,
-    count: usize,
-    queue_depth: usize,
-) -> Result<(Samples, Duration)> {
-    client.set_max_in_flight(queue_depth);
-    let mut samples = Samples::with_capacity(count);
-    let mut ops: Vec<PageOp<'_>> = (0..count).map(|_| PageOp::Probe { probe }).collect();
+    pages: &[u64],
+    operation: Operation,
+    buffers: &mut [Vec<u8>],
+    samples: &mut Samples,
+) -> Result<Duration> {
+    assert!(pages.len() <= buffers.len(), "one buffer per op of the batch");
+    let mut ops: Vec<PageOp<'_>> = match operation {
+        Operation::Write => {
+            pages.iter().zip(buffers.iter()).map(|(&page, data)| PageOp::Write { page, data }).collect()
+        }
+        Operation::Read => {
+            pages.iter().zip(buffers.iter_mut()).map(|(&page, buf)| PageOp::Read { page, buf }).collect()
+        }
+    };
     let mut first_error = None;
     let started = Instant::now();
     client.execute(&mut ops, |done| {
@@ -587,8 +617,9 @@ fn run_probe(
             first_error.get_or_insert(error);
         }
     });
-    if let Some(error) = first_error {
-        return Err(error).context("probe failed");
+    let elapsed = started.elapsed();
+    match first_error {
+        Some(error) => Err(error).context("page operation failed during the bench"),
+        None => Ok(elapsed),
     }
-    Ok((samples, started.elapsed()))
 }

@@ -4,6 +4,7 @@
 //! tests can drive the same code.
 
 pub mod bench;
+pub mod bench_floor;
 pub mod code_args;
 pub mod codec_bench;
 pub mod demo;

@@ -33,16 +33,56 @@ fn bench_pages_reports_every_scheme_floor_and_ratio() {
     assert!(output.status.success(), "bench failed: {}", String::from_utf8_lossy(&output.stderr));
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("bench --json prints JSON");
     let series = report["series"].as_array().unwrap();
-    for name in
-        ["ec(8,2) d=1", "ec(8,2) d=0", "rep(2)", "none", "floor: 4KiB round trip", "floor: fan-out 9->8"]
-    {
-        for queue_depth in [1, 32] {
-            let found = series.iter().find(|s| s["name"] == name && s["queue_depth"] == queue_depth);
-            let found = found.unwrap_or_else(|| panic!("missing series {name} qd{queue_depth}"));
-            assert!(found["latency"]["p50_us"].as_f64().unwrap() > 0.0);
-            assert!(found["ops_per_second"].as_f64().unwrap() > 0.0);
+    let schemes = ["ec(8,2) d=1", "ec(8,2) d=0", "rep(2)", "none"];
+    for scheme in schemes {
+        // Each scheme's series, its read floor and its write proxy, at both queue depths.
+        let floor = format!("floor: {scheme}");
+        let proxy = format!("proxy: {scheme}");
+        for (name, operation) in [(scheme, "write"), (scheme, "read"), (&floor, "read"), (&proxy, "write")] {
+            for queue_depth in [1, 32] {
+                let found = series.iter().find(|s| {
+                    s["name"] == name && s["operation"] == operation && s["queue_depth"] == queue_depth
+                });
+                let found =
+                    found.unwrap_or_else(|| panic!("missing series {name} {operation} qd{queue_depth}"));
+                assert_eq!(found["latency"]["count"], if queue_depth == 1 { 300 } else { 1200 }, "{found}");
+                assert!(found["latency"]["p50_us"].as_f64().unwrap() > 0.0);
+                assert!(found["ops_per_second"].as_f64().unwrap() > 0.0);
+            }
         }
     }
+    // Every series is compared with its floor in exactly the fan-out its ops make.
+    let floors = report["floors"].as_array().unwrap();
+    assert_eq!(floors.len(), schemes.len() * 2 * 2);
+    let fan_out = |scheme: &str, operation: &str| {
+        let comparison = floors
+            .iter()
+            .find(|c| c["scheme"] == scheme && c["operation"] == operation && c["queue_depth"] == 1)
+            .unwrap_or_else(|| panic!("no floor for {scheme} {operation}"));
+        let f = &comparison["fan_out"];
+        (
+            f["asked"].as_u64().unwrap(),
+            f["need"].as_u64().unwrap(),
+            f["split_bytes"].as_u64().unwrap(),
+            f["exact"] == true,
+        )
+    };
+    assert_eq!(fan_out("ec(8,2) d=1", "read"), (9, 8, 512, true));
+    assert_eq!(fan_out("ec(8,2) d=0", "read"), (8, 8, 512, true));
+    assert_eq!(fan_out("rep(2)", "read"), (1, 1, 4096, true));
+    assert_eq!(fan_out("none", "read"), (1, 1, 4096, true));
+    assert_eq!(fan_out("ec(8,2) d=1", "write"), (10, 10, 512, false));
+    assert_eq!(fan_out("rep(2)", "write"), (2, 2, 4096, false));
+    for comparison in floors {
+        let ratio = comparison["p50_ratio"].as_f64().unwrap();
+        assert!(ratio.is_finite() && ratio > 0.0, "{comparison}");
+        assert_eq!(comparison["beats_floor"] == true, ratio < 0.95, "{comparison}");
+    }
+    // A warning for each series that beats its floor (timing on a shared machine decides how many).
+    let beaten = floors.iter().filter(|c| c["beats_floor"] == true).count();
+    let warnings = report["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), beaten);
+    assert!(warnings.iter().all(|w| w.as_str().unwrap().starts_with("WARNING: ")));
     for ratio in report["ratios"].as_array().unwrap() {
         let value = ratio["value"].as_f64().unwrap();
         assert!(value.is_finite() && value > 0.0, "{ratio}");
