@@ -58,3 +58,15 @@ pub enum PageError {
     #[error("node {address}: protocol error: {message}")]
     Protocol { address: SocketAddr, message: String },
 }
+
+/// Why a frame from a node broke the protocol (the connection is then dropped and the node
+/// treated as failed).
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("{kind:?} frame of {len} bytes is too long")]
+    TooLong { kind: remem_proto::Kind, len: usize },
+    #[error("undecodable frame: {0}")]
+    Decode(#[from] remem_proto::DecodeError),
+    #[error("{0}")]
+    Malformed(String),
+}

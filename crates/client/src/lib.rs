@@ -1,24 +1,32 @@
 //! remem-client: the Resilience Manager (seed 000 §3.1, §4).
 //!
-//! A client owns one remote address space of 4 KiB (or larger) pages, cut into address ranges;
-//! each range lives on k+r slabs on distinct nodes. Every page is split into k data splits and
-//! r Reed-Solomon parities, each with a version and an end-to-end checksum.
+//! A client owns a page space of 4 KiB (or larger) pages in regions, each region with its own
+//! coding shape (none, rep(n), EC(k,r)) and cut into address ranges; each range lives on k+r
+//! slabs on distinct nodes. Every page is split into k data splits and r Reed-Solomon parities,
+//! each with a version and an end-to-end checksum.
 //!
-//! - [`core`]: the decision logic, sans I/O (which splits to ask, when a page is done).
-//! - [`io`]: the TCP driver, run to completion on the caller's thread.
+//! - [`engine`]: every decision, sans I/O: events in (submit, a frame from a node, connection
+//!   lost, a tick, membership), actions out (bytes to send, connect, disconnect, completions).
+//! - [`core`]: the per-op state machines the engine runs (which splits to ask, when a page is
+//!   done).
+//! - [`Client`]: the blocking driver, run to completion on the caller's thread.
+//! - [`PollClient`]: the poll driver, embedded in a front end's own mio loop.
 //! - [`cluster`]: the cluster file written by `remem up`.
 //!
 //! Architecture Invariant: front ends use this crate's API only; they never speak the wire
-//! protocol themselves.
+//! protocol themselves. The engine knows no sockets, clocks or threads.
 
 pub mod cluster;
 pub mod core;
+mod driver;
+pub mod engine;
 pub mod error;
-pub mod io;
+mod shm;
 
 pub use crate::core::Shape;
-pub use crate::error::{ConnectError, PageError};
-pub use crate::io::{
-    Client, ClientConfig, MemoryReport, NodeAddress, NodeStats, OpDone, PageOp, RegenerationStatus,
-    SlabMapError, SlabMapFile, SlabRef,
+pub use crate::driver::{
+    Client, ClientConfig, MemoryReport, NodeAddress, PageOp, PollClient, SlabMapError, SlabMapFile,
 };
+pub use crate::engine::{NodeId, NodeStats, OpDone, Range, RegenerationStatus, RegionInfo, SlabRef, Submit};
+pub use crate::error::{ConnectError, PageError};
+pub use remem_proto::auth::Secret;

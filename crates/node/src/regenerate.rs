@@ -230,10 +230,7 @@ pub fn prepare(shared: &Arc<Shared>, request: Request) -> Result<Job, (ErrorCode
     let mut seen = 0u32;
     for source in &request.sources {
         if usize::from(source.split_index) >= total || seen & (1 << source.split_index) != 0 {
-            return unsupported(format!(
-                "source split {} is out of range or repeated",
-                source.split_index
-            ));
+            return unsupported(format!("source split {} is out of range or repeated", source.split_index));
         }
         seen |= 1 << source.split_index;
     }

@@ -419,7 +419,11 @@ fn regenerate_refuses_bad_requests_and_keeps_the_connection() {
         ("split size", request(slab_id, 4, 4096, 1, all_but(3)), ErrorCode::BadSplitSize),
         ("k = 3", request(slab_id, 3, 4096, 1, all_but(3)), ErrorCode::BadSplitSize),
         ("too many pages", request(slab_id, 8, 4096, slots + 1, all_but(3)), ErrorCode::SlotOutOfRange),
-        ("source is the target", request(slab_id, 8, 4096, 1, all_but(4)), ErrorCode::Unsupported),
+        (
+            "repeated source",
+            request(slab_id, 8, 4096, 1, [all_but(3), vec![source(0)]].concat()),
+            ErrorCode::Unsupported,
+        ),
         ("too few sources", request(slab_id, 8, 4096, 1, all_but(3)[..7].to_vec()), ErrorCode::Unsupported),
     ] {
         let reply = client.call(&message);

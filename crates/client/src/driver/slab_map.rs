@@ -6,22 +6,20 @@
 //! so pages torn by a crash mid-write read as either their old or new contents, or as lost,
 //! never as a mix.
 
-use std::net::{SocketAddr, TcpStream};
-use std::os::unix::net::UnixStream;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use remem_codec::CodecParams;
 use remem_placement::LeastLoaded;
 use remem_proto::auth::Secret;
-use remem_proto::{Control, NodeInfo};
 use serde::{Deserialize, Serialize};
 
-use super::{
-    blocking_control, unexpected, BlockingStream, Client, ClientConfig, Range, SlabRef, PAGE_VERSION_UNKNOWN,
-};
+use super::{Client, ClientConfig, NodeAddress};
 use crate::core::Shape;
+use crate::engine::SlabRef;
 use crate::error::ConnectError;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,25 +103,23 @@ impl SlabMapFile {
 }
 
 impl Client {
-    pub fn client_id(&self) -> u64 {
-        self.config.client_id
-    }
-
-    /// The current slab map (ranges, their slabs, this client's identity).
+    /// The current slab map of the first region (ranges, their slabs, this client's identity).
     pub fn slab_map(&self) -> SlabMapFile {
+        let region = self.engine.region_info(0);
+        let ranges = self.engine.ranges();
         SlabMapFile {
             client_id: self.config.client_id,
-            data_splits: self.config.shape.data_splits,
-            parity_splits: self.config.shape.parity_splits,
-            extra_reads: self.config.shape.extra_reads,
+            data_splits: region.shape.data_splits,
+            parity_splits: region.shape.parity_splits,
+            extra_reads: region.shape.extra_reads,
             page_bytes: self.config.page_bytes,
-            address_space_bytes: self.config.address_space_bytes,
-            pages_per_range: self.pages_per_range,
-            nodes: self.conns.iter().map(|conn| conn.address).collect(),
-            unix_sockets: self.conns.iter().map(|conn| conn.unix_socket.clone()).collect(),
-            ranges: self
-                .ranges
+            address_space_bytes: region.page_count * self.config.page_bytes as u64,
+            pages_per_range: region.pages_per_range,
+            nodes: self.engine.nodes().iter().map(|node| node.address).collect(),
+            unix_sockets: self.engine.nodes().iter().map(|node| node.unix_socket.clone()).collect(),
+            ranges: ranges
                 .iter()
+                .filter(|range| range.region == 0)
                 .map(|range| range.slabs.iter().map(|slab| (slab.node, slab.slab_id)).collect())
                 .collect(),
         }
@@ -152,104 +148,35 @@ impl Client {
         config.page_bytes = map.page_bytes;
         config.address_space_bytes = map.address_space_bytes;
         config.client_id = map.client_id;
-        let codec_params = CodecParams::new(map.data_splits, map.parity_splits, map.page_bytes)?;
+        CodecParams::new(map.data_splits, map.parity_splits, map.page_bytes)?;
+        let placement = Box::new(LeastLoaded::new(StdRng::from_entropy()));
+        let mut client = Client::empty(secret, config, placement)?;
         // A node down now is like one that died: its slabs are unavailable and rebuilt, and the
         // client opens as long as the cluster answers at all.
-        let mut streams = Vec::with_capacity(map.nodes.len());
-        let mut unreachable = Vec::new();
+        let mut first_error = None;
         for (index, &address) in map.nodes.iter().enumerate() {
-            let unix =
-                map.unix_sockets.get(index).and_then(Option::as_deref).filter(|_| config.shared_memory);
-            match connect_node(address, unix, secret, &config) {
-                Ok((stream, info)) => streams.push((Some(stream), info, address)),
-                Err(error) => {
-                    tracing::warn!(node = %address, %error, "node unreachable at reopen: its slabs count as lost");
-                    unreachable.push((index, error));
-                    streams.push((None, unreachable_node_info(), address));
-                }
+            let unix_socket = map.unix_sockets.get(index).cloned().flatten();
+            let node = NodeAddress { address, unix_socket };
+            if let Err(error) = client.join(&node, true) {
+                tracing::warn!(node = %address, %error, "node unreachable at reopen: its slabs count as lost");
+                first_error.get_or_insert(error);
+                client.join_unreachable(&node)?;
             }
         }
-        if unreachable.len() == map.nodes.len() && !unreachable.is_empty() {
-            return Err(unreachable.swap_remove(0).1);
+        if client.engine.nodes().iter().all(|node| !node.connected) {
+            return Err(first_error.unwrap_or(ConnectError::TooFewNodes { needed: 1, given: 0 }));
         }
         let ranges = map
             .ranges
             .iter()
-            .map(|slabs| Range {
-                slabs: slabs.iter().map(|&(node, slab_id)| SlabRef { node, slab_id }).collect(),
-                unavailable: 0,
-                rebuilding: 0,
-            })
+            .map(|slabs| slabs.iter().map(|&(node, slab_id)| SlabRef { node, slab_id }).collect())
             .collect();
         let page_count = map.address_space_bytes / map.page_bytes as u64;
-        let placement = Box::new(LeastLoaded::new(StdRng::from_entropy()));
-        let mut client = Client::assemble(
-            config,
-            codec_params,
-            streams,
-            ranges,
-            map.pages_per_range,
-            page_count,
-            placement,
-        )?;
-        client.page_flags.fill(PAGE_VERSION_UNKNOWN);
-        for (conn, unix) in client.conns.iter_mut().zip(&map.unix_sockets) {
-            conn.unix_socket = unix.clone();
-        }
-        for (index, error) in unreachable {
-            let why = format!("unreachable at reopen: {error}");
-            client.conn_died(index, &why);
-        }
+        let shape = client.config.shape;
+        client.engine.add_region(shape, page_count, map.pages_per_range, ranges, false);
+        client.engine.fail_unreachable_nodes(Instant::now());
         client.export_slabs();
         client.volunteer_for_activity();
         Ok(client)
-    }
-}
-
-/// Connects (over the Unix socket `unix` if given, else TCP), authenticates and asks a node for
-/// its info.
-pub(super) fn connect_node(
-    address: SocketAddr,
-    unix: Option<&Path>,
-    secret: &Secret,
-    config: &ClientConfig,
-) -> Result<(BlockingStream, remem_proto::NodeInfo), ConnectError> {
-    let io_error = |source| ConnectError::Io { address, source };
-    let mut stream = match unix {
-        Some(path) => {
-            let stream = UnixStream::connect(path).map_err(io_error)?;
-            stream.set_read_timeout(Some(config.connect_timeout)).map_err(io_error)?;
-            stream.set_write_timeout(Some(config.connect_timeout)).map_err(io_error)?;
-            BlockingStream::Unix(stream)
-        }
-        None => {
-            let stream = TcpStream::connect_timeout(&address, config.connect_timeout).map_err(io_error)?;
-            stream.set_nodelay(true).map_err(io_error)?;
-            stream.set_read_timeout(Some(config.connect_timeout)).map_err(io_error)?;
-            BlockingStream::Tcp(stream)
-        }
-    };
-    remem_proto::blocking::handshake(&mut stream, secret, config.client_id)
-        .map_err(|source| ConnectError::Handshake { address, message: source.to_string() })?;
-    match blocking_control(&mut stream, 1, &Control::NodeInfo, address)? {
-        Control::NodeInfoReply(info) => Ok((stream, info)),
-        other => Err(unexpected(address, &other)),
-    }
-}
-
-/// What the client assumes of a node it could not reach: nothing free, no domain.
-fn unreachable_node_info() -> NodeInfo {
-    NodeInfo {
-        node_id: 0,
-        capacity_bytes: 0,
-        free_bytes: 0,
-        slab_size_bytes: 0,
-        slabs_mapped: 0,
-        metadata_bytes: 0,
-        requests_served: 0,
-        regenerating_slabs: 0,
-        regeneration_pages_done: 0,
-        regeneration_pages_total: 0,
-        failure_domain: String::new(),
     }
 }

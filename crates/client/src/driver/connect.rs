@@ -1,0 +1,119 @@
+//! Opening a node connection: connect (TCP, or the node's Unix socket), authenticate with the
+//! cluster secret, ask the node's info; and blocking control round trips used before the
+//! connection joins the event loop.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use remem_proto::auth::Secret;
+use remem_proto::{Control, NodeInfo};
+
+use crate::error::ConnectError;
+
+/// A blocking connection during connect: TCP or Unix.
+pub(crate) enum BlockingStream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Read for BlockingStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            BlockingStream::Tcp(stream) => stream.read(buf),
+            BlockingStream::Unix(stream) => stream.read(buf),
+        }
+    }
+}
+
+impl Write for BlockingStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            BlockingStream::Tcp(stream) => stream.write(buf),
+            BlockingStream::Unix(stream) => stream.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Connects (over the Unix socket `unix` if given, else TCP), authenticates as `client_id` and
+/// asks the node for its info, each step bounded by `timeout`.
+pub(crate) fn connect_node(
+    address: SocketAddr,
+    unix: Option<&Path>,
+    secret: &Secret,
+    client_id: u64,
+    timeout: Duration,
+) -> Result<(BlockingStream, NodeInfo), ConnectError> {
+    let io_error = |source| ConnectError::Io { address, source };
+    let mut stream = match unix {
+        Some(path) => {
+            let stream = UnixStream::connect(path).map_err(io_error)?;
+            stream.set_read_timeout(Some(timeout)).map_err(io_error)?;
+            stream.set_write_timeout(Some(timeout)).map_err(io_error)?;
+            BlockingStream::Unix(stream)
+        }
+        None => {
+            let stream = TcpStream::connect_timeout(&address, timeout).map_err(io_error)?;
+            stream.set_nodelay(true).map_err(io_error)?;
+            stream.set_read_timeout(Some(timeout)).map_err(io_error)?;
+            stream.set_write_timeout(Some(timeout)).map_err(io_error)?;
+            BlockingStream::Tcp(stream)
+        }
+    };
+    remem_proto::blocking::handshake(&mut stream, secret, client_id)
+        .map_err(|source| ConnectError::Handshake { address, message: source.to_string() })?;
+    match blocking_control(&mut stream, 1, &Control::NodeInfo, address)? {
+        Control::NodeInfoReply(info) => Ok((stream, info)),
+        other => Err(unexpected(address, &other)),
+    }
+}
+
+/// One control request and its reply on a blocking stream.
+pub(crate) fn blocking_control(
+    stream: &mut (impl Read + Write),
+    request_id: u64,
+    message: &Control,
+    address: SocketAddr,
+) -> Result<Control, ConnectError> {
+    let io_error = |source| ConnectError::Io { address, source };
+    remem_proto::blocking::write_control(stream, request_id, message).map_err(io_error)?;
+    let mut body = Vec::new();
+    let header = remem_proto::blocking::read_frame(stream, &mut body)
+        .map_err(|error| ConnectError::Protocol { address, message: error.to_string() })?;
+    if header.request_id != request_id {
+        return Err(ConnectError::Protocol { address, message: "reply to another request".into() });
+    }
+    let reply = Control::decode_body(header.kind, &body)
+        .map_err(|error| ConnectError::Protocol { address, message: error.to_string() })?;
+    if let Control::Error { code, message } = reply {
+        return Err(ConnectError::Refused { address, code: format!("{code:?}"), message });
+    }
+    Ok(reply)
+}
+
+pub(crate) fn unexpected(address: SocketAddr, reply: &Control) -> ConnectError {
+    ConnectError::Protocol { address, message: format!("unexpected reply {:?}", reply.kind()) }
+}
+
+/// What the client assumes of a node it could not reach: nothing free, no domain.
+pub(crate) fn unreachable_node_info() -> NodeInfo {
+    NodeInfo {
+        node_id: 0,
+        capacity_bytes: 0,
+        free_bytes: 0,
+        slab_size_bytes: 0,
+        slabs_mapped: 0,
+        metadata_bytes: 0,
+        requests_served: 0,
+        regenerating_slabs: 0,
+        regeneration_pages_done: 0,
+        regeneration_pages_total: 0,
+        failure_domain: String::new(),
+    }
+}

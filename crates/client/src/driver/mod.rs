@@ -1,0 +1,634 @@
+//! The blocking driver: [`Client`] runs the engine over real sockets on the caller's thread.
+//!
+//! Run to completion (seed 000 §4.1.3): the thread that calls [`Client::execute`] submits the
+//! ops, waits on the sockets itself (one `epoll` over every node connection) and finishes each
+//! page, decode included, before it returns. Between batches [`Client::poll_background`] lets
+//! an idle caller heal (rebuilds, heartbeats, probes of failed nodes): healing does not need
+//! traffic, but it needs someone to run the loop. Front ends that have their own event loop use
+//! the poll driver (`PollClient`) instead.
+//!
+//! Per page, nothing is allocated: op slots, parity buffers, the event queue and the socket
+//! buffers are sized when the client connects (or adds a region).
+
+mod connect;
+mod control;
+mod membership;
+mod poll;
+mod slab_map;
+mod transport;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use remem_codec::CodecParams;
+use remem_placement::{NodeLoad, Placement};
+use remem_proto::auth::Secret;
+use remem_proto::{Control, NodeInfo};
+
+use crate::core::Shape;
+use crate::engine::{
+    Action, Engine, EngineConfig, NoBuffers, NodeId, OpBuffers, RegionInfo, SlabRef, Submit,
+};
+use crate::error::{ConnectError, PageError};
+
+pub(crate) use connect::connect_node;
+pub use poll::PollClient;
+pub use slab_map::{SlabMapError, SlabMapFile};
+pub(crate) use transport::Transport;
+
+/// With shared-memory slabs a batch may finish without touching a socket; the sockets (eviction
+/// notices, a node's EOF) are still looked at, without blocking, at least this often.
+const SOCKET_CHECK_INTERVAL: Duration = Duration::from_millis(1);
+/// A probe of a failed node waits at most this long for it to answer (it blocks the loop).
+const PROBE_CONNECT_TIMEOUT: Duration = Duration::from_millis(300);
+
+/// Where a node listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeAddress {
+    pub address: SocketAddr,
+    /// The node's Unix socket, if it has one on this host: with
+    /// [`ClientConfig::shared_memory`] the client connects there and maps its slabs.
+    pub unix_socket: Option<PathBuf>,
+}
+
+/// Settings of one client.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Shape of the first region (the address space given to `connect`).
+    pub shape: Shape,
+    pub page_bytes: usize,
+    pub address_space_bytes: u64,
+    /// Identity that owns the slabs on the nodes.
+    pub client_id: u64,
+    /// Pages in flight at once in [`Client::execute`].
+    pub max_in_flight: usize,
+    /// A node that leaves a split unanswered this long is treated as failed.
+    pub request_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Above this corrupt-split rate a node is suspect: reads of its ranges start with one
+    /// more split (the seed's ErrorCorrectionLimit).
+    pub error_correction_limit: f64,
+    /// Above this rate the node's slabs are rebuilt elsewhere (SlabRegenerationLimit).
+    pub slab_regeneration_limit: f64,
+    /// Splits read from a node before its error rate is trusted.
+    pub error_rate_min_samples: u64,
+    /// Rebuild lost, evicted or corrupt slabs on other nodes in the background.
+    pub regenerate: bool,
+    /// Poll without blocking this long before blocking on the sockets (0 = block at once).
+    pub spin_before_block: Duration,
+    /// Unmap every slab when the client is dropped. Off for a client that saves its slab map
+    /// to come back to its pages after a restart.
+    pub release_on_drop: bool,
+    /// Reach nodes that have a Unix socket through it and map their slabs as shared memory
+    /// (`docs/SHM.md`); splits on those slabs are then plain loads and stores.
+    pub shared_memory: bool,
+    /// A quiet node is pinged this often; a failed node is probed this often.
+    pub heartbeat_interval: Duration,
+    pub probe_interval: Duration,
+}
+
+impl ClientConfig {
+    pub fn new(shape: Shape, address_space_bytes: u64) -> ClientConfig {
+        ClientConfig {
+            shape,
+            page_bytes: 4096,
+            address_space_bytes,
+            client_id: rand::random(),
+            max_in_flight: 32,
+            request_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(5),
+            error_correction_limit: 0.001,
+            slab_regeneration_limit: 0.01,
+            error_rate_min_samples: 256,
+            regenerate: true,
+            release_on_drop: true,
+            spin_before_block: Duration::ZERO,
+            shared_memory: false,
+            heartbeat_interval: Duration::from_secs(1),
+            probe_interval: Duration::from_secs(1),
+        }
+    }
+
+    pub(crate) fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            client_id: self.client_id,
+            page_bytes: self.page_bytes,
+            max_in_flight: self.max_in_flight,
+            request_timeout: self.request_timeout,
+            error_correction_limit: self.error_correction_limit,
+            slab_regeneration_limit: self.slab_regeneration_limit,
+            error_rate_min_samples: self.error_rate_min_samples,
+            regenerate: self.regenerate,
+            heartbeat_interval: self.heartbeat_interval,
+            probe_interval: self.probe_interval,
+        }
+    }
+}
+
+/// One page operation of a batch given to [`Client::execute`].
+pub enum PageOp<'a> {
+    Write {
+        page: u64,
+        data: &'a [u8],
+    },
+    Read {
+        page: u64,
+        buf: &'a mut [u8],
+    },
+    /// A raw fan-out of a prepared probe (see [`Client::prepare_probe`]): the transport floor.
+    Probe {
+        probe: usize,
+    },
+}
+
+/// A batch's ops as the engine's buffers: the tag of an op is its index.
+struct Batch<'a, 'b>(&'a mut [PageOp<'b>]);
+
+impl OpBuffers for Batch<'_, '_> {
+    fn read_buffer(&mut self, tag: usize) -> &mut [u8] {
+        match &mut self.0[tag] {
+            PageOp::Read { buf, .. } => buf,
+            _ => unreachable!("op {tag} is not a read"),
+        }
+    }
+}
+
+/// Memory the nodes report, for the overhead figure.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemoryReport {
+    /// Slab bytes mapped by this client (every slab of every range).
+    pub slab_bytes: u64,
+    /// Per-slot metadata the nodes keep for those slabs.
+    pub metadata_bytes: u64,
+    /// Bytes of address space covered by the mapped ranges.
+    pub address_space_bytes: u64,
+}
+
+/// A connected client: the engine driven by the caller's thread over real sockets.
+///
+/// Not `Sync`: one thread drives it (run to completion). Several threads use several clients.
+pub struct Client {
+    config: ClientConfig,
+    secret: Secret,
+    engine: Engine,
+    transport: Transport,
+    /// Ops in flight at most (<= the engine's slots); see [`Client::set_max_in_flight`].
+    in_flight_limit: usize,
+    last_socket_check: Instant,
+}
+
+impl Client {
+    /// Connects to every node, authenticates, maps k+r slabs per address range with
+    /// `placement`, and returns a client ready for page I/O. The client keeps `placement` to
+    /// choose where new and lost slabs go.
+    pub fn connect(
+        nodes: &[NodeAddress],
+        secret: &Secret,
+        config: ClientConfig,
+        placement: Box<dyn Placement>,
+    ) -> Result<Client, ConnectError> {
+        let shape = config.shape;
+        assert!(shape.extra_reads <= shape.parity_splits, "delta is at most r");
+        CodecParams::new(shape.data_splits, shape.parity_splits, config.page_bytes)?;
+        if nodes.len() < shape.total_splits() {
+            return Err(ConnectError::TooFewNodes { needed: shape.total_splits(), given: nodes.len() });
+        }
+        let mut client = Client::empty(secret, config.clone(), placement)?;
+        for node in nodes {
+            client.join(node, true)?;
+        }
+        let slab_size = client.engine.node(0).info.slab_size_bytes;
+        for entry in client.engine.nodes() {
+            if entry.info.slab_size_bytes != slab_size {
+                return Err(ConnectError::SlabSizeMismatch {
+                    address: entry.address,
+                    slab_size_bytes: entry.info.slab_size_bytes,
+                    expected_bytes: slab_size,
+                });
+            }
+        }
+        client.place_region(shape, config.address_space_bytes)?;
+        client.export_slabs();
+        client.volunteer_for_activity();
+        Ok(client)
+    }
+
+    /// A client with no nodes and no regions.
+    fn empty(
+        secret: &Secret,
+        config: ClientConfig,
+        placement: Box<dyn Placement>,
+    ) -> Result<Client, ConnectError> {
+        let transport = Transport::new(config.page_bytes).map_err(ConnectError::Poll)?;
+        Ok(Client {
+            engine: Engine::new(config.engine_config(), placement, Instant::now()),
+            in_flight_limit: config.max_in_flight,
+            secret: secret.clone(),
+            transport,
+            last_socket_check: Instant::now(),
+            config,
+        })
+    }
+
+    /// Connects to one node and adds it to the engine. With `required` a failure is returned;
+    /// otherwise the node joins unreachable (its slabs count as lost, and it is probed).
+    fn join(&mut self, node: &NodeAddress, required: bool) -> Result<NodeId, ConnectError> {
+        let unix = node.unix_socket.as_deref().filter(|_| self.config.shared_memory);
+        let now = Instant::now();
+        match connect_node(
+            node.address,
+            unix,
+            &self.secret,
+            self.config.client_id,
+            self.config.connect_timeout,
+        ) {
+            Ok((stream, info)) => {
+                let id = self.engine.add_node(now, node.address, node.unix_socket.clone(), info, true);
+                let io_error = |source| ConnectError::Io { address: node.address, source };
+                self.transport.attach(id, Some(stream)).map_err(io_error)?;
+                Ok(id)
+            }
+            Err(error) if required => Err(error),
+            Err(error) => {
+                tracing::warn!(node = %node.address, %error, "node unreachable: its slabs count as lost");
+                self.join_unreachable(node)
+            }
+        }
+    }
+
+    /// Adds a node that could not be reached: probed later, its slabs lost until then.
+    fn join_unreachable(&mut self, node: &NodeAddress) -> Result<NodeId, ConnectError> {
+        let info = connect::unreachable_node_info();
+        let id = self.engine.add_node(Instant::now(), node.address, node.unix_socket.clone(), info, false);
+        self.transport
+            .attach(id, None)
+            .map_err(|source| ConnectError::Io { address: node.address, source })?;
+        Ok(id)
+    }
+
+    /// Maps the ranges of a new region of `bytes` with `shape` (a control round trip per slab)
+    /// and adds it to the engine.
+    fn place_region(&mut self, shape: Shape, bytes: u64) -> Result<RegionInfo, ConnectError> {
+        let params = CodecParams::new(shape.data_splits, shape.parity_splits, self.config.page_bytes)?;
+        let split_bytes = params.split_bytes();
+        let slab_size = self.engine.nodes().iter().map(|node| node.info.slab_size_bytes).max().unwrap_or(0);
+        if slab_size < split_bytes as u64 {
+            return Err(ConnectError::SlabTooSmall { slab_size_bytes: slab_size, split_bytes });
+        }
+        let pages_per_range = slab_size / split_bytes as u64;
+        let page_count = bytes / self.config.page_bytes as u64;
+        if page_count == 0 {
+            return Err(ConnectError::EmptyAddressSpace { bytes });
+        }
+        let range_count = page_count.div_ceil(pages_per_range);
+        let first_page = self.engine.page_count();
+        let first_range = self.engine.ranges().len() as u64;
+        let mut loads: Vec<NodeLoad> = self
+            .engine
+            .nodes()
+            .iter()
+            .enumerate()
+            .filter(|(_, node)| node.connected && node.membership == crate::engine::Membership::Member)
+            .map(|(index, node)| NodeLoad {
+                node_index: index,
+                failure_domain: node.info.failure_domain.clone(),
+                slabs_mapped: node.info.slabs_mapped as u64,
+                slabs_free: node.info.free_bytes / node.info.slab_size_bytes.max(1),
+            })
+            .collect();
+        let mut ranges = Vec::with_capacity(range_count as usize);
+        for local_range in 0..range_count {
+            let placed = self.engine.placement_mut().place(&loads, shape.total_splits())?;
+            if !placed.distinct_domains {
+                tracing::warn!(range = first_range + local_range, "range placed with shared failure domains");
+            }
+            let mut slabs = Vec::with_capacity(shape.total_splits());
+            for (split, &node) in placed.nodes.iter().enumerate() {
+                let map = Control::MapSlab {
+                    split_bytes: split_bytes as u32,
+                    split_index: split as u8,
+                    first_page: first_page + local_range * pages_per_range,
+                    range_id: first_range + local_range,
+                };
+                let address = self.engine.node(node).address;
+                let reply = self.control(node, &map).map_err(|error| ConnectError::Protocol {
+                    address,
+                    message: format!("mapping a slab: {error}"),
+                });
+                match reply {
+                    Ok(Control::SlabMapped { slab_id, slots }) if u64::from(slots) == pages_per_range => {
+                        slabs.push(SlabRef { node, slab_id });
+                    }
+                    Ok(Control::SlabMapped { slots, .. }) => {
+                        return Err(ConnectError::SlabSizeMismatch {
+                            address,
+                            slab_size_bytes: u64::from(slots) * split_bytes as u64,
+                            expected_bytes: slab_size,
+                        })
+                    }
+                    Ok(other) => return Err(connect::unexpected(address, &other)),
+                    Err(error) => {
+                        // Release what this region mapped so far: nothing leaks on a failed start.
+                        for slab in ranges.iter().flatten().chain(slabs.iter()) {
+                            let SlabRef { node, slab_id } = *slab;
+                            let _ = self.control(node, &Control::UnmapSlab { slab_id });
+                        }
+                        return Err(error);
+                    }
+                }
+                if let Some(load) = loads.iter_mut().find(|load| load.node_index == node) {
+                    load.slabs_mapped += 1;
+                    load.slabs_free = load.slabs_free.saturating_sub(1);
+                }
+            }
+            ranges.push(slabs);
+        }
+        Ok(self.engine.add_region(shape, page_count, pages_per_range, ranges, true))
+    }
+
+    /// Adds a region of `bytes` coded with `shape` (none: r=0; rep(n): k=1, r=n-1; EC(k,r)) to
+    /// this client's page space, placed like the first one. Its pages are
+    /// `first_page..first_page + page_count` of the returned info, used with [`PageOp`] as any
+    /// other page. Between batches only.
+    pub fn create_region(&mut self, shape: Shape, bytes: u64) -> Result<RegionInfo, ConnectError> {
+        assert_eq!(self.engine.active(), 0, "regions are added between batches");
+        assert!(shape.extra_reads <= shape.parity_splits, "delta is at most r");
+        CodecParams::new(shape.data_splits, shape.parity_splits, self.config.page_bytes)?;
+        let connected = self.engine.nodes().iter().filter(|node| node.connected).count();
+        if connected < shape.total_splits() {
+            return Err(ConnectError::TooFewNodes { needed: shape.total_splits(), given: connected });
+        }
+        let region = self.place_region(shape, bytes)?;
+        if self.config.shared_memory {
+            self.export_slabs();
+        }
+        Ok(region)
+    }
+
+    /// The regions of this client's page space.
+    pub fn regions(&self) -> Vec<RegionInfo> {
+        self.engine.regions().collect()
+    }
+
+    /// Pages of the whole page space (every region).
+    pub fn page_count(&self) -> u64 {
+        self.engine.page_count()
+    }
+
+    pub fn page_bytes(&self) -> usize {
+        self.config.page_bytes
+    }
+
+    /// The shape of the first region.
+    pub fn shape(&self) -> Shape {
+        self.config.shape
+    }
+
+    pub fn ranges(&self) -> &[crate::engine::Range] {
+        self.engine.ranges()
+    }
+
+    pub fn node_addresses(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+        self.engine.nodes().iter().map(|node| node.address)
+    }
+
+    /// The engine this client drives (read only: for status and tests).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Sets how many ops [`Client::execute`] keeps in flight, between 1 and the
+    /// `max_in_flight` the client was connected with.
+    pub fn set_max_in_flight(&mut self, limit: usize) {
+        self.in_flight_limit = limit.clamp(1, self.engine.slot_count());
+    }
+
+    /// Forgets a page: it reads as zeros from now on, with no remote I/O, until written again.
+    /// Its splits stay in the slabs and are overwritten by the next write; a stale split can
+    /// never be read back because the client only accepts splits of the page's current version.
+    pub fn discard_page(&mut self, page: u64) -> Result<(), PageError> {
+        self.engine.discard_page(page)
+    }
+
+    /// Writes one page and waits for all k+r splits (run to completion).
+    pub fn write_page(&mut self, page: u64, data: &[u8]) -> Result<(), PageError> {
+        let mut result = Ok(());
+        self.execute(&mut [PageOp::Write { page, data }], |done| result = done.result);
+        result
+    }
+
+    /// Reads one page into `buf` (page_bytes long).
+    pub fn read_page(&mut self, page: u64, buf: &mut [u8]) -> Result<(), PageError> {
+        let mut result = Ok(());
+        self.execute(&mut [PageOp::Read { page, buf }], |done| result = done.result);
+        result
+    }
+
+    /// Runs a batch like [`Client::execute`] and returns the first error (by completion order).
+    /// Every op is still run to its end, so one failed page does not leave others half done.
+    pub fn execute_all(&mut self, ops: &mut [PageOp<'_>]) -> Result<(), PageError> {
+        let mut first_error = None;
+        self.execute(ops, |done| {
+            if let Err(error) = done.result {
+                first_error.get_or_insert(error);
+            }
+        });
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Runs a batch, keeping up to `max_in_flight` ops in flight, and calls `on_done` once per
+    /// op as it completes (in completion order). Ops on the same page run in batch order, one at
+    /// a time. Returns when every op is done.
+    pub fn execute(&mut self, ops: &mut [PageOp<'_>], mut on_done: impl FnMut(crate::engine::OpDone)) {
+        if self.engine.active() == 0 {
+            self.export_rebuilt_slabs();
+        }
+        let mut batch = Batch(ops);
+        if self.engine.shm_in_use() && self.last_socket_check.elapsed() >= SOCKET_CHECK_INTERVAL {
+            // Batches on shared memory alone never wait on the sockets: look at them here,
+            // without blocking, for eviction notices and dead nodes.
+            self.last_socket_check = Instant::now();
+            self.run_loop_once(Some(Duration::ZERO), &mut batch);
+        }
+        let mut next = 0;
+        let mut remaining = batch.0.len();
+        while remaining > 0 {
+            while next < batch.0.len() && self.engine.active() < self.in_flight_limit {
+                // `*data` copies the batch's shared reference: no borrow of the batch remains.
+                let submit = match &batch.0[next] {
+                    PageOp::Write { page, data } => Submit::Write { page: *page, data },
+                    PageOp::Read { page, .. } => Submit::Read { page: *page },
+                    PageOp::Probe { probe } => Submit::Probe { probe: *probe },
+                };
+                if !self.engine.submit(Instant::now(), next, submit, &mut batch) {
+                    break;
+                }
+                next += 1;
+                remaining -= self.deliver(&mut on_done);
+            }
+            self.transport.flush_all(&mut self.engine, &mut batch);
+            remaining -= self.deliver(&mut on_done);
+            if remaining == 0 {
+                break;
+            }
+            if self.engine.active() == 0 {
+                continue;
+            }
+            self.run_loop_once(None, &mut batch);
+            remaining -= self.deliver(&mut on_done);
+        }
+    }
+
+    /// Completions the engine has, to the caller. Returns how many.
+    fn deliver(&mut self, on_done: &mut impl FnMut(crate::engine::OpDone)) -> usize {
+        let mut count = 0;
+        for done in self.engine.take_completions() {
+            count += 1;
+            on_done(done);
+        }
+        count
+    }
+
+    /// One turn of the loop: wait for the sockets (at most until the engine's next deadline, or
+    /// `max_wait`), feed what came, tick, carry out the engine's actions, send.
+    fn run_loop_once(&mut self, max_wait: Option<Duration>, buffers: &mut dyn OpBuffers) {
+        let now = Instant::now();
+        let until_deadline =
+            self.engine.next_deadline().map(|deadline| deadline.saturating_duration_since(now));
+        let timeout = match (until_deadline, max_wait) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let spin = self.config.spin_before_block;
+        self.transport.wait_and_read(&mut self.engine, timeout, spin, buffers);
+        self.engine.tick(Instant::now(), buffers);
+        self.carry_out_actions(buffers);
+        self.transport.flush_all(&mut self.engine, buffers);
+    }
+
+    /// Connects and disconnects as the engine asks.
+    fn carry_out_actions(&mut self, buffers: &mut dyn OpBuffers) {
+        while self.engine.has_actions() {
+            let actions: Vec<Action> = self.engine.take_actions().collect();
+            for action in actions {
+                match action {
+                    Action::Disconnect { node } => self.transport.detach(node),
+                    Action::Connect { node } => self.probe_node(node, buffers),
+                }
+            }
+        }
+    }
+
+    /// Tries to reconnect to a failed node; on success the engine readmits it.
+    fn probe_node(&mut self, node: NodeId, buffers: &mut dyn OpBuffers) {
+        let entry = self.engine.node(node);
+        let (address, unix) = (entry.address, entry.unix_socket.clone());
+        let unix = unix.filter(|_| self.config.shared_memory);
+        let timeout = PROBE_CONNECT_TIMEOUT.min(self.config.connect_timeout);
+        match connect_node(address, unix.as_deref(), &self.secret, self.config.client_id, timeout) {
+            Ok((stream, info)) => {
+                if let Err(error) = self.transport.attach(node, Some(stream)) {
+                    tracing::warn!(node = %address, %error, "probe connected but could not register");
+                    return;
+                }
+                self.engine.node_connected(Instant::now(), node, info);
+                if self.engine.node(node).connected {
+                    // Volunteer again for activity questions on the new connection.
+                    let _ = self
+                        .engine
+                        .queue_control(node, &Control::AnswerActivity)
+                        .map(|id| self.engine.forget_control(id));
+                }
+                self.transport.flush(&mut self.engine, node, buffers);
+            }
+            Err(error) => tracing::debug!(node = %address, %error, "failed node still unreachable"),
+        }
+    }
+
+    /// Runs the event loop for at most `timeout` without page I/O: rebuild progress, eviction
+    /// notices, heartbeats, probes of failed nodes. An idle application calls it now and then
+    /// (every 100 ms or so) so the client heals without traffic; `execute` does it too.
+    pub fn poll_background(&mut self, timeout: Duration) {
+        if self.engine.active() == 0 {
+            self.export_rebuilt_slabs();
+        }
+        let mut buffers = NoBuffers;
+        self.engine.tick(Instant::now(), &mut buffers);
+        self.carry_out_actions(&mut buffers);
+        self.transport.flush_all(&mut self.engine, &mut buffers);
+        self.run_loop_once(Some(timeout), &mut buffers);
+    }
+
+    /// Drives background work until no rebuild is in flight or `timeout` passes. True if done.
+    pub fn wait_for_regenerations(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.engine.has_regenerations() {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            self.poll_background((deadline - now).min(Duration::from_millis(100)));
+        }
+        true
+    }
+
+    pub fn regeneration_status(&self) -> crate::engine::RegenerationStatus {
+        self.engine.regeneration_status()
+    }
+
+    pub fn node_stats(&self) -> Vec<crate::engine::NodeStats> {
+        self.engine.node_stats()
+    }
+
+    /// Nodes that hold the slabs of range `range`, in split order.
+    pub fn range_nodes(&self, range: usize) -> Vec<usize> {
+        self.engine.ranges()[range].slabs.iter().map(|slab| slab.node).collect()
+    }
+
+    /// Pages per address range of the first region: page `p` lives in range
+    /// `p / pages_per_range()`.
+    pub fn pages_per_range(&self) -> u64 {
+        self.engine.region_info(0).pages_per_range
+    }
+
+    /// The splits of range `range` that this client reads and writes through shared memory.
+    pub fn shared_memory_splits(&self, range: usize) -> crate::core::SplitMask {
+        self.engine.shared_memory_splits(range)
+    }
+
+    pub fn client_id(&self) -> u64 {
+        self.config.client_id
+    }
+
+    /// Node info of every node (`Err` for a node that is down).
+    pub fn node_infos(&mut self) -> Vec<(SocketAddr, Result<NodeInfo, PageError>)> {
+        (0..self.engine.nodes().len())
+            .map(|node| {
+                let address = self.engine.node(node).address;
+                let info = match self.control(node, &Control::NodeInfo) {
+                    Ok(Control::NodeInfoReply(info)) => {
+                        self.engine.set_node_info(node, info.clone());
+                        Ok(info)
+                    }
+                    Ok(other) => {
+                        Err(PageError::Protocol { address, message: format!("{:?} reply", other.kind()) })
+                    }
+                    Err(error) => Err(error),
+                };
+                (address, info)
+            })
+            .collect()
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        if !self.config.release_on_drop {
+            return;
+        }
+        if let Err(error) = self.release() {
+            tracing::warn!(%error, "could not release every slab");
+        }
+    }
+}

@@ -1,0 +1,790 @@
+//! Page operations in flight: op slots, the splits they send, the replies they take, and their
+//! completion (decode included).
+//!
+//! Late binding and in-place safety: a request id names its op slot and the slot's generation.
+//! Once an op is done its slot's generation moves on, so a late reply is copied nowhere. Within
+//! one op each split is asked once, so no reply can overwrite a split the decoder counted on.
+//!
+//! Copies: a write's splits are copied once into the node's outbox; a read's split is copied
+//! once from the frame into its place (a data split into the caller's page, a parity into the
+//! slot's parity buffer); decoding writes the missing data splits into the page in place.
+
+use std::time::Instant;
+
+use remem_proto::{
+    judge_split, Control, FrameHeader, Kind, SplitMeta, SplitVerdict, WriteSplitPrefix, SPLIT_META_BYTES,
+};
+
+use super::{
+    Engine, OpBuffers, OpDone, Submit, CONTROL_REQUEST, MAX_CONTROL_BODY_BYTES, MAX_SPLITS, PAGE_DISCARDED,
+    PAGE_VERSION_UNKNOWN,
+};
+use crate::core::{ReadState, ReadStep, SplitMask, SplitOutcome, WriteState, WriteStep};
+use crate::error::{FrameError, PageError};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SlotKind {
+    Free,
+    Write,
+    Read,
+    Probe,
+}
+
+pub(super) struct OpSlot {
+    pub(super) kind: SlotKind,
+    generation: u32,
+    tag: usize,
+    pub(super) page: u64,
+    pub(super) region: usize,
+    pub(super) range: usize,
+    slot_in_range: u32,
+    version: u8,
+    pub(super) read: Option<ReadState>,
+    pub(super) write: Option<WriteState>,
+    pub(super) probe: usize,
+    probe_replies: usize,
+    pub(super) probe_asked: u32,
+    pub(super) parity: Vec<u8>,
+    started: Instant,
+    pub(super) deadline: Instant,
+}
+
+impl OpSlot {
+    pub(super) fn new(now: Instant) -> OpSlot {
+        OpSlot {
+            kind: SlotKind::Free,
+            generation: 0,
+            tag: 0,
+            page: 0,
+            region: 0,
+            range: 0,
+            slot_in_range: 0,
+            version: 0,
+            read: None,
+            write: None,
+            probe: 0,
+            probe_replies: 0,
+            probe_asked: 0,
+            parity: Vec::new(),
+            started: now,
+            deadline: now,
+        }
+    }
+
+    pub(super) fn in_use(&self) -> bool {
+        self.kind != SlotKind::Free
+    }
+
+    /// Splits asked and not answered yet.
+    pub(super) fn pending(&self) -> SplitMask {
+        match self.kind {
+            SlotKind::Read => self.read.as_ref().map_or(0, |read| read.pending()),
+            SlotKind::Write => self.write.as_ref().map_or(0, |write| write.pending()),
+            SlotKind::Probe => self.probe_asked,
+            SlotKind::Free => 0,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SplitEvent {
+    pub(super) slot: usize,
+    pub(super) generation: u32,
+    pub(super) split: usize,
+    pub(super) outcome: Outcome,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Outcome {
+    Read(SplitOutcome),
+    Write(bool),
+    ProbeReply,
+    ProbeFailed,
+    /// A split of a shared-memory slab to read: done (synchronously) in `process_events`, where
+    /// the destination page is at hand.
+    ShmRead,
+}
+
+fn request_id(slot: usize, generation: u32, split: usize) -> u64 {
+    ((generation as u64) << 32) | ((slot as u64) << 8) | split as u64
+}
+
+/// (slot, generation, split) of a data request id.
+pub(crate) fn parse_request_id(id: u64) -> (usize, u32, usize) {
+    (((id >> 8) & 0xff_ffff) as usize, (id >> 32) as u32, (id & 0xff) as usize)
+}
+
+impl Engine {
+    /// Starts an op tagged `tag`. Returns false if no slot is free or an op on the same page is
+    /// in flight (ops on one page run one at a time, in order): submit it again after a
+    /// completion. An op that needs no I/O (bad arguments, a never-written page) completes at
+    /// once. Completions come out of [`Engine::take_completions`].
+    pub fn submit(&mut self, now: Instant, tag: usize, op: Submit<'_>, buffers: &mut dyn OpBuffers) -> bool {
+        self.now = now;
+        if self.active == self.slots.len() {
+            return false;
+        }
+        let page = match op {
+            Submit::Write { page, .. } | Submit::Read { page } => Some(page),
+            Submit::Probe { .. } => None,
+        };
+        if page.is_some_and(|page| self.page_in_flight(page)) {
+            return false;
+        }
+        let finished_now: Option<Result<(), PageError>> = match op {
+            Submit::Write { page, data } => self
+                .check_page(page, data.len())
+                .and_then(|()| self.start_write(tag, page, data))
+                .err()
+                .map(Err),
+            Submit::Read { page } => {
+                let buffer_len = buffers.read_buffer(tag).len();
+                match self.check_page(page, buffer_len) {
+                    Err(error) => Some(Err(error)),
+                    Ok(()) => {
+                        let flags = self.page_flags[page as usize];
+                        if flags & PAGE_VERSION_UNKNOWN != 0 {
+                            self.start_read(tag, page, None).err().map(Err)
+                        } else if self.versions[page as usize] == 0 || flags & PAGE_DISCARDED != 0 {
+                            // Never written by this client: zeros, no remote read.
+                            buffers.read_buffer(tag).fill(0);
+                            Some(Ok(()))
+                        } else {
+                            let version = self.versions[page as usize];
+                            self.start_read(tag, page, Some(version)).err().map(Err)
+                        }
+                    }
+                }
+            }
+            Submit::Probe { probe } => {
+                assert!(probe < self.probes.len(), "probe {probe} was not prepared");
+                self.start_probe(tag, probe);
+                None
+            }
+        };
+        if let Some(result) = finished_now {
+            self.completions.push(OpDone {
+                index: tag,
+                result,
+                latency: std::time::Duration::ZERO,
+                decoded: false,
+            });
+        }
+        // Splits on shared memory are done already: finish what they finish.
+        if !self.events.is_empty() {
+            self.process_events(buffers);
+        }
+        true
+    }
+
+    pub(super) fn page_in_flight(&self, page: u64) -> bool {
+        self.slots
+            .iter()
+            .any(|slot| matches!(slot.kind, SlotKind::Read | SlotKind::Write) && slot.page == page)
+    }
+
+    pub(super) fn check_page(&self, page: u64, len: usize) -> Result<(), PageError> {
+        if self.region_of(page).is_none() {
+            return Err(PageError::OutOfRange { page, page_count: self.page_count() });
+        }
+        if len != self.config.page_bytes {
+            return Err(PageError::BadBuffer { len, page_bytes: self.config.page_bytes });
+        }
+        Ok(())
+    }
+
+    fn claim_slot(&mut self, kind: SlotKind, tag: usize, page: u64) -> usize {
+        let slot_index = self.slots.iter().position(|slot| !slot.in_use()).expect("active < slots");
+        let (region, range, slot_in_range) = match kind {
+            SlotKind::Probe => (0, 0, 0),
+            _ => {
+                let region = self.region_of(page).expect("page checked");
+                let (range, slot_in_range) = self.locate(region, page);
+                (region, range, slot_in_range)
+            }
+        };
+        let now = self.now;
+        let timeout = self.config.request_timeout;
+        let slot = &mut self.slots[slot_index];
+        slot.kind = kind;
+        slot.generation = slot.generation.wrapping_add(1) & 0x7fff_ffff;
+        slot.tag = tag;
+        slot.page = page;
+        slot.region = region;
+        slot.range = range;
+        slot.slot_in_range = slot_in_range;
+        slot.started = now;
+        slot.deadline = now + timeout;
+        self.active += 1;
+        slot_index
+    }
+
+    fn release_slot(&mut self, slot_index: usize) {
+        let slot = &mut self.slots[slot_index];
+        slot.kind = SlotKind::Free;
+        slot.read = None;
+        slot.write = None;
+        // Late replies carry the old generation and are dropped.
+        slot.generation = slot.generation.wrapping_add(1) & 0x7fff_ffff;
+        self.active -= 1;
+    }
+
+    fn start_write(&mut self, tag: usize, page: u64, data: &[u8]) -> Result<(), PageError> {
+        let region_index = self.region_of(page).expect("page checked");
+        let shape = self.regions[region_index].shape;
+        let (range_index, _) = self.locate(region_index, page);
+        self.range_accesses[range_index] = self.range_accesses[range_index].wrapping_add(1);
+        let range = &self.ranges[range_index];
+        // Slabs being rebuilt take writes: the rebuild skips pages written since it began.
+        let unavailable = range.unavailable & !range.rebuilding;
+        let (state, step) = WriteState::start(shape, unavailable);
+        if let WriteStep::Failed { stored, failed } = step {
+            return Err(PageError::WriteFailed {
+                page,
+                range: range_index,
+                stored_splits: stored.count_ones() as usize,
+                needed_splits: shape.data_splits,
+                failed_nodes: self.nodes_of(range_index, failed),
+            });
+        }
+        let slot_index = self.claim_slot(SlotKind::Write, tag, page);
+        let version = remem_proto::next_version(self.versions[page as usize]);
+        let targets = state.targets();
+        let slot = &mut self.slots[slot_index];
+        slot.version = version;
+        slot.write = Some(state);
+        let split_bytes = self.regions[region_index].split_bytes;
+        self.prefetch_shm(range_index, self.slots[slot_index].slot_in_range, targets);
+        // Data splits are queued first; parities are encoded after them (the driver may send the
+        // data splits while the parities are encoded: seed 000 §4.1.1).
+        for split in 0..shape.data_splits {
+            if targets & (1 << split) != 0 {
+                let payload = &data[split * split_bytes..(split + 1) * split_bytes];
+                self.queue_write_split(slot_index, split, payload);
+            }
+        }
+        if shape.parity_splits > 0 {
+            let parity_bytes = shape.parity_splits * split_bytes;
+            let mut parity = std::mem::take(&mut self.slots[slot_index].parity);
+            self.regions[region_index].codec.encode(data, &mut parity[..parity_bytes]);
+            for parity_index in 0..shape.parity_splits {
+                let split = shape.data_splits + parity_index;
+                if targets & (1 << split) != 0 {
+                    let payload = &parity[parity_index * split_bytes..(parity_index + 1) * split_bytes];
+                    self.queue_write_split(slot_index, split, payload);
+                }
+            }
+            self.slots[slot_index].parity = parity;
+        }
+        Ok(())
+    }
+
+    fn queue_write_split(&mut self, slot_index: usize, split: usize, payload: &[u8]) {
+        let slot = &self.slots[slot_index];
+        let slab = self.ranges[slot.range].slabs[split];
+        let checksum = remem_proto::split_checksum(payload, slot.version, slot.page, split as u8);
+        let prefix = WriteSplitPrefix {
+            slab_id: slab.slab_id,
+            slot: slot.slot_in_range,
+            version: slot.version,
+            checksum,
+        };
+        let (range, generation) = (slot.range, slot.generation);
+        let meta = SplitMeta { version: slot.version, checksum };
+        let shm_stored = self.live_shm(range, split).map(|shm| shm.write_split(prefix.slot, payload, meta));
+        if let Some(stored) = shm_stored {
+            self.events.push(SplitEvent {
+                slot: slot_index,
+                generation,
+                split,
+                outcome: Outcome::Write(stored),
+            });
+            if !stored {
+                self.schedule_regeneration(range, split, "shared-memory slab revoked", false);
+            }
+            return;
+        }
+        if !self.nodes[slab.node].connected {
+            self.events.push(SplitEvent {
+                slot: slot_index,
+                generation,
+                split,
+                outcome: Outcome::Write(false),
+            });
+            return;
+        }
+        let id = request_id(slot_index, generation, split);
+        remem_proto::encode_write_split(id, &prefix, payload, &mut self.nodes[slab.node].out);
+        self.mark_queued(slab.node);
+    }
+
+    fn start_read(&mut self, tag: usize, page: u64, version: Option<u8>) -> Result<(), PageError> {
+        let region_index = self.region_of(page).expect("page checked");
+        let shape = self.regions[region_index].shape;
+        let (range_index, _) = self.locate(region_index, page);
+        self.range_accesses[range_index] = self.range_accesses[range_index].wrapping_add(1);
+        let unavailable = self.ranges[range_index].unavailable;
+        let (state, step) = match version {
+            Some(version) => {
+                // Ranges with a node that corrupts often start with one more split, so a bad
+                // split rarely costs a second round trip (seed 000 §4.2 "Corruption").
+                let suspect = self.range_has_suspect_node(range_index);
+                let mut extra = (shape.extra_reads + suspect as usize).min(shape.parity_splits);
+                // Shared-memory splits complete at once and in order, so an extra split cannot
+                // beat a data split: when every data split is shared, ask no more than k.
+                let data = shape.data_mask();
+                if self.shm_in_use && self.shared_memory_splits(range_index) & data == data {
+                    extra = 0;
+                }
+                ReadState::start(shape, version, unavailable, extra)
+            }
+            None => ReadState::discover(shape, unavailable),
+        };
+        if let ReadStep::Lost { valid, failed } = step {
+            return Err(self.lost_error(page, range_index, valid, failed));
+        }
+        let slot_index = self.claim_slot(SlotKind::Read, tag, page);
+        self.slots[slot_index].version = version.unwrap_or(0);
+        self.slots[slot_index].read = Some(state);
+        if let ReadStep::Ask(mask) = step {
+            self.queue_reads(slot_index, mask);
+        }
+        Ok(())
+    }
+
+    fn queue_reads(&mut self, slot_index: usize, mask: SplitMask) {
+        let slot = &self.slots[slot_index];
+        let (range, slot_in_range, generation) = (slot.range, slot.slot_in_range, slot.generation);
+        self.prefetch_shm(range, slot_in_range, mask);
+        for split in 0..self.ranges[range].slabs.len() {
+            if mask & (1 << split) == 0 {
+                continue;
+            }
+            let slab = self.ranges[range].slabs[split];
+            if self.live_shm(range, split).is_some() {
+                self.events.push(SplitEvent {
+                    slot: slot_index,
+                    generation,
+                    split,
+                    outcome: Outcome::ShmRead,
+                });
+                continue;
+            }
+            if !self.nodes[slab.node].connected {
+                let outcome = Outcome::Read(SplitOutcome::Failed);
+                self.events.push(SplitEvent { slot: slot_index, generation, split, outcome });
+                continue;
+            }
+            let message = Control::ReadSplit { slab_id: slab.slab_id, slot: slot_in_range };
+            message.encode(request_id(slot_index, generation, split), &mut self.nodes[slab.node].out);
+            self.mark_queued(slab.node);
+        }
+    }
+
+    fn start_probe(&mut self, tag: usize, probe: usize) {
+        let slot_index = self.claim_slot(SlotKind::Probe, tag, 0);
+        let generation = self.slots[slot_index].generation;
+        let slot = &mut self.slots[slot_index];
+        slot.probe = probe;
+        slot.probe_replies = 0;
+        slot.probe_asked = 0;
+        for split in 0..self.probes[probe].targets.len() {
+            let (node, slab_id) = self.probes[probe].targets[split];
+            self.slots[slot_index].probe_asked |= 1 << split;
+            if !self.nodes[node].connected {
+                let event = SplitEvent { slot: slot_index, generation, split, outcome: Outcome::ProbeFailed };
+                self.events.push(event);
+                continue;
+            }
+            let message = Control::ReadSplit { slab_id, slot: 0 };
+            message.encode(request_id(slot_index, generation, split), &mut self.nodes[node].out);
+            self.mark_queued(node);
+        }
+    }
+
+    fn lost_error(&self, page: u64, range: usize, valid: SplitMask, failed: SplitMask) -> PageError {
+        PageError::Lost {
+            page,
+            range,
+            valid_splits: valid.count_ones() as usize,
+            needed_splits: self.shape_of_range(range).data_splits,
+            failed_nodes: self.nodes_of(range, failed),
+        }
+    }
+
+    /// The largest body a frame of `kind` from a node may have for this client.
+    pub fn max_reply_body(&self, kind: Kind) -> usize {
+        match kind {
+            Kind::ReadSplitReply => {
+                let largest_split = self.regions.iter().map(|region| region.split_bytes).max().unwrap_or(0);
+                SPLIT_META_BYTES + largest_split.max(self.config.page_bytes)
+            }
+            _ => MAX_CONTROL_BODY_BYTES,
+        }
+    }
+
+    /// One whole frame from `node`. An error means the node broke the protocol: the driver
+    /// drops the connection and reports [`Engine::connection_lost`].
+    pub fn on_frame(
+        &mut self,
+        now: Instant,
+        node: usize,
+        header: FrameHeader,
+        body: &[u8],
+        buffers: &mut dyn OpBuffers,
+    ) -> Result<(), FrameError> {
+        self.now = now;
+        self.heard_from(node);
+        let result = self.handle_frame(node, header, body, buffers);
+        self.process_events(buffers);
+        result
+    }
+
+    fn handle_frame(
+        &mut self,
+        node: usize,
+        header: FrameHeader,
+        body: &[u8],
+        buffers: &mut dyn OpBuffers,
+    ) -> Result<(), FrameError> {
+        if body.len() > self.max_reply_body(header.kind) {
+            return Err(FrameError::TooLong { kind: header.kind, len: body.len() });
+        }
+        match header.kind {
+            Kind::SlabActivityQuery => {
+                // Unsolicited: a node's resource monitor asks how active one of our slabs is.
+                if let Control::SlabActivityQuery { slab_id } = Control::decode_body(header.kind, body)? {
+                    let accesses = self
+                        .ranges
+                        .iter()
+                        .position(|range| {
+                            range.slabs.iter().any(|slab| slab.node == node && slab.slab_id == slab_id)
+                        })
+                        .map_or(0, |range| self.range_accesses[range]);
+                    Control::SlabActivity { slab_id, accesses }
+                        .encode(header.request_id, &mut self.nodes[node].out);
+                    self.mark_queued(node);
+                }
+                return Ok(());
+            }
+            Kind::SlabEvicted => {
+                // Unsolicited: the node evicts one of our slabs (memory pressure or command).
+                if let Control::SlabEvicted { slab_id } = Control::decode_body(header.kind, body)? {
+                    self.slab_evicted(node, slab_id);
+                }
+                return Ok(());
+            }
+            Kind::Pong => {
+                self.nodes[node].ping_sent = None;
+                return Ok(());
+            }
+            _ => {}
+        }
+        if header.request_id & CONTROL_REQUEST != 0 {
+            let message = Control::decode_body(header.kind, body)?;
+            if !self.regeneration_reply(node, header.request_id, &message) {
+                if let Some(index) = self.awaited_replies.iter().position(|id| *id == header.request_id) {
+                    self.awaited_replies.swap_remove(index);
+                    self.control_replies.push((node, header.request_id, message));
+                }
+            }
+            return Ok(());
+        }
+        let (slot_index, generation, split) = parse_request_id(header.request_id);
+        if split >= MAX_SPLITS {
+            return Err(FrameError::Malformed(format!("reply names split {split}")));
+        }
+        let Some(slot) =
+            self.slots.get(slot_index).filter(|slot| slot.generation == generation && slot.in_use())
+        else {
+            // A late reply of a finished op: dropped.
+            return Ok(());
+        };
+        let expected_node = match slot.kind {
+            SlotKind::Probe => self.probes[slot.probe].targets.get(split).map(|target| target.0),
+            _ => self.ranges[slot.range].slabs.get(split).map(|slab| slab.node),
+        };
+        if expected_node != Some(node) {
+            return Err(FrameError::Malformed(format!("reply for split {split} from the wrong node")));
+        }
+        let kind = slot.kind;
+        let outcome = match (header.kind, kind) {
+            (Kind::WriteSplitOk, SlotKind::Write) => Outcome::Write(true),
+            (Kind::Error, SlotKind::Write) => {
+                self.log_node_error(node, header, body);
+                Outcome::Write(false)
+            }
+            (Kind::Error, SlotKind::Read) => {
+                self.log_node_error(node, header, body);
+                Outcome::Read(SplitOutcome::Failed)
+            }
+            (Kind::Error, SlotKind::Probe) => return Err(FrameError::Malformed("probe read failed".into())),
+            (Kind::ReadSplitReply, SlotKind::Probe) => Outcome::ProbeReply,
+            (Kind::ReadSplitReply, SlotKind::Read) => {
+                let split_bytes = self.regions[slot.region].split_bytes;
+                if body.len() != SPLIT_META_BYTES + split_bytes {
+                    return Err(FrameError::Malformed(format!("split reply of {} bytes", body.len())));
+                }
+                let meta_bytes: &[u8; SPLIT_META_BYTES] = body[..SPLIT_META_BYTES].try_into().expect("meta");
+                let meta = SplitMeta::decode(meta_bytes)?;
+                let payload = &body[SPLIT_META_BYTES..];
+                let verdict = judge_split(payload, meta, slot.page, split as u8);
+                self.record_split_read(node);
+                match verdict {
+                    SplitVerdict::NeverWritten => Outcome::Read(SplitOutcome::Valid { version: 0 }),
+                    SplitVerdict::Corrupt => {
+                        self.record_corruption(node);
+                        Outcome::Read(SplitOutcome::Corrupt)
+                    }
+                    SplitVerdict::Valid { version } => {
+                        self.place_split(slot_index, split, payload, buffers);
+                        Outcome::Read(SplitOutcome::Valid { version })
+                    }
+                }
+            }
+            (other, _) => return Err(FrameError::Malformed(format!("unexpected {other:?} reply"))),
+        };
+        self.events.push(SplitEvent { slot: slot_index, generation, split, outcome });
+        Ok(())
+    }
+
+    fn log_node_error(&self, node: usize, header: FrameHeader, body: &[u8]) {
+        let address = self.nodes[node].address;
+        match Control::decode_body(header.kind, body) {
+            Ok(Control::Error { code, message }) => {
+                tracing::warn!(node = %address, ?code, %message, "node refused a split")
+            }
+            _ => tracing::warn!(node = %address, "node sent a malformed error"),
+        }
+    }
+
+    /// Copies a verified split to its place: a data split into the caller's page, a parity into
+    /// the op's parity buffer.
+    fn place_split(&mut self, slot_index: usize, split: usize, payload: &[u8], buffers: &mut dyn OpBuffers) {
+        let slot = &mut self.slots[slot_index];
+        let k = self.regions[slot.region].shape.data_splits;
+        let split_bytes = payload.len();
+        if split >= k {
+            slot.parity[(split - k) * split_bytes..(split - k + 1) * split_bytes].copy_from_slice(payload);
+        } else {
+            buffers.read_buffer(slot.tag)[split * split_bytes..(split + 1) * split_bytes]
+                .copy_from_slice(payload);
+        }
+    }
+
+    /// Reads one split of a shared-memory slab straight into its place and judges it like a
+    /// split from a socket.
+    fn read_shm_split(
+        &mut self,
+        slot_index: usize,
+        split: usize,
+        buffers: &mut dyn OpBuffers,
+    ) -> SplitOutcome {
+        let slot = &self.slots[slot_index];
+        let (range, page, slot_in_range, region, tag) =
+            (slot.range, slot.page, slot.slot_in_range, slot.region, slot.tag);
+        let k = self.regions[region].shape.data_splits;
+        let split_bytes = self.regions[region].split_bytes;
+        let Some(mapping) = self.live_shm(range, split) else {
+            return SplitOutcome::Failed;
+        };
+        let node = mapping.node;
+        let target = if split >= k {
+            &mut self.slots[slot_index].parity[(split - k) * split_bytes..(split - k + 1) * split_bytes]
+        } else {
+            &mut buffers.read_buffer(tag)[split * split_bytes..(split + 1) * split_bytes]
+        };
+        // Re-borrow: the mapping lives in `self.shm`, the target in a slot or the caller's page.
+        let mapping = self.shm[range * MAX_SPLITS + split].as_ref().expect("live mapping");
+        let Some(meta) = mapping.read_split(slot_in_range, target) else {
+            if mapping.is_revoked() {
+                self.schedule_regeneration(range, split, "shared-memory slab revoked", false);
+                return SplitOutcome::Failed;
+            }
+            // A write overlapped the copy (not ours: we never race ourselves): an erasure.
+            return SplitOutcome::Corrupt;
+        };
+        let verdict = judge_split(target, meta, page, split as u8);
+        self.record_split_read(node);
+        match verdict {
+            SplitVerdict::NeverWritten => SplitOutcome::Valid { version: 0 },
+            SplitVerdict::Valid { version } => SplitOutcome::Valid { version },
+            SplitVerdict::Corrupt => {
+                self.record_corruption(node);
+                SplitOutcome::Corrupt
+            }
+        }
+    }
+
+    /// Feeds queued split events to the state machines and finishes ops.
+    pub(super) fn process_events(&mut self, buffers: &mut dyn OpBuffers) {
+        let mut cursor = 0;
+        // Handling an event can queue more (a dead connection found while asking more splits).
+        while cursor < self.events.len() {
+            let mut event = self.events[cursor];
+            cursor += 1;
+            let slot = &self.slots[event.slot];
+            if slot.generation != event.generation || !slot.in_use() {
+                continue;
+            }
+            if let Outcome::ShmRead = event.outcome {
+                event.outcome = Outcome::Read(self.read_shm_split(event.slot, event.split, buffers));
+            }
+            match event.outcome {
+                Outcome::Read(outcome) => self.read_outcome(event, outcome, buffers),
+                Outcome::Write(stored) => self.write_outcome(event, stored),
+                Outcome::ProbeFailed => {
+                    let slot = &self.slots[event.slot];
+                    let address = self.nodes[self.probes[slot.probe].targets[event.split].0].address;
+                    self.finish(event.slot, Err(PageError::NodeDown { address }), false);
+                }
+                Outcome::ProbeReply => {
+                    let slot = &mut self.slots[event.slot];
+                    slot.probe_asked &= !(1 << event.split);
+                    slot.probe_replies += 1;
+                    if slot.probe_replies == self.probes[slot.probe].need {
+                        self.finish(event.slot, Ok(()), false);
+                    }
+                }
+                Outcome::ShmRead => unreachable!("turned into a read outcome above"),
+            }
+        }
+        self.events.clear();
+    }
+
+    fn read_outcome(&mut self, event: SplitEvent, outcome: SplitOutcome, buffers: &mut dyn OpBuffers) {
+        let slot = &mut self.slots[event.slot];
+        let step = slot.read.as_mut().expect("read slot has a read state").on_reply(event.split, outcome);
+        match step {
+            ReadStep::Wait => {}
+            ReadStep::Ask(mask) => self.queue_reads(event.slot, mask),
+            ReadStep::Done { present, needs_decode, version } => {
+                let (page, tag, region) = (slot.page as usize, slot.tag, slot.region);
+                if self.page_flags[page] & PAGE_VERSION_UNKNOWN != 0 {
+                    self.versions[page] = version;
+                    self.page_flags[page] &= !PAGE_VERSION_UNKNOWN;
+                }
+                let result = if version == 0 {
+                    // Discovery found the page never written: zeros.
+                    buffers.read_buffer(tag).fill(0);
+                    Ok(())
+                } else if needs_decode {
+                    let slot = &self.slots[event.slot];
+                    let parity_bytes =
+                        self.regions[region].shape.parity_splits * self.regions[region].split_bytes;
+                    self.regions[region]
+                        .codec
+                        .decode(buffers.read_buffer(tag), &slot.parity[..parity_bytes], present)
+                        .map_err(|error| PageError::Decode { page: page as u64, message: error.to_string() })
+                } else {
+                    Ok(())
+                };
+                self.finish(event.slot, result, needs_decode);
+            }
+            ReadStep::Lost { valid, failed } => {
+                let page = slot.page as usize;
+                if self.page_flags[page] & PAGE_VERSION_UNKNOWN != 0 {
+                    // No version has k splits (a torn write, or too many losses): the page stays
+                    // unreadable until rewritten, and the next write must be newer than every
+                    // split seen.
+                    let newest = slot.read.as_ref().and_then(|read| read.newest_version_seen());
+                    self.versions[page] = newest.unwrap_or(0).max(1);
+                    self.page_flags[page] &= !PAGE_VERSION_UNKNOWN;
+                    self.set_unreadable(page as u64, true);
+                }
+                let slot = &self.slots[event.slot];
+                let error = self.lost_error(slot.page, slot.range, valid, failed);
+                self.finish(event.slot, Err(error), false);
+            }
+        }
+    }
+
+    fn write_outcome(&mut self, event: SplitEvent, stored: bool) {
+        let slot = &mut self.slots[event.slot];
+        let step = slot.write.as_mut().expect("write slot has a write state").on_ack(event.split, stored);
+        match step {
+            WriteStep::Wait => {}
+            WriteStep::Done { degraded } => {
+                let slot = &self.slots[event.slot];
+                let page = slot.page;
+                self.versions[page as usize] = slot.version;
+                self.set_unreadable(page, false);
+                self.page_flags[page as usize] = 0;
+                let slot = &self.slots[event.slot];
+                if degraded != 0 {
+                    tracing::debug!(page = slot.page, degraded, "page written degraded");
+                }
+                self.finish(event.slot, Ok(()), false);
+            }
+            WriteStep::Failed { stored, failed } => {
+                let slot = &self.slots[event.slot];
+                // The new version may be on some splits: the next write must be newer still,
+                // and the next read finds out which version (if any) has k splits.
+                let page = slot.page;
+                self.versions[page as usize] = slot.version;
+                self.page_flags[page as usize] |= PAGE_VERSION_UNKNOWN;
+                self.set_unreadable(page, true);
+                let slot = &self.slots[event.slot];
+                let error = PageError::WriteFailed {
+                    page: slot.page,
+                    range: slot.range,
+                    stored_splits: stored.count_ones() as usize,
+                    needed_splits: self.regions[slot.region].shape.data_splits,
+                    failed_nodes: self.nodes_of(slot.range, failed),
+                };
+                self.finish(event.slot, Err(error), false);
+            }
+        }
+    }
+
+    fn finish(&mut self, slot_index: usize, result: Result<(), PageError>, decoded: bool) {
+        let slot = &self.slots[slot_index];
+        let done = OpDone { index: slot.tag, result, latency: self.now - slot.started, decoded };
+        self.release_slot(slot_index);
+        self.completions.push(done);
+    }
+
+    /// Fails the splits in flight on one slab (evicted): the ops fall back to other splits.
+    pub(super) fn fail_pending_on(&mut self, range: usize, split: usize) {
+        for slot_index in 0..self.slots.len() {
+            let slot = &self.slots[slot_index];
+            if slot.range != range || slot.pending() & (1 << split) == 0 {
+                continue;
+            }
+            let outcome = match slot.kind {
+                SlotKind::Read => Outcome::Read(SplitOutcome::Failed),
+                SlotKind::Write => Outcome::Write(false),
+                _ => continue,
+            };
+            self.events.push(SplitEvent { slot: slot_index, generation: slot.generation, split, outcome });
+        }
+    }
+
+    /// Fails every split in flight on `node`.
+    pub(super) fn fail_pending_on_node(&mut self, node: usize) {
+        for slot_index in 0..self.slots.len() {
+            let slot = &self.slots[slot_index];
+            let pending = slot.pending();
+            if pending == 0 {
+                continue;
+            }
+            let generation = slot.generation;
+            for split in 0..MAX_SPLITS {
+                if pending & (1 << split) == 0 {
+                    continue;
+                }
+                let (target, outcome) = match slot.kind {
+                    SlotKind::Read => {
+                        (self.ranges[slot.range].slabs[split].node, Outcome::Read(SplitOutcome::Failed))
+                    }
+                    SlotKind::Write => (self.ranges[slot.range].slabs[split].node, Outcome::Write(false)),
+                    SlotKind::Probe => (self.probes[slot.probe].targets[split].0, Outcome::ProbeFailed),
+                    SlotKind::Free => continue,
+                };
+                if target == node {
+                    self.events.push(SplitEvent { slot: slot_index, generation, split, outcome });
+                }
+            }
+        }
+    }
+}

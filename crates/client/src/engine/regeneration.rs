@@ -1,0 +1,359 @@
+//! Failure handling that outlives one op: slabs that became unavailable (node failed or hung,
+//! slab evicted, too many corrupt splits, node drained) are rebuilt on another node in the
+//! background (seed 000 §4.2 "Background Slab Regeneration"), driven by the engine's events.
+//!
+//! The client rebuilds nothing itself: it maps an empty slab on a new node (one that holds no
+//! other slab of the range, chosen by the placement policy), points the range at it for writes,
+//! and hands the rebuild to that node with the list of surviving slabs. The new node reads k of
+//! them, decodes, and stores each page unless the client wrote it since the rebuild began, so
+//! writes never wait (the seed blocks them). Reads skip the slab until the node reports every
+//! page back.
+//!
+//! Decisions (each one a fault found from outside, kept as a simulator scenario):
+//! - healing does not wait for traffic: rebuilds are started from [`Engine::tick`];
+//! - a rebuild that reports `pages_lost > 0` failed: the slab stays unavailable and the rebuild
+//!   runs again on the same new slab (pages already rebuilt are skipped there) until every page
+//!   is back, with a growing delay;
+//! - the slab being replaced stays a source while its node is reachable (a node that corrupts,
+//!   a drained node, a stalled node that came back): its good splits may be what some pages
+//!   need. Stale splits there are harmless: the rebuild keeps the newest version with k splits.
+//!   It is released only when its replacement is complete.
+//!
+//! Invariants: a split is read only from a slab whose bit is clear in `unavailable`; a slab
+//! being rebuilt keeps its bit set until its rebuild reports every page back (or loses no more
+//! pages than the client knows to be unreadable anyway: pages whose last write failed). A new
+//! slab takes every write from the moment it is mapped until it is complete or dropped: its
+//! `rebuilding` bit is set exactly while a rebuild names it as its target, retries included.
+
+use std::time::{Duration, Instant};
+
+use remem_proto::{Control, RegenerationSource, MAX_REGENERATION_SOURCES};
+
+use super::{Engine, Membership, NodeId, SlabRef};
+
+/// How long a rebuild that could not start or lost pages first waits before trying again; the
+/// delay doubles up to [`MAX_RETRY_DELAY`].
+const RETRY_DELAY: Duration = Duration::from_millis(200);
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
+
+#[derive(Debug)]
+pub(super) struct Regeneration {
+    range: usize,
+    split: usize,
+    reason: &'static str,
+    state: State,
+    started: Instant,
+    /// The slab being replaced, while it may still serve as a source; released when done.
+    old: Option<SlabRef>,
+    /// A new slab already mapped by an earlier attempt (its rebuilt pages are kept).
+    target: Option<SlabRef>,
+    attempts: u32,
+}
+
+#[derive(Debug)]
+enum State {
+    Queued { not_before: Instant },
+    Mapping { node: NodeId, request_id: u64 },
+    Rebuilding { node: NodeId, request_id: u64 },
+}
+
+impl Regeneration {
+    pub(super) fn not_before(&self) -> Option<Instant> {
+        match self.state {
+            State::Queued { not_before } => Some(not_before),
+            _ => None,
+        }
+    }
+
+    fn retry_delay(&self) -> Duration {
+        RETRY_DELAY.saturating_mul(1 << self.attempts.min(5)).min(MAX_RETRY_DELAY)
+    }
+}
+
+/// Progress of background work, for tests and the CLI.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegenerationStatus {
+    pub in_flight: usize,
+    pub done: u64,
+}
+
+impl Engine {
+    /// Marks a slab unavailable and, if enabled, queues its rebuild (once per slab). With
+    /// `keep_old` the slab being replaced is a source while its node is reachable.
+    pub(super) fn schedule_regeneration(
+        &mut self,
+        range: usize,
+        split: usize,
+        reason: &'static str,
+        keep_old: bool,
+    ) {
+        let bit = 1 << split;
+        self.ranges[range].unavailable |= bit;
+        // An unavailable slab is never read or written through shared memory again.
+        self.drop_shm(range, split);
+        if !self.config.regenerate {
+            return;
+        }
+        if self.regenerations.iter().any(|task| task.range == range && task.split == split) {
+            return;
+        }
+        tracing::info!(range, split, reason, "slab lost: rebuilding it elsewhere");
+        let old = self.ranges[range].slabs[split];
+        self.regenerations.push(Regeneration {
+            range,
+            split,
+            reason,
+            state: State::Queued { not_before: self.now },
+            started: self.now,
+            old: keep_old.then_some(old),
+            target: None,
+            attempts: 0,
+        });
+        if !keep_old {
+            self.release_slab(old);
+        }
+    }
+
+    /// Starts queued rebuilds whose time has come.
+    pub(super) fn drive_regenerations(&mut self) {
+        for index in 0..self.regenerations.len() {
+            if let State::Queued { not_before } = self.regenerations[index].state {
+                if not_before <= self.now {
+                    self.start_regeneration(index);
+                }
+            }
+        }
+    }
+
+    fn requeue(&mut self, index: usize) {
+        let task = &mut self.regenerations[index];
+        let delay = task.retry_delay();
+        task.attempts += 1;
+        task.state = State::Queued { not_before: self.now + delay };
+    }
+
+    fn start_regeneration(&mut self, index: usize) {
+        if let Some(target) = self.regenerations[index].target {
+            if self.nodes[target.node].connected {
+                return self.send_regenerate(index, target);
+            }
+            self.regenerations[index].target = None;
+        }
+        let (range, split) = (self.regenerations[index].range, self.regenerations[index].split);
+        let in_range: Vec<usize> = self.ranges[range].slabs.iter().map(|slab| slab.node).collect();
+        let candidates = self.placement_candidates();
+        let Ok(node) = self.placement.replace(&candidates, &in_range) else {
+            tracing::warn!(range, split, "no node can take the rebuilt slab yet; retrying");
+            return self.requeue(index);
+        };
+        let region = &self.regions[self.ranges[range].region];
+        let message = Control::MapSlab {
+            split_bytes: region.split_bytes as u32,
+            split_index: split as u8,
+            first_page: self.range_first_page(range),
+            range_id: range as u64,
+        };
+        let request_id = self.send_control(node, &message).expect("candidates are connected");
+        // Count the slab now so that two rebuilds do not pile onto one node.
+        let info = &mut self.nodes[node].info;
+        info.slabs_mapped += 1;
+        info.free_bytes = info.free_bytes.saturating_sub(info.slab_size_bytes);
+        self.regenerations[index].state = State::Mapping { node, request_id };
+    }
+
+    /// Points the range at the new slab for writes and hands the rebuild to its node.
+    fn send_regenerate(&mut self, index: usize, target: SlabRef) {
+        let (range, split, old) =
+            (self.regenerations[index].range, self.regenerations[index].split, self.regenerations[index].old);
+        let bit = 1 << split;
+        self.drop_shm(range, split);
+        self.ranges[range].slabs[split] = target;
+        self.ranges[range].rebuilding |= bit;
+        let region = &self.regions[self.ranges[range].region];
+        let shape = region.shape;
+        let unavailable = self.ranges[range].unavailable;
+        let mut sources: Vec<RegenerationSource> = Vec::with_capacity(shape.total_splits());
+        if let Some(old) = old.filter(|old| self.nodes[old.node].connected) {
+            sources.push(RegenerationSource {
+                split_index: split as u8,
+                slab_id: old.slab_id,
+                address: self.nodes[old.node].address,
+            });
+        }
+        for other in 0..shape.total_splits() {
+            let slab = self.ranges[range].slabs[other];
+            if unavailable & (1 << other) != 0 || !self.nodes[slab.node].connected {
+                continue;
+            }
+            if sources.len() < MAX_REGENERATION_SOURCES {
+                sources.push(RegenerationSource {
+                    split_index: other as u8,
+                    slab_id: slab.slab_id,
+                    address: self.nodes[slab.node].address,
+                });
+            }
+        }
+        if sources.len() < shape.data_splits {
+            // The new slab keeps taking writes (its `rebuilding` bit stays) while the rebuild
+            // waits: a write it missed would be skipped as "written" by the next attempt.
+            tracing::warn!(
+                range,
+                split,
+                sources = sources.len(),
+                "too few slabs reachable to rebuild from; retrying"
+            );
+            return self.requeue(index);
+        }
+        let message = Control::Regenerate {
+            slab_id: target.slab_id,
+            data_splits: shape.data_splits as u8,
+            parity_splits: shape.parity_splits as u8,
+            page_bytes: self.config.page_bytes as u32,
+            pages: region.pages_per_range as u32,
+            sources,
+        };
+        let Some(request_id) = self.send_control(target.node, &message) else {
+            self.ranges[range].rebuilding &= !bit;
+            self.regenerations[index].target = None;
+            return self.requeue(index);
+        };
+        self.regenerations[index].state = State::Rebuilding { node: target.node, request_id };
+    }
+
+    /// Routes a control reply to the rebuild waiting for it. False if none was.
+    pub(super) fn regeneration_reply(&mut self, from: NodeId, request_id: u64, message: &Control) -> bool {
+        let Some(index) = self.regenerations.iter().position(|task| match task.state {
+            State::Mapping { node, request_id: id } | State::Rebuilding { node, request_id: id } => {
+                node == from && id == request_id
+            }
+            State::Queued { .. } => false,
+        }) else {
+            return false;
+        };
+        let (range, split) = (self.regenerations[index].range, self.regenerations[index].split);
+        let bit = 1 << split;
+        let pages_per_range = self.regions[self.ranges[range].region].pages_per_range;
+        match (&self.regenerations[index].state, message) {
+            (State::Mapping { node, .. }, Control::SlabMapped { slab_id, slots }) => {
+                let target = SlabRef { node: *node, slab_id: *slab_id };
+                if u64::from(*slots) != pages_per_range {
+                    tracing::error!(node = %self.nodes[target.node].address, slots, "rebuild slab has the wrong size");
+                    self.unmap_quietly(target.node, target.slab_id);
+                    return {
+                        self.requeue(index);
+                        true
+                    };
+                }
+                self.regenerations[index].target = Some(target);
+                self.send_regenerate(index, target);
+            }
+            (State::Rebuilding { .. }, Control::Ok) => {}
+            (
+                State::Rebuilding { node, .. },
+                Control::RegenerationDone { pages_rebuilt, pages_skipped, pages_lost, .. },
+            ) => {
+                let task = &self.regenerations[index];
+                let seconds = (self.now - task.started).as_secs_f64();
+                let node_address = self.nodes[*node].address;
+                let unreadable = self.ranges[range].unreadable_pages;
+                if *pages_lost > unreadable {
+                    // Holes: the slab must not be read. Run the rebuild again on the same slab
+                    // (what it rebuilt is kept) until every page is back.
+                    // The slab keeps taking writes meanwhile (`rebuilding` stays set).
+                    tracing::warn!(range, split, node = %node_address, reason = task.reason, pages_rebuilt,
+                        pages_lost, attempt = task.attempts, "rebuild left pages behind; retrying");
+                    self.requeue(index);
+                    return true;
+                }
+                tracing::info!(range, split, node = %node_address, reason = task.reason, pages_rebuilt,
+                    pages_skipped, seconds, "slab rebuilt");
+                self.ranges[range].unavailable &= !bit;
+                self.ranges[range].rebuilding &= !bit;
+                if self.nodes[*node].unix_socket.is_some() && !self.shm.is_empty() {
+                    self.pending_exports.push((range, split));
+                }
+                let task = self.regenerations.swap_remove(index);
+                if let Some(old) = task.old {
+                    self.release_slab(old);
+                }
+                self.regenerations_done += 1;
+            }
+            (state, Control::Error { code, message }) => {
+                tracing::warn!(range, split, ?state, ?code, %message, "rebuild refused; retrying");
+                if let State::Rebuilding { node, .. } = *state {
+                    self.ranges[range].rebuilding &= !bit;
+                    if let Some(target) = self.regenerations[index].target.take() {
+                        if target.node == node {
+                            self.unmap_quietly(node, target.slab_id);
+                        }
+                    }
+                }
+                self.requeue(index);
+            }
+            (state, other) => {
+                tracing::warn!(?state, kind = ?other.kind(), "unexpected reply during a rebuild");
+            }
+        }
+        true
+    }
+
+    /// Releases a slab no range names any more: unmapped now if its node is reachable, else
+    /// remembered and released when the node answers again.
+    pub(super) fn release_slab(&mut self, slab: SlabRef) {
+        match (self.nodes[slab.node].connected, self.nodes[slab.node].membership) {
+            (_, Membership::Removed) => {}
+            (true, _) => self.unmap_quietly(slab.node, slab.slab_id),
+            (false, _) => self.nodes[slab.node].orphans.push(slab.slab_id),
+        }
+    }
+
+    pub(super) fn unmap_quietly(&mut self, node: NodeId, slab_id: u32) {
+        // The reply is not awaited: it lands as an unclaimed control reply and is dropped.
+        if self.send_control(node, &Control::UnmapSlab { slab_id }).is_none() {
+            self.nodes[node].orphans.push(slab_id);
+        }
+    }
+
+    /// A node failed: rebuilds that targeted it start over elsewhere (their slab there is
+    /// released when it comes back); rebuilds using it as the old source go on without it.
+    pub(super) fn regeneration_node_died(&mut self, dead: NodeId) {
+        for index in 0..self.regenerations.len() {
+            let task = &mut self.regenerations[index];
+            let node = match task.state {
+                State::Mapping { node, .. } | State::Rebuilding { node, .. } => Some(node),
+                State::Queued { .. } => None,
+            };
+            let target_dead = task.target.is_some_and(|target| target.node == dead);
+            if node == Some(dead) || target_dead {
+                self.ranges[task.range].rebuilding &= !(1 << task.split);
+                if let Some(target) = task.target.take() {
+                    self.nodes[target.node].orphans.push(target.slab_id);
+                }
+                task.state = State::Queued { not_before: self.now };
+            }
+        }
+    }
+
+    /// The slab that range `range` names for `split` is gone (evicted): a rebuild into it starts
+    /// over.
+    pub(super) fn slab_gone(&mut self, range: usize, split: usize) {
+        let bit = 1 << split;
+        let slab = self.ranges[range].slabs[split];
+        for task in &mut self.regenerations {
+            if task.range == range && task.split == split && task.target == Some(slab) {
+                self.ranges[range].rebuilding &= !bit;
+                task.target = None;
+                task.state = State::Queued { not_before: self.now };
+            }
+        }
+    }
+
+    /// A slab kept as a rebuild source is gone: stop naming it.
+    pub(super) fn forget_source(&mut self, node: NodeId, slab_id: u32) {
+        for task in &mut self.regenerations {
+            if task.old == Some(SlabRef { node, slab_id }) {
+                task.old = None;
+            }
+        }
+    }
+}
