@@ -149,7 +149,13 @@ pub fn serve_connection<S: PageStore, T: Read + Write + AsRawFd>(
     }
 }
 
+/// How often the server lets the store do background work ([`PageStore::background`]).
+pub const BACKGROUND_INTERVAL: Duration = Duration::from_millis(100);
+
 /// Accepts and serves connections until `stop` is raised, then waits for every connection.
+/// A background thread runs the store's background work every [`BACKGROUND_INTERVAL`] under the
+/// store's lock, between requests: healing (rebuilds, failed nodes noticed and readmitted) must
+/// not wait for traffic.
 pub fn serve<S: PageStore + Send>(
     listener: &Listener,
     store: &Mutex<S>,
@@ -159,6 +165,19 @@ pub fn serve<S: PageStore + Send>(
     listener.set_nonblocking()?;
     let active = AtomicUsize::new(0);
     std::thread::scope(|scope| {
+        let background =
+            std::thread::Builder::new().name("nbd-background".into()).spawn_scoped(scope, || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(BACKGROUND_INTERVAL);
+                    match store.lock() {
+                        Ok(mut store) => store.background(),
+                        Err(_) => return,
+                    }
+                }
+            });
+        if let Err(error) = background {
+            tracing::warn!(%error, "cannot start the background thread: the export heals only under I/O");
+        }
         let mut connection_id = 0u64;
         while !stop.load(Ordering::Relaxed) {
             if !poll_readable(listener.raw_fd(), config.limits.poll_interval_ms)? {

@@ -15,6 +15,10 @@ pub trait PageStore {
     fn page_count(&self) -> u64;
     fn execute(&mut self, ops: &mut [PageOp<'_>], on_done: &mut dyn FnMut(OpDone));
     fn discard_page(&mut self, page: u64) -> Result<(), PageError>;
+    /// Background work while no request is in flight (heartbeats, rebuilds, probes of failed
+    /// nodes): the server calls it every [`crate::server::BACKGROUND_INTERVAL`], so the export
+    /// heals even when nobody does I/O.
+    fn background(&mut self) {}
 }
 
 impl PageStore for Client {
@@ -32,6 +36,10 @@ impl PageStore for Client {
 
     fn discard_page(&mut self, page: u64) -> Result<(), PageError> {
         Client::discard_page(self, page)
+    }
+
+    fn background(&mut self) {
+        self.poll_background(Duration::ZERO);
     }
 }
 

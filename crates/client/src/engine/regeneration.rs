@@ -140,7 +140,15 @@ impl Engine {
             self.regenerations[index].target = None;
         }
         let (range, split) = (self.regenerations[index].range, self.regenerations[index].split);
-        let in_range: Vec<usize> = self.ranges[range].slabs.iter().map(|slab| slab.node).collect();
+        // The range's nodes include those of its other rebuilds in flight: two rebuilds of one
+        // range started together must not land on the same node.
+        let mut in_range: Vec<usize> = self.ranges[range].slabs.iter().map(|slab| slab.node).collect();
+        for task in self.regenerations.iter().filter(|task| task.range == range) {
+            if let State::Mapping { node, .. } | State::Rebuilding { node, .. } = task.state {
+                in_range.push(node);
+            }
+            in_range.extend(task.target.map(|target| target.node));
+        }
         let candidates = self.placement_candidates();
         let Ok(node) = self.placement.replace(&candidates, &in_range) else {
             tracing::warn!(range, split, "no node can take the rebuilt slab yet; retrying");

@@ -1,0 +1,237 @@
+//! The engine's drivers and run-time membership, with real node processes: the poll driver
+//! embedded in a test's own mio loop (many ops in flight, new ones arriving, a straggler that
+//! holds back only the ops that need it), and nodes added and drained while a client runs.
+
+mod common;
+
+use std::time::Duration;
+
+use mio::{Events, Poll, Token};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use remem::faults::{inject, Fault};
+use remem::launcher::{LocalCluster, UnixSockets};
+use remem::pattern;
+use remem_client::engine::OpBuffers;
+use remem_client::{Client, ClientConfig, PollClient, Shape, Submit};
+use remem_placement::LeastLoaded;
+
+use common::{Model, PATTERN_SEED};
+
+const EC82: Shape = Shape { data_splits: 8, parity_splits: 2, extra_reads: 1 };
+
+fn cluster(name: &str, nodes: usize) -> LocalCluster {
+    common::start_cluster("drivers", name, nodes, UnixSockets::None)
+}
+
+fn connect(cluster: &LocalCluster, nodes: usize, config: ClientConfig) -> Client {
+    Client::connect(
+        &cluster.addresses()[..nodes],
+        &cluster.secret,
+        config,
+        Box::new(LeastLoaded::new(StdRng::seed_from_u64(7))),
+    )
+    .expect("client connects")
+}
+
+/// The test's own op table: one page buffer per tag.
+struct Pages {
+    buffers: Vec<Vec<u8>>,
+}
+
+impl OpBuffers for Pages {
+    fn read_buffer(&mut self, tag: usize) -> &mut [u8] {
+        &mut self.buffers[tag]
+    }
+}
+
+#[derive(Clone, Copy)]
+enum InFlight {
+    Read { page: u64 },
+    Write { page: u64, generation: u64 },
+}
+
+#[test]
+fn poll_driver_keeps_64_ops_in_flight_and_a_straggler_holds_back_only_its_own() {
+    let cluster = cluster("poll", 12);
+    let pages = 2 * 2048; // two ranges of 1 MiB slabs at EC(8,2)
+    let mut config = ClientConfig::new(EC82, pages * 4096);
+    config.max_in_flight = 80;
+    config.request_timeout = Duration::from_secs(20);
+    let mut client = connect(&cluster, 12, config);
+    let mut model = Model::default();
+    model.write(&mut client, &(0..pages).collect::<Vec<_>>());
+
+    // A node of range 0 that range 1 does not use holds every reply back by 2 s.
+    let range0 = client.range_nodes(0);
+    let range1 = client.range_nodes(1);
+    let slow = *range0.iter().find(|node| !range1.contains(node)).expect("least-loaded placement spreads");
+    let address = cluster.file.nodes[slow].address;
+    let delay = Fault::Delay { delay_us: 2_000_000, fraction_ppm: 1_000_000, seed: 3 };
+    inject(address, &cluster.secret, client.client_id(), delay).expect("delay injected");
+
+    let mut poll_client = PollClient::new(client);
+    let mut poll = Poll::new().expect("poll");
+    poll_client.register(poll.registry(), Token(7)).expect("register");
+    let mut events = Events::with_capacity(64);
+    let slots = 65;
+    let mut buffers = Pages { buffers: vec![vec![0; 4096]; slots] };
+    let mut in_flight: Vec<Option<InFlight>> = vec![None; slots];
+    let mut generations = model.generations.clone();
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut write_data = vec![0u8; 4096];
+
+    // Tag 64: one write to range 0, which needs the straggler's ack.
+    let slow_page = 5;
+    let slow_generation = generations[&slow_page] + 1;
+    pattern::fill(&mut write_data, slow_page, slow_generation, PATTERN_SEED);
+    assert!(poll_client.submit(64, Submit::Write { page: slow_page, data: &write_data }, &mut buffers));
+    in_flight[64] = Some(InFlight::Write { page: slow_page, generation: slow_generation });
+
+    let mut completed_while_slow = 0usize;
+    let mut slow_done = false;
+    let mut most_in_flight = 0;
+    let mut verified = 0;
+    let mut scratch = vec![0u8; 4096];
+    let started = std::time::Instant::now();
+    while !slow_done {
+        assert!(started.elapsed() < Duration::from_secs(60), "the loop did not finish");
+        // New requests keep arriving: fill every free tag with an op on range 1 (pages
+        // 2048..4096), never two on one page.
+        for tag in 0..64 {
+            if in_flight[tag].is_some() {
+                continue;
+            }
+            let page = loop {
+                let page = rng.gen_range(2048..pages);
+                if !in_flight.iter().flatten().any(|op| match op {
+                    InFlight::Read { page: busy } | InFlight::Write { page: busy, .. } => *busy == page,
+                }) {
+                    break page;
+                }
+            };
+            let op = if rng.gen_bool(0.5) {
+                let generation = generations[&page] + 1;
+                pattern::fill(&mut write_data, page, generation, PATTERN_SEED);
+                assert!(poll_client.submit(tag, Submit::Write { page, data: &write_data }, &mut buffers));
+                InFlight::Write { page, generation }
+            } else {
+                assert!(poll_client.submit(tag, Submit::Read { page }, &mut buffers));
+                InFlight::Read { page }
+            };
+            in_flight[tag] = Some(op);
+        }
+        most_in_flight = most_in_flight.max(poll_client.in_flight());
+        let timeout = poll_client
+            .next_deadline()
+            .map(|deadline| deadline.saturating_duration_since(std::time::Instant::now()));
+        poll.poll(&mut events, timeout.map(|timeout| timeout.min(Duration::from_millis(50)))).expect("poll");
+        if events.iter().any(|event| event.token() == Token(7)) {
+            poll_client.on_readable(&mut buffers);
+        } else {
+            poll_client.on_timer(&mut buffers);
+        }
+        let done: Vec<_> = poll_client.completions().collect();
+        for done in done {
+            let op = in_flight[done.index].take().expect("a completion for an op in flight");
+            done.result.as_ref().expect("no op fails: the straggler is only slow");
+            match op {
+                InFlight::Write { page, generation } => {
+                    generations.insert(page, generation);
+                }
+                InFlight::Read { page } => {
+                    let generation = generations[&page];
+                    assert!(
+                        pattern::check(
+                            &buffers.buffers[done.index],
+                            page,
+                            generation,
+                            PATTERN_SEED,
+                            &mut scratch
+                        ),
+                        "page {page} read back wrong"
+                    );
+                    verified += 1;
+                }
+            }
+            if done.index == 64 {
+                slow_done = true;
+            } else {
+                completed_while_slow += 1;
+            }
+        }
+    }
+    eprintln!(
+        "{completed_while_slow} ops on range 1 completed while a write waited on the straggler; \
+         {verified} reads verified; at most {most_in_flight} in flight"
+    );
+    assert!(most_in_flight >= 64, "only {most_in_flight} ops were in flight at once");
+    assert!(
+        completed_while_slow >= 500,
+        "the straggler held back ops that do not need it: {completed_while_slow} completed meanwhile"
+    );
+    assert!(verified > 0);
+}
+
+#[test]
+fn a_node_added_at_run_time_takes_rebuilt_slabs() {
+    // The client starts on 11 of 12 nodes (width 10, one spare); two kills leave 9, too few for
+    // a range, until the twelfth node joins.
+    let mut cluster = cluster("add", 12);
+    let pages = 2048;
+    let mut config = ClientConfig::new(EC82, pages * 4096);
+    config.request_timeout = Duration::from_millis(1500);
+    let mut client = connect(&cluster, 11, config);
+    let mut model = Model::default();
+    let all: Vec<u64> = (0..pages).collect();
+    model.write(&mut client, &all);
+    let nodes = client.range_nodes(0);
+    cluster.kill(nodes[0]).unwrap();
+    cluster.kill(nodes[1]).unwrap();
+    // An idle client notices (the connections close; heartbeats would catch a hang) and
+    // rebuilds what it can: one slab on the spare, the other has nowhere to go.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !(client.engine().nodes().iter().filter(|node| !node.connected).count() == 2
+        && client.regeneration_status().done == 1)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the client did not notice both kills: {:?} failed, {:?}",
+            client.engine().nodes().iter().map(|node| node.connected).collect::<Vec<_>>(),
+            client.regeneration_status()
+        );
+        client.poll_background(Duration::from_millis(50));
+    }
+    model.read(&mut client, &all);
+    assert_ne!(client.ranges()[0].unavailable, 0, "nine nodes cannot hold a range of ten");
+    let added = client.add_node(&cluster.addresses()[11]).expect("node added");
+    assert!(client.wait_for_regenerations(Duration::from_secs(60)), "rebuilds finish once the node joins");
+    assert_eq!(client.ranges()[0].unavailable, 0, "full redundancy again");
+    assert!(client.slabs_on(added) >= 1, "the added node took a rebuilt slab");
+    model.read(&mut client, &all);
+}
+
+#[test]
+fn a_drained_node_ends_with_no_slabs_and_every_page_verifies() {
+    let cluster = cluster("drain", 12);
+    let pages = 2048;
+    let config = ClientConfig::new(EC82, pages * 4096);
+    let mut client = connect(&cluster, 12, config);
+    let mut model = Model::default();
+    let all: Vec<u64> = (0..pages).collect();
+    model.write(&mut client, &all);
+    let drained = client.range_nodes(0)[3];
+    client.drain_node(drained);
+    // Reads and writes go on during the drain.
+    model.write(&mut client, &all[..256]);
+    model.read(&mut client, &all[..512]);
+    assert!(client.wait_for_regenerations(Duration::from_secs(60)), "the drain finishes");
+    assert_eq!(client.slabs_on(drained), 0, "no range names the drained node");
+    assert_eq!(client.ranges()[0].unavailable, 0);
+    // Its slab was released on the node itself.
+    client.poll_background(Duration::from_millis(200));
+    let infos = client.node_infos();
+    let info = infos[drained].1.as_ref().expect("the drained node still answers");
+    assert_eq!(info.slabs_mapped, 0, "the drained node still maps {} slabs", info.slabs_mapped);
+    model.read(&mut client, &all);
+}
