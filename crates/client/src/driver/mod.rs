@@ -10,6 +10,7 @@
 //! Per page, nothing is allocated: op slots, parity buffers, the event queue and the socket
 //! buffers are sized when the client connects (or adds a region).
 
+mod config;
 mod connect;
 mod control;
 mod membership;
@@ -18,7 +19,6 @@ mod slab_map;
 mod transport;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use remem_codec::CodecParams;
@@ -27,11 +27,11 @@ use remem_proto::auth::Secret;
 use remem_proto::{Control, NodeInfo};
 
 use crate::core::Shape;
-use crate::engine::{
-    Action, Engine, EngineConfig, NoBuffers, NodeId, OpBuffers, RegionInfo, SlabRef, Submit,
-};
+use crate::engine::{Action, Engine, NoBuffers, NodeId, OpBuffers, RegionInfo, SlabRef, Submit};
 use crate::error::{ConnectError, PageError};
 
+use config::Batch;
+pub use config::{ClientConfig, MemoryReport, NodeAddress, PageOp};
 pub(crate) use connect::connect_node;
 pub use poll::PollClient;
 pub use slab_map::{SlabMapError, SlabMapFile};
@@ -42,128 +42,6 @@ pub(crate) use transport::Transport;
 const SOCKET_CHECK_INTERVAL: Duration = Duration::from_millis(1);
 /// A probe of a failed node waits at most this long for it to answer (it blocks the loop).
 const PROBE_CONNECT_TIMEOUT: Duration = Duration::from_millis(300);
-
-/// Where a node listens.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeAddress {
-    pub address: SocketAddr,
-    /// The node's Unix socket, if it has one on this host: with
-    /// [`ClientConfig::shared_memory`] the client connects there and maps its slabs.
-    pub unix_socket: Option<PathBuf>,
-}
-
-/// Settings of one client.
-#[derive(Clone, Debug)]
-pub struct ClientConfig {
-    /// Shape of the first region (the address space given to `connect`).
-    pub shape: Shape,
-    pub page_bytes: usize,
-    pub address_space_bytes: u64,
-    /// Identity that owns the slabs on the nodes.
-    pub client_id: u64,
-    /// Pages in flight at once in [`Client::execute`].
-    pub max_in_flight: usize,
-    /// A node that leaves a split unanswered this long is treated as failed.
-    pub request_timeout: Duration,
-    pub connect_timeout: Duration,
-    /// Above this corrupt-split rate a node is suspect: reads of its ranges start with one
-    /// more split (the seed's ErrorCorrectionLimit).
-    pub error_correction_limit: f64,
-    /// Above this rate the node's slabs are rebuilt elsewhere (SlabRegenerationLimit).
-    pub slab_regeneration_limit: f64,
-    /// Splits read from a node before its error rate is trusted.
-    pub error_rate_min_samples: u64,
-    /// Rebuild lost, evicted or corrupt slabs on other nodes in the background.
-    pub regenerate: bool,
-    /// Poll without blocking this long before blocking on the sockets (0 = block at once).
-    pub spin_before_block: Duration,
-    /// Unmap every slab when the client is dropped. Off for a client that saves its slab map
-    /// to come back to its pages after a restart.
-    pub release_on_drop: bool,
-    /// Reach nodes that have a Unix socket through it and map their slabs as shared memory
-    /// (`docs/SHM.md`); splits on those slabs are then plain loads and stores.
-    pub shared_memory: bool,
-    /// A quiet node is pinged this often; a failed node is probed this often.
-    pub heartbeat_interval: Duration,
-    pub probe_interval: Duration,
-}
-
-impl ClientConfig {
-    pub fn new(shape: Shape, address_space_bytes: u64) -> ClientConfig {
-        ClientConfig {
-            shape,
-            page_bytes: 4096,
-            address_space_bytes,
-            client_id: rand::random(),
-            max_in_flight: 32,
-            request_timeout: Duration::from_secs(2),
-            connect_timeout: Duration::from_secs(5),
-            error_correction_limit: 0.001,
-            slab_regeneration_limit: 0.01,
-            error_rate_min_samples: 256,
-            regenerate: true,
-            release_on_drop: true,
-            spin_before_block: Duration::ZERO,
-            shared_memory: false,
-            heartbeat_interval: Duration::from_secs(1),
-            probe_interval: Duration::from_secs(1),
-        }
-    }
-
-    pub(crate) fn engine_config(&self) -> EngineConfig {
-        EngineConfig {
-            client_id: self.client_id,
-            page_bytes: self.page_bytes,
-            max_in_flight: self.max_in_flight,
-            request_timeout: self.request_timeout,
-            error_correction_limit: self.error_correction_limit,
-            slab_regeneration_limit: self.slab_regeneration_limit,
-            error_rate_min_samples: self.error_rate_min_samples,
-            regenerate: self.regenerate,
-            heartbeat_interval: self.heartbeat_interval,
-            probe_interval: self.probe_interval,
-        }
-    }
-}
-
-/// One page operation of a batch given to [`Client::execute`].
-pub enum PageOp<'a> {
-    Write {
-        page: u64,
-        data: &'a [u8],
-    },
-    Read {
-        page: u64,
-        buf: &'a mut [u8],
-    },
-    /// A raw fan-out of a prepared probe (see [`Client::prepare_probe`]): the transport floor.
-    Probe {
-        probe: usize,
-    },
-}
-
-/// A batch's ops as the engine's buffers: the tag of an op is its index.
-struct Batch<'a, 'b>(&'a mut [PageOp<'b>]);
-
-impl OpBuffers for Batch<'_, '_> {
-    fn read_buffer(&mut self, tag: usize) -> &mut [u8] {
-        match &mut self.0[tag] {
-            PageOp::Read { buf, .. } => buf,
-            _ => unreachable!("op {tag} is not a read"),
-        }
-    }
-}
-
-/// Memory the nodes report, for the overhead figure.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MemoryReport {
-    /// Slab bytes mapped by this client (every slab of every range).
-    pub slab_bytes: u64,
-    /// Per-slot metadata the nodes keep for those slabs.
-    pub metadata_bytes: u64,
-    /// Bytes of address space covered by the mapped ranges.
-    pub address_space_bytes: u64,
-}
 
 /// A connected client: the engine driven by the caller's thread over real sockets.
 ///

@@ -14,6 +14,7 @@
 
 use std::time::Instant;
 
+use remem_placement::NodeLoad;
 use remem_proto::{Control, NodeInfo};
 
 use super::{Action, Engine, Membership, NodeEntry, NodeId, OpBuffers};
@@ -159,7 +160,7 @@ impl Engine {
 
     /// A node that leaves a split unanswered past its op's deadline has failed. One flag per
     /// node: there is no limit on the node count.
-    fn expire_deadlines(&mut self) {
+    pub(super) fn expire_deadlines(&mut self) {
         let now = self.now;
         let mut any = false;
         for slot in &self.slots {
@@ -196,7 +197,7 @@ impl Engine {
     }
 
     /// Pings nodes that have been quiet, and fails those whose ping went unanswered.
-    fn heartbeats(&mut self) {
+    pub(super) fn heartbeats(&mut self) {
         let now = self.now;
         for node in 0..self.nodes.len() {
             let entry = &self.nodes[node];
@@ -220,7 +221,7 @@ impl Engine {
     }
 
     /// Asks the driver to reconnect to failed nodes whose probe is due.
-    fn probe_failed_nodes(&mut self) {
+    pub(super) fn probe_failed_nodes(&mut self) {
         let now = self.now;
         for node in 0..self.nodes.len() {
             let entry = &mut self.nodes[node];
@@ -281,5 +282,40 @@ impl Engine {
             }
         }
         self.forget_source(node, slab_id);
+    }
+
+    /// Nodes added without a connection (unreachable at a reopen) count as failed: their slabs
+    /// are unavailable and rebuilt, and they are probed.
+    pub fn fail_unreachable_nodes(&mut self, now: Instant) {
+        self.now = now;
+        for node in 0..self.nodes.len() {
+            if !self.nodes[node].connected && self.nodes[node].membership != Membership::Removed {
+                self.nodes[node].connected = true;
+                self.node_failed(node, "unreachable");
+            }
+        }
+    }
+
+    pub fn nodes(&self) -> &[NodeEntry] {
+        &self.nodes
+    }
+
+    pub fn node(&self, node: NodeId) -> &NodeEntry {
+        &self.nodes[node]
+    }
+
+    /// Updates what the engine knows of a node's load (a NodeInfo the driver fetched).
+    pub fn set_node_info(&mut self, node: NodeId, info: NodeInfo) {
+        self.nodes[node].info = info;
+    }
+
+    /// Candidates for a new slab: connected members, with their loads.
+    pub(super) fn placement_candidates(&self) -> Vec<NodeLoad> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, node)| node.connected && node.membership == Membership::Member)
+            .map(|(index, node)| node.load(index))
+            .collect()
     }
 }
