@@ -22,6 +22,7 @@ mod driver;
 pub mod engine;
 pub mod error;
 mod shm;
+mod status;
 
 pub use crate::core::Shape;
 pub use crate::driver::{
@@ -29,4 +30,5 @@ pub use crate::driver::{
 };
 pub use crate::engine::{NodeId, NodeStats, OpDone, Range, RegenerationStatus, RegionInfo, SlabRef, Submit};
 pub use crate::error::{ConnectError, PageError};
+pub use crate::status::NodeStatus;
 pub use remem_proto::auth::Secret;

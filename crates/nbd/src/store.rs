@@ -112,7 +112,11 @@ impl PageStore for MemoryStore {
                         Ok(())
                     }
                 }
-                PageOp::Probe { .. } => panic!("the NBD server never probes"),
+                // Probes measure a transport; a store in memory has none to measure.
+                PageOp::Probe { .. } => Err(PageError::Protocol {
+                    address: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+                    message: "a memory store has no transport to probe".into(),
+                }),
             };
             results.push(result);
         }

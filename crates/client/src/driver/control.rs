@@ -174,9 +174,9 @@ impl Client {
             let slots = self.engine.pages_per_range_of(range);
             match self.export_slab(slab.node, slab.slab_id, split_bytes, slots) {
                 Ok(mapping) => self.engine.set_shared_mapping(range, split, mapping),
-                Err(message) => {
+                Err(error) => {
                     let address = self.engine.node(slab.node).address;
-                    tracing::warn!(node = %address, slab_id = slab.slab_id, %message, "slab stays on the socket path")
+                    tracing::warn!(node = %address, slab_id = slab.slab_id, %error, "slab stays on the socket path")
                 }
             }
         }
@@ -188,22 +188,38 @@ impl Client {
         slab_id: u32,
         split_bytes: usize,
         slots: u64,
-    ) -> Result<ShmSlab, String> {
-        let reply =
-            self.control(node, &Control::ExportSlab { slab_id }).map_err(|error| error.to_string())?;
+    ) -> Result<ShmSlab, ExportError> {
+        let reply = self.control(node, &Control::ExportSlab { slab_id })?;
         let Control::SlabExported { slab_id: exported, epoch, layout } = reply else {
-            return Err(format!("{:?} reply to ExportSlab", reply.kind()));
+            return Err(ExportError::UnexpectedReply(reply.kind()));
         };
         // The memfd came with the reply's first byte, so it is queued on the connection.
         let memfd = self.transport.take_fd(node);
         if exported != slab_id {
-            return Err(format!("asked for slab {slab_id}, node exported {exported}"));
+            return Err(ExportError::WrongSlab { asked: slab_id, exported });
         }
         if layout.split_bytes as usize != split_bytes || u64::from(layout.slots) != slots {
-            return Err(format!("slab of {} splits of {} bytes", layout.slots, layout.split_bytes));
+            return Err(ExportError::WrongLayout { slots: layout.slots, split_bytes: layout.split_bytes });
         }
-        let memfd = memfd.ok_or("no descriptor with SlabExported")?;
+        let memfd = memfd.ok_or(ExportError::NoDescriptor)?;
         let expected = shm::Expected { owner_client_id: self.config.client_id, slab_id, epoch, layout };
-        ShmSlab::map(memfd, node, expected).map_err(|error| error.to_string())
+        Ok(ShmSlab::map(memfd, node, expected)?)
     }
+}
+
+/// Why a slab could not be mapped as shared memory (it then stays on the socket path).
+#[derive(Debug, thiserror::Error)]
+enum ExportError {
+    #[error(transparent)]
+    Page(#[from] PageError),
+    #[error("{0:?} reply to ExportSlab")]
+    UnexpectedReply(remem_proto::Kind),
+    #[error("asked for slab {asked}, the node exported {exported}")]
+    WrongSlab { asked: u32, exported: u32 },
+    #[error("the node exported a slab of {slots} splits of {split_bytes} bytes")]
+    WrongLayout { slots: u32, split_bytes: u32 },
+    #[error("no descriptor came with SlabExported")]
+    NoDescriptor,
+    #[error(transparent)]
+    Map(#[from] shm::ShmError),
 }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use remem_codec::CodecParams;
 use remem_placement::{NodeLoad, Placement};
 use remem_proto::auth::Secret;
-use remem_proto::{Control, NodeInfo};
+use remem_proto::Control;
 
 use crate::core::Shape;
 use crate::engine::{Action, Engine, NoBuffers, NodeId, OpBuffers, RegionInfo, SlabRef, Submit};
@@ -479,15 +479,15 @@ impl Client {
         self.config.client_id
     }
 
-    /// Node info of every node (`Err` for a node that is down).
-    pub fn node_infos(&mut self) -> Vec<(SocketAddr, Result<NodeInfo, PageError>)> {
+    /// What every node reports of itself (`Err` for a node that is down or does not answer).
+    pub fn node_infos(&mut self) -> Vec<(SocketAddr, Result<crate::NodeStatus, PageError>)> {
         (0..self.engine.nodes().len())
             .map(|node| {
                 let address = self.engine.node(node).address;
                 let info = match self.control(node, &Control::NodeInfo) {
                     Ok(Control::NodeInfoReply(info)) => {
                         self.engine.set_node_info(node, info.clone());
-                        Ok(info)
+                        Ok(crate::NodeStatus::from(info))
                     }
                     Ok(other) => {
                         Err(PageError::Protocol { address, message: format!("{:?} reply", other.kind()) })
