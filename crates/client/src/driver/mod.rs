@@ -40,8 +40,8 @@ pub(crate) use transport::Transport;
 /// With shared-memory slabs a batch may finish without touching a socket; the sockets (eviction
 /// notices, a node's EOF) are still looked at, without blocking, at least this often.
 const SOCKET_CHECK_INTERVAL: Duration = Duration::from_millis(1);
-/// A probe of a failed node waits at most this long for it to answer (it blocks the loop).
-const PROBE_CONNECT_TIMEOUT: Duration = Duration::from_millis(300);
+/// A probe of a failed node waits at most this long for it to answer (on its own thread).
+const PROBE_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A connected client: the engine driven by the caller's thread over real sockets.
 ///
@@ -54,7 +54,13 @@ pub struct Client {
     /// Ops in flight at most (<= the engine's slots); see [`Client::set_max_in_flight`].
     in_flight_limit: usize,
     last_socket_check: Instant,
+    /// Failed nodes with a probe under way, and where the probes report.
+    probing: Vec<NodeId>,
+    probe_results: ProbeChannel,
 }
+
+type ProbeResult = (NodeId, Result<(connect::BlockingStream, remem_proto::NodeInfo), ConnectError>);
+type ProbeChannel = (std::sync::mpsc::Sender<ProbeResult>, std::sync::mpsc::Receiver<ProbeResult>);
 
 impl Client {
     /// Connects to every node, authenticates, maps k+r slabs per address range with
@@ -105,6 +111,8 @@ impl Client {
             secret: secret.clone(),
             transport,
             last_socket_check: Instant::now(),
+            probing: Vec::new(),
+            probe_results: std::sync::mpsc::channel(),
             config,
         })
     }
@@ -381,46 +389,72 @@ impl Client {
         let spin = self.config.spin_before_block;
         self.transport.wait_and_read(&mut self.engine, timeout, spin, buffers);
         self.engine.tick(Instant::now(), buffers);
+        self.finish_probes(buffers);
         self.carry_out_actions(buffers);
         self.transport.flush_all(&mut self.engine, buffers);
     }
 
     /// Connects and disconnects as the engine asks.
-    fn carry_out_actions(&mut self, buffers: &mut dyn OpBuffers) {
+    fn carry_out_actions(&mut self, _buffers: &mut dyn OpBuffers) {
         while self.engine.has_actions() {
             let actions: Vec<Action> = self.engine.take_actions().collect();
             for action in actions {
                 match action {
                     Action::Disconnect { node } => self.transport.detach(node),
-                    Action::Connect { node } => self.probe_node(node, buffers),
+                    Action::Connect { node } => self.probe_node(node),
                 }
             }
         }
     }
 
-    /// Tries to reconnect to a failed node; on success the engine readmits it.
-    fn probe_node(&mut self, node: NodeId, buffers: &mut dyn OpBuffers) {
+    /// Starts a probe of a failed node on a helper thread: connecting and authenticating may
+    /// block (a stopped node accepts TCP connections and never answers), which the data path
+    /// must not wait for. The result is taken by [`Client::finish_probes`].
+    fn probe_node(&mut self, node: NodeId) {
+        if self.probing.contains(&node) {
+            return;
+        }
         let entry = self.engine.node(node);
-        let (address, unix) = (entry.address, entry.unix_socket.clone());
-        let unix = unix.filter(|_| self.config.shared_memory);
+        let address = entry.address;
+        let unix = entry.unix_socket.clone().filter(|_| self.config.shared_memory);
+        let (secret, client_id) = (self.secret.clone(), self.config.client_id);
         let timeout = PROBE_CONNECT_TIMEOUT.min(self.config.connect_timeout);
-        match connect_node(address, unix.as_deref(), &self.secret, self.config.client_id, timeout) {
-            Ok((stream, info)) => {
-                if let Err(error) = self.transport.attach(node, Some(stream)) {
-                    tracing::warn!(node = %address, %error, "probe connected but could not register");
-                    return;
+        let results = self.probe_results.0.clone();
+        let spawned = std::thread::Builder::new().name(format!("remem-probe-{node}")).spawn(move || {
+            let result = connect_node(address, unix.as_deref(), &secret, client_id, timeout);
+            let _ = results.send((node, result));
+        });
+        match spawned {
+            Ok(_) => self.probing.push(node),
+            Err(error) => tracing::warn!(node = %address, %error, "cannot start a probe thread"),
+        }
+    }
+
+    /// Readmits the failed nodes whose probe connected.
+    fn finish_probes(&mut self, buffers: &mut dyn OpBuffers) {
+        while let Ok((node, result)) = self.probe_results.1.try_recv() {
+            self.probing.retain(|probing| *probing != node);
+            let address = self.engine.node(node).address;
+            let (stream, info) = match result {
+                Ok(connected) => connected,
+                Err(error) => {
+                    tracing::debug!(node = %address, %error, "failed node still unreachable");
+                    continue;
                 }
-                self.engine.node_connected(Instant::now(), node, info);
-                if self.engine.node(node).connected {
-                    // Volunteer again for activity questions on the new connection.
-                    let _ = self
-                        .engine
-                        .queue_control(node, &Control::AnswerActivity)
-                        .map(|id| self.engine.forget_control(id));
-                }
-                self.transport.flush(&mut self.engine, node, buffers);
+            };
+            if self.engine.node(node).connected {
+                continue;
             }
-            Err(error) => tracing::debug!(node = %address, %error, "failed node still unreachable"),
+            if let Err(error) = self.transport.attach(node, Some(stream)) {
+                tracing::warn!(node = %address, %error, "probe connected but could not register");
+                continue;
+            }
+            self.engine.node_connected(Instant::now(), node, info);
+            if self.engine.node(node).connected {
+                // Volunteer again for activity questions on the new connection.
+                self.engine.send_control(node, &Control::AnswerActivity);
+            }
+            self.transport.flush(&mut self.engine, node, buffers);
         }
     }
 

@@ -482,7 +482,7 @@ impl Engine {
     }
 
     /// Queues a control request whose reply nobody awaits (it is dropped when it comes).
-    fn send_control(&mut self, node: NodeId, message: &Control) -> Option<u64> {
+    pub fn send_control(&mut self, node: NodeId, message: &Control) -> Option<u64> {
         if !self.nodes[node].connected {
             return None;
         }
