@@ -34,6 +34,15 @@ fn connect(cluster: &LocalCluster, nodes: usize, config: ClientConfig) -> Client
     .expect("client connects")
 }
 
+/// Runs an idle client's background work until it has declared `count` nodes failed.
+fn wait_until_failed(client: &mut Client, count: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while client.engine().nodes().iter().filter(|node| !node.connected).count() < count {
+        assert!(std::time::Instant::now() < deadline, "the client did not notice {count} failed nodes");
+        client.poll_background(Duration::from_millis(50));
+    }
+}
+
 /// The test's own op table: one page buffer per tag.
 struct Pages {
     buffers: Vec<Vec<u8>>,
@@ -190,16 +199,10 @@ fn a_node_added_at_run_time_takes_rebuilt_slabs() {
     cluster.kill(nodes[1]).unwrap();
     // An idle client notices (the connections close; heartbeats would catch a hang) and
     // rebuilds what it can: one slab on the spare, the other has nowhere to go.
+    wait_until_failed(&mut client, 2);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !(client.engine().nodes().iter().filter(|node| !node.connected).count() == 2
-        && client.regeneration_status().done == 1)
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the client did not notice both kills: {:?} failed, {:?}",
-            client.engine().nodes().iter().map(|node| node.connected).collect::<Vec<_>>(),
-            client.regeneration_status()
-        );
+    while client.regeneration_status().done < 1 {
+        assert!(std::time::Instant::now() < deadline, "the spare did not take a slab");
         client.poll_background(Duration::from_millis(50));
     }
     model.read(&mut client, &all);
@@ -233,5 +236,59 @@ fn a_drained_node_ends_with_no_slabs_and_every_page_verifies() {
     let infos = client.node_infos();
     let info = infos[drained].1.as_ref().expect("the drained node still answers");
     assert_eq!(info.slabs_mapped, 0, "the drained node still maps {} slabs", info.slabs_mapped);
+    model.read(&mut client, &all);
+}
+
+#[test]
+fn one_client_holds_regions_of_different_shapes_and_survives_their_failures() {
+    // EC(8,2) (the first region), rep(3) (k=1, r=2) and no redundancy (r=0) in one page space.
+    let mut cluster = cluster("regions", 12);
+    let ec_pages = 2048;
+    let mut config = ClientConfig::new(EC82, ec_pages * 4096);
+    config.request_timeout = Duration::from_millis(1500);
+    let mut client = connect(&cluster, 12, config);
+    let replicated = client
+        .create_region(Shape { data_splits: 1, parity_splits: 2, extra_reads: 0 }, 256 * 4096)
+        .expect("rep(3) region");
+    let plain = client
+        .create_region(Shape { data_splits: 1, parity_splits: 0, extra_reads: 0 }, 64 * 4096)
+        .expect("region without redundancy");
+    assert_eq!(replicated.first_page, ec_pages);
+    assert_eq!(plain.first_page, ec_pages + 256);
+    assert_eq!(client.page_count(), ec_pages + 256 + 64);
+    assert_eq!(client.regions().len(), 3);
+    // A replicated range is on 3 slabs of 4 KiB splits, a plain one on 1.
+    let rep_range = client.ranges().iter().position(|range| range.region == replicated.index).unwrap();
+    assert_eq!(client.ranges()[rep_range].slabs.len(), 3);
+    let plain_range = client.ranges().iter().position(|range| range.region == plain.index).unwrap();
+    assert_eq!(client.ranges()[plain_range].slabs.len(), 1);
+
+    let mut model = Model::default();
+    let all: Vec<u64> = (0..client.page_count()).collect();
+    model.write(&mut client, &all);
+    model.read(&mut client, &all);
+    let mut buffer = vec![0; 4096];
+    assert!(client.read_page(client.page_count(), &mut buffer).is_err(), "past the last region");
+
+    // Two nodes of the replicated range die (r = 2 for both coded regions); the plain region's
+    // node is spared, since it has no redundancy to lose.
+    let plain_node = client.ranges()[plain_range].slabs[0].node;
+    let victims: Vec<usize> = client.ranges()[rep_range]
+        .slabs
+        .iter()
+        .map(|slab| slab.node)
+        .filter(|node| *node != plain_node)
+        .take(2)
+        .collect();
+    for &victim in &victims {
+        cluster.kill(victim).unwrap();
+    }
+    wait_until_failed(&mut client, 2);
+    model.read(&mut client, &all);
+    model.write(&mut client, &all[..300]);
+    assert!(client.wait_for_regenerations(Duration::from_secs(60)), "rebuilds of every shape finish");
+    for range in client.ranges() {
+        assert_eq!(range.unavailable, 0, "range of region {} fully redundant again", range.region);
+    }
     model.read(&mut client, &all);
 }

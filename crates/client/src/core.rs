@@ -15,7 +15,7 @@
 //! - a write is `Done` only when every split was acknowledged or failed, and it succeeds only if
 //!   at least k splits were acknowledged (the page is still decodable).
 
-use remem_proto::version_is_newer;
+use remem_proto::{newest_with_k, version_is_newer};
 
 /// A set of split indices.
 pub type SplitMask = u32;
@@ -152,44 +152,26 @@ impl ReadState {
         (state, ReadStep::Ask(all))
     }
 
-    /// Discovery: once every asked split answered, the newest version with k valid splits.
+    /// Discovery: once every asked split answered, the newest version with k valid splits, by
+    /// the same rule as the node's rebuild (`remem_proto::newest_with_k`).
     fn discovery_verdict(&mut self) -> ReadStep {
         let k = self.shape.data_splits;
-        let mut best: Option<(u8, SplitMask)> = None;
-        for split in 0..self.shape.total_splits() {
-            if self.valid & (1 << split) == 0 {
-                continue;
-            }
-            let version = self.versions[split];
-            let same: SplitMask = (0..self.shape.total_splits())
-                .filter(|&other| self.valid & (1 << other) != 0 && self.versions[other] == version)
-                .fold(0, |mask, other| mask | (1 << other));
-            if (same.count_ones() as usize) < k {
-                continue;
-            }
-            let newer = match best {
-                None => true,
-                Some((best_version, _)) => version_is_newer(version, best_version),
-            };
-            if newer {
-                best = Some((version, same));
-            }
-        }
+        let width = self.shape.total_splits();
+        let valid = self.valid;
+        let versions = (0..width).filter(|&split| valid & (1 << split) != 0).map(|split| self.versions[split]);
         self.finished = true;
-        match best {
-            Some((version, same)) => {
-                // Keep the k lowest splits: data splits first, so decoding is rarest.
-                let mut present: SplitMask = 0;
-                for split in 0..self.shape.total_splits() {
-                    if same & (1 << split) != 0 && (present.count_ones() as usize) < k {
-                        present |= 1 << split;
-                    }
-                }
-                let needs_decode = present & self.shape.data_mask() != self.shape.data_mask();
-                ReadStep::Done { present, needs_decode, version }
+        let Some(version) = newest_with_k(versions, k) else {
+            return ReadStep::Lost { valid: self.valid, failed: self.failed | self.unavailable };
+        };
+        // Keep the k lowest splits of that version: data splits first, so decoding is rarest.
+        let mut present: SplitMask = 0;
+        for split in 0..width {
+            if valid & (1 << split) != 0 && self.versions[split] == version && (present.count_ones() as usize) < k {
+                present |= 1 << split;
             }
-            None => ReadStep::Lost { valid: self.valid, failed: self.failed | self.unavailable },
         }
+        let needs_decode = present & self.shape.data_mask() != self.shape.data_mask();
+        ReadStep::Done { present, needs_decode, version }
     }
 
     /// Picks up to `count` unasked, available splits, data splits first.
