@@ -66,6 +66,7 @@ pub struct LocalCluster {
     pub file: ClusterFile,
     pub cluster_file_path: PathBuf,
     pub secret: Secret,
+    secret_hex: String,
     children: Vec<Option<Child>>,
 }
 
@@ -101,55 +102,92 @@ impl LocalCluster {
             file: ClusterFile { secret_file: secret_file.clone(), nodes: Vec::new() },
             cluster_file_path: options.dir.join("cluster.json"),
             secret,
+            secret_hex,
             children: Vec::new(),
         };
-        let per_domain = options.nodes_per_domain.max(1);
         for index in 0..options.nodes {
-            let domain = format!("domain-{}", index / per_domain);
-            let log_path = options.dir.join(format!("node-{index}.log"));
-            let log = std::fs::File::create(&log_path)
-                .with_context(|| format!("creating {}", log_path.display()))?;
-            let unix_socket =
-                options.unix_sockets.includes(index).then(|| options.dir.join(format!("node-{index}.sock")));
-            let mut child = Command::new(binary)
-                .arg("node")
-                .arg("--listen")
-                .arg("127.0.0.1:0")
-                .arg("--capacity")
-                .arg(options.capacity_bytes.to_string())
-                .arg("--slab-size")
-                .arg(options.slab_size_bytes.to_string())
-                .arg("--failure-domain")
-                .arg(&domain)
-                .arg("--node-id")
-                .arg((index + 1).to_string())
-                .args(options.fault_injection.then_some("--fault-injection"))
-                .args(match &options.monitor_args {
-                    Some(args) => args.clone(),
-                    None => vec!["--no-monitor".to_owned()],
-                })
-                .args(unix_socket.iter().flat_map(|path| [std::ffi::OsStr::new("--unix"), path.as_os_str()]))
-                .env("REMEM_SECRET", &secret_hex)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::from(log))
-                .spawn()
-                .with_context(|| format!("starting {} node", binary.display()))?;
-            let stdout = child.stdout.take().expect("stdout is piped");
-            let pid = child.id();
-            cluster.children.push(Some(child));
-            let address = read_listen_line(stdout, Duration::from_secs(20)).with_context(|| {
-                format!("node {index} (pid {pid}) did not start; see {}", log_path.display())
-            })?;
-            cluster.file.nodes.push(ClusterNode {
-                address,
-                failure_domain: domain,
-                pid: Some(pid),
-                unix_socket,
-            });
+            let node = cluster.spawn_node(binary, options, index, None)?;
+            cluster.file.nodes.push(node);
         }
         cluster.file.save(&cluster.cluster_file_path)?;
         Ok(cluster)
+    }
+
+    /// Starts node process `index` (listening on `address`, or a free port) and returns its entry
+    /// for the cluster file.
+    fn spawn_node(
+        &mut self,
+        binary: &Path,
+        options: &ClusterOptions,
+        index: usize,
+        address: Option<SocketAddr>,
+    ) -> Result<ClusterNode> {
+        let domain = format!("domain-{}", index / options.nodes_per_domain.max(1));
+        let log_path = options.dir.join(format!("node-{index}.log"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("creating {}", log_path.display()))?;
+        let unix_socket =
+            options.unix_sockets.includes(index).then(|| options.dir.join(format!("node-{index}.sock")));
+        if let Some(path) = &unix_socket {
+            // A socket file left by an earlier process of this node would stop the bind.
+            let _ = std::fs::remove_file(path);
+        }
+        let listen = address.map_or_else(|| "127.0.0.1:0".to_owned(), |address| address.to_string());
+        let mut child = Command::new(binary)
+            .arg("node")
+            .arg("--listen")
+            .arg(&listen)
+            .arg("--capacity")
+            .arg(options.capacity_bytes.to_string())
+            .arg("--slab-size")
+            .arg(options.slab_size_bytes.to_string())
+            .arg("--failure-domain")
+            .arg(&domain)
+            .args(options.fault_injection.then_some("--fault-injection"))
+            .args(match &options.monitor_args {
+                Some(args) => args.clone(),
+                None => vec!["--no-monitor".to_owned()],
+            })
+            .args(unix_socket.iter().flat_map(|path| [std::ffi::OsStr::new("--unix"), path.as_os_str()]))
+            .env("REMEM_SECRET", &self.secret_hex)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .with_context(|| format!("starting {} node", binary.display()))?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let pid = child.id();
+        if index < self.children.len() {
+            self.children[index] = Some(child);
+        } else {
+            self.children.push(Some(child));
+        }
+        let address = read_listen_line(stdout, Duration::from_secs(20))
+            .with_context(|| format!("node {index} (pid {pid}) did not start; see {}", log_path.display()))?;
+        Ok(ClusterNode { address, failure_domain: domain, pid: Some(pid), unix_socket })
+    }
+
+    /// Starts one more node and adds it to the cluster file: clients that watch the file (as
+    /// `remem nbd` does) start using it without a restart. Returns its index.
+    pub fn add_node(&mut self, binary: &Path, options: &ClusterOptions) -> Result<usize> {
+        let index = self.children.len();
+        let node = self.spawn_node(binary, options, index, None)?;
+        self.file.nodes.push(node);
+        self.file.save(&self.cluster_file_path)?;
+        Ok(index)
+    }
+
+    /// Restarts node `index` (SIGKILL if it still runs) on the same address, empty: clients
+    /// probe it and readmit it.
+    pub fn restart(&mut self, binary: &Path, options: &ClusterOptions, index: usize) -> Result<()> {
+        let Some(old) = self.file.nodes.get(index).cloned() else { bail!("no node {index}") };
+        self.kill(index)?;
+        let node = self.spawn_node(binary, options, index, Some(old.address))?;
+        self.file.nodes[index] = node;
+        Ok(self.file.save(&self.cluster_file_path)?)
     }
 
     pub fn addresses(&self) -> Vec<remem_client::NodeAddress> {

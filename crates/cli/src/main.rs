@@ -189,14 +189,53 @@ fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
         println!("node {index}: {} ({}) pid {}", node.address, node.failure_domain, node.pid.unwrap_or(0));
     }
     println!("cluster file: {}", cluster.cluster_file_path.display());
+    println!("type `add` to start one more node, `restart N` to restart node N empty on its address;");
     println!("press Ctrl-C to stop the cluster");
+    std::io::Write::flush(&mut std::io::stdout())?;
+    // Commands on standard input change the running cluster; clients that watch the cluster
+    // file (`remem nbd`) learn of new nodes, and probe restarted ones, without a restart.
+    let (commands, received) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            let Ok(line) = line else { break };
+            if commands.send(line).is_err() {
+                break;
+            }
+        }
+    });
     while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(200));
+        if let Ok(line) = received.recv_timeout(Duration::from_millis(200)) {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let result = match words.as_slice() {
+                ["add"] => cluster.add_node(binary, &options).map(|index| {
+                    let node = &cluster.file.nodes[index];
+                    println!(
+                        "node {index}: {} ({}) pid {}",
+                        node.address,
+                        node.failure_domain,
+                        node.pid.unwrap_or(0)
+                    );
+                }),
+                ["restart", index] => match index.parse::<usize>() {
+                    Ok(index) => cluster.restart(binary, &options, index).map(|()| {
+                        let node = &cluster.file.nodes[index];
+                        println!("node {index}: restarted at {} pid {}", node.address, node.pid.unwrap_or(0));
+                    }),
+                    Err(_) => Err(anyhow::anyhow!("`restart` takes a node index, got {index:?}")),
+                },
+                [] => Ok(()),
+                _ => Err(anyhow::anyhow!("unknown command {line:?}: `add` or `restart N`")),
+            };
+            if let Err(error) = result {
+                eprintln!("error: {error:#}");
+            }
+            std::io::Write::flush(&mut std::io::stdout())?;
+        }
         if let Err(error) = cluster.check_alive() {
             eprintln!("warning: {error:#}");
         }
     }
-    eprintln!("stopping {} nodes ...", options.nodes);
+    eprintln!("stopping {} nodes ...", cluster.file.nodes.len());
     cluster.stop(Duration::from_secs(5));
     Ok(())
 }

@@ -130,10 +130,93 @@ pub fn run(args: NbdArgs) -> Result<()> {
         args.code.parity_splits,
         cluster.nodes.len()
     );
-    let store = Mutex::new(client);
+    let store = Mutex::new(WatchedClient::new(client, cluster_path.clone(), &cluster));
     let result = remem_nbd::serve(&listener, &store, &server_config, &stop);
     if let Some(path) = &args.unix {
         let _ = std::fs::remove_file(path);
     }
     result.context("serving NBD")
+}
+
+/// The export's client, which also follows the cluster file: nodes that appear in it (`add` in
+/// `remem up`) join the client at run time, so rebuilt slabs can go there. Checked from the
+/// server's background work, at most once a second.
+struct WatchedClient {
+    client: Client,
+    cluster_path: PathBuf,
+    modified: Option<std::time::SystemTime>,
+    last_check: std::time::Instant,
+    known: Vec<SocketAddr>,
+}
+
+impl WatchedClient {
+    fn new(client: Client, cluster_path: PathBuf, cluster: &ClusterFile) -> WatchedClient {
+        WatchedClient {
+            client,
+            modified: std::fs::metadata(&cluster_path).and_then(|meta| meta.modified()).ok(),
+            cluster_path,
+            last_check: std::time::Instant::now(),
+            known: cluster.nodes.iter().map(|node| node.address).collect(),
+        }
+    }
+
+    fn follow_cluster_file(&mut self) {
+        if self.last_check.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        self.last_check = std::time::Instant::now();
+        let modified = std::fs::metadata(&self.cluster_path).and_then(|meta| meta.modified()).ok();
+        if modified.is_none() || modified == self.modified {
+            return;
+        }
+        self.modified = modified;
+        let cluster = match ClusterFile::load(&self.cluster_path) {
+            Ok(cluster) => cluster,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the changed cluster file");
+                return;
+            }
+        };
+        for node in cluster.addresses() {
+            if self.known.contains(&node.address) {
+                continue;
+            }
+            match self.client.add_node(&node) {
+                Ok(id) => {
+                    self.known.push(node.address);
+                    eprintln!("node {} joined the export's client (id {id})", node.address);
+                }
+                Err(error) => {
+                    tracing::warn!(node = %node.address, %error, "cannot add the new node; retrying")
+                }
+            }
+        }
+    }
+}
+
+impl remem_nbd::PageStore for WatchedClient {
+    fn page_bytes(&self) -> usize {
+        self.client.page_bytes()
+    }
+
+    fn page_count(&self) -> u64 {
+        self.client.page_count()
+    }
+
+    fn execute(
+        &mut self,
+        ops: &mut [remem_client::PageOp<'_>],
+        on_done: &mut dyn FnMut(remem_client::OpDone),
+    ) {
+        self.client.execute(ops, on_done)
+    }
+
+    fn discard_page(&mut self, page: u64) -> Result<(), remem_client::PageError> {
+        self.client.discard_page(page)
+    }
+
+    fn background(&mut self) {
+        self.follow_cluster_file();
+        self.client.poll_background(Duration::ZERO);
+    }
 }

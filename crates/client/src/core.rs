@@ -158,7 +158,8 @@ impl ReadState {
         let k = self.shape.data_splits;
         let width = self.shape.total_splits();
         let valid = self.valid;
-        let versions = (0..width).filter(|&split| valid & (1 << split) != 0).map(|split| self.versions[split]);
+        let versions =
+            (0..width).filter(|&split| valid & (1 << split) != 0).map(|split| self.versions[split]);
         self.finished = true;
         let Some(version) = newest_with_k(versions, k) else {
             return ReadStep::Lost { valid: self.valid, failed: self.failed | self.unavailable };
@@ -166,7 +167,10 @@ impl ReadState {
         // Keep the k lowest splits of that version: data splits first, so decoding is rarest.
         let mut present: SplitMask = 0;
         for split in 0..width {
-            if valid & (1 << split) != 0 && self.versions[split] == version && (present.count_ones() as usize) < k {
+            if valid & (1 << split) != 0
+                && self.versions[split] == version
+                && (present.count_ones() as usize) < k
+            {
                 present |= 1 << split;
             }
         }

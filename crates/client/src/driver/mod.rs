@@ -539,6 +539,8 @@ impl Drop for Client {
         if !self.config.release_on_drop {
             return;
         }
+        // Ops still in flight (a poll driver dropped mid-way): their buffers may be gone.
+        self.engine.abandon_ops();
         if let Err(error) = self.release() {
             tracing::warn!(%error, "could not release every slab");
         }

@@ -172,10 +172,7 @@ impl Engine {
                 if pending & (1 << split) == 0 {
                     continue;
                 }
-                let node = match slot.kind {
-                    super::ops::SlotKind::Probe => self.probes[slot.probe].targets[split].0,
-                    _ => self.ranges[slot.range].slabs[split].node,
-                };
+                let node = self.slot_split_node(slot, split);
                 self.hung[node] = true;
                 any = true;
             }
@@ -255,6 +252,15 @@ impl Engine {
                     range.unavailable |= 1 << split;
                 }
             }
+        }
+        let unreachable: Vec<(usize, usize)> = self
+            .previous_slabs
+            .iter()
+            .filter(|(_, _, old)| old.node == node)
+            .map(|&(range, split, _)| (range, split))
+            .collect();
+        for (range, split) in unreachable {
+            self.forget_previous(range, split);
         }
         self.fail_pending_on_node(node);
         self.regeneration_node_died(node);

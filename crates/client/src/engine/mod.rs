@@ -132,6 +132,10 @@ pub struct Range {
     /// Pages of this range that no read can return (their last write stored fewer than k
     /// splits, or discovery found no version with k): a rebuild may lose these and no others.
     pub unreadable_pages: u64,
+    /// Splits being replaced whose old slab is still read (a node that corrupts, a drained
+    /// node): until the new slab is complete, reads go to the old one, where stale and corrupt
+    /// splits are erasures like any other.
+    pub previous: SplitMask,
 }
 
 /// A region: consecutive pages of the client's page space with one coding shape.
@@ -319,6 +323,8 @@ pub struct Engine {
     pending_exports: Vec<(usize, usize)>,
     /// Per range: page operations started on it, ever (what `SlabActivity` answers).
     range_accesses: Vec<u64>,
+    /// (range, split, old slab) of every bit set in a range's `previous`.
+    previous_slabs: Vec<(usize, usize, SlabRef)>,
     /// Scratch of `expire_deadlines`, one flag per node (no bound on the node count).
     hung: Vec<bool>,
 }
@@ -353,6 +359,7 @@ impl Engine {
             shm_in_use: false,
             pending_exports: Vec::new(),
             range_accesses: Vec::new(),
+            previous_slabs: Vec::new(),
             hung: Vec::new(),
         }
     }
@@ -495,6 +502,31 @@ impl Engine {
     fn next_control_id(&mut self) -> u64 {
         self.control_counter += 1;
         CONTROL_REQUEST | self.control_counter
+    }
+
+    /// The slab a read of split `split` of range `range` goes to: the old slab while it is
+    /// being replaced and still readable, else the range's slab.
+    fn read_slab(&self, range: usize, split: usize) -> SlabRef {
+        if self.ranges[range].previous & (1 << split) != 0 {
+            if let Some(&(_, _, old)) =
+                self.previous_slabs.iter().find(|(r, s, _)| *r == range && *s == split)
+            {
+                return old;
+            }
+        }
+        self.ranges[range].slabs[split]
+    }
+
+    /// The node a pending split of `slot` waits on: the one it was sent to (a range may have
+    /// moved the split to another slab since).
+    fn slot_split_node(&self, slot: &ops::OpSlot, split: usize) -> NodeId {
+        slot.asked_nodes[split]
+    }
+
+    /// Stops reading the old slab of (range, split), if it was read.
+    fn forget_previous(&mut self, range: usize, split: usize) {
+        self.ranges[range].previous &= !(1 << split);
+        self.previous_slabs.retain(|(r, s, _)| !(*r == range && *s == split));
     }
 
     /// Notes that `node` has frames to send (see [`Engine::take_send_order`]).

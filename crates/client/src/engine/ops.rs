@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use remem_proto::{Control, SplitMeta, WriteSplitPrefix};
 
-use super::{Engine, OpBuffers, OpDone, Submit, MAX_SPLITS, PAGE_DISCARDED, PAGE_VERSION_UNKNOWN};
+use super::{Engine, NodeId, OpBuffers, OpDone, Submit, MAX_SPLITS, PAGE_DISCARDED, PAGE_VERSION_UNKNOWN};
 use crate::core::{ReadState, ReadStep, SplitMask, SplitOutcome, WriteState, WriteStep};
 use crate::error::PageError;
 
@@ -40,6 +40,8 @@ pub(super) struct OpSlot {
     pub(super) probe_replies: usize,
     pub(super) probe_asked: u32,
     pub(super) parity: Vec<u8>,
+    /// The node each split was sent to.
+    pub(super) asked_nodes: [NodeId; MAX_SPLITS],
     pub(super) started: Instant,
     pub(super) deadline: Instant,
 }
@@ -61,6 +63,7 @@ impl OpSlot {
             probe_replies: 0,
             probe_asked: 0,
             parity: Vec::new(),
+            asked_nodes: [0; MAX_SPLITS],
             started: now,
             deadline: now,
         }
@@ -170,6 +173,17 @@ impl Engine {
             self.process_events(buffers);
         }
         true
+    }
+
+    /// Forgets every op in flight without completing it (the caller is going away: their
+    /// buffers may be gone). Late replies are dropped by generation.
+    pub fn abandon_ops(&mut self) {
+        for slot_index in 0..self.slots.len() {
+            if self.slots[slot_index].in_use() {
+                self.release_slot(slot_index);
+            }
+        }
+        self.events.clear();
     }
 
     pub(super) fn page_in_flight(&self, page: u64) -> bool {
@@ -286,6 +300,7 @@ impl Engine {
         };
         let (range, generation) = (slot.range, slot.generation);
         let meta = SplitMeta { version: slot.version, checksum };
+        self.slots[slot_index].asked_nodes[split] = slab.node;
         let shm_stored = self.live_shm(range, split).map(|shm| shm.write_split(prefix.slot, payload, meta));
         if let Some(stored) = shm_stored {
             self.events.push(SplitEvent {
@@ -318,7 +333,8 @@ impl Engine {
         let shape = self.regions[region_index].shape;
         let (range_index, _) = self.locate(region_index, page);
         self.range_accesses[range_index] = self.range_accesses[range_index].wrapping_add(1);
-        let unavailable = self.ranges[range_index].unavailable;
+        let range = &self.ranges[range_index];
+        let unavailable = range.unavailable & !range.previous;
         let (state, step) = match version {
             Some(version) => {
                 // Ranges with a node that corrupts often start with one more split, so a bad
@@ -355,7 +371,8 @@ impl Engine {
             if mask & (1 << split) == 0 {
                 continue;
             }
-            let slab = self.ranges[range].slabs[split];
+            let slab = self.read_slab(range, split);
+            self.slots[slot_index].asked_nodes[split] = slab.node;
             if self.live_shm(range, split).is_some() {
                 self.events.push(SplitEvent {
                     slot: slot_index,
@@ -385,6 +402,7 @@ impl Engine {
         slot.probe_asked = 0;
         for split in 0..self.probes[probe].targets.len() {
             let (node, slab_id) = self.probes[probe].targets[split];
+            self.slots[slot_index].asked_nodes[split] = node;
             self.slots[slot_index].probe_asked |= 1 << split;
             if !self.nodes[node].connected {
                 let event = SplitEvent { slot: slot_index, generation, split, outcome: Outcome::ProbeFailed };
@@ -564,14 +582,13 @@ impl Engine {
                 if pending & (1 << split) == 0 {
                     continue;
                 }
-                let (target, outcome) = match slot.kind {
-                    SlotKind::Read => {
-                        (self.ranges[slot.range].slabs[split].node, Outcome::Read(SplitOutcome::Failed))
-                    }
-                    SlotKind::Write => (self.ranges[slot.range].slabs[split].node, Outcome::Write(false)),
-                    SlotKind::Probe => (self.probes[slot.probe].targets[split].0, Outcome::ProbeFailed),
+                let outcome = match slot.kind {
+                    SlotKind::Read => Outcome::Read(SplitOutcome::Failed),
+                    SlotKind::Write => Outcome::Write(false),
+                    SlotKind::Probe => Outcome::ProbeFailed,
                     SlotKind::Free => continue,
                 };
+                let target = self.slot_split_node(slot, split);
                 if target == node {
                     self.events.push(SplitEvent { slot: slot_index, generation, split, outcome });
                 }

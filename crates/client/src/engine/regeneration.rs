@@ -99,6 +99,11 @@ impl Engine {
         }
         tracing::info!(range, split, reason, "slab lost: rebuilding it elsewhere");
         let old = self.ranges[range].slabs[split];
+        if keep_old && self.nodes[old.node].connected {
+            // Still reachable: reads keep using it until its replacement is complete.
+            self.ranges[range].previous |= bit;
+            self.previous_slabs.push((range, split, old));
+        }
         self.regenerations.push(Regeneration {
             range,
             split,
@@ -281,6 +286,7 @@ impl Engine {
                     self.pending_exports.push((range, split));
                 }
                 let task = self.regenerations.swap_remove(index);
+                self.forget_previous(range, split);
                 if let Some(old) = task.old {
                     self.release_slab(old);
                 }
@@ -358,9 +364,13 @@ impl Engine {
 
     /// A slab kept as a rebuild source is gone: stop naming it.
     pub(super) fn forget_source(&mut self, node: NodeId, slab_id: u32) {
-        for task in &mut self.regenerations {
-            if task.old == Some(SlabRef { node, slab_id }) {
+        let gone = SlabRef { node, slab_id };
+        for index in 0..self.regenerations.len() {
+            let task = &mut self.regenerations[index];
+            if task.old == Some(gone) {
                 task.old = None;
+                let (range, split) = (task.range, task.split);
+                self.forget_previous(range, split);
             }
         }
     }

@@ -43,6 +43,7 @@ impl Engine {
                 unavailable: 0,
                 rebuilding: 0,
                 unreadable_pages: 0,
+                previous: 0,
             });
             self.range_accesses.push(0);
         }

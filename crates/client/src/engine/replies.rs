@@ -104,10 +104,11 @@ impl Engine {
             // A late reply of a finished op: dropped.
             return Ok(());
         };
-        let expected_node = match slot.kind {
-            SlotKind::Probe => self.probes[slot.probe].targets.get(split).map(|target| target.0),
-            _ => self.ranges[slot.range].slabs.get(split).map(|slab| slab.node),
+        let width = match slot.kind {
+            SlotKind::Probe => self.probes[slot.probe].targets.len(),
+            _ => self.ranges[slot.range].slabs.len(),
         };
+        let expected_node = (split < width).then(|| self.slot_split_node(slot, split));
         if expected_node != Some(node) {
             return Err(FrameError::Malformed(format!("reply for split {split} from the wrong node")));
         }
