@@ -181,13 +181,14 @@ impl WatchedClient {
             if self.known.contains(&node.address) {
                 continue;
             }
-            match self.client.add_node(&node) {
-                Ok(id) => {
-                    self.known.push(node.address);
-                    eprintln!("node {} joined the export's client (id {id})", node.address);
+            let address = node.address;
+            match self.client.apply(&remem_client::MembershipChange::Added(node)) {
+                Ok(()) => {
+                    self.known.push(address);
+                    eprintln!("node {address} joined the export's client");
                 }
                 Err(error) => {
-                    tracing::warn!(node = %node.address, %error, "cannot add the new node; retrying")
+                    tracing::warn!(node = %address, %error, "cannot add the new node; retrying")
                 }
             }
         }

@@ -26,7 +26,8 @@ mod status;
 
 pub use crate::core::Shape;
 pub use crate::driver::{
-    Client, ClientConfig, MemoryReport, NodeAddress, PageOp, PollClient, SlabMapError, SlabMapFile,
+    Client, ClientConfig, MembershipChange, MemoryReport, NodeAddress, PageOp, PollClient, SlabMapError,
+    SlabMapFile,
 };
 pub use crate::engine::{NodeId, NodeStats, OpDone, Range, RegenerationStatus, RegionInfo, SlabRef, Submit};
 pub use crate::error::{ConnectError, PageError};

@@ -52,3 +52,40 @@ impl Client {
         self.engine.ranges().iter().flat_map(|range| &range.slabs).filter(|slab| slab.node == node).count()
     }
 }
+
+/// One change of the cluster's membership, by node address: what a cluster file that changed,
+/// an operator, or (later) an etcd watch says. [`Client::apply`] carries it out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MembershipChange {
+    /// A node joined: it takes new and rebuilt slabs.
+    Added(NodeAddress),
+    /// A node is leaving: its slabs move elsewhere, then it holds none of this client's.
+    Draining(std::net::SocketAddr),
+    /// A node is gone for good: its slabs are rebuilt elsewhere, it is never probed again.
+    Removed(std::net::SocketAddr),
+}
+
+impl Client {
+    /// Carries out one membership change. Changes naming a node the client does not know
+    /// (draining or removing) are ignored; adding a known node is a no-op.
+    pub fn apply(&mut self, change: &MembershipChange) -> Result<(), ConnectError> {
+        let known = |client: &Client, address: std::net::SocketAddr| {
+            client.engine.nodes().iter().position(|node| node.address == address)
+        };
+        match change {
+            MembershipChange::Added(node) => self.add_node(node).map(|_| ()),
+            MembershipChange::Draining(address) => {
+                if let Some(node) = known(self, *address) {
+                    self.drain_node(node);
+                }
+                Ok(())
+            }
+            MembershipChange::Removed(address) => {
+                if let Some(node) = known(self, *address) {
+                    self.remove_node(node);
+                }
+                Ok(())
+            }
+        }
+    }
+}

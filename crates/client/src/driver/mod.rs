@@ -33,6 +33,7 @@ use crate::error::{ConnectError, PageError};
 use config::Batch;
 pub use config::{ClientConfig, MemoryReport, NodeAddress, PageOp};
 pub(crate) use connect::connect_node;
+pub use membership::MembershipChange;
 pub use poll::PollClient;
 pub use slab_map::{SlabMapError, SlabMapFile};
 pub(crate) use transport::Transport;
