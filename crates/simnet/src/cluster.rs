@@ -404,8 +404,9 @@ impl SimCluster {
         Ok(())
     }
 
-    /// The node comes back with no slabs (a new process on the same host: same index, node id,
-    /// address, failure domain and capacity). A live node is killed first (counted as a kill).
+    /// The node comes back with no slabs (a new process on the same host: same index, address,
+    /// failure domain and capacity, and a new node id, as a real node draws one at start, so a
+    /// client can tell a new life from a stall). A live node is killed first (counted as a kill).
     /// Clients must `connect` again.
     pub fn restart_empty(&mut self, now: SimTime, node: usize) -> Result<(), SimError> {
         self.advance(now);
@@ -414,6 +415,8 @@ impl SimCluster {
             self.kill(now, node)?;
         }
         self.nodes[node].alive = true;
+        // A new process: a new node id, as a real node draws one at start.
+        self.nodes[node].node_id += 1 << 32;
         self.counts.restarts += 1;
         Ok(())
     }
@@ -513,6 +516,32 @@ impl SimCluster {
         hit.dedup();
         self.counts.bit_flip_faults += 1;
         Ok(hit)
+    }
+
+    /// Flips bit `bit` (below the split size in bits) of the split stored in `slot` of slab
+    /// `slab_id`, metadata untouched: that one split fails its checksum. The targeted form of
+    /// [`SimCluster::flip_bits`], for scenarios that need given pages corrupt on given nodes
+    /// (counted like it: one fault, one bit).
+    ///
+    /// Errors: `NoSuchNode`, `NodeDead`, `UnknownSlab` (also for a slot or bit out of range).
+    pub fn corrupt_split(
+        &mut self,
+        now: SimTime,
+        node: usize,
+        slab_id: u32,
+        slot: u32,
+        bit: usize,
+    ) -> Result<(), SimError> {
+        self.advance(now);
+        self.check_alive(node)?;
+        let slab = self.nodes[node].slabs.get_mut(&slab_id).ok_or(SimError::UnknownSlab { node, slab_id })?;
+        if slot >= slab.slots || bit >= slab.split_bytes as usize * 8 {
+            return Err(SimError::UnknownSlab { node, slab_id });
+        }
+        slab.flip_bit(slot, bit);
+        self.counts.bit_flip_faults += 1;
+        self.counts.bits_flipped += 1;
+        Ok(())
     }
 
     /// Evicts slab `slab_id` as a node under memory pressure does: `SlabEvicted { slab_id }`

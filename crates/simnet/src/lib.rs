@@ -24,7 +24,16 @@
 //!   messages delivered, dropped or each at random. [`FaultSchedule`] draws seeded fault plans
 //!   within and beyond a code's tolerance.
 //!
-//! # Driving it
+//! # The client over it
+//!
+//! - [`SimDriver`] ([`driver`]) runs the client's sans-I/O engine (`remem_client::engine`) over a
+//!   cluster, as the blocking driver runs it over sockets: submit page ops, run to a time or a
+//!   condition, inject faults at times, crash the client and reopen its saved slab map.
+//! - [`scenario`] is the VOPR: from one seed, a cluster, regions, a workload checked against a
+//!   reference model, and a fault plan within or beyond tolerance; a failing seed prints the
+//!   one-line command that replays it.
+//!
+//! # Driving the cluster by hand
 //!
 //! ```
 //! use remem_proto::Control;
@@ -52,20 +61,25 @@
 //!   give the same deliveries, byte for byte.
 //! - Input from the client is untrusted exactly as on a real socket: any bytes get an `Error`
 //!   frame (and, where the protocol says so, a closed connection), never a panic.
-//! - The crate knows nothing of the client: it speaks only the wire protocol of `remem-proto`.
+//! - The cluster knows nothing of the client: it speaks only the wire protocol of `remem-proto`.
+//!   Only [`driver`] and [`scenario`] use the client's engine, through its public API.
 
 mod cluster;
+pub mod driver;
 mod error;
 mod node;
 mod options;
 mod regeneration;
+pub mod scenario;
 mod schedule;
 
 pub use cluster::{
     Delivery, FaultCounts, InFlightFate, NodeState, PartitionNotice, RegenerationReport, SimCluster, SlabInfo,
 };
+pub use driver::{AbandonedOp, Completion, DriverStats, FaultTally, PlacementPolicy, SimDriver, SimOp};
 pub use error::SimError;
 pub use options::{NetworkOptions, MICROSECOND, MILLISECOND, SECOND};
+pub use scenario::{run_plan, run_seed, ScenarioFailure, ScenarioPlan, ScenarioReport, Tolerance};
 pub use schedule::{FaultAction, FaultSchedule, FaultScheduleOptions, ScheduledFault};
 
 /// Simulated time in nanoseconds since the cluster was created.

@@ -64,7 +64,7 @@ pub(crate) enum Refusal {
     TooManyPages { pages: u32, slots: u32 },
     #[error("slab {slab_id} holds split {split_index}, the code has {total}")]
     TargetOutsideCode { slab_id: u32, split_index: u8, total: usize },
-    #[error("source split {split_index} is out of range, repeated or the one being rebuilt")]
+    #[error("source split {split_index} is out of range or repeated")]
     BadSource { split_index: u8 },
     #[error("{sources} sources, at least k = {k} needed")]
     TooFewSources { sources: usize, k: usize },
@@ -579,7 +579,10 @@ impl SimNode {
         if usize::from(target_split) >= total {
             return Err(Refusal::TargetOutsideCode { slab_id, split_index: target_split, total });
         }
-        let mut seen = 1u32 << target_split;
+        // A source may name the split being rebuilt: the slab it replaces, kept by the client as a
+        // source while its node is reachable (the real node's rule). Its splits are judged like
+        // any other's.
+        let mut seen = 0u32;
         for source in &sources {
             if usize::from(source.split_index) >= total || seen & (1 << source.split_index) != 0 {
                 return Err(Refusal::BadSource { split_index: source.split_index });

@@ -72,9 +72,10 @@ impl Engine {
             return;
         }
         let was_failed = !entry.connected;
-        if entry.info.node_id != info.node_id {
+        let new_life = entry.info.node_id != info.node_id;
+        if new_life {
             // Another process on the same address (a restart): the memory of the old one, and
-            // the slabs of ours it held, are gone.
+            // the slabs of ours it held, are gone; slab ids there now name other slabs.
             entry.orphans.clear();
         }
         entry.connected = true;
@@ -86,6 +87,16 @@ impl Engine {
         entry.queued = false;
         if was_failed {
             tracing::info!(node = %entry.address, "node answers again: readmitted");
+        }
+        if new_life {
+            let stale: Vec<u32> = self
+                .regenerations_old_sources()
+                .filter(|old| old.node == node)
+                .map(|old| old.slab_id)
+                .collect();
+            for slab_id in stale {
+                self.forget_source(node, slab_id);
+            }
         }
         // Slabs of ours it still holds that no range names any more go back to it.
         for slab_id in std::mem::take(&mut self.nodes[node].orphans) {
@@ -267,7 +278,13 @@ impl Engine {
         for range in 0..self.ranges.len() {
             for split in 0..self.ranges[range].slabs.len() {
                 if self.ranges[range].slabs[split].node == node {
-                    self.schedule_regeneration(range, split, "node failed", true);
+                    // Kept as a source in case the node comes back in the same life (a stall, a
+                    // partition): its splits are stale at worst, and a stale split only ever
+                    // carries an older version, as long as this client's versions are exact
+                    // (it never reopened a saved map: then a version number could have been
+                    // used twice, and only reachable splits can be trusted).
+                    let keep = self.versions_exact;
+                    self.schedule_regeneration(range, split, "node failed", keep);
                 }
             }
         }

@@ -68,6 +68,10 @@ pub const MAX_SPLITS: usize = 20;
 pub(crate) const PAGE_DISCARDED: u8 = 1;
 /// Page flag: version not known (reopened client); a read discovers it.
 pub(crate) const PAGE_VERSION_UNKNOWN: u8 = 2;
+/// Page flag: a discovery read found the page at one version but saw a newer one on fewer than
+/// k splits (a torn write): the next write finds out the newest version again before it picks
+/// its own, so it never reuses that number.
+pub(crate) const PAGE_WRITE_DISCOVERS: u8 = 8;
 /// Page flag: no read can return it until it is written again (counted in its range's
 /// `unreadable_pages`).
 pub(crate) const PAGE_UNREADABLE: u8 = 4;
@@ -314,6 +318,11 @@ pub struct Engine {
     probes: Vec<Probe>,
     regenerations: Vec<regeneration::Regeneration>,
     regenerations_done: u64,
+    /// Every page's version is known exactly (no region was reopened from a saved map): a split
+    /// that missed writes can only carry an older version, never a reused one.
+    versions_exact: bool,
+    /// `MapSlab` requests whose node failed before answering (see `regeneration_node_died`).
+    maps_abandoned: u64,
     placement: Box<dyn Placement>,
     /// Per (range, split), at `range * MAX_SPLITS + split`: the slab's shared mapping, if
     /// exported. Empty unless shared memory is in use.
@@ -333,7 +342,7 @@ impl Engine {
     /// An engine with no nodes and no regions yet.
     pub fn new(config: EngineConfig, placement: Box<dyn Placement>, now: Instant) -> Engine {
         assert!(config.max_in_flight >= 1 && config.max_in_flight < (1 << 24));
-        let slots = (0..config.max_in_flight).map(|_| ops::OpSlot::new(now)).collect();
+        let slots = (0..config.max_in_flight).map(|_| ops::OpSlot::new(now, config.page_bytes)).collect();
         Engine {
             events: Vec::with_capacity(config.max_in_flight * MAX_SPLITS * 2),
             completions: Vec::with_capacity(config.max_in_flight),
@@ -354,6 +363,8 @@ impl Engine {
             probes: Vec::new(),
             regenerations: Vec::new(),
             regenerations_done: 0,
+            maps_abandoned: 0,
+            versions_exact: true,
             placement,
             shm: Vec::new(),
             shm_in_use: false,
@@ -560,6 +571,12 @@ impl Engine {
 
     pub fn regeneration_status(&self) -> RegenerationStatus {
         RegenerationStatus { in_flight: self.regenerations.len(), done: self.regenerations_done }
+    }
+
+    /// Slab mappings asked of a node that failed before it answered: each may have left a slab
+    /// of ours mapped there that no range names (released only by slab leases).
+    pub fn maps_abandoned(&self) -> u64 {
+        self.maps_abandoned
     }
 
     pub fn has_regenerations(&self) -> bool {

@@ -13,7 +13,10 @@ use std::time::Instant;
 
 use remem_proto::{Control, SplitMeta, WriteSplitPrefix};
 
-use super::{Engine, NodeId, OpBuffers, OpDone, Submit, MAX_SPLITS, PAGE_DISCARDED, PAGE_VERSION_UNKNOWN};
+use super::{
+    Engine, NodeId, OpBuffers, OpDone, Submit, MAX_SPLITS, PAGE_DISCARDED, PAGE_VERSION_UNKNOWN,
+    PAGE_WRITE_DISCOVERS,
+};
 use crate::core::{ReadState, ReadStep, SplitMask, SplitOutcome, WriteState, WriteStep};
 use crate::error::PageError;
 
@@ -40,6 +43,9 @@ pub(super) struct OpSlot {
     pub(super) probe_replies: usize,
     pub(super) probe_asked: u32,
     pub(super) parity: Vec<u8>,
+    /// A write whose page version is unknown: its data (first page_bytes) while the page's
+    /// newest version is found out, and room for one split read meanwhile (second half).
+    pub(super) staging: Vec<u8>,
     /// The node each split was sent to.
     pub(super) asked_nodes: [NodeId; MAX_SPLITS],
     pub(super) started: Instant,
@@ -47,7 +53,7 @@ pub(super) struct OpSlot {
 }
 
 impl OpSlot {
-    pub(super) fn new(now: Instant) -> OpSlot {
+    pub(super) fn new(now: Instant, page_bytes: usize) -> OpSlot {
         OpSlot {
             kind: SlotKind::Free,
             generation: 0,
@@ -63,6 +69,7 @@ impl OpSlot {
             probe_replies: 0,
             probe_asked: 0,
             parity: Vec::new(),
+            staging: vec![0; 2 * page_bytes],
             asked_nodes: [0; MAX_SPLITS],
             started: now,
             deadline: now,
@@ -75,11 +82,25 @@ impl OpSlot {
 
     /// Splits asked and not answered yet.
     pub(super) fn pending(&self) -> SplitMask {
+        match (self.kind, &self.read, &self.write) {
+            (SlotKind::Read | SlotKind::Write, Some(read), _) => read.pending(),
+            (SlotKind::Write, None, Some(write)) => write.pending(),
+            (SlotKind::Probe, _, _) => self.probe_asked,
+            _ => 0,
+        }
+    }
+
+    /// True while the op reads splits: a read, or a write finding out its page's version.
+    pub(super) fn reading(&self) -> bool {
+        self.read.is_some()
+    }
+
+    /// What a split in flight becomes when its node fails.
+    pub(super) fn failure_outcome(&self) -> Outcome {
         match self.kind {
-            SlotKind::Read => self.read.as_ref().map_or(0, |read| read.pending()),
-            SlotKind::Write => self.write.as_ref().map_or(0, |write| write.pending()),
-            SlotKind::Probe => self.probe_asked,
-            SlotKind::Free => 0,
+            _ if self.reading() => Outcome::Read(SplitOutcome::Failed),
+            SlotKind::Write => Outcome::Write(false),
+            _ => Outcome::ProbeFailed,
         }
     }
 }
@@ -244,7 +265,75 @@ impl Engine {
         let (range_index, _) = self.locate(region_index, page);
         self.range_accesses[range_index] = self.range_accesses[range_index].wrapping_add(1);
         let range = &self.ranges[range_index];
+        if self.page_flags[page as usize] & (PAGE_VERSION_UNKNOWN | PAGE_WRITE_DISCOVERS) != 0 {
+            // The page's version is unknown (a reopened client, or its last write failed): find
+            // the newest version on its splits first. Writing the next version of a guess could
+            // reuse a number that splits of other contents already carry, and a rebuild would
+            // then decode a mix of the two with valid checksums.
+            let (state, step) = ReadState::discover(shape, range.unavailable & !range.previous);
+            let ReadStep::Ask(mask) = step else {
+                let (valid, failed) = match step {
+                    ReadStep::Lost { valid, failed } => (valid, failed),
+                    _ => (0, range.unavailable),
+                };
+                return Err(PageError::WriteFailed {
+                    page,
+                    range: range_index,
+                    stored_splits: valid.count_ones() as usize,
+                    needed_splits: shape.data_splits,
+                    failed_nodes: self.nodes_of(range_index, failed),
+                });
+            };
+            let slot_index = self.claim_slot(SlotKind::Write, tag, page);
+            let slot = &mut self.slots[slot_index];
+            slot.staging[..data.len()].copy_from_slice(data);
+            slot.read = Some(state);
+            self.queue_reads(slot_index, mask);
+            return Ok(());
+        }
         // Slabs being rebuilt take writes: the rebuild skips pages written since it began.
+        let unavailable = range.unavailable & !range.rebuilding;
+        if let WriteStep::Failed { stored, failed } = WriteState::start(shape, unavailable).1 {
+            return Err(PageError::WriteFailed {
+                page,
+                range: range_index,
+                stored_splits: stored.count_ones() as usize,
+                needed_splits: shape.data_splits,
+                failed_nodes: self.nodes_of(range_index, failed),
+            });
+        }
+        let slot_index = self.claim_slot(SlotKind::Write, tag, page);
+        self.launch_write(slot_index, data)
+    }
+
+    /// A write that was finding out its page's version knows it now: the newest version any
+    /// valid split carries. The write goes on from its staged data.
+    pub(super) fn finish_discovery(&mut self, slot_index: usize) {
+        let slot = &mut self.slots[slot_index];
+        let read = slot.read.take().expect("a discovering write has a read state");
+        let page = slot.page as usize;
+        let known = self.versions[page];
+        if let Some(seen) = read.newest_version_seen() {
+            if known == 0 || remem_proto::version_is_newer(seen, known) {
+                self.versions[page] = seen;
+            }
+        }
+        self.page_flags[page] &= !(PAGE_VERSION_UNKNOWN | PAGE_WRITE_DISCOVERS);
+        let staging = std::mem::take(&mut self.slots[slot_index].staging);
+        let result = self.launch_write(slot_index, &staging[..self.config.page_bytes]);
+        self.slots[slot_index].staging = staging;
+        if let Err(error) = result {
+            self.finish(slot_index, Err(error), false);
+        }
+    }
+
+    /// Sends a write's k data splits, encodes its r parities and sends them: the next version
+    /// of the page, on every slab that takes writes.
+    fn launch_write(&mut self, slot_index: usize, data: &[u8]) -> Result<(), PageError> {
+        let slot = &self.slots[slot_index];
+        let (page, region_index, range_index) = (slot.page, slot.region, slot.range);
+        let shape = self.regions[region_index].shape;
+        let range = &self.ranges[range_index];
         let unavailable = range.unavailable & !range.rebuilding;
         let (state, step) = WriteState::start(shape, unavailable);
         if let WriteStep::Failed { stored, failed } = step {
@@ -256,7 +345,6 @@ impl Engine {
                 failed_nodes: self.nodes_of(range_index, failed),
             });
         }
-        let slot_index = self.claim_slot(SlotKind::Write, tag, page);
         let version = remem_proto::next_version(self.versions[page as usize]);
         let targets = state.targets();
         let slot = &mut self.slots[slot_index];
@@ -464,6 +552,15 @@ impl Engine {
     fn read_outcome(&mut self, event: SplitEvent, outcome: SplitOutcome, buffers: &mut dyn OpBuffers) {
         let slot = &mut self.slots[event.slot];
         let step = slot.read.as_mut().expect("read slot has a read state").on_reply(event.split, outcome);
+        if slot.kind == SlotKind::Write {
+            // A write finding out its page's version.
+            match step {
+                ReadStep::Wait => {}
+                ReadStep::Ask(mask) => self.queue_reads(event.slot, mask),
+                ReadStep::Done { .. } | ReadStep::Lost { .. } => self.finish_discovery(event.slot),
+            }
+            return;
+        }
         match step {
             ReadStep::Wait => {}
             ReadStep::Ask(mask) => self.queue_reads(event.slot, mask),
@@ -472,6 +569,10 @@ impl Engine {
                 if self.page_flags[page] & PAGE_VERSION_UNKNOWN != 0 {
                     self.versions[page] = version;
                     self.page_flags[page] &= !PAGE_VERSION_UNKNOWN;
+                    let seen = slot.read.as_ref().and_then(|read| read.newest_version_seen());
+                    if seen.is_some_and(|seen| seen != version) {
+                        self.page_flags[page] |= PAGE_WRITE_DISCOVERS;
+                    }
                 }
                 let result = if version == 0 {
                     // Discovery found the page never written: zeros.
@@ -557,14 +658,10 @@ impl Engine {
     pub(super) fn fail_pending_on(&mut self, range: usize, split: usize) {
         for slot_index in 0..self.slots.len() {
             let slot = &self.slots[slot_index];
-            if slot.range != range || slot.pending() & (1 << split) == 0 {
+            if slot.kind == SlotKind::Probe || slot.range != range || slot.pending() & (1 << split) == 0 {
                 continue;
             }
-            let outcome = match slot.kind {
-                SlotKind::Read => Outcome::Read(SplitOutcome::Failed),
-                SlotKind::Write => Outcome::Write(false),
-                _ => continue,
-            };
+            let outcome = slot.failure_outcome();
             self.events.push(SplitEvent { slot: slot_index, generation: slot.generation, split, outcome });
         }
     }
@@ -582,12 +679,10 @@ impl Engine {
                 if pending & (1 << split) == 0 {
                     continue;
                 }
-                let outcome = match slot.kind {
-                    SlotKind::Read => Outcome::Read(SplitOutcome::Failed),
-                    SlotKind::Write => Outcome::Write(false),
-                    SlotKind::Probe => Outcome::ProbeFailed,
-                    SlotKind::Free => continue,
-                };
+                if slot.kind == SlotKind::Free {
+                    continue;
+                }
+                let outcome = slot.failure_outcome();
                 let target = self.slot_split_node(slot, split);
                 if target == node {
                     self.events.push(SplitEvent { slot: slot_index, generation, split, outcome });

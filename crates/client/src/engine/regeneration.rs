@@ -333,11 +333,18 @@ impl Engine {
     pub(super) fn regeneration_node_died(&mut self, dead: NodeId) {
         for index in 0..self.regenerations.len() {
             let task = &mut self.regenerations[index];
+
             let node = match task.state {
                 State::Mapping { node, .. } | State::Rebuilding { node, .. } => Some(node),
                 State::Queued { .. } => None,
             };
             let target_dead = task.target.is_some_and(|target| target.node == dead);
+            if matches!(task.state, State::Mapping { node, .. } if node == dead) {
+                // The node may still map the slab when it resumes (a stall), answering on a
+                // connection that is gone: that slab's id is never learnt and it stays mapped
+                // until slab leases reclaim it. Counted, so the leak is visible.
+                self.maps_abandoned += 1;
+            }
             if node == Some(dead) || target_dead {
                 self.ranges[task.range].rebuilding &= !(1 << task.split);
                 if let Some(target) = task.target.take() {
@@ -360,6 +367,11 @@ impl Engine {
                 task.state = State::Queued { not_before: self.now };
             }
         }
+    }
+
+    /// The old slabs rebuilds keep as sources.
+    pub(super) fn regenerations_old_sources(&self) -> impl Iterator<Item = SlabRef> + '_ {
+        self.regenerations.iter().filter_map(|task| task.old)
     }
 
     /// A slab kept as a rebuild source is gone: stop naming it.

@@ -51,6 +51,7 @@ impl Engine {
             self.shm.resize_with(self.ranges.len() * MAX_SPLITS, || None);
         }
         let flags = if versions_known { 0 } else { PAGE_VERSION_UNKNOWN };
+        self.versions_exact &= versions_known;
         self.versions.resize((first_page + page_count) as usize, 0);
         self.page_flags.resize((first_page + page_count) as usize, flags);
         for slot in &mut self.slots {

@@ -112,7 +112,8 @@ impl Engine {
         if expected_node != Some(node) {
             return Err(FrameError::Malformed(format!("reply for split {split} from the wrong node")));
         }
-        let kind = slot.kind;
+        let kind = if slot.reading() { SlotKind::Read } else { slot.kind };
+        let places = slot.kind == SlotKind::Read;
         let outcome = match (header.kind, kind) {
             (Kind::WriteSplitOk, SlotKind::Write) => Outcome::Write(true),
             (Kind::Error, SlotKind::Write) => {
@@ -142,7 +143,9 @@ impl Engine {
                         Outcome::Read(SplitOutcome::Corrupt)
                     }
                     SplitVerdict::Valid { version } => {
-                        self.place_split(slot_index, split, payload, buffers);
+                        if places {
+                            self.place_split(slot_index, split, payload, buffers);
+                        }
                         Outcome::Read(SplitOutcome::Valid { version })
                     }
                 }
@@ -200,7 +203,11 @@ impl Engine {
             return SplitOutcome::Failed;
         };
         let node = mapping.node;
-        let target = if split >= k {
+        let page_bytes = self.config.page_bytes;
+        let target = if self.slots[slot_index].kind == SlotKind::Write {
+            // A write finding out its page's version only needs the split's version.
+            &mut self.slots[slot_index].staging[page_bytes..page_bytes + split_bytes]
+        } else if split >= k {
             &mut self.slots[slot_index].parity[(split - k) * split_bytes..(split - k + 1) * split_bytes]
         } else {
             &mut buffers.read_buffer(tag)[split * split_bytes..(split + 1) * split_bytes]

@@ -63,7 +63,11 @@ fn a_killed_node_loses_its_memory_and_refuses_connections_until_restarted_empty(
 
     harness.cluster.restart_empty(harness.now, 0).unwrap();
     let info = harness.cluster.connect(harness.now, 0, CLIENT).unwrap();
-    assert_eq!((info.slabs_mapped, info.node_id), (0, 1));
+    assert_eq!(
+        (info.slabs_mapped, info.node_id),
+        (0, 1 + (1 << 32)),
+        "a restarted node is a new process with a new node id"
+    );
     assert_eq!(harness.cluster.node_state(0).incarnation, 1);
     let refused = harness.call(0, &Control::ReadSplit { slab_id, slot: 0 }).control();
     assert!(matches!(refused, Control::Error { code: ErrorCode::UnknownSlab, .. }));

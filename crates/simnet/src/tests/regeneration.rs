@@ -273,10 +273,14 @@ fn invalid_regenerate_requests_are_refused_like_the_real_node() {
     let mut cases: Vec<(Control, ErrorCode)> = vec![
         (regenerate(&range, new_slab, 32, &[0], &harness.cluster), ErrorCode::Unsupported),
         (regenerate(&range, new_slab, 32, &[0, 0, 1], &harness.cluster), ErrorCode::Unsupported),
-        (regenerate(&range, new_slab, 32, &[0, 3], &harness.cluster), ErrorCode::Unsupported),
         (regenerate(&range, new_slab, 33, &[0, 1], &harness.cluster), ErrorCode::SlotOutOfRange),
         (regenerate(&range, 99, 32, &[0, 1], &harness.cluster), ErrorCode::UnknownSlab),
     ];
+    let mut outside_code = regenerate(&range, new_slab, 32, &[0, 1], &harness.cluster);
+    if let Control::Regenerate { sources, .. } = &mut outside_code {
+        sources[1].split_index = 4;
+    }
+    cases.push((outside_code, ErrorCode::Unsupported));
     let mut wrong_page = regenerate(&range, new_slab, 32, &[0, 1], &harness.cluster);
     if let Control::Regenerate { page_bytes, .. } = &mut wrong_page {
         *page_bytes = 8192;
@@ -331,4 +335,19 @@ fn a_source_named_by_an_unknown_address_fails_like_an_unreachable_node() {
         (32, 0, 0),
         "rebuilt from 1 and 2"
     );
+}
+
+#[test]
+fn the_slab_being_replaced_may_be_a_source_like_on_the_real_node() {
+    // EC(2,2): split 3 on node 3 is being replaced by a new slab on node 4 (say its node corrupts);
+    // the client names the old slab as a source next to splits 0 and 1.
+    let (mut harness, range, new_slab) = ec_2_2(48);
+    let request = regenerate(&range, new_slab, 32, &[3, 0], &harness.cluster);
+    let request_id = harness.send(4, &request);
+    let replies = replies_from(&harness.settle(), 4);
+    assert_eq!(replies[0], Reply::Control { request_id, message: Control::Ok });
+    assert_eq!(done_counts(&replies, request_id), (32, 0, 0));
+    for slot in [0, 17, 31] {
+        assert_rebuilt(&harness, &range, (4, new_slab), 3, slot, 1, &page_of(u64::from(slot), 4096));
+    }
 }

@@ -1,0 +1,1216 @@
+//! The simulated driver: the client's sans-I/O engine (`remem_client::engine`) run against a
+//! [`SimCluster`] in simulated time, the way the blocking driver runs it over sockets.
+//!
+//! Job: carry bytes and events between the two and nothing else. Every engine call is followed
+//! by the same chores as in `crates/client/src/driver`: carry out the engine's actions (connect,
+//! disconnect), send its outboxes in its send order, collect completions, submit queued ops.
+//! Bytes from a node are cut into whole frames (a partial frame waits in a per-node buffer) and
+//! handed to `Engine::on_frame`; a frame that breaks the protocol drops the connection, as the
+//! transport does, and is counted in [`DriverStats::protocol_violations`] (a simulated node never
+//! sends one, so a checker treats any as a bug). The engine is ticked whenever its
+//! `next_deadline` comes.
+//!
+//! Time: one fixed `base = Instant::now()` taken at construction; the engine sees
+//! `base + sim_time`, so only differences matter and a run depends on nothing but its inputs.
+//! Simulated time advances only to the next thing that happens: a cluster event, an engine
+//! deadline, a scheduled fault, or the time a caller runs to.
+//!
+//! Invariants:
+//! - engine node id == simulated node index: nodes are added to the engine in cluster order,
+//!   also after a client crash (the reopened engine gets every node again, in order);
+//! - no hash-order iteration and no wall clock: the same cluster seed, placement seed and calls
+//!   give the same run, completion for completion;
+//! - simulated time never stands still forever: more than [`MAX_STEPS_AT_ONE_TIME`] steps at one
+//!   time is an engine (or driver) livelock and panics with the time.
+//!
+//! A client crash ([`SimDriver::crash_client`]) drops the engine; [`SimDriver::reopen`] builds a
+//! new one with the same client id from the saved slab map (what a client saves after connecting
+//! and after each rebuild: the slabs of each range that were complete then), every page's
+//! version unknown, as `Client::reopen` does.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use remem_client::core::Shape;
+use remem_client::engine::{
+    Action, Engine, EngineConfig, NodeId, OpBuffers, OpDone, RegionInfo, SlabRef, Submit,
+};
+use remem_client::PageError;
+use remem_codec::CodecParams;
+use remem_placement::{CodingSets, GroupChoice, LeastLoaded, NodeLoad, Placement};
+use remem_proto::{Control, FrameHeader, NodeInfo, HEADER_BYTES};
+
+use crate::schedule::{FaultAction, ScheduledFault};
+use crate::{Delivery, InFlightFate, SimCluster, SimTime};
+
+/// More steps than this at one simulated time means nothing makes progress.
+pub const MAX_STEPS_AT_ONE_TIME: u32 = 100_000;
+/// Lines of trace kept (the most recent ones).
+const TRACE_LINES: usize = 4_000;
+
+/// The placement policy of the simulated client, built from a seed (at start and at reopen).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlacementPolicy {
+    LeastLoaded,
+    /// CodingSets with extended groups of width + `load_balancing_factor` nodes. One width per
+    /// client: regions of different widths cannot share it.
+    CodingSets {
+        load_balancing_factor: usize,
+        group_choice: GroupChoice,
+    },
+}
+
+impl PlacementPolicy {
+    pub fn build(self, seed: u64) -> Box<dyn Placement> {
+        let rng = StdRng::seed_from_u64(seed);
+        match self {
+            PlacementPolicy::LeastLoaded => Box::new(LeastLoaded::new(rng)),
+            PlacementPolicy::CodingSets { load_balancing_factor, group_choice } => {
+                Box::new(CodingSets::new(rng, load_balancing_factor, group_choice))
+            }
+        }
+    }
+}
+
+/// A page operation for [`SimDriver::submit`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SimOp {
+    Write { page: u64, data: Vec<u8> },
+    Read { page: u64 },
+}
+
+/// A finished op: its id (from [`SimDriver::submit`]), the page, and for a read the bytes.
+#[derive(Debug)]
+pub struct Completion {
+    pub id: u64,
+    pub page: u64,
+    pub is_write: bool,
+    pub result: Result<(), PageError>,
+    /// The page read (reads only; meaningful only when `result` is `Ok`).
+    pub data: Vec<u8>,
+    pub submitted_at: SimTime,
+    pub completed_at: SimTime,
+    pub decoded: bool,
+}
+
+/// An op that was queued or in flight when the client crashed: it has no result.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AbandonedOp {
+    pub id: u64,
+    pub page: u64,
+    pub is_write: bool,
+    /// Whether the engine had started it (its splits may be on the wire or stored).
+    pub started: bool,
+}
+
+/// Counters of the driver itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverStats {
+    pub frames_received: u64,
+    pub bytes_sent: u64,
+    /// Frames from a node that broke the protocol. A simulated node never sends one.
+    pub protocol_violations: u64,
+    pub connects: u64,
+    pub connects_refused: u64,
+    pub disconnects: u64,
+    pub connections_lost: u64,
+    pub ticks: u64,
+    pub ops_submitted: u64,
+    pub ops_completed: u64,
+    pub client_crashes: u64,
+}
+
+/// Faults applied by the driver, per kind (those the cluster refused are counted apart).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultTally {
+    pub kills: u64,
+    pub restarts_empty: u64,
+    /// Stalls shorter than the engine's request timeout, and at least as long.
+    pub short_stalls: u64,
+    pub long_stalls: u64,
+    pub partitions: u64,
+    pub stragglers: u64,
+    pub bit_flips: u64,
+    pub evictions: u64,
+    pub dropped_writes: u64,
+    pub client_crashes: u64,
+    /// Scheduled faults the cluster refused (a kill of a dead node, flips on a node with no
+    /// slab): nothing happened.
+    pub refused: u64,
+}
+
+impl FaultTally {
+    pub fn add(&mut self, other: &FaultTally) {
+        self.kills += other.kills;
+        self.restarts_empty += other.restarts_empty;
+        self.short_stalls += other.short_stalls;
+        self.long_stalls += other.long_stalls;
+        self.partitions += other.partitions;
+        self.stragglers += other.stragglers;
+        self.bit_flips += other.bit_flips;
+        self.evictions += other.evictions;
+        self.dropped_writes += other.dropped_writes;
+        self.client_crashes += other.client_crashes;
+        self.refused += other.refused;
+    }
+
+    /// Faults that took effect.
+    pub fn total(&self) -> u64 {
+        self.kills
+            + self.restarts_empty
+            + self.short_stalls
+            + self.long_stalls
+            + self.partitions
+            + self.stragglers
+            + self.bit_flips
+            + self.evictions
+            + self.dropped_writes
+            + self.client_crashes
+    }
+}
+
+impl std::fmt::Display for FaultTally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "kill {}, restart-empty {}, stall<timeout {}, stall>=timeout {}, partition {}, straggler {}, \
+             bit-flips {}, eviction {}, dropped-writes {}, client-crash {} (refused {})",
+            self.kills,
+            self.restarts_empty,
+            self.short_stalls,
+            self.long_stalls,
+            self.partitions,
+            self.stragglers,
+            self.bit_flips,
+            self.evictions,
+            self.dropped_writes,
+            self.client_crashes,
+            self.refused
+        )
+    }
+}
+
+/// One op the driver holds: queued for a slot, or in the engine.
+struct OpEntry {
+    id: u64,
+    page: u64,
+    /// The data of a write not yet handed to the engine (the engine copies it at submit).
+    write: Option<Vec<u8>>,
+    is_write: bool,
+    /// A read's page buffer.
+    buffer: Vec<u8>,
+    submitted_at: SimTime,
+    started: bool,
+}
+
+/// The ops table as the engine's buffers: the tag of an op is its index.
+struct OpTable<'a>(&'a mut [Option<OpEntry>]);
+
+impl OpBuffers for OpTable<'_> {
+    fn read_buffer(&mut self, tag: usize) -> &mut [u8] {
+        match self.0.get_mut(tag) {
+            Some(Some(entry)) if !entry.is_write => &mut entry.buffer,
+            _ => panic!("the engine asked for the read buffer of tag {tag}, which is no read in flight"),
+        }
+    }
+}
+
+/// A region as the saved slab map records it.
+#[derive(Clone, Debug)]
+struct SavedRegion {
+    shape: Shape,
+    page_count: u64,
+    pages_per_range: u64,
+    first_range: usize,
+    range_count: usize,
+}
+
+/// The client engine driven over a simulated cluster in simulated time.
+pub struct SimDriver {
+    cluster: SimCluster,
+    engine: Engine,
+    config: EngineConfig,
+    placement: PlacementPolicy,
+    placement_seed: u64,
+    base: Instant,
+    now: SimTime,
+    steps_at_now: u32,
+    /// Per node: bytes of a frame not complete yet.
+    inputs: Vec<Vec<u8>>,
+    ops: Vec<Option<OpEntry>>,
+    free_tags: Vec<usize>,
+    /// Tags waiting for a free slot, in submission order.
+    queue: VecDeque<usize>,
+    next_op_id: u64,
+    completed: Vec<Completion>,
+    faults: VecDeque<ScheduledFault>,
+    deliveries: Vec<Delivery>,
+    saved_regions: Vec<SavedRegion>,
+    saved_ranges: Vec<Vec<SlabRef>>,
+    saved_at_rebuilds_done: u64,
+    removed: Vec<bool>,
+    stats: DriverStats,
+    tally: FaultTally,
+    /// Every node the engine dropped (declared failed or removed), with the time, in order.
+    dropped: Vec<(SimTime, NodeId)>,
+    /// The first protocol violation: (time, node, why).
+    first_violation: Option<(SimTime, NodeId, String)>,
+    trace: Option<VecDeque<String>>,
+    echo: bool,
+}
+
+impl SimDriver {
+    /// Connects a client with `config` to every node of `cluster` (engine node `i` is cluster node
+    /// `i`) at the cluster's current time. Nodes that refuse the connection join unreachable and
+    /// are probed, as `Client::reopen` does.
+    pub fn new(
+        cluster: SimCluster,
+        config: EngineConfig,
+        placement: PlacementPolicy,
+        placement_seed: u64,
+    ) -> SimDriver {
+        let base = Instant::now();
+        let now = cluster.now();
+        let engine = Engine::new(config.clone(), placement.build(placement_seed), base);
+        let node_count = cluster.node_count();
+        let mut driver = SimDriver {
+            cluster,
+            engine,
+            config,
+            placement,
+            placement_seed,
+            base,
+            now,
+            steps_at_now: 0,
+            inputs: vec![Vec::new(); node_count],
+            ops: Vec::new(),
+            free_tags: Vec::new(),
+            queue: VecDeque::new(),
+            next_op_id: 1,
+            completed: Vec::new(),
+            faults: VecDeque::new(),
+            deliveries: Vec::new(),
+            saved_regions: Vec::new(),
+            saved_ranges: Vec::new(),
+            saved_at_rebuilds_done: 0,
+            removed: vec![false; node_count],
+            stats: DriverStats::default(),
+            tally: FaultTally::default(),
+            dropped: Vec::new(),
+            first_violation: None,
+            trace: None,
+            echo: false,
+        };
+        driver.join_all_nodes();
+        driver.settle();
+        driver
+    }
+
+    /// Adds every cluster node to a fresh engine, in order.
+    fn join_all_nodes(&mut self) {
+        let instant = self.instant();
+        for node in 0..self.cluster.node_count() {
+            let address = self.cluster.node_address(node);
+            let id = match self.cluster.connect(self.now, node, self.config.client_id) {
+                Ok(info) => {
+                    self.stats.connects += 1;
+                    self.engine.add_node(instant, address, None, info, true)
+                }
+                Err(error) => {
+                    self.stats.connects_refused += 1;
+                    self.note(|| format!("node {node} unreachable at connect: {error}"));
+                    self.engine.add_node(instant, address, None, unreachable_node_info(), false)
+                }
+            };
+            assert_eq!(id, node, "engine node ids follow cluster node indices");
+        }
+    }
+
+    /// Keeps the last `4000` lines of what happened (faults, connections, errors, rebuilds), for
+    /// a failing seed's report. Off by default: formatting costs.
+    pub fn enable_trace(&mut self) {
+        self.trace = Some(VecDeque::new());
+    }
+
+    /// Also prints every trace line as it happens (to interleave with the engine's logs).
+    pub fn echo_trace(&mut self) {
+        self.enable_trace();
+        self.echo = true;
+    }
+
+    /// The trace kept by [`SimDriver::enable_trace`], oldest first.
+    pub fn trace(&self) -> Vec<String> {
+        self.trace.iter().flatten().cloned().collect()
+    }
+
+    /// Adds a line to the trace, if on (`line` is not called otherwise).
+    pub fn note(&mut self, line: impl FnOnce() -> String) {
+        if let Some(trace) = &mut self.trace {
+            if trace.len() == TRACE_LINES {
+                trace.pop_front();
+            }
+            let at = self.now;
+            let line = format!("{:>10.3} ms  {}", at as f64 / 1e6, line());
+            if self.echo {
+                println!("{line}");
+            }
+            trace.push_back(line);
+        }
+    }
+
+    // ---- accessors ------------------------------------------------------------------------
+
+    pub fn now(&self) -> SimTime {
+        self.now
+    }
+
+    /// The engine's time for simulated time `at`.
+    pub fn instant_at(&self, at: SimTime) -> Instant {
+        self.base + Duration::from_nanos(at)
+    }
+
+    fn instant(&self) -> Instant {
+        self.instant_at(self.now)
+    }
+
+    /// Simulated time of an engine instant (never before the start).
+    pub fn sim_time_of(&self, instant: Instant) -> SimTime {
+        instant.saturating_duration_since(self.base).as_nanos() as SimTime
+    }
+
+    pub fn cluster(&self) -> &SimCluster {
+        &self.cluster
+    }
+
+    /// The cluster, for faults and inspection: call it with [`SimDriver::now`] as the time.
+    pub fn cluster_mut(&mut self) -> &mut SimCluster {
+        &mut self.cluster
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn client_id(&self) -> u64 {
+        self.config.client_id
+    }
+
+    pub fn stats(&self) -> DriverStats {
+        self.stats
+    }
+
+    /// Every node the engine dropped (its `Disconnect` actions: declared failed, or removed), with
+    /// the time, in order.
+    pub fn dropped_nodes(&self) -> &[(SimTime, NodeId)] {
+        &self.dropped
+    }
+
+    /// The first frame a node sent that the engine rejected: (time, node, the engine's reason).
+    /// A simulated node speaks the protocol, so any is a bug of the engine or the simulator.
+    pub fn first_protocol_violation(&self) -> Option<&(SimTime, NodeId, String)> {
+        self.first_violation.as_ref()
+    }
+
+    pub fn fault_tally(&self) -> FaultTally {
+        self.tally
+    }
+
+    /// Ops submitted and not completed yet (queued or in the engine).
+    pub fn in_flight(&self) -> usize {
+        self.ops.len() - self.free_tags.len()
+    }
+
+    /// Completions since the last call, in completion order.
+    pub fn take_completed(&mut self) -> Vec<Completion> {
+        std::mem::take(&mut self.completed)
+    }
+
+    /// Whether some engine op is waiting on `page`.
+    pub fn page_busy(&self, page: u64) -> bool {
+        self.ops.iter().flatten().any(|entry| entry.page == page)
+    }
+
+    // ---- ops --------------------------------------------------------------------------------
+
+    /// Queues an op; it is handed to the engine as soon as a slot is free (ops run in
+    /// submission order; ops on one page one at a time). Returns its id.
+    pub fn submit(&mut self, op: SimOp) -> u64 {
+        let id = self.next_op_id;
+        self.next_op_id += 1;
+        let page_bytes = self.config.page_bytes;
+        let entry = match op {
+            SimOp::Write { page, data } => OpEntry {
+                id,
+                page,
+                write: Some(data),
+                is_write: true,
+                buffer: Vec::new(),
+                submitted_at: self.now,
+                started: false,
+            },
+            SimOp::Read { page } => OpEntry {
+                id,
+                page,
+                write: None,
+                is_write: false,
+                buffer: vec![0; page_bytes],
+                submitted_at: self.now,
+                started: false,
+            },
+        };
+        let tag = match self.free_tags.pop() {
+            Some(tag) => {
+                self.ops[tag] = Some(entry);
+                tag
+            }
+            None => {
+                self.ops.push(Some(entry));
+                self.ops.len() - 1
+            }
+        };
+        self.queue.push_back(tag);
+        self.stats.ops_submitted += 1;
+        self.settle();
+        id
+    }
+
+    /// Hands queued ops to the engine while it takes them. True if any was taken.
+    fn submit_queued(&mut self) -> bool {
+        let mut any = false;
+        while let Some(&tag) = self.queue.front() {
+            let instant = self.instant();
+            let entry = self.ops[tag].as_mut().expect("queued tags are live");
+            let page = entry.page;
+            let write = entry.write.take();
+            let submit = match &write {
+                Some(data) => Submit::Write { page, data },
+                None => Submit::Read { page },
+            };
+            let accepted = self.engine.submit(instant, tag, submit, &mut OpTable(&mut self.ops));
+            if !accepted {
+                self.ops[tag].as_mut().expect("still live").write = write;
+                break;
+            }
+            self.ops[tag].as_mut().expect("still live").started = true;
+            self.queue.pop_front();
+            any = true;
+            // The engine may have finished it at once; the next `collect_completions` reports it.
+            self.collect_completions();
+        }
+        any
+    }
+
+    fn collect_completions(&mut self) {
+        let done: Vec<OpDone> = self.engine.take_completions().collect();
+        for done in done {
+            let tag = done.index;
+            let entry = self.ops[tag].take().expect("the engine completes ops it was given");
+            self.free_tags.push(tag);
+            self.stats.ops_completed += 1;
+            if let Err(error) = &done.result {
+                let (id, page) = (entry.id, entry.page);
+                self.note(|| format!("op {id} (page {page}) failed: {error}"));
+            }
+            self.completed.push(Completion {
+                id: entry.id,
+                page: entry.page,
+                is_write: entry.is_write,
+                result: done.result,
+                data: entry.buffer,
+                submitted_at: entry.submitted_at,
+                completed_at: self.now,
+                decoded: done.decoded,
+            });
+        }
+    }
+
+    // ---- the loop ---------------------------------------------------------------------------
+
+    /// After every engine call: actions, sends, completions, queued submissions, until quiet.
+    fn settle(&mut self) {
+        loop {
+            while self.engine.has_actions() {
+                let actions: Vec<Action> = self.engine.take_actions().collect();
+                for action in actions {
+                    self.carry_out(action);
+                }
+            }
+            self.flush();
+            self.collect_completions();
+            let submitted = self.submit_queued();
+            self.flush();
+            if !submitted && !self.engine.has_actions() {
+                break;
+            }
+        }
+        self.maybe_save_map();
+    }
+
+    fn carry_out(&mut self, action: Action) {
+        match action {
+            Action::Disconnect { node } => {
+                self.stats.disconnects += 1;
+                self.dropped.push((self.now, node));
+                self.note(|| format!("engine drops node {node}"));
+                self.cluster.disconnect(self.now, node, self.config.client_id);
+                self.inputs[node].clear();
+            }
+            Action::Connect { node } => {
+                self.inputs[node].clear();
+                match self.cluster.connect(self.now, node, self.config.client_id) {
+                    Ok(info) => {
+                        self.stats.connects += 1;
+                        self.note(|| format!("probe of node {node} connects"));
+                        let instant = self.instant();
+                        self.engine.node_connected(instant, node, info);
+                    }
+                    Err(error) => {
+                        self.stats.connects_refused += 1;
+                        self.note(|| format!("probe of node {node} refused: {error}"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends every outbox, in the engine's order.
+    fn flush(&mut self) {
+        let order = self.engine.take_send_order();
+        for &node in &order {
+            let bytes = self.engine.outgoing(node);
+            if bytes.is_empty() {
+                continue;
+            }
+            let sent = bytes.len();
+            if self.trace.is_some() {
+                let controls = slab_controls(bytes);
+                if !controls.is_empty() {
+                    self.note(|| format!("to node {node}: {}", controls.join(", ")));
+                }
+            }
+            let bytes = self.engine.outgoing(node);
+            self.cluster.send(self.now, node, self.config.client_id, bytes);
+            self.engine.mark_sent(node, sent);
+            self.stats.bytes_sent += sent as u64;
+        }
+        self.engine.return_send_order(order);
+    }
+
+    /// When the next thing happens: a cluster event, an engine deadline or a scheduled fault.
+    pub fn next_event_time(&self) -> Option<SimTime> {
+        let cluster = self.cluster.next_event_time();
+        let engine = self.engine.next_deadline().map(|deadline| self.sim_time_of(deadline).max(self.now));
+        let fault = self.faults.front().map(|fault| fault.at.max(self.now));
+        [cluster, engine, fault].into_iter().flatten().min()
+    }
+
+    /// Runs the next thing that happens if it happens by `limit` and returns true; otherwise
+    /// moves the time to `limit` and returns false.
+    pub fn step(&mut self, limit: SimTime) -> bool {
+        match self.next_event_time().filter(|at| *at <= limit) {
+            Some(at) => {
+                self.advance_to(at.max(self.now));
+                true
+            }
+            None => {
+                if limit > self.now {
+                    self.advance_to(limit);
+                }
+                false
+            }
+        }
+    }
+
+    fn advance_to(&mut self, at: SimTime) {
+        assert!(at >= self.now, "simulated time goes forward");
+        if at == self.now {
+            self.steps_at_now += 1;
+            assert!(
+                self.steps_at_now < MAX_STEPS_AT_ONE_TIME,
+                "livelock: {MAX_STEPS_AT_ONE_TIME} steps at simulated time {at} ns without time moving \
+                 (engine deadline {:?} ns)",
+                self.engine.next_deadline().map(|deadline| self.sim_time_of(deadline))
+            );
+        } else {
+            self.steps_at_now = 0;
+        }
+        self.now = at;
+        while self.faults.front().is_some_and(|fault| fault.at <= at) {
+            let fault = self.faults.pop_front().expect("checked");
+            self.apply_fault(&fault);
+        }
+        let mut deliveries = std::mem::take(&mut self.deliveries);
+        self.cluster.poll(at, &mut deliveries);
+        for delivery in deliveries.drain(..) {
+            self.deliver(delivery);
+        }
+        self.deliveries = deliveries;
+        let instant = self.instant();
+        if self.engine.next_deadline().is_some_and(|deadline| deadline <= instant) {
+            self.stats.ticks += 1;
+            self.engine.tick(instant, &mut OpTable(&mut self.ops));
+            self.settle();
+        }
+    }
+
+    fn deliver(&mut self, delivery: Delivery) {
+        let client_id = self.config.client_id;
+        match delivery {
+            Delivery::Bytes { client_id: to, node, bytes } => {
+                if to != client_id || !self.cluster.is_connected(node, client_id) {
+                    // Read before the driver dropped the connection: gone with it.
+                    return;
+                }
+                self.inputs[node].extend_from_slice(&bytes);
+                self.parse_frames(node);
+            }
+            Delivery::ConnectionLost { client_id: to, node } => {
+                if to != client_id {
+                    return;
+                }
+                self.stats.connections_lost += 1;
+                self.note(|| format!("connection to node {node} lost"));
+                self.inputs[node].clear();
+                let instant = self.instant();
+                self.engine.connection_lost(instant, node, "connection lost", &mut OpTable(&mut self.ops));
+            }
+        }
+        self.settle();
+    }
+
+    /// Hands every whole frame of node `node`'s input to the engine.
+    fn parse_frames(&mut self, node: NodeId) {
+        let input = std::mem::take(&mut self.inputs[node]);
+        let mut start = 0;
+        let mut violation: Option<String> = None;
+        while input.len() - start >= HEADER_BYTES {
+            if !self.engine.node(node).connected {
+                // The engine gave up on the node while handling an earlier frame.
+                start = input.len();
+                break;
+            }
+            let header_bytes: &[u8; HEADER_BYTES] =
+                input[start..start + HEADER_BYTES].try_into().expect("HEADER_BYTES long");
+            let header = match FrameHeader::decode(header_bytes) {
+                Ok(header) => header,
+                Err(error) => {
+                    violation = Some(format!("undecodable header: {error}"));
+                    break;
+                }
+            };
+            let body_len = header.body_len as usize;
+            if body_len > self.engine.max_reply_body(header.kind) {
+                violation = Some(format!("{:?} frame of {body_len} bytes is too long", header.kind));
+                break;
+            }
+            if input.len() - start < HEADER_BYTES + body_len {
+                break;
+            }
+            let body = &input[start + HEADER_BYTES..start + HEADER_BYTES + body_len];
+            start += HEADER_BYTES + body_len;
+            self.stats.frames_received += 1;
+            let instant = self.instant();
+            if let Err(error) = self.engine.on_frame(instant, node, header, body, &mut OpTable(&mut self.ops))
+            {
+                violation = Some(error.to_string());
+                break;
+            }
+            // Replies may have finished ops or started rebuilds: act on it before the next frame.
+            self.settle();
+        }
+        match violation {
+            Some(why) => {
+                self.stats.protocol_violations += 1;
+                if self.first_violation.is_none() {
+                    self.first_violation = Some((self.now, node, why.clone()));
+                }
+                self.note(|| format!("node {node} broke the protocol: {why}"));
+                self.cluster.disconnect(self.now, node, self.config.client_id);
+                let instant = self.instant();
+                self.engine.connection_lost(instant, node, &why, &mut OpTable(&mut self.ops));
+            }
+            None => {
+                let mut input = input;
+                input.drain(..start);
+                self.inputs[node] = input;
+            }
+        }
+    }
+
+    /// Runs everything that happens up to `until` (inclusive); the time is then `until`.
+    pub fn run_until(&mut self, until: SimTime) {
+        while self.step(until) {}
+    }
+
+    pub fn run_for(&mut self, duration: SimTime) {
+        let until = self.now + duration;
+        self.run_until(until);
+    }
+
+    /// Runs until `done` holds (checked after every step) or `limit` is reached. True if it held.
+    pub fn run_until_condition(&mut self, limit: SimTime, mut done: impl FnMut(&SimDriver) -> bool) -> bool {
+        loop {
+            if done(self) {
+                return true;
+            }
+            if !self.step(limit) {
+                return done(self);
+            }
+        }
+    }
+
+    /// Runs until every submitted op has completed, or `limit`. True if none is left.
+    pub fn run_until_idle(&mut self, limit: SimTime) -> bool {
+        self.run_until_condition(limit, |driver| driver.in_flight() == 0)
+    }
+
+    /// Runs until no range has an unavailable or rebuilding slab and no rebuild is queued, or
+    /// `limit`. True if healed.
+    pub fn run_until_healed(&mut self, limit: SimTime) -> bool {
+        self.run_until_condition(limit, |driver| driver.is_healed())
+    }
+
+    /// No range has an unavailable slab and no rebuild is in flight.
+    pub fn is_healed(&self) -> bool {
+        !self.engine.has_regenerations()
+            && self.engine.ranges().iter().all(|range| range.unavailable == 0 && range.rebuilding == 0)
+    }
+
+    /// Reads one page and runs until the read completes (or `timeout` passes: `None`).
+    pub fn read_now(&mut self, page: u64, timeout: SimTime) -> Option<Result<Vec<u8>, PageError>> {
+        let id = self.submit(SimOp::Read { page });
+        self.run_op(id, timeout).map(|completion| completion.result.map(|()| completion.data))
+    }
+
+    /// Writes one page and runs until the write completes (or `timeout` passes: `None`).
+    pub fn write_now(&mut self, page: u64, data: Vec<u8>, timeout: SimTime) -> Option<Result<(), PageError>> {
+        let id = self.submit(SimOp::Write { page, data });
+        self.run_op(id, timeout).map(|completion| completion.result)
+    }
+
+    /// Runs until op `id` completes; other completions stay for [`SimDriver::take_completed`].
+    fn run_op(&mut self, id: u64, timeout: SimTime) -> Option<Completion> {
+        let limit = self.now + timeout;
+        let done = |driver: &SimDriver| driver.completed.iter().any(|completion| completion.id == id);
+        if !self.run_until_condition(limit, done) {
+            return None;
+        }
+        let index = self.completed.iter().position(|completion| completion.id == id)?;
+        Some(self.completed.remove(index))
+    }
+
+    // ---- regions ----------------------------------------------------------------------------
+
+    /// Maps a region of `page_count` pages coded with `shape`: per range, k+r nodes from the
+    /// placement policy and a `MapSlab` round trip per slab, as the blocking driver does.
+    pub fn create_region(&mut self, shape: Shape, page_count: u64) -> Result<RegionInfo, String> {
+        assert!(page_count > 0 && shape.extra_reads <= shape.parity_splits);
+        let params = CodecParams::new(shape.data_splits, shape.parity_splits, self.config.page_bytes)
+            .map_err(|error| error.to_string())?;
+        let split_bytes = params.split_bytes();
+        let slab_size = self.engine.nodes().iter().map(|node| node.info.slab_size_bytes).max().unwrap_or(0);
+        if slab_size < split_bytes as u64 {
+            return Err(format!("slabs of {slab_size} bytes cannot hold splits of {split_bytes}"));
+        }
+        let pages_per_range = slab_size / split_bytes as u64;
+        let range_count = page_count.div_ceil(pages_per_range);
+        let first_page = self.engine.page_count();
+        let first_range = self.engine.ranges().len();
+        let mut loads: Vec<NodeLoad> = self
+            .engine
+            .nodes()
+            .iter()
+            .enumerate()
+            .filter(|(index, node)| {
+                node.connected
+                    && node.membership == remem_client::engine::Membership::Member
+                    && !self.removed[*index]
+            })
+            .map(|(index, node)| NodeLoad {
+                node_index: index,
+                failure_domain: node.info.failure_domain.clone(),
+                slabs_mapped: u64::from(node.info.slabs_mapped),
+                slabs_free: node.info.free_bytes / node.info.slab_size_bytes.max(1),
+            })
+            .collect();
+        let mut ranges = Vec::with_capacity(range_count as usize);
+        for local_range in 0..range_count {
+            let placed = self
+                .engine
+                .placement_mut()
+                .place(&loads, shape.total_splits())
+                .map_err(|error| format!("placement: {error}"))?;
+            let mut slabs = Vec::with_capacity(shape.total_splits());
+            for (split, &node) in placed.nodes.iter().enumerate() {
+                let message = Control::MapSlab {
+                    split_bytes: split_bytes as u32,
+                    split_index: split as u8,
+                    first_page: first_page + local_range * pages_per_range,
+                    range_id: (first_range as u64) + local_range,
+                };
+                match self.control(node, &message)? {
+                    Control::SlabMapped { slab_id, slots } if u64::from(slots) == pages_per_range => {
+                        slabs.push(SlabRef { node, slab_id });
+                    }
+                    other => return Err(format!("node {node} answered MapSlab with {other:?}")),
+                }
+                if let Some(load) = loads.iter_mut().find(|load| load.node_index == node) {
+                    load.slabs_mapped += 1;
+                    load.slabs_free = load.slabs_free.saturating_sub(1);
+                }
+            }
+            ranges.push(slabs);
+        }
+        self.saved_ranges.extend(ranges.iter().cloned());
+        let info = self.engine.add_region(shape, page_count, pages_per_range, ranges, true);
+        self.saved_regions.push(SavedRegion {
+            shape,
+            page_count,
+            pages_per_range,
+            first_range,
+            range_count: range_count as usize,
+        });
+        self.settle();
+        Ok(info)
+    }
+
+    /// One control request and the loop run until its reply (at most a request timeout).
+    pub fn control(&mut self, node: NodeId, message: &Control) -> Result<Control, String> {
+        let Some(id) = self.engine.queue_control(node, message) else {
+            return Err(format!("node {node} is not connected"));
+        };
+        self.settle();
+        let deadline = self.now + self.config.request_timeout.as_nanos() as SimTime;
+        loop {
+            if let Some((_, reply)) = self.engine.take_control_reply(id) {
+                return match reply {
+                    Control::Error { code, message } => {
+                        Err(format!("node {node} refused: {code:?}: {message}"))
+                    }
+                    reply => Ok(reply),
+                };
+            }
+            if !self.engine.node(node).connected {
+                self.engine.forget_control(id);
+                return Err(format!("node {node} went down"));
+            }
+            if !self.step(deadline) {
+                self.engine.forget_control(id);
+                return Err(format!("node {node} did not answer in time"));
+            }
+        }
+    }
+
+    // ---- membership -------------------------------------------------------------------------
+
+    /// A new node joins the cluster and the client at run time. Returns its id (= its index).
+    pub fn add_node(&mut self, failure_domain: String, capacity_slabs: u32, slab_size_bytes: u64) -> NodeId {
+        let node = self.cluster.add_node(failure_domain, capacity_slabs, slab_size_bytes);
+        self.inputs.push(Vec::new());
+        self.removed.push(false);
+        let info = self.cluster.connect(self.now, node, self.config.client_id).expect("a new node is alive");
+        self.stats.connects += 1;
+        let address = self.cluster.node_address(node);
+        let instant = self.instant();
+        let id = self.engine.add_node(instant, address, None, info, true);
+        assert_eq!(id, node, "engine node ids follow cluster node indices");
+        self.note(|| format!("node {node} added"));
+        self.settle();
+        id
+    }
+
+    /// Drains a node: the engine rebuilds its slabs elsewhere.
+    pub fn drain_node(&mut self, node: NodeId) {
+        self.note(|| format!("node {node} drained"));
+        let instant = self.instant();
+        self.engine.drain_node(instant, node);
+        self.settle();
+    }
+
+    /// Removes a node for good.
+    pub fn remove_node(&mut self, node: NodeId) {
+        self.note(|| format!("node {node} removed"));
+        self.removed[node] = true;
+        let instant = self.instant();
+        self.engine.remove_node(instant, node);
+        self.settle();
+    }
+
+    // ---- faults -----------------------------------------------------------------------------
+
+    /// Applies `faults` when the time reaches each (they are merged with those already planned,
+    /// by time; faults in the past apply at the next step).
+    pub fn schedule_faults(&mut self, faults: &[ScheduledFault]) {
+        let mut all: Vec<ScheduledFault> = self.faults.drain(..).chain(faults.iter().copied()).collect();
+        all.sort_by_key(|fault| (fault.at, fault.node));
+        self.faults = all.into();
+    }
+
+    /// Faults planned and not applied yet.
+    pub fn pending_faults(&self) -> usize {
+        self.faults.len()
+    }
+
+    /// Applies one fault now (whatever its `at`), counting it.
+    pub fn apply_fault(&mut self, fault: &ScheduledFault) {
+        let now = self.now;
+        let result = self.cluster.apply_fault(now, fault);
+        let node = fault.node;
+        match result {
+            Err(error) => {
+                self.tally.refused += 1;
+                self.note(|| format!("fault {:?} on node {node} refused: {error}", fault.action));
+            }
+            Ok(()) => {
+                self.note(|| format!("fault {:?} on node {node}", fault.action));
+                let timeout = self.config.request_timeout.as_nanos() as SimTime;
+                match fault.action {
+                    FaultAction::Kill => self.tally.kills += 1,
+                    FaultAction::RestartEmpty => self.tally.restarts_empty += 1,
+                    FaultAction::Stall { until } if until.saturating_sub(now) < timeout => {
+                        self.tally.short_stalls += 1
+                    }
+                    FaultAction::Stall { .. } => self.tally.long_stalls += 1,
+                    FaultAction::Partition { .. } => self.tally.partitions += 1,
+                    FaultAction::ExtraDelay { .. } => self.tally.stragglers += 1,
+                    FaultAction::FlipBits { .. } => self.tally.bit_flips += 1,
+                    FaultAction::Evict => self.tally.evictions += 1,
+                    FaultAction::DropNextWrites { .. } => self.tally.dropped_writes += 1,
+                }
+            }
+        }
+    }
+
+    /// Applies `action` to `node` now.
+    pub fn fault_now(&mut self, node: usize, action: FaultAction) {
+        self.apply_fault(&ScheduledFault { at: self.now, node, action });
+    }
+
+    // ---- client crash -----------------------------------------------------------------------
+
+    /// Saves the slab map after a rebuild finished: per range and split, the slab the range names
+    /// if it is complete (available), else the one saved before. A client saves its map after
+    /// connecting and after rebuilds; a half-rebuilt slab is never in it.
+    fn maybe_save_map(&mut self) {
+        let done = self.engine.regeneration_status().done;
+        if done == self.saved_at_rebuilds_done {
+            return;
+        }
+        self.saved_at_rebuilds_done = done;
+        for (index, range) in self.engine.ranges().iter().enumerate() {
+            for (split, slab) in range.slabs.iter().enumerate() {
+                if range.unavailable & (1 << split) == 0 {
+                    self.saved_ranges[index][split] = *slab;
+                }
+            }
+        }
+    }
+
+    /// The slab map a client saved (see [`SimDriver::reopen`]).
+    pub fn saved_map(&self) -> &[Vec<SlabRef>] {
+        &self.saved_ranges
+    }
+
+    /// The client process crashes: the engine is dropped (a new one is built by
+    /// [`SimDriver::reopen`]), its connections close, and what it had sent and not yet delivered
+    /// meets `fate` (with `Random`, writes in flight are torn across nodes). Returns the ops that
+    /// had no result; the time then runs on for `downtime` without a client.
+    pub fn crash_client(&mut self, fate: InFlightFate, downtime: SimTime) -> Vec<AbandonedOp> {
+        self.note(|| format!("client crashes ({fate:?}), down for {downtime} ns"));
+        self.cluster.crash_client(self.now, self.config.client_id, fate);
+        self.stats.client_crashes += 1;
+        self.tally.client_crashes += 1;
+        let abandoned: Vec<AbandonedOp> = self
+            .ops
+            .iter_mut()
+            .filter_map(Option::take)
+            .map(|entry| AbandonedOp {
+                id: entry.id,
+                page: entry.page,
+                is_write: entry.is_write,
+                started: entry.started,
+            })
+            .collect();
+        self.ops.clear();
+        self.free_tags.clear();
+        self.queue.clear();
+        self.inputs.iter_mut().for_each(Vec::clear);
+        // A fresh engine that knows nothing yet stands in until `reopen`; the time runs without
+        // a client: only the cluster's events and planned faults happen.
+        let placeholder = Engine::new(self.config.clone(), self.placement.build(0), self.instant());
+        drop(std::mem::replace(&mut self.engine, placeholder));
+        let until = self.now + downtime;
+        loop {
+            let cluster = self.cluster.next_event_time();
+            let fault = self.faults.front().map(|fault| fault.at.max(self.now));
+            let Some(at) = [cluster, fault].into_iter().flatten().min().filter(|at| *at <= until) else {
+                break;
+            };
+            self.now = at.max(self.now);
+            while self.faults.front().is_some_and(|fault| fault.at <= self.now) {
+                let fault = self.faults.pop_front().expect("checked");
+                self.apply_fault(&fault);
+            }
+            let mut deliveries = std::mem::take(&mut self.deliveries);
+            self.cluster.poll(self.now, &mut deliveries);
+            deliveries.clear();
+            self.deliveries = deliveries;
+        }
+        self.now = until.max(self.now);
+        let mut deliveries = std::mem::take(&mut self.deliveries);
+        self.cluster.poll(self.now, &mut deliveries);
+        deliveries.clear();
+        self.deliveries = deliveries;
+        abandoned
+    }
+
+    /// A new engine with the same client id reopens the saved slab map: every node connected
+    /// again (those that refuse join unreachable and count as failed), every region added back
+    /// with its pages' versions unknown, placement by LeastLoaded, as `Client::reopen`.
+    pub fn reopen(&mut self) {
+        self.note(|| "client reopens its saved slab map".to_owned());
+        // As `Client::reopen`: the map does not record the policy, a reopened client places its
+        // rebuilt slabs with LeastLoaded.
+        self.placement_seed = self.placement_seed.wrapping_add(1);
+        let placement = PlacementPolicy::LeastLoaded.build(self.placement_seed);
+        self.engine = Engine::new(self.config.clone(), placement, self.instant());
+        self.steps_at_now = 0;
+        self.join_all_nodes();
+        for region in self.saved_regions.clone() {
+            let ranges =
+                self.saved_ranges[region.first_range..region.first_range + region.range_count].to_vec();
+            self.engine.add_region(region.shape, region.page_count, region.pages_per_range, ranges, false);
+        }
+        let instant = self.instant();
+        for node in 0..self.removed.len() {
+            if self.removed[node] {
+                self.engine.remove_node(instant, node);
+            }
+        }
+        self.engine.fail_unreachable_nodes(instant);
+        self.saved_at_rebuilds_done = 0;
+        self.settle();
+    }
+
+    // ---- checks -----------------------------------------------------------------------------
+
+    /// Where the engine's map and the cluster disagree: a range naming a slab its node does not
+    /// hold for this client at that split and range (skipping unavailable slabs and dead or
+    /// unreachable nodes). Empty when they agree.
+    pub fn map_disagreements(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (index, range) in self.engine.ranges().iter().enumerate() {
+            let first_page = self.range_first_page(index);
+            for (split, slab) in range.slabs.iter().enumerate() {
+                if range.unavailable & (1 << split) != 0 || !self.cluster.is_alive(slab.node) {
+                    continue;
+                }
+                match self.cluster.slab_info(slab.node, slab.slab_id) {
+                    None => problems.push(format!(
+                        "range {index} split {split}: node {} holds no slab {}",
+                        slab.node, slab.slab_id
+                    )),
+                    Some(info) => {
+                        if info.owner_client_id != self.config.client_id
+                            || usize::from(info.split_index) != split
+                            || info.first_page != first_page
+                        {
+                            problems.push(format!(
+                                "range {index} split {split}: slab {} on node {} is {info:?}",
+                                slab.slab_id, slab.node
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        problems
+    }
+
+    /// The first page of range `range` in the client's page space.
+    pub fn range_first_page(&self, range: usize) -> u64 {
+        let engine = &self.engine;
+        let region = engine.region_info(engine.ranges()[range].region);
+        let region_first_range = engine
+            .ranges()
+            .iter()
+            .position(|other| other.region == region.index)
+            .expect("a region has ranges");
+        region.first_page + (range - region_first_range) as u64 * region.pages_per_range
+    }
+
+    /// Slabs of this client on live nodes that no range names: leaked.
+    pub fn leaked_slabs(&self) -> Vec<(usize, u32)> {
+        let mut named: Vec<(usize, u32)> = self
+            .engine
+            .ranges()
+            .iter()
+            .flat_map(|range| range.slabs.iter().map(|slab| (slab.node, slab.slab_id)))
+            .collect();
+        named.sort_unstable();
+        let mut leaked = Vec::new();
+        for node in 0..self.cluster.node_count() {
+            if !self.cluster.is_alive(node) {
+                continue;
+            }
+            for (slab_id, owner) in self.cluster.slabs_of(node) {
+                if owner == self.config.client_id && named.binary_search(&(node, slab_id)).is_err() {
+                    leaked.push((node, slab_id));
+                }
+            }
+        }
+        leaked
+    }
+}
+
+/// The slab-changing control requests among whole frames (`MapSlab`, `UnmapSlab`,
+/// `Regenerate`), for the trace.
+fn slab_controls(mut bytes: &[u8]) -> Vec<String> {
+    use remem_proto::Kind;
+    let mut found = Vec::new();
+    while let Some(header_bytes) = bytes.first_chunk::<HEADER_BYTES>() {
+        let Ok(header) = FrameHeader::decode(header_bytes) else { break };
+        let end = HEADER_BYTES + header.body_len as usize;
+        if bytes.len() < end {
+            break;
+        }
+        if matches!(header.kind, Kind::MapSlab | Kind::UnmapSlab | Kind::Regenerate) {
+            match Control::decode_body(header.kind, &bytes[HEADER_BYTES..end]) {
+                Ok(Control::Regenerate { slab_id, sources, .. }) => {
+                    let sources: Vec<String> = sources
+                        .iter()
+                        .map(|source| format!("{}@{}", source.split_index, source.address))
+                        .collect();
+                    found.push(format!("Regenerate slab {slab_id} from [{}]", sources.join(" ")));
+                }
+                Ok(control) => found.push(format!("{control:?}")),
+                Err(_) => {}
+            }
+        }
+        bytes = &bytes[end..];
+    }
+    found
+}
+
+/// What the engine is told of a node it could not reach (as the blocking driver's reopen does).
+fn unreachable_node_info() -> NodeInfo {
+    NodeInfo {
+        node_id: 0,
+        capacity_bytes: 0,
+        free_bytes: 0,
+        slab_size_bytes: 0,
+        slabs_mapped: 0,
+        metadata_bytes: 0,
+        requests_served: 0,
+        regenerating_slabs: 0,
+        regeneration_pages_done: 0,
+        regeneration_pages_total: 0,
+        failure_domain: String::new(),
+    }
+}
