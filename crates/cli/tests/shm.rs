@@ -56,6 +56,17 @@ fn ec82_pages_written_and_verified_through_shared_memory_without_node_requests()
     model.read(&mut client, &all_pages());
     model.write(&mut client, &all_pages()[..512]);
     model.read(&mut client, &all_pages());
+    // Ops on shared memory complete inside the call that starts them; their latency is still
+    // wall time, not the engine's clock (which did not move).
+    let mut page = vec![0u8; 4096];
+    let mut latencies = Vec::new();
+    client.execute(&mut [remem_client::PageOp::Read { page: 7, buf: &mut page }], |done| {
+        latencies.push(done.latency)
+    });
+    assert!(
+        latencies.len() == 1 && !latencies[0].is_zero(),
+        "latency of a shared-memory read: {latencies:?}"
+    );
     // 2048 + 512 page writes of 10 splits and 4096 page reads: none reached a node's CPU; only
     // the NodeInfo requests (one per node per call) did.
     let served = requests_served(&mut client) - before;

@@ -121,7 +121,13 @@ impl PageStore for MemoryStore {
             results.push(result);
         }
         for (index, result) in results.into_iter().enumerate().rev() {
-            on_done(OpDone { index, result, latency: Duration::ZERO, decoded: false });
+            on_done(OpDone {
+                index,
+                result,
+                latency: Duration::ZERO,
+                started: std::time::Instant::now(),
+                decoded: false,
+            });
         }
     }
 

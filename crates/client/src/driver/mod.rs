@@ -370,7 +370,10 @@ impl Client {
     /// Completions the engine has, to the caller. Returns how many.
     fn deliver(&mut self, on_done: &mut impl FnMut(crate::engine::OpDone)) -> usize {
         let mut count = 0;
-        for done in self.engine.take_completions() {
+        let now = Instant::now();
+        for mut done in self.engine.take_completions() {
+            // Wall time: an op on shared memory completes inside the call that started it.
+            done.latency = now.saturating_duration_since(done.started);
             count += 1;
             on_done(done);
         }

@@ -250,8 +250,12 @@ pub struct OpDone {
     /// The caller's tag of the op (its index in a batch for [`crate::Client::execute`]).
     pub index: usize,
     pub result: Result<(), PageError>,
-    /// From the moment the op was started to its completion.
+    /// From the moment the op was started to its completion, by the engine's clock (the times
+    /// of the events that started and completed it). An op completed within the event that
+    /// started it (shared memory) shows zero: drivers that measure wall time use `started`.
     pub latency: Duration,
+    /// When the op was started (the `now` of its submit).
+    pub started: Instant,
     /// True when the read had to decode (a data split was missing or late).
     pub decoded: bool,
 }

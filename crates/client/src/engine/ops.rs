@@ -187,6 +187,7 @@ impl Engine {
                 result,
                 latency: std::time::Duration::ZERO,
                 decoded: false,
+                started: now,
             });
         }
         // Splits on shared memory are done already: finish what they finish.
@@ -651,7 +652,13 @@ impl Engine {
 
     fn finish(&mut self, slot_index: usize, result: Result<(), PageError>, decoded: bool) {
         let slot = &self.slots[slot_index];
-        let done = OpDone { index: slot.tag, result, latency: self.now - slot.started, decoded };
+        let done = OpDone {
+            index: slot.tag,
+            result,
+            latency: self.now - slot.started,
+            started: slot.started,
+            decoded,
+        };
         self.release_slot(slot_index);
         self.completions.push(done);
     }
