@@ -310,6 +310,10 @@ pub struct Engine {
     /// Per page: [`PAGE_DISCARDED`], [`PAGE_VERSION_UNKNOWN`].
     page_flags: Vec<u8>,
     slots: Vec<ops::OpSlot>,
+    /// Per slot, the page of its read or write ([`ops::NO_PAGE`] if none), and the free slots:
+    /// what every submit looks at, kept small (the slots themselves are a few cache lines each).
+    slot_pages: Vec<u64>,
+    free_slots: Vec<usize>,
     active: usize,
     events: Vec<ops::SplitEvent>,
     completions: Vec<OpDone>,
@@ -347,6 +351,8 @@ impl Engine {
     pub fn new(config: EngineConfig, placement: Box<dyn Placement>, now: Instant) -> Engine {
         assert!(config.max_in_flight >= 1 && config.max_in_flight < (1 << 24));
         let slots = (0..config.max_in_flight).map(|_| ops::OpSlot::new(now, config.page_bytes)).collect();
+        let slot_pages = vec![ops::NO_PAGE; config.max_in_flight];
+        let free_slots = (0..config.max_in_flight).rev().collect();
         Engine {
             events: Vec::with_capacity(config.max_in_flight * MAX_SPLITS * 2),
             completions: Vec::with_capacity(config.max_in_flight),
@@ -358,6 +364,8 @@ impl Engine {
             versions: Vec::new(),
             page_flags: Vec::new(),
             slots,
+            slot_pages,
+            free_slots,
             active: 0,
             actions: Vec::new(),
             control_replies: Vec::new(),

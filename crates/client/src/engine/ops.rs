@@ -124,6 +124,9 @@ pub(super) enum Outcome {
     ShmRead,
 }
 
+/// `Engine::slot_pages` of a free slot (or a probe's): no page is that large.
+pub(super) const NO_PAGE: u64 = u64::MAX;
+
 fn request_id(slot: usize, generation: u32, split: usize) -> u64 {
     ((generation as u64) << 32) | ((slot as u64) << 8) | split as u64
 }
@@ -147,7 +150,8 @@ impl Engine {
             Submit::Write { page, .. } | Submit::Read { page } => Some(page),
             Submit::Probe { .. } => None,
         };
-        if page.is_some_and(|page| self.page_in_flight(page)) {
+        // (`NO_PAGE` is out of range: it fails its check below instead of looking busy.)
+        if page.is_some_and(|page| page != NO_PAGE && self.page_in_flight(page)) {
             return false;
         }
         let finished_now: Option<Result<(), PageError>> = match op {
@@ -209,9 +213,8 @@ impl Engine {
     }
 
     pub(super) fn page_in_flight(&self, page: u64) -> bool {
-        self.slots
-            .iter()
-            .any(|slot| matches!(slot.kind, SlotKind::Read | SlotKind::Write) && slot.page == page)
+        // A compact copy of the slots' pages: one cache line or two, not every slot.
+        self.slot_pages.contains(&page)
     }
 
     pub(super) fn check_page(&self, page: u64, len: usize) -> Result<(), PageError> {
@@ -225,7 +228,10 @@ impl Engine {
     }
 
     fn claim_slot(&mut self, kind: SlotKind, tag: usize, page: u64) -> usize {
-        let slot_index = self.slots.iter().position(|slot| !slot.in_use()).expect("active < slots");
+        let slot_index = self.free_slots.pop().expect("active < slots");
+        if kind != SlotKind::Probe {
+            self.slot_pages[slot_index] = page;
+        }
         let (region, range, slot_in_range) = match kind {
             SlotKind::Probe => (0, 0, 0),
             _ => {
@@ -257,6 +263,8 @@ impl Engine {
         slot.write = None;
         // Late replies carry the old generation and are dropped.
         slot.generation = slot.generation.wrapping_add(1) & 0x7fff_ffff;
+        self.slot_pages[slot_index] = NO_PAGE;
+        self.free_slots.push(slot_index);
         self.active -= 1;
     }
 
