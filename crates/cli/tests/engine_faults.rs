@@ -364,6 +364,31 @@ fn run(seconds: u32, program: &str, args: &[&str]) -> Output {
         .unwrap_or_else(|error| panic!("cannot run {program}: {error} (run scripts/setup.sh)"))
 }
 
+/// Fills an 8 MiB export with pseudo-random bytes through nbdcopy; returns the cluster's
+/// directory and the bytes.
+fn fill_export(cluster: &LocalCluster, server: &NbdServer) -> (PathBuf, Vec<u8>) {
+    let dir = cluster.cluster_file_path.parent().unwrap().to_owned();
+    let source = dir.join("source.img");
+    let data = pseudo_random(8 << 20, seed());
+    std::fs::write(&source, &data).unwrap();
+    let copied = run(60, "nbdcopy", &[source.to_str().unwrap(), &server.uri]);
+    assert!(copied.status.success(), "nbdcopy in: {}", String::from_utf8_lossy(&copied.stderr));
+    (dir, data)
+}
+
+/// Reads the whole export back through nbdcopy and compares it with `data`.
+fn check_export(server: &NbdServer, dir: &std::path::Path, data: &[u8], when: &str) {
+    let back = dir.join("back.img");
+    let copied = run(60, "nbdcopy", &[&server.uri, back.to_str().unwrap()]);
+    assert!(
+        copied.status.success(),
+        "reading the export back {when} failed: {}\nserver log:\n{}",
+        String::from_utf8_lossy(&copied.stderr),
+        server.log_text()
+    );
+    assert!(std::fs::read(&back).unwrap() == data, "the export read back different bytes");
+}
+
 fn pseudo_random(bytes: usize, seed: u64) -> Vec<u8> {
     let mut state = seed | 1;
     let mut data = vec![0u8; bytes];
@@ -387,12 +412,7 @@ fn an_idle_nbd_export_heals_before_two_more_nodes_die() {
     let holders: Vec<usize> =
         (0..cluster.file.nodes.len()).filter(|&node| node_info(&cluster, node).slabs_mapped > 0).collect();
     assert_eq!(holders.len(), 10, "one range on ten nodes: {holders:?}");
-    let dir = cluster.cluster_file_path.parent().unwrap().to_owned();
-    let source = dir.join("source.img");
-    let data = pseudo_random(8 << 20, seed());
-    std::fs::write(&source, &data).unwrap();
-    let copied = run(60, "nbdcopy", &[source.to_str().unwrap(), &server.uri]);
-    assert!(copied.status.success(), "nbdcopy in: {}", String::from_utf8_lossy(&copied.stderr));
+    let (dir, data) = fill_export(&cluster, &server);
 
     cluster.kill(holders[0]).unwrap();
     cluster.kill(holders[1]).unwrap();
@@ -400,15 +420,7 @@ fn an_idle_nbd_export_heals_before_two_more_nodes_die() {
     cluster.kill(holders[2]).unwrap();
     cluster.kill(holders[3]).unwrap();
 
-    let back = dir.join("back.img");
-    let copied = run(60, "nbdcopy", &[&server.uri, back.to_str().unwrap()]);
-    assert!(
-        copied.status.success(),
-        "reading the export back after 2 + 2 node deaths with 12 s idle between failed: {}\nserver log:\n{}",
-        String::from_utf8_lossy(&copied.stderr),
-        server.log_text()
-    );
-    assert!(std::fs::read(&back).unwrap() == data, "the export read back different bytes");
+    check_export(&server, &dir, &data, "after 2 + 2 node deaths with 12 s idle between");
 }
 
 /// Defect: a node declared failed (stopped longer than the request timeout) that comes back was
@@ -611,12 +623,7 @@ fn an_nbd_export_uses_a_node_added_to_the_running_cluster() {
     let holders: Vec<usize> =
         (0..cluster.file.nodes.len()).filter(|&node| node_info(&cluster, node).slabs_mapped > 0).collect();
     assert_eq!(holders.len(), 10, "one range on ten of eleven nodes: {holders:?}");
-    let dir = cluster.cluster_file_path.parent().unwrap().to_owned();
-    let source = dir.join("source.img");
-    let data = pseudo_random(8 << 20, seed());
-    std::fs::write(&source, &data).unwrap();
-    let copied = run(60, "nbdcopy", &[source.to_str().unwrap(), &server.uri]);
-    assert!(copied.status.success(), "nbdcopy in: {}", String::from_utf8_lossy(&copied.stderr));
+    let (dir, data) = fill_export(&cluster, &server);
 
     cluster.kill(holders[0]).unwrap();
     cluster.kill(holders[1]).unwrap();
@@ -636,13 +643,5 @@ fn an_nbd_export_uses_a_node_added_to_the_running_cluster() {
     std::thread::sleep(Duration::from_secs(4));
     cluster.kill(holders[2]).unwrap();
     cluster.kill(holders[3]).unwrap();
-    let back = dir.join("back.img");
-    let copied = run(60, "nbdcopy", &[&server.uri, back.to_str().unwrap()]);
-    assert!(
-        copied.status.success(),
-        "reading the export back failed: {}\nserver log:\n{}",
-        String::from_utf8_lossy(&copied.stderr),
-        server.log_text()
-    );
-    assert!(std::fs::read(&back).unwrap() == data, "the export read back different bytes");
+    check_export(&server, &dir, &data, "after a node joined and two more died");
 }

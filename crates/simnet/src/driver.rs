@@ -40,7 +40,7 @@ use remem_client::engine::{
 use remem_client::PageError;
 use remem_codec::CodecParams;
 use remem_placement::{CodingSets, GroupChoice, LeastLoaded, NodeLoad, Placement};
-use remem_proto::{Control, FrameHeader, NodeInfo, HEADER_BYTES};
+use remem_proto::{Control, FrameHeader, HEADER_BYTES};
 
 use crate::schedule::{FaultAction, ScheduledFault};
 
@@ -257,7 +257,13 @@ impl SimDriver {
                 Err(error) => {
                     self.stats.connects_refused += 1;
                     self.note(|| format!("node {node} unreachable at connect: {error}"));
-                    self.engine.add_node(instant, address, None, unreachable_node_info(), false)
+                    self.engine.add_node(
+                        instant,
+                        address,
+                        None,
+                        remem_client::engine::unreachable_node_info(),
+                        false,
+                    )
                 }
             };
             assert_eq!(id, node, "engine node ids follow cluster node indices");
@@ -739,22 +745,5 @@ impl SimDriver {
         }
         let index = self.completed.iter().position(|completion| completion.id == id)?;
         Some(self.completed.remove(index))
-    }
-}
-
-/// What the engine is told of a node it could not reach (as the blocking driver's reopen does).
-fn unreachable_node_info() -> NodeInfo {
-    NodeInfo {
-        node_id: 0,
-        capacity_bytes: 0,
-        free_bytes: 0,
-        slab_size_bytes: 0,
-        slabs_mapped: 0,
-        metadata_bytes: 0,
-        requests_served: 0,
-        regenerating_slabs: 0,
-        regeneration_pages_done: 0,
-        regeneration_pages_total: 0,
-        failure_domain: String::new(),
     }
 }

@@ -100,20 +100,3 @@ pub(crate) fn blocking_control(
 pub(crate) fn unexpected(address: SocketAddr, reply: &Control) -> ConnectError {
     ConnectError::Protocol { address, message: format!("unexpected reply {:?}", reply.kind()) }
 }
-
-/// What the client assumes of a node it could not reach: nothing free, no domain.
-pub(crate) fn unreachable_node_info() -> NodeInfo {
-    NodeInfo {
-        node_id: 0,
-        capacity_bytes: 0,
-        free_bytes: 0,
-        slab_size_bytes: 0,
-        slabs_mapped: 0,
-        metadata_bytes: 0,
-        requests_served: 0,
-        regenerating_slabs: 0,
-        regeneration_pages_done: 0,
-        regeneration_pages_total: 0,
-        failure_domain: String::new(),
-    }
-}

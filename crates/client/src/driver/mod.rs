@@ -146,7 +146,7 @@ impl Client {
 
     /// Adds a node that could not be reached: probed later, its slabs lost until then.
     fn join_unreachable(&mut self, node: &NodeAddress) -> Result<NodeId, ConnectError> {
-        let info = connect::unreachable_node_info();
+        let info = crate::engine::unreachable_node_info();
         let id = self.engine.add_node(Instant::now(), node.address, node.unix_socket.clone(), info, false);
         self.transport
             .attach(id, None)

@@ -628,3 +628,21 @@ impl Engine {
         slabs
     }
 }
+
+/// What a driver tells the engine of a node it could not reach (added with `connected: false`):
+/// nothing free, no domain, node id 0 (any real answer later counts as a new life).
+pub fn unreachable_node_info() -> NodeInfo {
+    NodeInfo {
+        node_id: 0,
+        capacity_bytes: 0,
+        free_bytes: 0,
+        slab_size_bytes: 0,
+        slabs_mapped: 0,
+        metadata_bytes: 0,
+        requests_served: 0,
+        regenerating_slabs: 0,
+        regeneration_pages_done: 0,
+        regeneration_pages_total: 0,
+        failure_domain: String::new(),
+    }
+}

@@ -285,13 +285,7 @@ impl Engine {
                     ReadStep::Lost { valid, failed } => (valid, failed),
                     _ => (0, range.unavailable),
                 };
-                return Err(PageError::WriteFailed {
-                    page,
-                    range: range_index,
-                    stored_splits: valid.count_ones() as usize,
-                    needed_splits: shape.data_splits,
-                    failed_nodes: self.nodes_of(range_index, failed),
-                });
+                return Err(self.write_failed(page, range_index, valid, failed));
             };
             let slot_index = self.claim_slot(SlotKind::Write, tag, page);
             let slot = &mut self.slots[slot_index];
@@ -300,19 +294,12 @@ impl Engine {
             self.queue_reads(slot_index, mask);
             return Ok(());
         }
-        // Slabs being rebuilt take writes: the rebuild skips pages written since it began.
-        let unavailable = range.unavailable & !range.rebuilding;
-        if let WriteStep::Failed { stored, failed } = WriteState::start(shape, unavailable).1 {
-            return Err(PageError::WriteFailed {
-                page,
-                range: range_index,
-                stored_splits: stored.count_ones() as usize,
-                needed_splits: shape.data_splits,
-                failed_nodes: self.nodes_of(range_index, failed),
-            });
-        }
         let slot_index = self.claim_slot(SlotKind::Write, tag, page);
-        self.launch_write(slot_index, data)
+        let launched = self.launch_write(slot_index, data);
+        if launched.is_err() {
+            self.release_slot(slot_index);
+        }
+        launched
     }
 
     /// A write that was finding out its page's version knows it now: the newest version any
@@ -343,16 +330,11 @@ impl Engine {
         let (page, region_index, range_index) = (slot.page, slot.region, slot.range);
         let shape = self.regions[region_index].shape;
         let range = &self.ranges[range_index];
+        // Slabs being rebuilt take writes: the rebuild skips pages written since it began.
         let unavailable = range.unavailable & !range.rebuilding;
         let (state, step) = WriteState::start(shape, unavailable);
         if let WriteStep::Failed { stored, failed } = step {
-            return Err(PageError::WriteFailed {
-                page,
-                range: range_index,
-                stored_splits: stored.count_ones() as usize,
-                needed_splits: shape.data_splits,
-                failed_nodes: self.nodes_of(range_index, failed),
-            });
+            return Err(self.write_failed(page, range_index, stored, failed));
         }
         let version = remem_proto::next_version(self.versions[page as usize]);
         let targets = state.targets();
@@ -514,6 +496,16 @@ impl Engine {
         }
     }
 
+    fn write_failed(&self, page: u64, range: usize, stored: SplitMask, failed: SplitMask) -> PageError {
+        PageError::WriteFailed {
+            page,
+            range,
+            stored_splits: stored.count_ones() as usize,
+            needed_splits: self.shape_of_range(range).data_splits,
+            failed_nodes: self.nodes_of(range, failed),
+        }
+    }
+
     fn lost_error(&self, page: u64, range: usize, valid: SplitMask, failed: SplitMask) -> PageError {
         PageError::Lost {
             page,
@@ -646,13 +638,7 @@ impl Engine {
                 self.page_flags[page as usize] |= PAGE_VERSION_UNKNOWN;
                 self.set_unreadable(page, true);
                 let slot = &self.slots[event.slot];
-                let error = PageError::WriteFailed {
-                    page: slot.page,
-                    range: slot.range,
-                    stored_splits: stored.count_ones() as usize,
-                    needed_splits: self.regions[slot.region].shape.data_splits,
-                    failed_nodes: self.nodes_of(slot.range, failed),
-                };
+                let error = self.write_failed(slot.page, slot.range, stored, failed);
                 self.finish(event.slot, Err(error), false);
             }
         }
