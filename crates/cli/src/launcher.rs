@@ -80,6 +80,66 @@ pub fn default_dir() -> PathBuf {
     std::env::temp_dir().join(format!("remem-{uid}"))
 }
 
+/// Makes `dir` a directory only this user can enter: created 0700 if missing; if it exists it
+/// must be a real directory (not a symlink) owned by this user, and it is made 0700. Anything
+/// else is refused: another user's directory (a predictable name in /tmp) could hand us a
+/// symlink to overwrite, or read the secret we write.
+pub fn private_directory(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    if let Some(parent) = dir.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(error) => {
+            return Err(error).with_context(|| format!("creating cluster directory {}", dir.display()))
+        }
+    }
+    let meta = std::fs::symlink_metadata(dir).with_context(|| format!("inspecting {}", dir.display()))?;
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if !meta.file_type().is_dir() {
+        bail!(
+            "{} is not a directory (a symlink?): refusing to use it for the cluster's files",
+            dir.display()
+        );
+    }
+    if meta.uid() != uid {
+        bail!(
+            "{} belongs to user {}, not to us ({uid}): refusing to put the cluster secret there; \
+             choose another --dir",
+            dir.display(),
+            meta.uid()
+        );
+    }
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("making {} private", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Writes a new file readable by this user only, from the first byte (mode 0600 at creation, an
+/// old file of that name removed first, no symlink followed).
+pub fn write_private_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error).with_context(|| format!("removing the old {}", path.display())),
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    file.write_all(bytes).with_context(|| format!("writing {}", path.display()))
+}
+
 fn random_secret_hex() -> String {
     let bytes: [u8; 32] = rand::random();
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
@@ -88,13 +148,10 @@ fn random_secret_hex() -> String {
 impl LocalCluster {
     /// Starts `options.nodes` node processes of `binary` and waits until each listens.
     pub fn start(binary: &Path, options: &ClusterOptions) -> Result<LocalCluster> {
-        std::fs::create_dir_all(&options.dir)
-            .with_context(|| format!("creating cluster directory {}", options.dir.display()))?;
+        private_directory(&options.dir)?;
         let secret_file = options.dir.join("secret");
         let secret_hex = random_secret_hex();
-        std::fs::write(&secret_file, &secret_hex)
-            .with_context(|| format!("writing {}", secret_file.display()))?;
-        std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o600))?;
+        write_private_file(&secret_file, secret_hex.as_bytes())?;
         let secret = Secret::from_bytes(secret_hex.clone().into_bytes())
             .map_err(|error| anyhow::anyhow!("{error}"))?;
 

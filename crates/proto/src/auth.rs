@@ -34,6 +34,11 @@ pub enum SecretError {
     },
     #[error("no secret: give a secret file or set {SECRET_ENV}")]
     Missing,
+    #[error(
+        "secret file {path} has mode {mode:o}: other users can read it; \
+         make it private with `chmod 600 {path}` (and make a new secret if it may have leaked)"
+    )]
+    Readable { path: PathBuf, mode: u32 },
 }
 
 impl Secret {
@@ -46,11 +51,19 @@ impl Secret {
     }
 
     /// Loads the secret from `file` if given, else from the `REMEM_SECRET` environment variable.
-    /// One trailing newline (`\n` or `\r\n`) is removed, so `echo secret > file` works.
+    /// One trailing newline (`\n` or `\r\n`) is removed, so `echo secret > file` works. A file
+    /// that group or other users may read is refused ([`SecretError::Readable`]): whoever reads
+    /// the secret can read and write every client's memory.
     pub fn load(file: Option<&Path>) -> Result<Secret, SecretError> {
         let mut bytes = match file {
             Some(path) => {
-                std::fs::read(path).map_err(|source| SecretError::Read { path: path.to_owned(), source })?
+                use std::os::unix::fs::PermissionsExt;
+                let read_error = |source| SecretError::Read { path: path.to_owned(), source };
+                let mode = std::fs::metadata(path).map_err(read_error)?.permissions().mode();
+                if mode & 0o077 != 0 {
+                    return Err(SecretError::Readable { path: path.to_owned(), mode: mode & 0o7777 });
+                }
+                std::fs::read(path).map_err(read_error)?
             }
             None => {
                 use std::os::unix::ffi::OsStringExt;

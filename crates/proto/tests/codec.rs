@@ -496,6 +496,11 @@ fn secrets_load_from_file_trimming_one_newline_and_reject_short_ones() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("secret");
     std::fs::write(&path, b"0123456789abcdef\r\n").unwrap();
+    // Readable by others: refused, whatever it holds.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert!(matches!(Secret::load(Some(&path)), Err(auth::SecretError::Readable { mode: 0o644, .. })));
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
     let loaded = Secret::load(Some(&path)).unwrap();
     let expected = Secret::from_bytes(b"0123456789abcdef".to_vec()).unwrap();
     let proof = |s: &Secret| auth::node_proof(s, &[0; 32], &[0; 32], 0);

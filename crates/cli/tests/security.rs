@@ -1,0 +1,130 @@
+//! Secrets and runtime directories, attacked as another local user would (the tests run as
+//! root, as CI does; the other user is `nobody`).
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use remem::launcher::{ClusterOptions, LocalCluster, UnixSockets};
+
+fn options(dir: PathBuf) -> ClusterOptions {
+    ClusterOptions {
+        nodes: 1,
+        capacity_bytes: 4 << 20,
+        slab_size_bytes: 1 << 20,
+        nodes_per_domain: 1,
+        dir,
+        fault_injection: false,
+        monitor_args: None,
+        unix_sockets: UnixSockets::None,
+    }
+}
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("remem-security-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn binary() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_remem"))
+}
+
+fn nobody() -> (u32, u32) {
+    let id = |flag: &str| -> u32 {
+        let output = Command::new("id").args([flag, "nobody"]).output().expect("id runs");
+        String::from_utf8_lossy(&output.stdout).trim().parse().expect("nobody exists")
+    };
+    (id("-u"), id("-g"))
+}
+
+fn assert_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "these tests act as two users: run them as root (CI does)");
+}
+
+/// Runs `cat path` as `nobody`; true if it could read the file.
+fn nobody_can_read(path: &Path) -> bool {
+    let (uid, gid) = nobody();
+    Command::new("setpriv")
+        .args(["--reuid", &uid.to_string(), "--regid", &gid.to_string(), "--clear-groups", "cat"])
+        .arg(path)
+        .output()
+        .expect("setpriv runs")
+        .status
+        .success()
+}
+
+#[test]
+fn the_cluster_directory_is_private_and_the_secret_is_never_readable_by_others() {
+    assert_root();
+    let dir = fresh_dir("private");
+    let cluster = LocalCluster::start(binary(), &options(dir.clone())).expect("cluster starts");
+    let dir_mode = std::fs::metadata(&dir).unwrap().mode() & 0o7777;
+    assert_eq!(dir_mode, 0o700, "the cluster directory has mode {dir_mode:o}");
+    let secret_mode = std::fs::metadata(dir.join("secret")).unwrap().mode() & 0o7777;
+    assert_eq!(secret_mode, 0o600, "the secret has mode {secret_mode:o}");
+    assert!(!nobody_can_read(&dir.join("secret")), "another user read the cluster secret");
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_directory_another_user_owns_is_refused_and_a_planted_symlink_is_not_followed() {
+    assert_root();
+    let (uid, gid) = nobody();
+    // Another user made the predictable directory first and planted a link named `secret`.
+    let dir = fresh_dir("planted");
+    std::fs::create_dir_all(&dir).unwrap();
+    let victim = fresh_dir("victim-file");
+    std::fs::write(&victim, b"precious").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::os::unix::fs::symlink(&victim, dir.join("secret")).unwrap();
+    let c_dir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: chown of a path we created, with a valid C string.
+    assert_eq!(unsafe { libc::chown(c_dir.as_ptr(), uid, gid) }, 0);
+    let refused = LocalCluster::start(binary(), &options(dir.clone()));
+    let message = format!("{:#}", refused.err().expect("another user's directory is refused"));
+    assert!(message.contains("belongs to user"), "unexpected error: {message}");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious", "the link's target was overwritten");
+    assert_eq!(std::fs::metadata(&victim).unwrap().mode() & 0o777, 0o644, "the link's target was chmodded");
+
+    // Our own directory with the same planted link: the link is replaced, never followed.
+    // SAFETY: as above, back to root.
+    assert_eq!(unsafe { libc::chown(c_dir.as_ptr(), 0, 0) }, 0);
+    let cluster = LocalCluster::start(binary(), &options(dir.clone())).expect("our own directory is used");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious", "the link's target was overwritten");
+    let secret = std::fs::symlink_metadata(dir.join("secret")).unwrap();
+    assert!(secret.file_type().is_file() && secret.mode() & 0o077 == 0, "the secret is a private file");
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&victim);
+}
+
+#[test]
+fn a_node_refuses_a_secret_file_other_users_can_read() {
+    let dir = fresh_dir("readable-secret");
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = dir.join("secret");
+    std::fs::write(&secret, b"0123456789abcdef0123456789abcdef").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let output = Command::new(binary())
+        .args([
+            "node",
+            "--listen",
+            "127.0.0.1:0",
+            "--capacity",
+            "4MiB",
+            "--slab-size",
+            "1MiB",
+            "--secret-file",
+        ])
+        .arg(&secret)
+        .env_remove("REMEM_SECRET")
+        .output()
+        .expect("remem node runs");
+    assert!(!output.status.success(), "the node started with a world-readable secret");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("other users can read it"), "unexpected error: {stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
