@@ -128,3 +128,108 @@ fn a_node_refuses_a_secret_file_other_users_can_read() {
     assert!(stderr.contains("other users can read it"), "unexpected error: {stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A `remem node` process on 127.0.0.1 with a known secret; killed on drop.
+struct NodeProcess {
+    child: std::process::Child,
+    address: std::net::SocketAddr,
+}
+
+impl NodeProcess {
+    fn start(secret: &str, extra: &[&str]) -> NodeProcess {
+        use std::io::BufRead;
+        let mut child = Command::new(binary())
+            .args([
+                "node",
+                "--listen",
+                "127.0.0.1:0",
+                "--capacity",
+                "4MiB",
+                "--slab-size",
+                "1MiB",
+                "--no-monitor",
+            ])
+            .args(extra)
+            .env("REMEM_SECRET", secret)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("remem node starts");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let address = line.trim().strip_prefix("listening ").expect("listening line").parse().unwrap();
+        NodeProcess { child, address }
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+fn authenticate(address: std::net::SocketAddr) -> Result<u64, String> {
+    let mut stream = std::net::TcpStream::connect(address).map_err(|error| error.to_string())?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+    let secret = remem_proto::auth::Secret::from_bytes(SECRET.as_bytes().to_vec()).unwrap();
+    remem_proto::blocking::handshake(&mut stream, &secret, 42).map_err(|error| error.to_string())
+}
+
+#[test]
+fn connections_that_never_authenticate_cannot_lock_out_a_client() {
+    // Eight authenticated connections at most; a hundred connections that send one byte of a
+    // Hello and then nothing would have taken every slot.
+    let node = NodeProcess::start(SECRET, &["--max-connections", "8"]);
+    let mut squatters = Vec::new();
+    for _ in 0..100 {
+        let mut stream = std::net::TcpStream::connect(node.address).expect("connect");
+        std::io::Write::write_all(&mut stream, &[0x52]).unwrap();
+        squatters.push(stream);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    for attempt in 0..3 {
+        assert!(
+            authenticate(node.address).is_ok(),
+            "attempt {attempt}: a client with the secret was locked out"
+        );
+    }
+}
+
+#[test]
+fn the_handshake_has_one_deadline_not_a_timeout_per_byte() {
+    use std::io::{Read, Write};
+    let node = NodeProcess::start(SECRET, &[]);
+    let mut stream = std::net::TcpStream::connect(node.address).expect("connect");
+    stream.set_read_timeout(Some(std::time::Duration::from_millis(900))).unwrap();
+    // A byte of a Hello every 0.9 s: a per-read timeout of 10 s would never fire.
+    let started = std::time::Instant::now();
+    let hello = [0x52u8, 0x4d, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    let mut closed = false;
+    for byte in hello.iter().cycle().take(20) {
+        if stream.write_all(&[*byte]).is_err() {
+            closed = true;
+            break;
+        }
+        let mut buf = [0u8; 64];
+        match stream.read(&mut buf) {
+            Ok(0) => {
+                closed = true;
+                break;
+            }
+            Ok(_) => {}
+            Err(error)
+                if error.kind() == std::io::ErrorKind::WouldBlock
+                    || error.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => {
+                closed = true;
+                break;
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+    assert!(closed, "a peer dripping bytes kept its pre-authentication slot for {elapsed:?}");
+    assert!(elapsed >= remem_node::HANDSHAKE_TIMEOUT, "closed before the deadline: {elapsed:?}");
+}

@@ -128,10 +128,12 @@ impl Connection {
         }
     }
 
+    /// The handshake has one deadline for all of it, not a timeout per read: a peer dripping a
+    /// byte now and then cannot hold a pre-authentication slot past [`HANDSHAKE_TIMEOUT`].
     fn handshake(&mut self) -> Result<(), ConnectionEnd> {
-        self.stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        let deadline = std::time::Instant::now() + HANDSHAKE_TIMEOUT;
         self.stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
-        let (request_id, hello) = self.read_handshake_frame(Kind::Hello)?;
+        let (request_id, hello) = self.read_handshake_frame(Kind::Hello, deadline)?;
         let Control::Hello { client_id, client_nonce } = hello else {
             unreachable!("read_handshake_frame returns the kind asked for");
         };
@@ -139,13 +141,18 @@ impl Connection {
         let node_nonce: [u8; 32] = rand::random();
         let node_proof = auth::node_proof(&self.shared.secret, &client_nonce, &node_nonce, client_id);
         self.push_control(request_id, &Control::Challenge { node_nonce, node_proof });
-        let (request_id, auth_message) = self.read_handshake_frame(Kind::Auth)?;
+        let (request_id, auth_message) = self.read_handshake_frame(Kind::Auth, deadline)?;
         let Control::Auth { client_proof } = auth_message else {
             unreachable!("read_handshake_frame returns the kind asked for");
         };
         let expected = auth::client_proof(&self.shared.secret, &client_nonce, &node_nonce, client_id);
         if !auth::verify(&expected, &client_proof) {
             return Err(self.refuse(request_id, ErrorCode::AuthFailed, "client proof does not match"));
+        }
+        // The authenticated limit is checked here, not at accept: connections still
+        // authenticating have a pool of their own (`Peers::insert_unauthenticated`).
+        if self.shared.peers.authenticated_count() >= self.shared.max_connections {
+            return Err(self.refuse(request_id, ErrorCode::NoCapacity, "connection limit reached"));
         }
         self.push_control(request_id, &Control::AuthOk { node_id: self.shared.node_id });
         self.flush()?;
@@ -155,7 +162,11 @@ impl Connection {
 
     /// Reads the next handshake frame, which must be of `expected` kind; anything else is refused
     /// with `NotAuthenticated` before its body is waited for.
-    fn read_handshake_frame(&mut self, expected: Kind) -> Result<(u64, Control), ConnectionEnd> {
+    fn read_handshake_frame(
+        &mut self,
+        expected: Kind,
+        deadline: std::time::Instant,
+    ) -> Result<(u64, Control), ConnectionEnd> {
         loop {
             if let Some(header) = self.peek_header()? {
                 if header.kind != expected {
@@ -171,6 +182,11 @@ impl Connection {
                 }
             }
             self.flush()?;
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::from(io::ErrorKind::TimedOut).into());
+            }
+            self.stream.set_read_timeout(Some(left))?;
             self.fill()?;
         }
     }

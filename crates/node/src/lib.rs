@@ -37,6 +37,10 @@ mod slot_copy;
 mod stream;
 
 pub use connection::{HANDSHAKE_TIMEOUT, INPUT_BUFFER_BYTES, WRITE_TIMEOUT};
+
+/// Connections that have not authenticated yet, at most, apart from `max_connections`
+/// authenticated ones. Each lives at most [`HANDSHAKE_TIMEOUT`] in all.
+pub const MAX_UNAUTHENTICATED_CONNECTIONS: usize = 64;
 pub use monitor::{MemorySource, ResourceMonitorConfig};
 pub use regenerate::{RegenerationReport, MAX_CONCURRENT_REGENERATIONS};
 pub use slab::METADATA_BYTES_PER_SLOT;
@@ -47,10 +51,10 @@ use monitor::Monitor;
 use peers::{Peer, Peers};
 use regenerate::Regenerations;
 use remem_proto::auth::Secret;
-use remem_proto::{Control, ErrorCode, MAX_FAILURE_DOMAIN_BYTES};
+use remem_proto::MAX_FAILURE_DOMAIN_BYTES;
 use shared::Shared;
 use slab::SlabTable;
-use std::io::{self, Write};
+use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixListener;
@@ -80,7 +84,9 @@ pub struct NodeConfig {
     pub failure_domain: String,
     pub secret: Secret,
     pub node_id: u64,
-    /// Connections served at once; further ones get `Error(NoCapacity)` and are closed.
+    /// Authenticated connections served at once; a further one gets `Error(NoCapacity)` after
+    /// its handshake and is closed. Connections still authenticating are counted apart
+    /// ([`MAX_UNAUTHENTICATED_CONNECTIONS`]).
     pub max_connections: usize,
     /// Accept `InjectFault` (tests and benchmarks only); without it the node answers
     /// `Error(Unsupported)`.
@@ -99,7 +105,6 @@ pub struct Node {
     listener: TcpListener,
     local_addr: SocketAddr,
     unix_listener: Option<(UnixListener, PathBuf)>,
-    max_connections: usize,
     shared: Arc<Shared>,
     /// The monitor to start in `run`, with the memory source chosen at bind.
     monitor: Option<(ResourceMonitorConfig, MemorySource)>,
@@ -203,7 +208,6 @@ impl Node {
             listener,
             local_addr,
             unix_listener,
-            max_connections: config.max_connections,
             monitor,
             shared: Arc::new(Shared {
                 node_id: config.node_id,
@@ -218,6 +222,7 @@ impl Node {
                 regenerations: Regenerations::default(),
                 stopping: AtomicBool::new(false),
                 activity_answers: monitor::ActivityAnswers::default(),
+                max_connections: config.max_connections,
             }),
         })
     }
@@ -316,10 +321,15 @@ impl Node {
             }
         };
         let handle = Arc::new(Peer::new(handle));
-        if !self.shared.peers.insert(number, Arc::clone(&handle), self.max_connections) {
-            tracing::warn!(%peer, max_connections = self.max_connections, "connection refused: limit reached");
-            refuse_connection(stream);
-            return None;
+        // Not authenticated yet: a pool of its own, the oldest waiting connection evicted when it
+        // is full (`Peers::insert_unauthenticated`). The authenticated limit is checked after
+        // the handshake.
+        if let Some(evicted) = self.shared.peers.insert_unauthenticated(
+            number,
+            Arc::clone(&handle),
+            MAX_UNAUTHENTICATED_CONNECTIONS,
+        ) {
+            tracing::warn!(%peer, evicted, "too many connections waiting to authenticate: the oldest closed");
         }
         tracing::info!(%peer, connection = number, "connection accepted");
         let shared = Arc::clone(&self.shared);
@@ -365,15 +375,6 @@ impl Node {
             "node stopped"
         );
     }
-}
-
-/// Tells an over-limit peer why before closing. The frame is tiny and the socket fresh, so the
-/// write cannot block on a full buffer.
-fn refuse_connection(stream: Stream) {
-    let mut frame = Vec::new();
-    Control::error(ErrorCode::NoCapacity, "connection limit reached").encode(0, &mut frame);
-    let _ = stream.set_nonblocking(true);
-    let _ = (&stream).write_all(&frame);
 }
 
 /// Binds the Unix listener at `path`, replacing a stale socket file (never any other file).

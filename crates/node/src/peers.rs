@@ -81,14 +81,36 @@ impl Peers {
         self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Registers connection `number` unless `max` are open already; returns whether it was.
-    pub fn insert(&self, number: u64, peer: Arc<Peer>, max: usize) -> bool {
+    /// Registers a new, not yet authenticated connection. Pre-authentication connections have a
+    /// pool of their own (`max_unauthenticated`), separate from the authenticated ones: when it
+    /// is full, the oldest of them (the lowest number) is shut down to make room, so a flood of
+    /// connections that never authenticate can delay a legitimate client by one handshake at
+    /// most, never lock it out. Returns the connection evicted, if any.
+    pub fn insert_unauthenticated(
+        &self,
+        number: u64,
+        peer: Arc<Peer>,
+        max_unauthenticated: usize,
+    ) -> Option<u64> {
         let mut open = self.lock();
-        if open.len() >= max {
-            return false;
+        let mut evicted = None;
+        let waiting: Vec<u64> =
+            open.iter().filter(|(_, peer)| peer.client_id().is_none()).map(|(number, _)| *number).collect();
+        if waiting.len() >= max_unauthenticated.max(1) {
+            if let Some(&oldest) = waiting.iter().min() {
+                if let Some(peer) = open.remove(&oldest) {
+                    let _ = peer.stream.shutdown(std::net::Shutdown::Both);
+                    evicted = Some(oldest);
+                }
+            }
         }
         open.insert(number, peer);
-        true
+        evicted
+    }
+
+    /// Authenticated connections open now.
+    pub fn authenticated_count(&self) -> usize {
+        self.lock().values().filter(|peer| peer.client_id().is_some()).count()
     }
 
     pub fn remove(&self, number: u64) {

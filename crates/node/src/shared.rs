@@ -37,6 +37,8 @@ pub struct Shared {
     pub stopping: AtomicBool,
     /// Owners' answers to the resource monitor's `SlabActivityQuery`s.
     pub activity_answers: ActivityAnswers,
+    /// Authenticated connections served at once (`--max-connections`).
+    pub max_connections: usize,
 }
 
 impl Shared {

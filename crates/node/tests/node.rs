@@ -335,8 +335,14 @@ fn connections_over_the_limit_are_refused() {
     let node = TestNode::start_with(1 << 20, SLAB, 2);
     let mut first = node.client(1);
     let _second = node.client(2);
+    // A third connection may authenticate (connections still authenticating have a pool of
+    // their own), but it is refused at the end of its handshake and closed.
     let mut third = node.connect_raw();
-    expect_error_and_close(&mut third, ErrorCode::NoCapacity);
+    match blocking::handshake(&mut third, &secret(), 3) {
+        Err(blocking::HandshakeError::Rejected { code: ErrorCode::NoCapacity, .. }) => {}
+        other => panic!("expected NoCapacity at the end of the handshake, got {other:?}"),
+    }
+    expect_closed(&mut third);
     drop(_second);
     // The slot frees once the node notices the close; retry briefly.
     let deadline = std::time::Instant::now() + IO_TIMEOUT;
