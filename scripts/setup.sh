@@ -10,6 +10,8 @@ packages=(
   libisal-dev                                                          # baseline for `remem bench codec`
   fonts-dejavu-core                                                    # text in the PNG plots
   qemu-utils libnbd-bin python3-libnbd fio e2fsprogs                   # NBD peers of crates/cli/tests/nbd.rs
+  memcached libmemcached-tools python3-pymemcache python3-pytest       # memcached peers of crates/cli/tests/kv.rs
+  python3-pip                                                          # fetches pymemcache's own tests (below)
 )
 
 missing=()
@@ -26,6 +28,35 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Debian starts memcached as a service on 11211 where an init system runs. The tests and
+  # `remem bench kv` start their own on ephemeral ports; a stray daemon would only take memory.
+  if [[ " ${missing[*]} " == *" memcached "* ]]; then
+    if [ -d /run/systemd/system ]; then
+      $sudo systemctl disable --now memcached.service >/dev/null 2>&1 || true
+    elif command -v service >/dev/null 2>&1; then
+      $sudo service memcached stop >/dev/null 2>&1 || true
+      $sudo update-rc.d memcached disable >/dev/null 2>&1 || true
+    fi
+  fi
+fi
+
+# pymemcache's integration tests ship in its source distribution, not in the Debian package:
+# crates/cli/tests/kv.rs runs them (with Debian's pytest and pymemcache) against `remem kv`.
+# Fetched once into the target directory (never committed), checked against its known hash.
+pymemcache_version=3.5.2 # Debian bookworm's python3-pymemcache
+pymemcache_sha256=8923ab59840f0d5338f1c52dba229fa835545b91c3c2f691c118e678d0fb974e
+pymemcache_dir="$(cd "$(dirname "$0")/.." && pwd)/target/pymemcache-src"
+if [ ! -f "$pymemcache_dir/pymemcache-$pymemcache_version/pymemcache/test/test_integration.py" ]; then
+  echo "setup: fetching pymemcache $pymemcache_version's source distribution for its integration tests" >&2
+  download="$(mktemp -d)"
+  # The system Python (Debian's pip), not one a pyenv or venv puts first on PATH.
+  /usr/bin/python3 -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: --no-build-isolation \
+    --dest "$download" "pymemcache==$pymemcache_version"
+  archive="$download/pymemcache-$pymemcache_version.tar.gz"
+  echo "$pymemcache_sha256  $archive" | sha256sum --check --quiet
+  mkdir -p "$pymemcache_dir"
+  tar -xzf "$archive" -C "$pymemcache_dir"
+  rm -rf "$download"
 fi
 
 if ! cargo nextest --version >/dev/null 2>&1; then

@@ -80,6 +80,16 @@ pub fn default_dir() -> PathBuf {
     std::env::temp_dir().join(format!("remem-{uid}"))
 }
 
+/// The cluster file a front end was pointed at (or `remem up`'s default), and its secret.
+pub fn load_cluster(cluster: Option<&Path>) -> Result<(PathBuf, ClusterFile, Secret)> {
+    let path = cluster.map(Path::to_path_buf).unwrap_or_else(|| default_dir().join("cluster.json"));
+    let file = ClusterFile::load(&path)?;
+    let secret = Secret::load(Some(&file.secret_file))
+        .map_err(|error| anyhow::anyhow!("{error}"))
+        .with_context(|| format!("loading the secret {}", file.secret_file.display()))?;
+    Ok((path, file, secret))
+}
+
 /// Makes `dir` a directory only this user can enter: created 0700 if missing; if it exists it
 /// must be a real directory (not a symlink) owned by this user, and it is made 0700. Anything
 /// else is refused: another user's directory (a predictable name in /tmp) could hand us a

@@ -9,6 +9,8 @@ pub mod code_args;
 pub mod codec_bench;
 pub mod demo;
 pub mod faults;
+pub mod kv_bench;
+pub mod kv_command;
 pub mod launcher;
 pub mod memory_hog;
 pub mod nbd_command;

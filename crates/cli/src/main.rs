@@ -41,9 +41,14 @@ enum Command {
     /// Serve a remem address space as an NBD block device (qemu, nbd-client, libnbd): swap or a
     /// file system on resilient remote memory. See docs/NBD.md. First stdout line: `listening ADDRESS`.
     Nbd(remem::nbd_command::NbdArgs),
+    /// Serve a memcached-compatible cache whose values live in remem, each object with its own
+    /// redundancy (none, rep2, rep3, EC, EOR) and LRU eviction. See docs/KV.md. First stdout
+    /// line: `listening ADDRESS`.
+    Kv(remem::kv_command::KvArgs),
     /// Benchmarks: `remem bench pages` (schemes vs transport floors, over TCP or same-host
     /// shared memory, or with one straggler), `remem bench codec` (erasure coding vs Intel
-    /// ISA-L) and `remem bench regen` (rebuilding a slab under load).
+    /// ISA-L), `remem bench regen` (rebuilding a slab under load) and `remem bench kv` (remem
+    /// kv vs memcached).
     #[command(subcommand)]
     Bench(BenchCommand),
     /// Simulate placement policies: probability of data loss when f% of N nodes fail at once
@@ -71,6 +76,11 @@ enum BenchCommand {
     /// Rebuild one slab of a full EC(8,2) range on a spare node (after an eviction) with reads
     /// served and checked throughout; prints the rebuild's MiB/s. Starts its own 11 nodes.
     Regen(remem::regen_bench::RegenArgs),
+    /// `remem kv` beside Debian's memcached, driven by the memcached text protocol from
+    /// outside: GET/SET latency and ops/s per scheme and value size with 1 and 32 connections
+    /// (ratios to memcached), naive vs EOR transitions to EC(8,2), and reads racing a write with
+    /// and without the work table's bypassing. Starts its own cluster and servers.
+    Kv(remem::kv_bench::KvBenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -133,6 +143,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Up(args) => up(args, &binary),
         Command::Demo(args) => remem::demo::run(args, &binary),
         Command::Nbd(args) => remem::nbd_command::run(args),
+        Command::Kv(args) => remem::kv_command::run(args),
         Command::Sim(args) => remem::sim_command::run(args),
         Command::TortureWriter(args) => remem::torture::run(args),
         Command::MemoryHog(args) => remem::memory_hog::run(args),
@@ -156,6 +167,16 @@ fn run(cli: Cli) -> Result<()> {
             }
             if report.read_mismatches > 0 {
                 anyhow::bail!("{} pages read back wrong", report.read_mismatches);
+            }
+            Ok(())
+        }
+        Command::Bench(BenchCommand::Kv(args)) => {
+            let json = args.json;
+            let report = remem::kv_bench::run(args, &binary)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                remem::kv_bench::print_table(&report);
             }
             Ok(())
         }

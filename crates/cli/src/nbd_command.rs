@@ -19,7 +19,6 @@ use clap::Args;
 use remem_client::cluster::ClusterFile;
 use remem_client::{Client, ClientConfig};
 use remem_nbd::{Export, Listener, ServerConfig};
-use remem_proto::auth::Secret;
 
 use crate::units::{format_bytes, parse_bytes};
 
@@ -67,12 +66,7 @@ pub fn run(args: NbdArgs) -> Result<()> {
         bail!("--size {} is not a positive multiple of 4096 bytes", args.size);
     }
     let shape = args.code.shape()?;
-    let cluster_path =
-        args.cluster.clone().unwrap_or_else(|| crate::launcher::default_dir().join("cluster.json"));
-    let cluster = ClusterFile::load(&cluster_path)?;
-    let secret = Secret::load(Some(&cluster.secret_file))
-        .map_err(|error| anyhow::anyhow!("{error}"))
-        .with_context(|| format!("loading the secret {}", cluster.secret_file.display()))?;
+    let (cluster_path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
     let mut config = ClientConfig::new(shape, args.size);
     config.max_in_flight = args.queue_depth.max(1);
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);

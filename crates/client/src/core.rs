@@ -13,7 +13,10 @@
 //!   splits); anything else is an erasure, never decoded;
 //! - a split is asked at most once per read, and only from a slab not known to be unavailable;
 //! - a write is `Done` only when every split was acknowledged or failed, and it succeeds only if
-//!   at least k splits were acknowledged (the page is still decodable).
+//!   at least k splits were acknowledged (the page is still decodable);
+//! - a data-only read (of a parity-stale page, see `engine/parity_stale.rs`) never asks a parity:
+//!   it is `Done` with the k data splits or `Lost`; a data-only write needs every data split and
+//!   a parity-only write needs none (the engine judges what its missing parities mean).
 
 use remem_proto::{newest_with_k, version_is_newer};
 
@@ -40,6 +43,10 @@ impl Shape {
 
     pub fn data_mask(&self) -> SplitMask {
         mask_below(self.data_splits)
+    }
+
+    pub fn parity_mask(&self) -> SplitMask {
+        self.all_splits() & !self.data_mask()
     }
 }
 
@@ -88,6 +95,9 @@ pub struct ReadState {
     /// Version of each valid split (discovery only).
     versions: [u8; 32],
     unavailable: SplitMask,
+    /// Splits this read never asks although their slabs are up: the parities of a parity-stale
+    /// page, which do not hold its current version.
+    excluded: SplitMask,
     asked: SplitMask,
     valid: SplitMask,
     failed: SplitMask,
@@ -106,21 +116,39 @@ impl ReadState {
         extra_splits: usize,
     ) -> (ReadState, ReadStep) {
         assert!(expected_version != 0, "a never-written page is not read remotely");
+        let state = ReadState::new(shape, Some(expected_version), unavailable);
+        state.first_ask(extra_splits)
+    }
+
+    /// Starts a read of a parity-stale page (written data splits only, at `expected_version`):
+    /// only the k data splits are asked, never a parity, so the read is `Done` when all k are
+    /// valid and `Lost` as soon as one is unavailable, failed, corrupt or of another version.
+    pub fn start_data_only(
+        shape: Shape,
+        expected_version: u8,
+        unavailable: SplitMask,
+    ) -> (ReadState, ReadStep) {
+        assert!(expected_version != 0, "a never-written page is not read remotely");
         let mut state = ReadState::new(shape, Some(expected_version), unavailable);
+        state.excluded = shape.parity_mask();
+        state.first_ask(0)
+    }
+
+    /// The first splits of a read that knows its version: every available data split, then
+    /// others up to k + `extra_splits`.
+    fn first_ask(mut self, extra_splits: usize) -> (ReadState, ReadStep) {
+        let (shape, unavailable) = (self.shape, self.unavailable);
         let want = (shape.data_splits + extra_splits).min(shape.total_splits());
-        let first = state.choose(want);
-        let step = if first == 0 {
-            state.finished = true;
-            ReadStep::Lost { valid: 0, failed: unavailable }
-        } else if (first.count_ones() as usize) < shape.data_splits {
+        let first = self.choose(want);
+        let step = if (first.count_ones() as usize) < shape.data_splits || first == 0 {
             // Not enough available slabs to reach k: lost without asking anyone.
-            state.finished = true;
+            self.finished = true;
             ReadStep::Lost { valid: 0, failed: unavailable }
         } else {
-            state.asked = first;
+            self.asked = first;
             ReadStep::Ask(first)
         };
-        (state, step)
+        (self, step)
     }
 
     /// A read that has asked nothing yet.
@@ -130,6 +158,7 @@ impl ReadState {
             expected_version,
             versions: [0; 32],
             unavailable,
+            excluded: 0,
             asked: 0,
             valid: 0,
             failed: 0,
@@ -187,7 +216,7 @@ impl ReadState {
                 break;
             }
             let bit = 1 << split;
-            if (self.asked | self.unavailable) & bit == 0 {
+            if (self.asked | self.unavailable | self.excluded) & bit == 0 {
                 chosen |= bit;
                 picked += 1;
             }
@@ -205,6 +234,13 @@ impl ReadState {
 
     pub fn asked(&self) -> SplitMask {
         self.asked
+    }
+
+    /// The valid splits that carry `version` (discovery: which splits vouch for the verdict).
+    pub fn valid_at(&self, version: u8) -> SplitMask {
+        (0..self.shape.total_splits())
+            .filter(|&split| self.valid & (1 << split) != 0 && self.versions[split] == version)
+            .fold(0, |mask, split| mask | (1 << split))
     }
 
     pub fn valid(&self) -> SplitMask {
@@ -282,12 +318,13 @@ impl ReadState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WriteStep {
     Wait,
-    /// Every split answered and at least k were stored. `degraded` lists the splits that were
-    /// not stored: their slabs must be rebuilt before the page has full redundancy again.
+    /// Every split answered and enough were stored. `degraded` lists the splits the write was
+    /// for that were not stored: their slabs must be rebuilt before the page has full redundancy
+    /// again.
     Done {
         degraded: SplitMask,
     },
-    /// Fewer than k splits can be stored: the page's new version is not readable.
+    /// Too few splits can be stored: the page's new version is not readable.
     Failed {
         stored: SplitMask,
         failed: SplitMask,
@@ -296,9 +333,17 @@ pub enum WriteStep {
 
 /// One asynchronously encoded write (seed 000 §4.1.1): the driver sends the data splits, then
 /// encodes and sends the parities; the write is complete when all k+r have answered.
+///
+/// The same machine runs the two halves of a page written in two steps (EC-oriented
+/// replication): a data-only write (the k data splits, all needed) and a parity-only write (the
+/// r parities, at the version the data splits already carry; none is needed for the write to end
+/// `Done`, the engine judges the ones that were not stored).
 #[derive(Clone, Debug)]
 pub struct WriteState {
-    shape: Shape,
+    /// The splits this write is for (all, the data splits or the parities).
+    wanted: SplitMask,
+    /// Splits that must be stored for the write to succeed.
+    need: usize,
     targets: SplitMask,
     stored: SplitMask,
     failed: SplitMask,
@@ -306,14 +351,35 @@ pub struct WriteState {
 }
 
 impl WriteState {
-    /// `unavailable` splits are not written at all (their slabs are down); they count as
-    /// degraded from the start.
+    /// A whole write: every split, at least k stored. `unavailable` splits are not written at all
+    /// (their slabs are down); they count as degraded from the start.
     pub fn start(shape: Shape, unavailable: SplitMask) -> (WriteState, WriteStep) {
-        let targets = shape.all_splits() & !unavailable;
-        let mut state = WriteState { shape, targets, stored: 0, failed: unavailable, finished: false };
-        if (targets.count_ones() as usize) < shape.data_splits {
+        WriteState::start_of(shape.all_splits(), shape.data_splits, unavailable)
+    }
+
+    /// A data-only write: the k data splits, every one of them stored (an unavailable data slab
+    /// fails it before anything is sent).
+    pub fn start_data_only(shape: Shape, unavailable: SplitMask) -> (WriteState, WriteStep) {
+        WriteState::start_of(shape.data_mask(), shape.data_splits, unavailable)
+    }
+
+    /// A parity-only write: the available parities; it ends `Done` when all have answered
+    /// (at once if none is available), whatever was stored.
+    pub fn start_parity_only(shape: Shape, unavailable: SplitMask) -> (WriteState, WriteStep) {
+        WriteState::start_of(shape.parity_mask(), 0, unavailable)
+    }
+
+    fn start_of(wanted: SplitMask, need: usize, unavailable: SplitMask) -> (WriteState, WriteStep) {
+        let targets = wanted & !unavailable;
+        let failed = wanted & unavailable;
+        let mut state = WriteState { wanted, need, targets, stored: 0, failed, finished: false };
+        if (targets.count_ones() as usize) < need {
             state.finished = true;
-            return (state, WriteStep::Failed { stored: 0, failed: unavailable });
+            return (state, WriteStep::Failed { stored: 0, failed });
+        }
+        if targets == 0 {
+            state.finished = true;
+            return (state, WriteStep::Done { degraded: wanted });
         }
         (state, WriteStep::Wait)
     }
@@ -328,6 +394,15 @@ impl WriteState {
         self.targets & !(self.stored | self.failed)
     }
 
+    /// Splits sent that answered without being stored (their slab failed or refused).
+    pub fn failed_targets(&self) -> SplitMask {
+        self.targets & self.failed
+    }
+
+    pub fn stored(&self) -> SplitMask {
+        self.stored
+    }
+
     pub fn on_ack(&mut self, split: usize, stored: bool) -> WriteStep {
         let bit = 1u32 << split;
         if self.finished || self.targets & bit == 0 || (self.stored | self.failed) & bit != 0 {
@@ -338,15 +413,14 @@ impl WriteState {
         } else {
             self.failed |= bit;
         }
-        let k = self.shape.data_splits;
         let possible = (self.stored | self.pending()).count_ones() as usize;
-        if possible < k {
+        if possible < self.need {
             self.finished = true;
             return WriteStep::Failed { stored: self.stored, failed: self.failed };
         }
         if self.pending() == 0 {
             self.finished = true;
-            return WriteStep::Done { degraded: self.shape.all_splits() & !self.stored };
+            return WriteStep::Done { degraded: self.wanted & !self.stored };
         }
         WriteStep::Wait
     }
@@ -467,6 +541,71 @@ mod tests {
             last = read.on_reply(split, SplitOutcome::Valid { version: 0 });
         }
         assert!(matches!(last, ReadStep::Done { version: 0, .. }));
+    }
+
+    #[test]
+    fn data_only_read_asks_the_data_splits_and_never_a_parity() {
+        let (mut read, step) = ReadState::start_data_only(EC82, 3, 0);
+        assert_eq!(step, ReadStep::Ask(0xff), "k data splits, no extra parity");
+        for split in 0..7 {
+            assert_eq!(read.on_reply(split, SplitOutcome::Valid { version: 3 }), ReadStep::Wait);
+        }
+        let step = read.on_reply(7, SplitOutcome::Valid { version: 3 });
+        assert_eq!(step, ReadStep::Done { present: 0xff, needs_decode: false, version: 3 });
+        // A data split corrupt, failed or of another version: lost at once, no parity asked.
+        for outcome in [SplitOutcome::Corrupt, SplitOutcome::Failed, SplitOutcome::Valid { version: 2 }] {
+            let (mut read, _) = ReadState::start_data_only(EC82, 3, 0);
+            assert!(matches!(read.on_reply(4, outcome), ReadStep::Lost { .. }), "{outcome:?}");
+            assert_eq!(read.asked() & !0xff, 0);
+        }
+        // A data slab down: lost without asking anyone; a parity slab down changes nothing.
+        let (_, step) = ReadState::start_data_only(EC82, 3, 1 << 2);
+        assert_eq!(step, ReadStep::Lost { valid: 0, failed: 1 << 2 });
+        let (_, step) = ReadState::start_data_only(EC82, 3, 1 << 9);
+        assert_eq!(step, ReadStep::Ask(0xff));
+    }
+
+    #[test]
+    fn data_only_write_needs_every_data_split_and_sends_no_parity() {
+        let (mut write, step) = WriteState::start_data_only(EC82, 0);
+        assert_eq!((write.targets(), step), (0xff, WriteStep::Wait));
+        for split in 0..7 {
+            assert_eq!(write.on_ack(split, true), WriteStep::Wait);
+        }
+        assert_eq!(write.on_ack(7, true), WriteStep::Done { degraded: 0 });
+        let (mut write, _) = WriteState::start_data_only(EC82, 0);
+        assert!(matches!(write.on_ack(3, false), WriteStep::Failed { .. }));
+        // A data slab down fails it before anything is sent; a parity slab down does not.
+        let (_, step) = WriteState::start_data_only(EC82, 1 << 3);
+        assert!(matches!(step, WriteStep::Failed { stored: 0, .. }));
+        let (write, step) = WriteState::start_data_only(EC82, 1 << 8);
+        assert_eq!((write.targets(), step), (0xff, WriteStep::Wait));
+    }
+
+    #[test]
+    fn parity_only_write_sends_the_available_parities_and_ends_whatever_was_stored() {
+        let (mut write, step) = WriteState::start_parity_only(EC82, 1 << 2);
+        assert_eq!((write.targets(), step), (0x300, WriteStep::Wait));
+        assert_eq!(write.on_ack(8, false), WriteStep::Wait);
+        assert_eq!(write.on_ack(9, true), WriteStep::Done { degraded: 1 << 8 });
+        assert_eq!((write.stored(), write.failed_targets()), (1 << 9, 1 << 8));
+        // No parity slab takes writes: done at once, nothing to send.
+        let (write, step) = WriteState::start_parity_only(EC82, 0x300);
+        assert_eq!((write.targets(), step), (0, WriteStep::Done { degraded: 0x300 }));
+    }
+
+    #[test]
+    fn discovery_tells_which_splits_vouch_for_the_version() {
+        let (mut read, _) = ReadState::discover(EC82, 0);
+        let mut last = ReadStep::Wait;
+        for split in 0..10 {
+            // Data splits written alone at 5, parities still at 4: a parity-stale page.
+            let version = if split < 8 { 5 } else { 4 };
+            last = read.on_reply(split, SplitOutcome::Valid { version });
+        }
+        assert_eq!(last, ReadStep::Done { present: 0xff, needs_decode: false, version: 5 });
+        assert_eq!(read.valid_at(5), 0xff);
+        assert_eq!(read.valid_at(4) & EC82.parity_mask(), 0x300);
     }
 
     proptest! {

@@ -25,6 +25,8 @@ pub enum ConnectError {
     EmptyAddressSpace { bytes: u64 },
     #[error("placement: {0}")]
     Placement(#[from] remem_placement::PlacementError),
+    #[error("region beside another: {0}")]
+    Beside(#[from] crate::engine::BesideError),
     #[error("cannot create the event loop: {0}")]
     Poll(std::io::Error),
 }
@@ -49,6 +51,10 @@ pub enum PageError {
     },
     #[error("page {page}: decode failed: {message}")]
     Decode { page: u64, message: String },
+    #[error("page {page} has no stale parities to write: it was not written data splits only since its last whole write or parity write")]
+    NotParityStale { page: u64 },
+    #[error("page {page} is parity-stale and one of its data splits may be lost, or its version is unknown: write it whole")]
+    ParityStaleLost { page: u64 },
     #[error("node {address} is down")]
     NodeDown { address: SocketAddr },
     #[error("node {address} did not answer in time")]

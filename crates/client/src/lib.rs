@@ -29,7 +29,9 @@ pub use crate::driver::{
     Client, ClientConfig, MembershipChange, MemoryReport, NodeAddress, PageOp, PollClient, SlabMapError,
     SlabMapFile,
 };
-pub use crate::engine::{NodeId, NodeStats, OpDone, Range, RegenerationStatus, RegionInfo, SlabRef, Submit};
+pub use crate::engine::{
+    BesideError, NodeId, NodeStats, OpDone, Range, RegenerationStatus, RegionInfo, SlabRef, Submit,
+};
 pub use crate::error::{ConnectError, PageError};
 pub use crate::status::NodeStatus;
 pub use remem_proto::auth::Secret;

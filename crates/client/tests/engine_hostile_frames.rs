@@ -38,8 +38,8 @@ fn info() -> NodeInfo {
     }
 }
 
-/// An engine on 12 pretend nodes with one EC(8,2) region of two ranges, a few writes and reads
-/// in flight (their frames are never answered by a real node here).
+/// An engine on 12 pretend nodes with one EC(8,2) region of two ranges, a few writes (whole and
+/// data-only) and reads in flight (their frames are never answered by a real node here).
 fn engine_with_ops_in_flight(now: Instant, pages: &mut Pages) -> Engine {
     let mut config = EngineConfig::new(7, 4096);
     config.max_in_flight = 8;
@@ -57,7 +57,14 @@ fn engine_with_ops_in_flight(now: Instant, pages: &mut Pages) -> Engine {
     engine.add_region(shape, 4096, 2048, ranges, true);
     let data = vec![0x5a; 4096];
     for tag in 0..4 {
-        assert!(engine.submit(now, tag, Submit::Write { page: tag as u64 * 700, data: &data }, pages));
+        let page = tag as u64 * 700;
+        // Half whole writes, half data-only ones (EC-oriented replication).
+        let op = if tag < 2 {
+            Submit::Write { page, data: &data }
+        } else {
+            Submit::WriteData { page, data: &data }
+        };
+        assert!(engine.submit(now, tag, op, pages));
     }
     for tag in 4..8 {
         assert!(engine.submit(now, tag, Submit::Read { page: tag as u64 * 500 }, pages));

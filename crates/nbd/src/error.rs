@@ -20,7 +20,11 @@ pub fn page_error_code(error: &PageError) -> ErrorCode {
         | PageError::Timeout { .. }
         | PageError::Refused { .. }
         | PageError::Protocol { .. } => ErrorCode::Io,
-        PageError::OutOfRange { .. } | PageError::BadBuffer { .. } => ErrorCode::Invalid,
+        // NBD never writes data splits and parities apart: a parity error is a bug here too.
+        PageError::OutOfRange { .. }
+        | PageError::BadBuffer { .. }
+        | PageError::NotParityStale { .. }
+        | PageError::ParityStaleLost { .. } => ErrorCode::Invalid,
     }
 }
 

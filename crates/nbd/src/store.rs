@@ -82,7 +82,14 @@ impl PageStore for MemoryStore {
         for op in ops.iter_mut() {
             self.ops_executed += 1;
             let result = match op {
-                PageOp::Write { page, data } => {
+                // A page in memory has no splits: writing its data splits is writing it, and
+                // its parities are never stale.
+                PageOp::WriteParity { page, data } => {
+                    assert_eq!(data.len(), self.page_bytes, "a write is one page");
+                    assert!(*page < self.page_count, "page {page} out of range");
+                    Ok(())
+                }
+                PageOp::Write { page, data } | PageOp::WriteData { page, data } => {
                     assert_eq!(data.len(), self.page_bytes, "a write is one page");
                     assert!(*page < self.page_count, "page {page} out of range");
                     if self.lost.contains(page) {

@@ -46,9 +46,12 @@ use crate::schedule::{FaultAction, ScheduledFault};
 
 mod checks;
 mod operations;
+mod ops;
 mod tally;
 
 use crate::{Delivery, InFlightFate, SimCluster, SimTime};
+pub use ops::{AbandonedOp, Completion, SimOp, SimOpKind};
+use ops::{OpEntry, OpTable};
 pub use tally::FaultTally;
 
 /// More steps than this at one simulated time means nothing makes progress.
@@ -80,37 +83,6 @@ impl PlacementPolicy {
     }
 }
 
-/// A page operation for [`SimDriver::submit`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SimOp {
-    Write { page: u64, data: Vec<u8> },
-    Read { page: u64 },
-}
-
-/// A finished op: its id (from [`SimDriver::submit`]), the page, and for a read the bytes.
-#[derive(Debug)]
-pub struct Completion {
-    pub id: u64,
-    pub page: u64,
-    pub is_write: bool,
-    pub result: Result<(), PageError>,
-    /// The page read (reads only; meaningful only when `result` is `Ok`).
-    pub data: Vec<u8>,
-    pub submitted_at: SimTime,
-    pub completed_at: SimTime,
-    pub decoded: bool,
-}
-
-/// An op that was queued or in flight when the client crashed: it has no result.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AbandonedOp {
-    pub id: u64,
-    pub page: u64,
-    pub is_write: bool,
-    /// Whether the engine had started it (its splits may be on the wire or stored).
-    pub started: bool,
-}
-
 /// Counters of the driver itself.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DriverStats {
@@ -126,31 +98,6 @@ pub struct DriverStats {
     pub ops_submitted: u64,
     pub ops_completed: u64,
     pub client_crashes: u64,
-}
-
-/// One op the driver holds: queued for a slot, or in the engine.
-struct OpEntry {
-    id: u64,
-    page: u64,
-    /// The data of a write not yet handed to the engine (the engine copies it at submit).
-    write: Option<Vec<u8>>,
-    is_write: bool,
-    /// A read's page buffer.
-    buffer: Vec<u8>,
-    submitted_at: SimTime,
-    started: bool,
-}
-
-/// The ops table as the engine's buffers: the tag of an op is its index.
-struct OpTable<'a>(&'a mut [Option<OpEntry>]);
-
-impl OpBuffers for OpTable<'_> {
-    fn read_buffer(&mut self, tag: usize) -> &mut [u8] {
-        match self.0.get_mut(tag) {
-            Some(Some(entry)) if !entry.is_write => &mut entry.buffer,
-            _ => panic!("the engine asked for the read buffer of tag {tag}, which is no read in flight"),
-        }
-    }
 }
 
 /// A region as the saved slab map records it.
@@ -361,115 +308,6 @@ impl SimDriver {
 
     pub fn fault_tally(&self) -> FaultTally {
         self.tally
-    }
-
-    /// Ops submitted and not completed yet (queued or in the engine).
-    pub fn in_flight(&self) -> usize {
-        self.ops.len() - self.free_tags.len()
-    }
-
-    /// Completions since the last call, in completion order.
-    pub fn take_completed(&mut self) -> Vec<Completion> {
-        std::mem::take(&mut self.completed)
-    }
-
-    /// Whether some engine op is waiting on `page`.
-    pub fn page_busy(&self, page: u64) -> bool {
-        self.ops.iter().flatten().any(|entry| entry.page == page)
-    }
-
-    // ---- ops --------------------------------------------------------------------------------
-
-    /// Queues an op; it is handed to the engine as soon as a slot is free (ops run in
-    /// submission order; ops on one page one at a time). Returns its id.
-    pub fn submit(&mut self, op: SimOp) -> u64 {
-        let id = self.next_op_id;
-        self.next_op_id += 1;
-        let page_bytes = self.config.page_bytes;
-        let entry = match op {
-            SimOp::Write { page, data } => OpEntry {
-                id,
-                page,
-                write: Some(data),
-                is_write: true,
-                buffer: Vec::new(),
-                submitted_at: self.now,
-                started: false,
-            },
-            SimOp::Read { page } => OpEntry {
-                id,
-                page,
-                write: None,
-                is_write: false,
-                buffer: vec![0; page_bytes],
-                submitted_at: self.now,
-                started: false,
-            },
-        };
-        let tag = match self.free_tags.pop() {
-            Some(tag) => {
-                self.ops[tag] = Some(entry);
-                tag
-            }
-            None => {
-                self.ops.push(Some(entry));
-                self.ops.len() - 1
-            }
-        };
-        self.queue.push_back(tag);
-        self.stats.ops_submitted += 1;
-        self.settle();
-        id
-    }
-
-    /// Hands queued ops to the engine while it takes them. True if any was taken.
-    fn submit_queued(&mut self) -> bool {
-        let mut any = false;
-        while let Some(&tag) = self.queue.front() {
-            let instant = self.instant();
-            let entry = self.ops[tag].as_mut().expect("queued tags are live");
-            let page = entry.page;
-            let write = entry.write.take();
-            let submit = match &write {
-                Some(data) => Submit::Write { page, data },
-                None => Submit::Read { page },
-            };
-            let accepted = self.engine.submit(instant, tag, submit, &mut OpTable(&mut self.ops));
-            if !accepted {
-                self.ops[tag].as_mut().expect("still live").write = write;
-                break;
-            }
-            self.ops[tag].as_mut().expect("still live").started = true;
-            self.queue.pop_front();
-            any = true;
-            // The engine may have finished it at once; the next `collect_completions` reports it.
-            self.collect_completions();
-        }
-        any
-    }
-
-    fn collect_completions(&mut self) {
-        let done: Vec<OpDone> = self.engine.take_completions().collect();
-        for done in done {
-            let tag = done.index;
-            let entry = self.ops[tag].take().expect("the engine completes ops it was given");
-            self.free_tags.push(tag);
-            self.stats.ops_completed += 1;
-            if let Err(error) = &done.result {
-                let (id, page) = (entry.id, entry.page);
-                self.note(|| format!("op {id} (page {page}) failed: {error}"));
-            }
-            self.completed.push(Completion {
-                id: entry.id,
-                page: entry.page,
-                is_write: entry.is_write,
-                result: done.result,
-                data: entry.buffer,
-                submitted_at: entry.submitted_at,
-                completed_at: self.now,
-                decoded: done.decoded,
-            });
-        }
     }
 
     // ---- the loop ---------------------------------------------------------------------------
@@ -722,28 +560,5 @@ impl SimDriver {
     pub fn is_healed(&self) -> bool {
         !self.engine.has_regenerations()
             && self.engine.ranges().iter().all(|range| range.unavailable == 0 && range.rebuilding == 0)
-    }
-
-    /// Reads one page and runs until the read completes (or `timeout` passes: `None`).
-    pub fn read_now(&mut self, page: u64, timeout: SimTime) -> Option<Result<Vec<u8>, PageError>> {
-        let id = self.submit(SimOp::Read { page });
-        self.run_op(id, timeout).map(|completion| completion.result.map(|()| completion.data))
-    }
-
-    /// Writes one page and runs until the write completes (or `timeout` passes: `None`).
-    pub fn write_now(&mut self, page: u64, data: Vec<u8>, timeout: SimTime) -> Option<Result<(), PageError>> {
-        let id = self.submit(SimOp::Write { page, data });
-        self.run_op(id, timeout).map(|completion| completion.result)
-    }
-
-    /// Runs until op `id` completes; other completions stay for [`SimDriver::take_completed`].
-    fn run_op(&mut self, id: u64, timeout: SimTime) -> Option<Completion> {
-        let limit = self.now + timeout;
-        let done = |driver: &SimDriver| driver.completed.iter().any(|completion| completion.id == id);
-        if !self.run_until_condition(limit, done) {
-            return None;
-        }
-        let index = self.completed.iter().position(|completion| completion.id == id)?;
-        Some(self.completed.remove(index))
     }
 }

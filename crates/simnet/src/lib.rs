@@ -76,7 +76,9 @@ mod schedule;
 pub use cluster::{
     Delivery, FaultCounts, InFlightFate, NodeState, PartitionNotice, RegenerationReport, SimCluster, SlabInfo,
 };
-pub use driver::{AbandonedOp, Completion, DriverStats, FaultTally, PlacementPolicy, SimDriver, SimOp};
+pub use driver::{
+    AbandonedOp, Completion, DriverStats, FaultTally, PlacementPolicy, SimDriver, SimOp, SimOpKind,
+};
 pub use error::SimError;
 pub use options::{NetworkOptions, MICROSECOND, MILLISECOND, SECOND};
 pub use scenario::{run_plan, run_seed, ScenarioFailure, ScenarioPlan, ScenarioReport, Tolerance};

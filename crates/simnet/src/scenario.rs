@@ -12,22 +12,30 @@
 //! than the request timeout, partition, straggler, bit flips, eviction, dropped writes), and
 //! sometimes a client crash with torn writes, then a reopen from the saved slab map, after which
 //! the runner reads and then rewrites the pages whose writes the crash cut (an application
-//! recovering its journal would).
+//! recovering its journal would). In half the seeds (`ScenarioPlan::eor`, drawn apart so that the
+//! other half run exactly as before) the workload also writes pages data splits only and later
+//! completes them with their parities (EC-oriented replication, as `remem kv` does); the pages
+//! still parity-stale at a crash are read and rewritten whole with the torn ones.
 //!
 //! Every region has r = 2, so a within-tolerance plan (at most 2 faulty nodes over the whole run,
 //! one episode each) never has more than r faulty slabs in a range; a slab rebuilt elsewhere no
 //! longer counts, which the end of the run checks by killing r more nodes.
 //!
-//! The model: per page, the generations a read may return (0 = never written: zeros) and whether
-//! a read may fail. Page bytes are a pattern of (page, generation) that names both in its first
-//! 16 bytes, so a wrong read says what it returned. The checks:
+//! The model (`model.rs`): per page, the generations a read may return (0 = never written:
+//! zeros), whether a read may fail, and whether the page is parity-stale. Page bytes are a
+//! pattern of (page, generation) that names both in its first 16 bytes, so a wrong read says what
+//! it returned. The checks:
 //!
-//! - within tolerance: every op succeeds and every read returns exactly the model's generation;
+//! - within tolerance: every whole write succeeds and every read returns exactly the model's
+//!   generation, except that a parity-stale page survives no data-slab loss (a read of it may
+//!   fail, never decode, never return wrong bytes) and data-only and parity writes may fail;
 //!   pages torn by a client crash may read as old, new or an error (never a mix), until
 //!   rewritten. After the workload the faults heal (stragglers end, the rest ran out) and only
-//!   ticks run: every range must get back to no unavailable slab, no rebuild left, every
-//!   reachable node connected; the engine's slab map must match the cluster's slabs (and, without
-//!   a crash, no slab of ours may be leaked); every page must read back; then r more nodes are
+//!   ticks run: every range must get back to no unavailable slab, no rebuild left (rebuilds that
+//!   cannot bring parity-stale pages back complete all the same), every reachable node
+//!   connected; the engine's slab map must match the cluster's slabs (and, without a crash, no
+//!   slab of ours may be leaked); parity-stale pages then get their parities, or are written
+//!   whole where that is refused; every page must read back; then r more nodes are
 //!   killed and every page must still read back (healing restored full redundancy). A node whose
 //!   bits were flipped still counts against those r: a corrupt split below the corruption
 //!   threshold is an erasure at every read and nothing repairs it until its page is rewritten;
@@ -44,11 +52,13 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::driver::{Completion, SimDriver, SimOp};
+use crate::driver::{Completion, SimDriver, SimOp, SimOpKind};
 use crate::schedule::FaultAction;
 use crate::{NetworkOptions, SimCluster, SimTime, SECOND};
 
+mod model;
 mod plan;
+use model::{PageModel, Pending};
 pub use plan::*;
 
 /// Bytes of a page in every scenario.
@@ -92,62 +102,6 @@ pub fn identify(asked_page: u64, data: &[u8]) -> Option<(u64, u64)> {
     (generation >= 1 && data == page_pattern(page, generation).as_slice()).then_some((page, generation))
 }
 
-/// Which written generations each 512-byte piece of `data` matches ('?' for none), to tell a mix
-/// of generations from garbage.
-fn describe_pieces(page: u64, data: &[u8], written: &[u64]) -> String {
-    let patterns: Vec<(u64, Vec<u8>)> = written
-        .iter()
-        .map(|&generation| {
-            let bytes = if generation == 0 { vec![0; PAGE_BYTES] } else { page_pattern(page, generation) };
-            (generation, bytes)
-        })
-        .collect();
-    data.chunks(512)
-        .enumerate()
-        .map(|(piece, chunk)| {
-            let matches: Vec<String> = patterns
-                .iter()
-                .filter(|(_, bytes)| &bytes[piece * 512..piece * 512 + chunk.len()] == chunk)
-                .map(|(generation, _)| generation.to_string())
-                .collect();
-            if matches.is_empty() {
-                "?".to_owned()
-            } else {
-                matches.join("|")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// The reference model of one page.
-#[derive(Clone, Debug)]
-struct PageModel {
-    /// Generations a read may return now (0: zeros).
-    acceptable: Vec<u64>,
-    /// A read may fail (a failed or torn write) until the next successful write.
-    may_fail: bool,
-    /// Every generation ever submitted.
-    written: Vec<u64>,
-    next_generation: u64,
-    /// Ops outstanding on the page.
-    busy: u32,
-}
-
-impl PageModel {
-    fn new() -> PageModel {
-        PageModel { acceptable: vec![0], may_fail: false, written: vec![0], next_generation: 1, busy: 0 }
-    }
-}
-
-/// An op the runner is waiting for.
-#[derive(Clone, Copy, Debug)]
-struct Pending {
-    page: u64,
-    /// The generation of a write.
-    generation: Option<u64>,
-}
-
 /// One run of a plan.
 struct Run<'a> {
     plan: &'a ScenarioPlan,
@@ -157,6 +111,9 @@ struct Run<'a> {
     report: ScenarioReport,
     crashed: bool,
     rng: StdRng,
+    /// Chooses data-only and parity writes, apart from `rng` so that a plan without them runs
+    /// exactly as before they existed.
+    eor_rng: StdRng,
 }
 
 /// Runs the scenario of `seed`. With `trace` the failure carries the driver's trace.
@@ -205,6 +162,7 @@ pub fn run_plan_with(
         report: ScenarioReport::default(),
         crashed: false,
         rng: StdRng::seed_from_u64(plan.seed ^ 0x3017_4C0A_D000_0003),
+        eor_rng: StdRng::seed_from_u64(plan.seed ^ 0xE0E0_2A11_D000_0004),
     };
     let result = run.execute();
     inspect(&run.driver);
@@ -284,7 +242,7 @@ impl Run<'_> {
                 continue;
             }
             if self.rng.gen_range(0..100) < self.plan.write_percent {
-                self.submit_write(page);
+                self.submit_workload_write(page);
             } else {
                 self.submit_read(page);
             }
@@ -292,22 +250,58 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// A write of the workload: whole, or with EOR in the plan sometimes data-only, or the
+    /// parity write of a parity-stale page whose content the model knows exactly.
+    fn submit_workload_write(&mut self, page: u64) {
+        if !self.plan.eor {
+            return self.submit_write(page);
+        }
+        let model = &self.pages[page as usize];
+        match (model.parity_stale, model.exact()) {
+            (true, Some(generation)) if self.eor_rng.gen_bool(0.5) => {
+                self.submit_write_parity(page, generation)
+            }
+            _ if self.eor_rng.gen_ratio(2, 5) => self.submit_write_of(page, SimOpKind::WriteData),
+            _ => self.submit_write(page),
+        }
+    }
+
+    /// A whole write of the page's next generation.
     fn submit_write(&mut self, page: u64) {
+        self.submit_write_of(page, SimOpKind::Write);
+    }
+
+    fn submit_write_of(&mut self, page: u64, kind: SimOpKind) {
         let model = &mut self.pages[page as usize];
         let generation = model.next_generation;
         model.next_generation += 1;
         model.written.push(generation);
         model.busy += 1;
-        let id = self.driver.submit(SimOp::Write { page, data: page_pattern(page, generation) });
-        self.driver.note(|| format!("op {id}: write page {page} generation {generation}"));
-        self.pending.insert(id, Pending { page, generation: Some(generation) });
+        let data = page_pattern(page, generation);
+        let op = match kind {
+            SimOpKind::Write => SimOp::Write { page, data },
+            SimOpKind::WriteData => SimOp::WriteData { page, data },
+            _ => unreachable!("a new generation is written whole or data-only"),
+        };
+        let id = self.driver.submit(op);
+        self.driver.note(|| format!("op {id}: {kind:?} page {page} generation {generation}"));
+        self.pending.insert(id, Pending { page, kind, generation: Some(generation) });
+    }
+
+    /// The parities of parity-stale `page`, which holds `generation`.
+    fn submit_write_parity(&mut self, page: u64, generation: u64) {
+        self.pages[page as usize].busy += 1;
+        let id = self.driver.submit(SimOp::WriteParity { page, data: page_pattern(page, generation) });
+        self.driver.note(|| format!("op {id}: WriteParity page {page} generation {generation}"));
+        let kind = SimOpKind::WriteParity;
+        self.pending.insert(id, Pending { page, kind, generation: Some(generation) });
     }
 
     fn submit_read(&mut self, page: u64) {
         self.pages[page as usize].busy += 1;
         let id = self.driver.submit(SimOp::Read { page });
         self.driver.note(|| format!("op {id}: read page {page}"));
-        self.pending.insert(id, Pending { page, generation: None });
+        self.pending.insert(id, Pending { page, kind: SimOpKind::Read, generation: None });
     }
 
     /// Checks every completion against the model and updates it.
@@ -324,73 +318,6 @@ impl Run<'_> {
         Ok(())
     }
 
-    fn check(&mut self, completion: Completion) -> Result<(), String> {
-        let pending = self.pending.remove(&completion.id).expect("completions are of submitted ops");
-        let id = completion.id;
-        self.driver.note(|| format!("op {id} done: {:?}", completion.result.as_ref().map(|_| ())));
-        let page = pending.page;
-        let within = self.plan.tolerance == Tolerance::Within;
-        let crashed = self.crashed;
-        let model = &mut self.pages[page as usize];
-        model.busy -= 1;
-        let at = completion.completed_at;
-        match (pending.generation, completion.result) {
-            (Some(generation), Ok(())) => {
-                self.report.writes_ok += 1;
-                model.acceptable = vec![generation];
-                model.may_fail = false;
-            }
-            (Some(generation), Err(error)) => {
-                self.report.writes_failed += 1;
-                if within {
-                    return Err(format!(
-                        "at {at} ns: write of page {page} generation {generation} failed within tolerance: {error}"
-                    ));
-                }
-                if !model.acceptable.contains(&generation) {
-                    model.acceptable.push(generation);
-                }
-                model.may_fail = true;
-            }
-            (None, Ok(())) => {
-                self.report.reads_ok += 1;
-                self.report.reads_decoded += u64::from(completion.decoded);
-                let Some((returned_page, generation)) = identify(page, &completion.data) else {
-                    return Err(format!(
-                        "at {at} ns: read of page {page} returned bytes that are no generation of any page \
-                         (a mix or garbage); the model allows generations {:?}; by 512-byte piece, the \
-                         generations each piece matches: {}",
-                        model.acceptable,
-                        describe_pieces(page, &completion.data, &model.written)
-                    ));
-                };
-                if returned_page != page {
-                    return Err(format!(
-                        "at {at} ns: read of page {page} returned page {returned_page} generation {generation}"
-                    ));
-                }
-                let allowed = if !within && crashed { &model.written } else { &model.acceptable };
-                if !allowed.contains(&generation) {
-                    return Err(format!(
-                        "at {at} ns: read of page {page} returned generation {generation}; the model allows {:?} \
-                         (written: {:?})",
-                        allowed, model.written
-                    ));
-                }
-            }
-            (None, Err(error)) => {
-                self.report.reads_failed += 1;
-                if within && !model.may_fail {
-                    return Err(format!(
-                        "at {at} ns: read of page {page} failed within tolerance: {error} (model: generation {:?})",
-                        model.acceptable
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// The client crashes and reopens its saved map; the pages it was writing are read (old,
     /// new or an error, never a mix) and written again, as an application recovering would.
     fn crash_and_reopen(&mut self) -> Result<(), String> {
@@ -401,7 +328,7 @@ impl Run<'_> {
         for _ in 0..self.plan.max_in_flight {
             let page = self.rng.gen_range(0..page_count);
             if self.pages[page as usize].busy == 0 {
-                self.submit_write(page);
+                self.submit_workload_write(page);
             }
         }
         self.driver.run_for(self.rng.gen_range(0..=crash.cut_after));
@@ -419,6 +346,19 @@ impl Run<'_> {
                 }
                 model.may_fail = true;
                 torn.push(pending.page);
+            }
+        }
+        // The reopened client does not know which pages are parity-stale. Until it finds out
+        // (a read) or they are written whole, a data-slab loss makes them unreadable unnoticed:
+        // treat them like torn pages, read them (any generation written, or an error) and write
+        // them again. (A rep(n) rebuild may even have put an older version back on the data
+        // split, which the restarted client can no longer tell from the newest.)
+        for (page, model) in self.pages.iter_mut().enumerate() {
+            if model.parity_stale {
+                model.parity_stale = false;
+                model.acceptable = model.written.clone();
+                model.may_fail = true;
+                torn.push(page as u64);
             }
         }
         self.driver.reopen();
@@ -508,6 +448,7 @@ impl Run<'_> {
                 ));
             }
         }
+        self.complete_pages()?;
         self.verify_every_page()?;
         // Reading every page may have found corrupt splits (and started rebuilds): heal again.
         if !self.driver.run_until_healed(self.driver.now() + HEAL_LIMIT) {
@@ -558,21 +499,55 @@ impl Run<'_> {
         self.verify_every_page()
     }
 
+    /// Within tolerance, after healing: what the workload left half done is completed, as an
+    /// application would before counting on full redundancy. A parity-stale page whose content
+    /// the model knows gets its parities; if that is refused (a data split of it was lost) or
+    /// the content is uncertain (a data-only write failed), the page is written whole.
+    fn complete_pages(&mut self) -> Result<(), String> {
+        for page in 0..self.pages.len() as u64 {
+            let model = &self.pages[page as usize];
+            if let (true, Some(generation)) = (model.parity_stale, model.exact()) {
+                self.submit_write_parity(page, generation);
+                self.wait_for_room("parity writes")?;
+            }
+        }
+        self.drain("parity writes")?;
+        for page in 0..self.pages.len() as u64 {
+            let model = &self.pages[page as usize];
+            if model.parity_stale || model.may_fail {
+                self.submit_write(page);
+                self.wait_for_room("completing writes")?;
+            }
+        }
+        self.drain("completing writes")
+    }
+
     /// Reads every page once and checks it against the model.
     fn verify_every_page(&mut self) -> Result<(), String> {
         for page in 0..self.pages.len() as u64 {
             self.submit_read(page);
             self.report.pages_verified += 1;
-            while self.driver.in_flight() >= self.plan.max_in_flight {
-                let limit = self.driver.now() + DRAIN_LIMIT;
-                if !self.driver.step(limit) {
-                    return Err(format!("verification reads stuck for {DRAIN_LIMIT} ns"));
-                }
-                self.absorb()?;
-            }
+            self.wait_for_room("verification reads")?;
         }
+        self.drain("verification reads")
+    }
+
+    /// Runs until fewer than `max_in_flight` ops are in flight.
+    fn wait_for_room(&mut self, what: &str) -> Result<(), String> {
+        while self.driver.in_flight() >= self.plan.max_in_flight {
+            let limit = self.driver.now() + DRAIN_LIMIT;
+            if !self.driver.step(limit) {
+                return Err(format!("{what} stuck for {DRAIN_LIMIT} ns"));
+            }
+            self.absorb()?;
+        }
+        Ok(())
+    }
+
+    /// Runs until every op completed, and checks them.
+    fn drain(&mut self, what: &str) -> Result<(), String> {
         if !self.driver.run_until_idle(self.driver.now() + DRAIN_LIMIT) {
-            return Err(format!("{} verification reads never completed", self.driver.in_flight()));
+            return Err(format!("{} {what} never completed", self.driver.in_flight()));
         }
         self.absorb()
     }

@@ -91,9 +91,21 @@ impl ClientConfig {
     }
 }
 
-/// One page operation of a batch given to [`Client::execute`].
+/// One page operation of a batch given to [`Client::execute`] (see [`crate::Submit`] for what
+/// each does and may fail with).
 pub enum PageOp<'a> {
+    /// The next version of the page, on all k+r splits.
     Write {
+        page: u64,
+        data: &'a [u8],
+    },
+    /// The next version on the k data splits only: the page becomes parity-stale.
+    WriteData {
+        page: u64,
+        data: &'a [u8],
+    },
+    /// The r parities of a parity-stale page, from `data`: exactly what its data splits hold.
+    WriteParity {
         page: u64,
         data: &'a [u8],
     },

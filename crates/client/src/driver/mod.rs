@@ -15,6 +15,7 @@ mod connect;
 mod control;
 mod membership;
 mod poll;
+mod regions;
 mod slab_map;
 mod transport;
 
@@ -22,12 +23,12 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use remem_codec::CodecParams;
-use remem_placement::{NodeLoad, Placement};
+use remem_placement::Placement;
 use remem_proto::auth::Secret;
 use remem_proto::Control;
 
 use crate::core::Shape;
-use crate::engine::{Action, Engine, NoBuffers, NodeId, OpBuffers, RegionInfo, SlabRef, Submit};
+use crate::engine::{Action, Engine, NoBuffers, NodeId, OpBuffers, RegionInfo, Submit};
 use crate::error::{ConnectError, PageError};
 
 use config::Batch;
@@ -93,7 +94,7 @@ impl Client {
                 });
             }
         }
-        client.place_region(shape, config.address_space_bytes)?;
+        client.place_region(shape, config.address_space_bytes, None)?;
         client.export_slabs();
         client.volunteer_for_activity();
         Ok(client)
@@ -152,105 +153,6 @@ impl Client {
             .attach(id, None)
             .map_err(|source| ConnectError::Io { address: node.address, source })?;
         Ok(id)
-    }
-
-    /// Maps the ranges of a new region of `bytes` with `shape` (a control round trip per slab)
-    /// and adds it to the engine.
-    fn place_region(&mut self, shape: Shape, bytes: u64) -> Result<RegionInfo, ConnectError> {
-        let params = CodecParams::new(shape.data_splits, shape.parity_splits, self.config.page_bytes)?;
-        let split_bytes = params.split_bytes();
-        let slab_size = self.engine.nodes().iter().map(|node| node.info.slab_size_bytes).max().unwrap_or(0);
-        if slab_size < split_bytes as u64 {
-            return Err(ConnectError::SlabTooSmall { slab_size_bytes: slab_size, split_bytes });
-        }
-        let pages_per_range = slab_size / split_bytes as u64;
-        let page_count = bytes / self.config.page_bytes as u64;
-        if page_count == 0 {
-            return Err(ConnectError::EmptyAddressSpace { bytes });
-        }
-        let range_count = page_count.div_ceil(pages_per_range);
-        let first_page = self.engine.page_count();
-        let first_range = self.engine.ranges().len() as u64;
-        let mut loads: Vec<NodeLoad> = self
-            .engine
-            .nodes()
-            .iter()
-            .enumerate()
-            .filter(|(_, node)| node.connected && node.membership == crate::engine::Membership::Member)
-            .map(|(index, node)| NodeLoad {
-                node_index: index,
-                failure_domain: node.info.failure_domain.clone(),
-                slabs_mapped: node.info.slabs_mapped as u64,
-                slabs_free: node.info.free_bytes / node.info.slab_size_bytes.max(1),
-            })
-            .collect();
-        let mut ranges = Vec::with_capacity(range_count as usize);
-        for local_range in 0..range_count {
-            let placed = self.engine.placement_mut().place(&loads, shape.total_splits())?;
-            if !placed.distinct_domains {
-                tracing::warn!(range = first_range + local_range, "range placed with shared failure domains");
-            }
-            let mut slabs = Vec::with_capacity(shape.total_splits());
-            for (split, &node) in placed.nodes.iter().enumerate() {
-                let map = Control::MapSlab {
-                    split_bytes: split_bytes as u32,
-                    split_index: split as u8,
-                    first_page: first_page + local_range * pages_per_range,
-                    range_id: first_range + local_range,
-                };
-                let address = self.engine.node(node).address;
-                let reply = self.control(node, &map).map_err(|error| ConnectError::Protocol {
-                    address,
-                    message: format!("mapping a slab: {error}"),
-                });
-                match reply {
-                    Ok(Control::SlabMapped { slab_id, slots }) if u64::from(slots) == pages_per_range => {
-                        slabs.push(SlabRef { node, slab_id });
-                    }
-                    Ok(Control::SlabMapped { slots, .. }) => {
-                        return Err(ConnectError::SlabSizeMismatch {
-                            address,
-                            slab_size_bytes: u64::from(slots) * split_bytes as u64,
-                            expected_bytes: slab_size,
-                        })
-                    }
-                    Ok(other) => return Err(connect::unexpected(address, &other)),
-                    Err(error) => {
-                        // Release what this region mapped so far: nothing leaks on a failed start.
-                        for slab in ranges.iter().flatten().chain(slabs.iter()) {
-                            let SlabRef { node, slab_id } = *slab;
-                            let _ = self.control(node, &Control::UnmapSlab { slab_id });
-                        }
-                        return Err(error);
-                    }
-                }
-                if let Some(load) = loads.iter_mut().find(|load| load.node_index == node) {
-                    load.slabs_mapped += 1;
-                    load.slabs_free = load.slabs_free.saturating_sub(1);
-                }
-            }
-            ranges.push(slabs);
-        }
-        Ok(self.engine.add_region(shape, page_count, pages_per_range, ranges, true))
-    }
-
-    /// Adds a region of `bytes` coded with `shape` (none: r=0; rep(n): k=1, r=n-1; EC(k,r)) to
-    /// this client's page space, placed like the first one. Its pages are
-    /// `first_page..first_page + page_count` of the returned info, used with [`PageOp`] as any
-    /// other page. Between batches only.
-    pub fn create_region(&mut self, shape: Shape, bytes: u64) -> Result<RegionInfo, ConnectError> {
-        assert_eq!(self.engine.active(), 0, "regions are added between batches");
-        assert!(shape.extra_reads <= shape.parity_splits, "delta is at most r");
-        CodecParams::new(shape.data_splits, shape.parity_splits, self.config.page_bytes)?;
-        let connected = self.engine.nodes().iter().filter(|node| node.connected).count();
-        if connected < shape.total_splits() {
-            return Err(ConnectError::TooFewNodes { needed: shape.total_splits(), given: connected });
-        }
-        let region = self.place_region(shape, bytes)?;
-        if self.config.shared_memory {
-            self.export_slabs();
-        }
-        Ok(region)
     }
 
     /// The regions of this client's page space.
@@ -345,6 +247,8 @@ impl Client {
                 // `*data` copies the batch's shared reference: no borrow of the batch remains.
                 let submit = match &batch.0[next] {
                     PageOp::Write { page, data } => Submit::Write { page: *page, data },
+                    PageOp::WriteData { page, data } => Submit::WriteData { page: *page, data },
+                    PageOp::WriteParity { page, data } => Submit::WriteParity { page: *page, data },
                     PageOp::Read { page, .. } => Submit::Read { page: *page },
                     PageOp::Probe { probe } => Submit::Probe { probe: *probe },
                 };

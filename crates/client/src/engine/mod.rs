@@ -30,14 +30,22 @@
 //! - an old slab that is still reachable (corruption, drain, a stalled node) stays a rebuild
 //!   source until its replacement is complete, and is released only then;
 //! - per page op nothing is allocated: slots, parity buffers and event queues are sized when a
-//!   region is added.
+//!   region is added;
+//! - every split that carries version v of a page encodes the same content: the content of the
+//!   write that made v (a data-only write and the parity-only write that completes it count as
+//!   one write, on the caller's word that it hands the same content to both);
+//! - a parity-stale page (written data splits only, [`Submit::WriteData`]) is read from its k data
+//!   splits only, and is marked unreadable as soon as one of its data slabs is lost: its parities
+//!   do not hold its version, so no rebuild can bring the lost split back (`parity_stale.rs`).
 
 mod health;
 mod ops;
+mod parity_stale;
 mod regeneration;
 mod regions;
 mod replies;
 mod shared_memory;
+mod writes;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -53,6 +61,7 @@ use crate::shm::ShmSlab;
 
 pub use health::NodeStats;
 pub use regeneration::RegenerationStatus;
+pub use regions::BesideError;
 
 /// A node's identity within one client: its index in the node table, assigned when the node
 /// joins and never reused (a removed node keeps its id as a tombstone).
@@ -75,6 +84,10 @@ pub(crate) const PAGE_WRITE_DISCOVERS: u8 = 8;
 /// Page flag: no read can return it until it is written again (counted in its range's
 /// `unreadable_pages`).
 pub(crate) const PAGE_UNREADABLE: u8 = 4;
+/// Page flag: its data splits hold its current version and its parities do not (written by
+/// [`Submit::WriteData`], not yet completed by [`Submit::WriteParity`]); counted in its range's
+/// `parity_stale_pages`.
+pub(crate) const PAGE_PARITY_STALE: u8 = 16;
 
 /// Settings of the engine (the decision part of [`crate::ClientConfig`]).
 #[derive(Clone, Debug)]
@@ -134,8 +147,11 @@ pub struct Range {
     /// which takes writes (they win over the rebuild) but no reads until the rebuild is done.
     pub rebuilding: SplitMask,
     /// Pages of this range that no read can return (their last write stored fewer than k
-    /// splits, or discovery found no version with k): a rebuild may lose these and no others.
+    /// splits, or discovery found no version with k, or a data slab of a parity-stale page was
+    /// lost): a rebuild may lose these and no others.
     pub unreadable_pages: u64,
+    /// Pages of this range whose parities are stale (written data splits only).
+    pub parity_stale_pages: u64,
     /// Splits being replaced whose old slab is still read (a node that corrupts, a drained
     /// node): until the new slab is complete, reads go to the old one, where stale and corrupt
     /// splits are erasures like any other.
@@ -279,7 +295,32 @@ impl OpBuffers for NoBuffers {
 /// An op given to [`Engine::submit`].
 #[derive(Clone, Copy, Debug)]
 pub enum Submit<'a> {
+    /// The next version of the page on every split: k data splits and r parities.
     Write {
+        page: u64,
+        data: &'a [u8],
+    },
+    /// The next version of the page on its k data splits only: no parity is encoded or sent,
+    /// and the page becomes parity-stale (EC-oriented replication, seed 003 §4.2: the object's
+    /// main copy lives elsewhere). Succeeds when every data split is stored; a data slab that
+    /// is unavailable and not being rebuilt fails it with `WriteFailed` before anything is sent.
+    /// Reads of a parity-stale page ask only its data splits and fail (`Lost`) if one is
+    /// missing. For a shape without parities it is a `Write`.
+    WriteData {
+        page: u64,
+        data: &'a [u8],
+    },
+    /// Completes a parity-stale page: encodes `data` and writes the r parities at the page's
+    /// current version (no new version). `data` must be exactly what the data splits hold (the
+    /// content of the last `WriteData`): the engine cannot check it, and a parity of other
+    /// content at the same version would be decoded with the data splits into wrong bytes.
+    /// Succeeds when every parity was stored or its slab is down and waiting for a rebuild
+    /// (which computes it from the data splits); the page is then an ordinary one. Errors:
+    /// `NotParityStale` (nothing sent) for a page that is not parity-stale; `ParityStaleLost`
+    /// (nothing sent, or the page stays parity-stale) when a data split may be lost or the
+    /// version is unknown: write the page whole instead; `WriteFailed` when a parity could not
+    /// be stored on an available slab (the page stays parity-stale).
+    WriteParity {
         page: u64,
         data: &'a [u8],
     },
@@ -307,7 +348,8 @@ pub struct Engine {
     regions: Vec<Region>,
     ranges: Vec<Range>,
     versions: Vec<u8>,
-    /// Per page: [`PAGE_DISCARDED`], [`PAGE_VERSION_UNKNOWN`].
+    /// Per page: [`PAGE_DISCARDED`], [`PAGE_VERSION_UNKNOWN`], [`PAGE_UNREADABLE`],
+    /// [`PAGE_WRITE_DISCOVERS`], [`PAGE_PARITY_STALE`].
     page_flags: Vec<u8>,
     slots: Vec<ops::OpSlot>,
     /// Per slot, the page of its read or write ([`ops::NO_PAGE`] if none), and the free slots:

@@ -8,16 +8,21 @@
 //! Copies: a write's splits are copied once into the node's outbox; a read's split is copied
 //! once from the frame into its place (a data split into the caller's page, a parity into the
 //! slot's parity buffer); decoding writes the missing data splits into the page in place.
+//!
+//! Writes (whole, data-only, parity-only) are started and finished in `writes.rs`. A read of a
+//! parity-stale page asks its data splits only (`ReadState::start_data_only`); a discovery read
+//! learns whether a page is parity-stale from its parities' versions (`parity_stale.rs`).
 
 use std::time::Instant;
 
-use remem_proto::{Control, SplitMeta, WriteSplitPrefix};
+use remem_proto::Control;
 
+use super::writes::WriteMode;
 use super::{
-    Engine, NodeId, OpBuffers, OpDone, Submit, MAX_SPLITS, PAGE_DISCARDED, PAGE_VERSION_UNKNOWN,
-    PAGE_WRITE_DISCOVERS,
+    Engine, NodeId, OpBuffers, OpDone, Submit, MAX_SPLITS, PAGE_DISCARDED, PAGE_PARITY_STALE,
+    PAGE_VERSION_UNKNOWN, PAGE_WRITE_DISCOVERS,
 };
-use crate::core::{ReadState, ReadStep, SplitMask, SplitOutcome, WriteState, WriteStep};
+use crate::core::{ReadState, ReadStep, SplitMask, SplitOutcome, WriteState};
 use crate::error::PageError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +44,8 @@ pub(super) struct OpSlot {
     pub(super) version: u8,
     pub(super) read: Option<ReadState>,
     pub(super) write: Option<WriteState>,
+    /// Which splits a write slot writes.
+    pub(super) write_mode: WriteMode,
     pub(super) probe: usize,
     pub(super) probe_replies: usize,
     pub(super) probe_asked: u32,
@@ -65,6 +72,7 @@ impl OpSlot {
             version: 0,
             read: None,
             write: None,
+            write_mode: WriteMode::Whole,
             probe: 0,
             probe_replies: 0,
             probe_asked: 0,
@@ -127,7 +135,7 @@ pub(super) enum Outcome {
 /// `Engine::slot_pages` of a free slot (or a probe's): no page is that large.
 pub(super) const NO_PAGE: u64 = u64::MAX;
 
-fn request_id(slot: usize, generation: u32, split: usize) -> u64 {
+pub(super) fn request_id(slot: usize, generation: u32, split: usize) -> u64 {
     ((generation as u64) << 32) | ((slot as u64) << 8) | split as u64
 }
 
@@ -147,7 +155,10 @@ impl Engine {
             return false;
         }
         let page = match op {
-            Submit::Write { page, .. } | Submit::Read { page } => Some(page),
+            Submit::Write { page, .. }
+            | Submit::WriteData { page, .. }
+            | Submit::WriteParity { page, .. }
+            | Submit::Read { page } => Some(page),
             Submit::Probe { .. } => None,
         };
         // (`NO_PAGE` is out of range: it fails its check below instead of looking busy.)
@@ -157,9 +168,24 @@ impl Engine {
         let finished_now: Option<Result<(), PageError>> = match op {
             Submit::Write { page, data } => self
                 .check_page(page, data.len())
-                .and_then(|()| self.start_write(tag, page, data))
+                .and_then(|()| self.start_write(tag, page, data, WriteMode::Whole))
                 .err()
                 .map(Err),
+            Submit::WriteData { page, data } => self
+                .check_page(page, data.len())
+                .and_then(|()| self.start_write(tag, page, data, WriteMode::DataOnly))
+                .err()
+                .map(Err),
+            Submit::WriteParity { page, data } => {
+                match self
+                    .check_page(page, data.len())
+                    .and_then(|()| self.start_write_parity(tag, page, data))
+                {
+                    Ok(true) => None,
+                    Ok(false) => Some(Ok(())),
+                    Err(error) => Some(Err(error)),
+                }
+            }
             Submit::Read { page } => {
                 let buffer_len = buffers.read_buffer(tag).len();
                 match self.check_page(page, buffer_len) {
@@ -227,7 +253,7 @@ impl Engine {
         Ok(())
     }
 
-    fn claim_slot(&mut self, kind: SlotKind, tag: usize, page: u64) -> usize {
+    pub(super) fn claim_slot(&mut self, kind: SlotKind, tag: usize, page: u64) -> usize {
         let slot_index = self.free_slots.pop().expect("active < slots");
         if kind != SlotKind::Probe {
             self.slot_pages[slot_index] = page;
@@ -256,157 +282,17 @@ impl Engine {
         slot_index
     }
 
-    fn release_slot(&mut self, slot_index: usize) {
+    pub(super) fn release_slot(&mut self, slot_index: usize) {
         let slot = &mut self.slots[slot_index];
         slot.kind = SlotKind::Free;
         slot.read = None;
         slot.write = None;
+        slot.write_mode = WriteMode::Whole;
         // Late replies carry the old generation and are dropped.
         slot.generation = slot.generation.wrapping_add(1) & 0x7fff_ffff;
         self.slot_pages[slot_index] = NO_PAGE;
         self.free_slots.push(slot_index);
         self.active -= 1;
-    }
-
-    fn start_write(&mut self, tag: usize, page: u64, data: &[u8]) -> Result<(), PageError> {
-        let region_index = self.region_of(page).expect("page checked");
-        let shape = self.regions[region_index].shape;
-        let (range_index, _) = self.locate(region_index, page);
-        self.range_accesses[range_index] = self.range_accesses[range_index].wrapping_add(1);
-        let range = &self.ranges[range_index];
-        if self.page_flags[page as usize] & (PAGE_VERSION_UNKNOWN | PAGE_WRITE_DISCOVERS) != 0 {
-            // The page's version is unknown (a reopened client, or its last write failed): find
-            // the newest version on its splits first. Writing the next version of a guess could
-            // reuse a number that splits of other contents already carry, and a rebuild would
-            // then decode a mix of the two with valid checksums.
-            let (state, step) = ReadState::discover(shape, range.unavailable & !range.previous);
-            let ReadStep::Ask(mask) = step else {
-                let (valid, failed) = match step {
-                    ReadStep::Lost { valid, failed } => (valid, failed),
-                    _ => (0, range.unavailable),
-                };
-                return Err(self.write_failed(page, range_index, valid, failed));
-            };
-            let slot_index = self.claim_slot(SlotKind::Write, tag, page);
-            let slot = &mut self.slots[slot_index];
-            slot.staging[..data.len()].copy_from_slice(data);
-            slot.read = Some(state);
-            self.queue_reads(slot_index, mask);
-            return Ok(());
-        }
-        let slot_index = self.claim_slot(SlotKind::Write, tag, page);
-        let launched = self.launch_write(slot_index, data);
-        if launched.is_err() {
-            self.release_slot(slot_index);
-        }
-        launched
-    }
-
-    /// A write that was finding out its page's version knows it now: the newest version any
-    /// valid split carries. The write goes on from its staged data.
-    pub(super) fn finish_discovery(&mut self, slot_index: usize) {
-        let slot = &mut self.slots[slot_index];
-        let read = slot.read.take().expect("a discovering write has a read state");
-        let page = slot.page as usize;
-        let known = self.versions[page];
-        if let Some(seen) = read.newest_version_seen() {
-            if known == 0 || remem_proto::version_is_newer(seen, known) {
-                self.versions[page] = seen;
-            }
-        }
-        self.page_flags[page] &= !(PAGE_VERSION_UNKNOWN | PAGE_WRITE_DISCOVERS);
-        let staging = std::mem::take(&mut self.slots[slot_index].staging);
-        let result = self.launch_write(slot_index, &staging[..self.config.page_bytes]);
-        self.slots[slot_index].staging = staging;
-        if let Err(error) = result {
-            self.finish(slot_index, Err(error), false);
-        }
-    }
-
-    /// Sends a write's k data splits, encodes its r parities and sends them: the next version
-    /// of the page, on every slab that takes writes.
-    fn launch_write(&mut self, slot_index: usize, data: &[u8]) -> Result<(), PageError> {
-        let slot = &self.slots[slot_index];
-        let (page, region_index, range_index) = (slot.page, slot.region, slot.range);
-        let shape = self.regions[region_index].shape;
-        let range = &self.ranges[range_index];
-        // Slabs being rebuilt take writes: the rebuild skips pages written since it began.
-        let unavailable = range.unavailable & !range.rebuilding;
-        let (state, step) = WriteState::start(shape, unavailable);
-        if let WriteStep::Failed { stored, failed } = step {
-            return Err(self.write_failed(page, range_index, stored, failed));
-        }
-        let version = remem_proto::next_version(self.versions[page as usize]);
-        let targets = state.targets();
-        let slot = &mut self.slots[slot_index];
-        slot.version = version;
-        slot.write = Some(state);
-        let split_bytes = self.regions[region_index].split_bytes;
-        self.prefetch_shm(range_index, self.slots[slot_index].slot_in_range, targets);
-        // Data splits are queued first, parities after them, so they leave first (seed 000
-        // §4.1.1). The old socket client flushed the data splits of a lone write before encoding;
-        // the engine hands everything over at once: the encode (60-90 ns at (8,2)) is far below
-        // one system call, and the benchmark shows no loss (docs/BENCHMARKS.md).
-        for split in 0..shape.data_splits {
-            if targets & (1 << split) != 0 {
-                let payload = &data[split * split_bytes..(split + 1) * split_bytes];
-                self.queue_write_split(slot_index, split, payload);
-            }
-        }
-        if shape.parity_splits > 0 {
-            let parity_bytes = shape.parity_splits * split_bytes;
-            let mut parity = std::mem::take(&mut self.slots[slot_index].parity);
-            self.regions[region_index].codec.encode(data, &mut parity[..parity_bytes]);
-            for parity_index in 0..shape.parity_splits {
-                let split = shape.data_splits + parity_index;
-                if targets & (1 << split) != 0 {
-                    let payload = &parity[parity_index * split_bytes..(parity_index + 1) * split_bytes];
-                    self.queue_write_split(slot_index, split, payload);
-                }
-            }
-            self.slots[slot_index].parity = parity;
-        }
-        Ok(())
-    }
-
-    fn queue_write_split(&mut self, slot_index: usize, split: usize, payload: &[u8]) {
-        let slot = &self.slots[slot_index];
-        let slab = self.ranges[slot.range].slabs[split];
-        let checksum = remem_proto::split_checksum(payload, slot.version, slot.page, split as u8);
-        let prefix = WriteSplitPrefix {
-            slab_id: slab.slab_id,
-            slot: slot.slot_in_range,
-            version: slot.version,
-            checksum,
-        };
-        let (range, generation) = (slot.range, slot.generation);
-        let meta = SplitMeta { version: slot.version, checksum };
-        self.slots[slot_index].asked_nodes[split] = slab.node;
-        let shm_stored = self.live_shm(range, split).map(|shm| shm.write_split(prefix.slot, payload, meta));
-        if let Some(stored) = shm_stored {
-            self.events.push(SplitEvent {
-                slot: slot_index,
-                generation,
-                split,
-                outcome: Outcome::Write(stored),
-            });
-            if !stored {
-                self.schedule_regeneration(range, split, "shared-memory slab revoked", false);
-            }
-            return;
-        }
-        if !self.nodes[slab.node].connected {
-            self.events.push(SplitEvent {
-                slot: slot_index,
-                generation,
-                split,
-                outcome: Outcome::Write(false),
-            });
-            return;
-        }
-        let id = request_id(slot_index, generation, split);
-        remem_proto::encode_write_split(id, &prefix, payload, &mut self.nodes[slab.node].out);
-        self.mark_queued(slab.node);
     }
 
     fn start_read(&mut self, tag: usize, page: u64, version: Option<u8>) -> Result<(), PageError> {
@@ -416,7 +302,10 @@ impl Engine {
         self.range_accesses[range_index] = self.range_accesses[range_index].wrapping_add(1);
         let range = &self.ranges[range_index];
         let unavailable = range.unavailable & !range.previous;
+        let parity_stale = self.page_flags[page as usize] & PAGE_PARITY_STALE != 0;
         let (state, step) = match version {
+            // Its parities do not hold this version: only the data splits can serve it.
+            Some(version) if parity_stale => ReadState::start_data_only(shape, version, unavailable),
             Some(version) => {
                 // Ranges with a node that corrupts often start with one more split, so a bad
                 // split rarely costs a second round trip (seed 000 §4.2 "Corruption").
@@ -444,7 +333,7 @@ impl Engine {
         Ok(())
     }
 
-    fn queue_reads(&mut self, slot_index: usize, mask: SplitMask) {
+    pub(super) fn queue_reads(&mut self, slot_index: usize, mask: SplitMask) {
         let slot = &self.slots[slot_index];
         let (range, slot_in_range, generation) = (slot.range, slot.slot_in_range, slot.generation);
         self.prefetch_shm(range, slot_in_range, mask);
@@ -493,16 +382,6 @@ impl Engine {
             let message = Control::ReadSplit { slab_id, slot: 0 };
             message.encode(request_id(slot_index, generation, split), &mut self.nodes[node].out);
             self.mark_queued(node);
-        }
-    }
-
-    fn write_failed(&self, page: u64, range: usize, stored: SplitMask, failed: SplitMask) -> PageError {
-        PageError::WriteFailed {
-            page,
-            range,
-            stored_splits: stored.count_ones() as usize,
-            needed_splits: self.shape_of_range(range).data_splits,
-            failed_nodes: self.nodes_of(range, failed),
         }
     }
 
@@ -572,9 +451,21 @@ impl Engine {
                 if self.page_flags[page] & PAGE_VERSION_UNKNOWN != 0 {
                     self.versions[page] = version;
                     self.page_flags[page] &= !PAGE_VERSION_UNKNOWN;
-                    let seen = slot.read.as_ref().and_then(|read| read.newest_version_seen());
+                    let read = slot.read.as_ref().expect("read slot has a read state");
+                    let seen = read.newest_version_seen();
                     if seen.is_some_and(|seen| seen != version) {
                         self.page_flags[page] |= PAGE_WRITE_DISCOVERS;
+                    }
+                    // A version that parities answered for with another one is a parity-stale
+                    // page (a reopened client does not remember which pages are): from now on
+                    // it is read from its data splits and a lost data slab marks it unreadable,
+                    // as before the restart. A parity of the version makes it an ordinary page;
+                    // no parity answering (their slabs down) tells nothing.
+                    let parities = self.regions[region].shape.parity_mask();
+                    let answered = read.valid() & parities;
+                    if version != 0 && answered != 0 {
+                        let vouched = read.valid_at(version) & parities != 0;
+                        self.set_parity_stale(page as u64, !vouched);
                     }
                 }
                 let result = if version == 0 {
@@ -612,39 +503,7 @@ impl Engine {
         }
     }
 
-    fn write_outcome(&mut self, event: SplitEvent, stored: bool) {
-        let slot = &mut self.slots[event.slot];
-        let step = slot.write.as_mut().expect("write slot has a write state").on_ack(event.split, stored);
-        match step {
-            WriteStep::Wait => {}
-            WriteStep::Done { degraded } => {
-                let slot = &self.slots[event.slot];
-                let page = slot.page;
-                self.versions[page as usize] = slot.version;
-                self.set_unreadable(page, false);
-                self.page_flags[page as usize] = 0;
-                let slot = &self.slots[event.slot];
-                if degraded != 0 {
-                    tracing::debug!(page = slot.page, degraded, "page written degraded");
-                }
-                self.finish(event.slot, Ok(()), false);
-            }
-            WriteStep::Failed { stored, failed } => {
-                let slot = &self.slots[event.slot];
-                // The new version may be on some splits: the next write must be newer still,
-                // and the next read finds out which version (if any) has k splits.
-                let page = slot.page;
-                self.versions[page as usize] = slot.version;
-                self.page_flags[page as usize] |= PAGE_VERSION_UNKNOWN;
-                self.set_unreadable(page, true);
-                let slot = &self.slots[event.slot];
-                let error = self.write_failed(slot.page, slot.range, stored, failed);
-                self.finish(event.slot, Err(error), false);
-            }
-        }
-    }
-
-    fn finish(&mut self, slot_index: usize, result: Result<(), PageError>, decoded: bool) {
+    pub(super) fn finish(&mut self, slot_index: usize, result: Result<(), PageError>, decoded: bool) {
         let slot = &self.slots[slot_index];
         let done = OpDone {
             index: slot.tag,

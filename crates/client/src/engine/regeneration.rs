@@ -19,9 +19,19 @@
 //!   need. Stale splits there are harmless: the rebuild keeps the newest version with k splits.
 //!   It is released only when its replacement is complete.
 //!
+//! - a slab of a range without redundancy (r = 0) can only be copied from the slab it replaces:
+//!   when that one cannot be read, the range's written pages are lost (marked unreadable) and the
+//!   new slab is complete at once, empty; a copy that lost pages is accepted as it is (retrying
+//!   cannot bring back what the only source could not give). More generally, a rebuild with
+//!   fewer than k sources completes at once when the range has no page left it could bring back;
+//! - a rebuild of a parity split may lose parity-stale pages whose data split is corrupt (no
+//!   version has k votes): it is complete when it lost no more pages than the range has
+//!   unreadable and parity-stale ones and a retry brought none back (`parity_stale.rs`).
+//!
 //! Invariants: a split is read only from a slab whose bit is clear in `unavailable`; a slab
 //! being rebuilt keeps its bit set until its rebuild reports every page back (or loses no more
-//! pages than the client knows to be unreadable anyway: pages whose last write failed). A new
+//! pages than the client knows to be unreadable anyway: pages whose last write failed, and
+//! parity-stale pages of a range that lost a data slab, see `parity_stale.rs`). A new
 //! slab takes every write from the moment it is mapped until it is complete or dropped: its
 //! `rebuilding` bit is set exactly while a rebuild names it as its target, retries included.
 
@@ -48,6 +58,8 @@ pub(super) struct Regeneration {
     /// A new slab already mapped by an earlier attempt (its rebuilt pages are kept).
     target: Option<SlabRef>,
     attempts: u32,
+    /// Pages the previous attempt lost, if it lost any.
+    lost_before: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -91,6 +103,8 @@ impl Engine {
         self.ranges[range].unavailable |= bit;
         // An unavailable slab is never read or written through shared memory again.
         self.drop_shm(range, split);
+        // Whether or not it is rebuilt, what only this slab held is gone.
+        self.data_slab_lost(range, split);
         if !self.config.regenerate {
             return;
         }
@@ -113,6 +127,7 @@ impl Engine {
             old: keep_old.then_some(old),
             target: None,
             attempts: 0,
+            lost_before: None,
         });
         if !keep_old {
             self.release_slab(old);
@@ -121,11 +136,18 @@ impl Engine {
 
     /// Starts queued rebuilds whose time has come.
     pub(super) fn drive_regenerations(&mut self) {
-        for index in 0..self.regenerations.len() {
+        let mut index = 0;
+        while index < self.regenerations.len() {
+            let tasks = self.regenerations.len();
             if let State::Queued { not_before } = self.regenerations[index].state {
                 if not_before <= self.now {
                     self.start_regeneration(index);
                 }
+            }
+            // A rebuild with nothing to rebuild completes as it starts (and leaves the list):
+            // the task now at `index` has not been looked at yet.
+            if self.regenerations.len() == tasks {
+                index += 1;
             }
         }
     }
@@ -207,6 +229,17 @@ impl Engine {
             }
         }
         if sources.len() < shape.data_splits {
+            if shape.total_splits() == 1 {
+                // No redundancy, and the slab it replaces cannot be read: nothing ever will be
+                // a source. Waiting would keep the range unwritable for good.
+                self.range_contents_lost(range);
+            }
+            if self.recoverable_pages(range) == 0 {
+                // Nothing a rebuild could bring back: the new slab is complete as it is.
+                tracing::info!(range, split, "no page to rebuild: the new slab is complete empty");
+                self.regeneration_complete(index);
+                return;
+            }
             // The new slab keeps taking writes (its `rebuilding` bit stays) while the rebuild
             // waits: a write it missed would be skipped as "written" by the next attempt.
             tracing::warn!(
@@ -269,7 +302,16 @@ impl Engine {
                 let seconds = (self.now - task.started).as_secs_f64();
                 let node_address = self.nodes[*node].address;
                 let unreadable = self.ranges[range].unreadable_pages;
-                if *pages_lost > unreadable {
+                // A range without redundancy was copied from its only source: what the copy
+                // lost, no retry can bring back (those pages read as lost: their slots are
+                // empty).
+                let shape = self.regions[self.ranges[range].region].shape;
+                let single = shape.total_splits() == 1;
+                let settled = split >= shape.data_splits
+                    && self.parity_rebuild_settled(range, *pages_lost, *pages_rebuilt, task.lost_before);
+                if *pages_lost > unreadable && !single && !settled {
+                    self.regenerations[index].lost_before = Some(*pages_lost);
+                    let task = &self.regenerations[index];
                     // Holes: the slab must not be read. Run the rebuild again on the same slab
                     // (what it rebuilt is kept) until every page is back.
                     // The slab keeps taking writes meanwhile (`rebuilding` stays set).
@@ -279,18 +321,8 @@ impl Engine {
                     return true;
                 }
                 tracing::info!(range, split, node = %node_address, reason = task.reason, pages_rebuilt,
-                    pages_skipped, seconds, "slab rebuilt");
-                self.ranges[range].unavailable &= !bit;
-                self.ranges[range].rebuilding &= !bit;
-                if self.nodes[*node].unix_socket.is_some() && !self.shm.is_empty() {
-                    self.pending_exports.push((range, split));
-                }
-                let task = self.regenerations.swap_remove(index);
-                self.forget_previous(range, split);
-                if let Some(old) = task.old {
-                    self.release_slab(old);
-                }
-                self.regenerations_done += 1;
+                    pages_skipped, pages_lost, seconds, "slab rebuilt");
+                self.regeneration_complete(index);
             }
             (state, Control::Error { code, message }) => {
                 tracing::warn!(range, split, ?state, ?code, %message, "rebuild refused; retrying");
@@ -309,6 +341,46 @@ impl Engine {
             }
         }
         true
+    }
+
+    /// The rebuild `index` is done: its new slab is read from now on, the slab it replaced is
+    /// released.
+    fn regeneration_complete(&mut self, index: usize) {
+        let task = self.regenerations.swap_remove(index);
+        let (range, split) = (task.range, task.split);
+        let bit = 1 << split;
+        self.ranges[range].unavailable &= !bit;
+        self.ranges[range].rebuilding &= !bit;
+        let node = self.ranges[range].slabs[split].node;
+        if self.nodes[node].unix_socket.is_some() && !self.shm.is_empty() {
+            self.pending_exports.push((range, split));
+        }
+        self.forget_previous(range, split);
+        if let Some(old) = task.old {
+            self.release_slab(old);
+        }
+        self.regenerations_done += 1;
+    }
+
+    /// Whether a lossy rebuild of a parity split may be complete anyway: it lost no more pages
+    /// than the range has unreadable or parity-stale pages, and this attempt brought nothing
+    /// back that the previous one had lost (retrying changes nothing). A parity-stale page whose
+    /// data split is corrupt has no k splits of its version, so no parity of it can be rebuilt;
+    /// nothing of it is lost either: its parities held nothing it needs, and an empty slot
+    /// serves it as well as a stale one until its parity write. A rebuild that lost pages to a
+    /// source failing mid-way is retried first and gets them back then.
+    fn parity_rebuild_settled(
+        &self,
+        range: usize,
+        lost: u64,
+        rebuilt: u64,
+        lost_before: Option<u64>,
+    ) -> bool {
+        if rebuilt > 0 || lost_before != Some(lost) {
+            return false;
+        }
+        let readable_stale = self.parity_stale_readable_pages(range);
+        lost <= self.ranges[range].unreadable_pages + readable_stale
     }
 
     /// Releases a slab no range names any more: unmapped now if its node is reachable, else

@@ -4,6 +4,13 @@
 //! (none, rep(n), EC(k,r)) and its own codec; it is cut into ranges of `pages_per_range` pages,
 //! each on k+r slabs. Page numbers are global, so the checksum of a split binds the page
 //! whatever region it is in, and a node's rebuild computes the same page numbers.
+//!
+//! A region without redundancy can be laid beside another page for page ([`Engine::nodes_beside`]):
+//! page `i` of it is page `i` of the other, and each of its ranges lives on the node of one
+//! chosen split of the other region's range that holds the same pages. EC-oriented replication
+//! keeps an object's main copy there, on the node of its first parity, never on a node of its
+//! data splits. Only the placement is pinned: a slab of it that is lost is replaced wherever the
+//! placement policy says.
 
 use std::net::SocketAddr;
 
@@ -11,13 +18,83 @@ use remem_codec::CodecParams;
 use remem_placement::Placement;
 
 use super::{
-    Engine, Range, Region, RegionInfo, SlabRef, MAX_SPLITS, PAGE_DISCARDED, PAGE_UNREADABLE,
+    Engine, NodeId, Range, Region, RegionInfo, SlabRef, MAX_SPLITS, PAGE_DISCARDED, PAGE_UNREADABLE,
     PAGE_VERSION_UNKNOWN,
 };
 use crate::core::{Shape, SplitMask};
 use crate::error::PageError;
 
+/// Why a region cannot be laid beside another ([`Engine::nodes_beside`]).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BesideError {
+    #[error("a region laid beside another has one split per range (k = 1, r = 0), not {data_splits}+{parity_splits}")]
+    Shape { data_splits: usize, parity_splits: usize },
+    #[error("region {region} does not exist")]
+    NoRegion { region: usize },
+    #[error("split {split} does not exist in a range of {total_splits} splits")]
+    NoSplit { split: usize, total_splits: usize },
+    #[error("{page_count} pages do not fit beside a region of {beside_page_count}")]
+    TooLarge { page_count: u64, beside_page_count: u64 },
+    #[error(
+        "split {split} of range {beside_range} is unavailable (its node failed, or it is being rebuilt)"
+    )]
+    Unavailable { beside_range: usize, split: usize },
+    #[error("range {local_range} would hold pages of range {beside_range}, a data split of which is on node {node}, the node of split {split} of the range before it")]
+    SharesDataNode { local_range: u64, beside_range: usize, split: usize, node: NodeId },
+}
+
 impl Engine {
+    /// The nodes of a region of `page_count` pages in ranges of `pages_per_range`, laid page for
+    /// page beside region `beside`: per range, the node of split `split` of the range of
+    /// `beside` holding its first page. Ranges of different shapes hold different page counts
+    /// (an EC(8,2) range eight times those of a range without redundancy), so the
+    /// correspondence is by page offset within the regions; a range that holds pages of two
+    /// ranges of `beside` must not land on a node holding a data split of either.
+    ///
+    /// `split` is usually k, the first parity: then no range shares a node with a data split of
+    /// its pages (a range's slabs are on distinct nodes).
+    ///
+    /// Errors: `beside` or `split` does not exist, `page_count` exceeds `beside`'s, the chosen
+    /// split is unavailable now, or a range would share a node with data splits of its pages.
+    /// (The driver checks the new region's shape: [`BesideError::Shape`].)
+    pub fn nodes_beside(
+        &self,
+        beside: usize,
+        split: usize,
+        pages_per_range: u64,
+        page_count: u64,
+    ) -> Result<Vec<NodeId>, BesideError> {
+        assert!(pages_per_range > 0 && page_count > 0);
+        let region = self.regions.get(beside).ok_or(BesideError::NoRegion { region: beside })?;
+        let total_splits = region.shape.total_splits();
+        if split >= total_splits {
+            return Err(BesideError::NoSplit { split, total_splits });
+        }
+        if page_count > region.page_count {
+            return Err(BesideError::TooLarge { page_count, beside_page_count: region.page_count });
+        }
+        let data_splits = region.shape.data_splits;
+        let beside_range_of = |offset: u64| region.first_range + (offset / region.pages_per_range) as usize;
+        let mut nodes = Vec::with_capacity(page_count.div_ceil(pages_per_range) as usize);
+        for local_range in 0..page_count.div_ceil(pages_per_range) {
+            let first_offset = local_range * pages_per_range;
+            let last_offset = (first_offset + pages_per_range).min(page_count) - 1;
+            let first = beside_range_of(first_offset);
+            if self.ranges[first].unavailable & (1 << split) != 0 {
+                return Err(BesideError::Unavailable { beside_range: first, split });
+            }
+            let node = self.ranges[first].slabs[split].node;
+            for beside_range in first..=beside_range_of(last_offset) {
+                let data = &self.ranges[beside_range].slabs[..data_splits];
+                if beside_range != first && data.iter().any(|slab| slab.node == node) {
+                    return Err(BesideError::SharesDataNode { local_range, beside_range, split, node });
+                }
+            }
+            nodes.push(node);
+        }
+        Ok(nodes)
+    }
+
     /// Adds a region of `page_count` pages coded with `shape` over `ranges` (already mapped by
     /// the driver, `pages_per_range` pages each). Returns where its pages are.
     pub fn add_region(
@@ -43,6 +120,7 @@ impl Engine {
                 unavailable: 0,
                 rebuilding: 0,
                 unreadable_pages: 0,
+                parity_stale_pages: 0,
                 previous: 0,
             });
             self.range_accesses.push(0);

@@ -9,7 +9,32 @@ impl SimDriver {
     /// Maps a region of `page_count` pages coded with `shape`: per range, k+r nodes from the
     /// placement policy and a `MapSlab` round trip per slab, as the blocking driver does.
     pub fn create_region(&mut self, shape: Shape, page_count: u64) -> Result<RegionInfo, String> {
-        assert!(page_count > 0 && shape.extra_reads <= shape.parity_splits);
+        self.create_region_pinned(shape, page_count, None)
+    }
+
+    /// Maps a region of `page_count` pages without redundancy (k = 1, r = 0) beside region
+    /// `beside`, page for page: each range on the node of split `split` of the range of `beside`
+    /// holding the same pages, as `Client::create_region_beside` does.
+    pub fn create_region_beside(
+        &mut self,
+        shape: Shape,
+        page_count: u64,
+        beside: &RegionInfo,
+        split: usize,
+    ) -> Result<RegionInfo, String> {
+        if shape.total_splits() != 1 {
+            return Err(format!("a region beside another has one split per range, not {shape:?}"));
+        }
+        let (_, pages_per_range) = self.range_geometry(shape)?;
+        let nodes = self
+            .engine
+            .nodes_beside(beside.index, split, pages_per_range, page_count)
+            .map_err(|error| error.to_string())?;
+        self.create_region_pinned(shape, page_count, Some(nodes))
+    }
+
+    /// Split bytes and pages per range of a region of `shape` on the cluster's slabs.
+    fn range_geometry(&self, shape: Shape) -> Result<(usize, u64), String> {
         let params = CodecParams::new(shape.data_splits, shape.parity_splits, self.config.page_bytes)
             .map_err(|error| error.to_string())?;
         let split_bytes = params.split_bytes();
@@ -17,7 +42,18 @@ impl SimDriver {
         if slab_size < split_bytes as u64 {
             return Err(format!("slabs of {slab_size} bytes cannot hold splits of {split_bytes}"));
         }
-        let pages_per_range = slab_size / split_bytes as u64;
+        Ok((split_bytes, slab_size / split_bytes as u64))
+    }
+
+    /// [`SimDriver::create_region`], or with `pinned` each range's one slab on `pinned[range]`.
+    fn create_region_pinned(
+        &mut self,
+        shape: Shape,
+        page_count: u64,
+        pinned: Option<Vec<NodeId>>,
+    ) -> Result<RegionInfo, String> {
+        assert!(page_count > 0 && shape.extra_reads <= shape.parity_splits);
+        let (split_bytes, pages_per_range) = self.range_geometry(shape)?;
         let range_count = page_count.div_ceil(pages_per_range);
         let first_page = self.engine.page_count();
         let first_range = self.engine.ranges().len();
@@ -40,13 +76,18 @@ impl SimDriver {
             .collect();
         let mut ranges = Vec::with_capacity(range_count as usize);
         for local_range in 0..range_count {
-            let placed = self
-                .engine
-                .placement_mut()
-                .place(&loads, shape.total_splits())
-                .map_err(|error| format!("placement: {error}"))?;
+            let nodes = match &pinned {
+                Some(pinned) => vec![pinned[local_range as usize]],
+                None => {
+                    self.engine
+                        .placement_mut()
+                        .place(&loads, shape.total_splits())
+                        .map_err(|error| format!("placement: {error}"))?
+                        .nodes
+                }
+            };
             let mut slabs = Vec::with_capacity(shape.total_splits());
-            for (split, &node) in placed.nodes.iter().enumerate() {
+            for (split, &node) in nodes.iter().enumerate() {
                 let message = Control::MapSlab {
                     split_bytes: split_bytes as u32,
                     split_index: split as u8,
@@ -232,7 +273,8 @@ impl SimDriver {
             .map(|entry| AbandonedOp {
                 id: entry.id,
                 page: entry.page,
-                is_write: entry.is_write,
+                is_write: entry.kind.is_write(),
+                kind: entry.kind,
                 started: entry.started,
             })
             .collect();

@@ -69,6 +69,10 @@ pub struct ScenarioPlan {
     /// Fault times are relative to the start of the workload.
     pub schedule: FaultSchedule,
     pub crash: Option<CrashPlan>,
+    /// EC-oriented replication in the workload: some writes are data-only, and parity-stale
+    /// pages get their parity writes (drawn apart from the rest, so that a plan without it is
+    /// the plan the seed gave before it existed).
+    pub eor: bool,
 }
 
 const fn shape(data_splits: usize, parity_splits: usize, extra_reads: usize) -> Shape {
@@ -134,6 +138,7 @@ impl ScenarioPlan {
             max_in_flight: 8,
             schedule,
             crash,
+            eor: StdRng::seed_from_u64(seed ^ 0xE0E0_2A11_0000_0005).gen_bool(0.5),
         }
     }
 
@@ -169,13 +174,14 @@ impl fmt::Display for ScenarioPlan {
             .collect();
         write!(
             f,
-            "{} nodes, regions [{}], {:?}, {} ops ({}% writes), low corruption threshold: {}, crash: {:?}, \
+            "{} nodes, regions [{}], {:?}, {} ops ({}% writes{}), low corruption threshold: {}, crash: {:?}, \
              faulty nodes {:?}, faults {:?}",
             self.node_count,
             regions.join(", "),
             self.placement,
             self.ops,
             self.write_percent,
+            if self.eor { ", some data-only and parity writes" } else { "" },
             self.low_corruption_threshold,
             self.crash,
             self.schedule.faulty_nodes,
@@ -189,8 +195,15 @@ impl fmt::Display for ScenarioPlan {
 pub struct ScenarioReport {
     pub reads_ok: u64,
     pub reads_failed: u64,
+    /// Whole writes.
     pub writes_ok: u64,
     pub writes_failed: u64,
+    pub write_data_ok: u64,
+    pub write_data_failed: u64,
+    pub write_parity_ok: u64,
+    pub write_parity_failed: u64,
+    /// Reads of parity-stale pages that failed (allowed: a data split may be lost).
+    pub parity_stale_reads_failed: u64,
     pub reads_decoded: u64,
     /// Pages read back at the end (after healing, and again with r more nodes down).
     pub pages_verified: u64,
@@ -209,6 +222,11 @@ impl ScenarioReport {
         self.reads_failed += other.reads_failed;
         self.writes_ok += other.writes_ok;
         self.writes_failed += other.writes_failed;
+        self.write_data_ok += other.write_data_ok;
+        self.write_data_failed += other.write_data_failed;
+        self.write_parity_ok += other.write_parity_ok;
+        self.write_parity_failed += other.write_parity_failed;
+        self.parity_stale_reads_failed += other.parity_stale_reads_failed;
         self.reads_decoded += other.reads_decoded;
         self.pages_verified += other.pages_verified;
         self.rebuilds_done += other.rebuilds_done;

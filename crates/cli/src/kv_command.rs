@@ -1,0 +1,178 @@
+//! `remem kv`: a memcached-compatible cache on remem until SIGTERM or Ctrl-C.
+//!
+//! Thin: parse the policy flags, connect a client to the cluster with the EC region first, let
+//! remem-kv add the other schemes' regions, bind, print `listening ADDRESS` as the first stdout
+//! line (tests and scripts wait for it), and run the server. Semantics: docs/KV.md.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use remem_client::{Client, ClientConfig};
+use remem_kv::{CacheConfig, EcShape, Policy, Scheme, Server, ServerConfig};
+
+use crate::units::{format_bytes, parse_bytes};
+
+#[derive(Args, Debug)]
+pub struct KvArgs {
+    /// Cluster file written by `remem up` (default: the `remem up` default directory).
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
+    /// TCP address to listen on (port 0 picks one; printed as `listening ADDRESS`).
+    #[arg(long, default_value = "127.0.0.1:11211")]
+    pub listen: SocketAddr,
+    /// Also listen on this Unix socket (created 0600: only this user may connect).
+    #[arg(long)]
+    pub unix: Option<PathBuf>,
+    /// Bytes of items kept (keys, values and a 56-byte header each); the least recently used go
+    /// beyond it, as memcached's -m. Each scheme's region is this big on the nodes, times the
+    /// scheme's overhead.
+    #[arg(short = 'm', long, default_value = "64MiB", value_parser = parse_bytes)]
+    pub memory_limit: u64,
+    /// Largest value accepted (memcached's -I).
+    #[arg(short = 'I', long, default_value = "1MiB", value_parser = parse_bytes)]
+    pub max_item_size: u64,
+    /// Every object's scheme: auto (the policy: size, prefix rules, hotness), none, rep2, rep3,
+    /// ec (the -k/-r shape, also written ec8+2) or eor (EOR(2,k)).
+    #[arg(long, default_value = "auto")]
+    pub scheme: String,
+    /// Keys starting with PREFIX get SCHEME (repeatable; the longest prefix wins), e.g.
+    /// --prefix-scheme session:=none.
+    #[arg(long = "prefix-scheme", value_name = "PREFIX=SCHEME")]
+    pub prefix_schemes: Vec<String>,
+    /// auto: values below this size start as --small-scheme, others as --large-scheme.
+    #[arg(long, default_value = "4KiB", value_parser = parse_bytes)]
+    pub small_below: u64,
+    #[arg(long, default_value = "rep2")]
+    pub small_scheme: String,
+    #[arg(long, default_value = "eor")]
+    pub large_scheme: String,
+    /// auto: an object not read for this many seconds moves to EC.
+    #[arg(long, default_value_t = 60)]
+    pub cold_after_secs: u64,
+    /// auto: an EC object read this many times within 10 s moves back (0: no hotness moves).
+    #[arg(long, default_value_t = 3)]
+    pub hot_reads: u32,
+    /// Data splits of the EC scheme (k).
+    #[arg(short = 'k', long, default_value_t = 8)]
+    pub data_splits: usize,
+    /// Parities of the EC scheme (m): EC objects survive m failed nodes.
+    #[arg(short = 'r', long, default_value_t = 2)]
+    pub parity_splits: usize,
+    /// Turn off data bypassing (gets of a value being written wait for the write and read it
+    /// back; concurrent gets each fetch): for measuring what bypassing saves.
+    #[arg(long)]
+    pub no_bypass: bool,
+    /// Most client connections at once.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// A split not answered in this time counts as failed.
+    #[arg(long, default_value_t = 2000)]
+    pub request_timeout_ms: u64,
+    /// Slab placement: least-loaded, p2c-slab or ec-cache. The CodingSets policies form their
+    /// groups for one range width, and the kv's regions have several (1 to k+r).
+    #[arg(long, default_value = "least-loaded")]
+    pub placement: String,
+}
+
+fn parse_scheme(text: &str, ec: EcShape) -> Result<Scheme> {
+    Scheme::parse(text.as_bytes(), ec).map_err(|error| anyhow::anyhow!("{error}"))
+}
+
+pub fn run(args: KvArgs) -> Result<()> {
+    if args.data_splits == 0 || args.data_splits + args.parity_splits > 32 {
+        bail!(
+            "-k must be at least 1 and k + r at most 32 (got k={}, r={})",
+            args.data_splits,
+            args.parity_splits
+        );
+    }
+    if args.max_item_size == 0 || args.max_item_size > 128 << 20 {
+        bail!("--max-item-size must be between 1 byte and 128 MiB");
+    }
+    if args.memory_limit < 1 << 20 {
+        bail!("--memory-limit must be at least 1 MiB");
+    }
+    if args.max_connections == 0 || args.request_timeout_ms == 0 {
+        bail!("--max-connections and --request-timeout-ms must be positive");
+    }
+    let ec = EcShape { data_splits: args.data_splits, parity_splits: args.parity_splits };
+    let mut policy = Policy {
+        small_below_bytes: args.small_below as usize,
+        small_scheme: parse_scheme(&args.small_scheme, ec)?,
+        large_scheme: parse_scheme(&args.large_scheme, ec)?,
+        cold_after: Duration::from_secs(args.cold_after_secs),
+        hot_reads: args.hot_reads,
+        ..Policy::default()
+    };
+    if args.scheme != "auto" {
+        policy.fixed = Some(parse_scheme(&args.scheme, ec)?);
+    }
+    for rule in &args.prefix_schemes {
+        let Some((prefix, scheme)) = rule.split_once('=') else {
+            bail!("--prefix-scheme {rule:?}: expected PREFIX=SCHEME");
+        };
+        policy.prefixes.push((prefix.as_bytes().to_vec(), parse_scheme(scheme, ec)?));
+    }
+
+    let placement = match remem_sim::Policy::parse(&args.placement) {
+        Some(policy) if !policy.name().starts_with("codingsets") => policy.build(rand::random(), 0),
+        Some(_) => bail!(
+            "--placement {}: CodingSets needs one range width; use least-loaded, p2c-slab or ec-cache",
+            args.placement
+        ),
+        None => bail!("unknown --placement {:?}", args.placement),
+    };
+    let (cluster_path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
+    let region_bytes = args.memory_limit.div_ceil(4096) * 4096;
+    let shape = remem_kv::region_shape(Scheme::Ec, ec);
+    let mut config = ClientConfig::new(shape, region_bytes);
+    config.request_timeout = Duration::from_millis(args.request_timeout_ms);
+    let client = Client::connect(&cluster.addresses(), &secret, config, placement)
+        .with_context(|| format!("connecting to the cluster of {}", cluster_path.display()))?;
+    let cache_config = CacheConfig {
+        memory_limit_bytes: args.memory_limit,
+        max_item_bytes: args.max_item_size as usize,
+        policy,
+        ec,
+        bypass: !args.no_bypass,
+        max_background_transitions: 8,
+    };
+    let cache = remem_kv::build_cache(client, cache_config, region_bytes).context("creating the regions")?;
+    let limits = remem_memcache::Limits { max_item_bytes: args.max_item_size as usize, ..Default::default() };
+    let server_config = ServerConfig {
+        listen: Some(args.listen),
+        unix: args.unix.clone(),
+        max_connections: args.max_connections,
+        limits,
+    };
+    let mut server =
+        Server::bind(cache, server_config).with_context(|| format!("binding {}", args.listen))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
+    signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
+    let address = server.local_addr().expect("a TCP listener");
+    println!("listening {address}");
+    std::io::stdout().flush()?;
+    eprintln!(
+        "remem kv: {} of items, schemes {}, across {} nodes{}",
+        format_bytes(args.memory_limit),
+        remem_kv::schemes_needed(&server.cache.config.policy)
+            .iter()
+            .map(|scheme| scheme.label(ec))
+            .collect::<Vec<_>>()
+            .join(", "),
+        cluster.nodes.len(),
+        args.unix.as_ref().map(|path| format!(", unix socket {}", path.display())).unwrap_or_default()
+    );
+    let result = server.run(&stop);
+    if let Some(path) = &args.unix {
+        let _ = std::fs::remove_file(path);
+    }
+    result.context("serving")
+}

@@ -1,0 +1,204 @@
+//! Regions of the blocking driver: mapping a new region's slabs (a control round trip per slab,
+//! between batches), where the placement policy says or pinned beside another region, and
+//! questions about where pages live.
+
+use std::net::SocketAddr;
+
+use remem_codec::CodecParams;
+use remem_placement::NodeLoad;
+use remem_proto::Control;
+
+use super::{connect, Client};
+use crate::core::Shape;
+use crate::engine::{BesideError, NodeId, RegionInfo, SlabRef};
+use crate::error::ConnectError;
+
+impl Client {
+    /// Adds a region of `bytes` coded with `shape` (none: r=0; rep(n): k=1, r=n-1; EC(k,r)) to
+    /// this client's page space, placed like the first one. Its pages are
+    /// `first_page..first_page + page_count` of the returned info, used with
+    /// [`super::PageOp`] as any other page. Between batches only.
+    pub fn create_region(&mut self, shape: Shape, bytes: u64) -> Result<RegionInfo, ConnectError> {
+        self.check_new_region(shape)?;
+        let region = self.place_region(shape, bytes, None)?;
+        if self.config.shared_memory {
+            self.export_slabs();
+        }
+        Ok(region)
+    }
+
+    /// Adds a region of `bytes` without redundancy (`shape` must have k = 1, r = 0) laid page
+    /// for page beside region `beside`: its page `first_page + i` corresponds to `beside`'s page
+    /// `beside.first_page + i`, and each of its ranges is mapped on the node that holds split
+    /// `split` of the range of `beside` holding the same pages. With `split` = k (the first
+    /// parity), EC-oriented replication keeps an object's main copy here, never on a node of the
+    /// data splits of its EC page. Only the placement is pinned: a slab of this region that is
+    /// lost is replaced where the placement policy says (and its pages are lost: it has no
+    /// redundancy). Between batches only.
+    ///
+    /// Errors: [`ConnectError::Beside`] when `shape` has more than one split, `split` is not a
+    /// split of `beside`, `bytes` holds more pages than `beside`, the split is unavailable now,
+    /// or a range would share a node with data splits of its pages (only with shapes whose
+    /// ranges do not nest); mapping errors as [`Client::create_region`].
+    pub fn create_region_beside(
+        &mut self,
+        shape: Shape,
+        bytes: u64,
+        beside: &RegionInfo,
+        split: usize,
+    ) -> Result<RegionInfo, ConnectError> {
+        self.check_new_region(shape)?;
+        if shape.total_splits() != 1 {
+            let (data_splits, parity_splits) = (shape.data_splits, shape.parity_splits);
+            return Err(BesideError::Shape { data_splits, parity_splits }.into());
+        }
+        let (_, pages_per_range) = self.range_geometry(shape)?;
+        let page_count = bytes / self.config.page_bytes as u64;
+        if page_count == 0 {
+            return Err(ConnectError::EmptyAddressSpace { bytes });
+        }
+        let nodes = self.engine.nodes_beside(beside.index, split, pages_per_range, page_count)?;
+        let region = self.place_region(shape, bytes, Some(nodes))?;
+        if self.config.shared_memory {
+            self.export_slabs();
+        }
+        Ok(region)
+    }
+
+    fn check_new_region(&self, shape: Shape) -> Result<(), ConnectError> {
+        assert_eq!(self.engine.active(), 0, "regions are added between batches");
+        assert!(shape.extra_reads <= shape.parity_splits, "delta is at most r");
+        CodecParams::new(shape.data_splits, shape.parity_splits, self.config.page_bytes)?;
+        let connected = self.engine.nodes().iter().filter(|node| node.connected).count();
+        if connected < shape.total_splits() {
+            return Err(ConnectError::TooFewNodes { needed: shape.total_splits(), given: connected });
+        }
+        Ok(())
+    }
+
+    /// Split bytes and pages per range of a region of `shape` on this cluster's slabs.
+    fn range_geometry(&self, shape: Shape) -> Result<(usize, u64), ConnectError> {
+        let params = CodecParams::new(shape.data_splits, shape.parity_splits, self.config.page_bytes)?;
+        let split_bytes = params.split_bytes();
+        let slab_size = self.engine.nodes().iter().map(|node| node.info.slab_size_bytes).max().unwrap_or(0);
+        if slab_size < split_bytes as u64 {
+            return Err(ConnectError::SlabTooSmall { slab_size_bytes: slab_size, split_bytes });
+        }
+        Ok((split_bytes, slab_size / split_bytes as u64))
+    }
+
+    /// Maps the ranges of a new region of `bytes` with `shape` (a control round trip per slab)
+    /// and adds it to the engine. Each range goes where the placement policy says, or, with
+    /// `pinned`, its one slab on `pinned[range]`.
+    pub(super) fn place_region(
+        &mut self,
+        shape: Shape,
+        bytes: u64,
+        pinned: Option<Vec<NodeId>>,
+    ) -> Result<RegionInfo, ConnectError> {
+        let (split_bytes, pages_per_range) = self.range_geometry(shape)?;
+        let slab_size = pages_per_range * split_bytes as u64;
+        let page_count = bytes / self.config.page_bytes as u64;
+        if page_count == 0 {
+            return Err(ConnectError::EmptyAddressSpace { bytes });
+        }
+        let range_count = page_count.div_ceil(pages_per_range);
+        if let Some(pinned) = &pinned {
+            assert_eq!(pinned.len() as u64, range_count, "one pinned node per range");
+            assert_eq!(shape.total_splits(), 1, "only ranges of one split are pinned");
+        }
+        let first_page = self.engine.page_count();
+        let first_range = self.engine.ranges().len() as u64;
+        let mut loads: Vec<NodeLoad> = self
+            .engine
+            .nodes()
+            .iter()
+            .enumerate()
+            .filter(|(_, node)| node.connected && node.membership == crate::engine::Membership::Member)
+            .map(|(index, node)| NodeLoad {
+                node_index: index,
+                failure_domain: node.info.failure_domain.clone(),
+                slabs_mapped: node.info.slabs_mapped as u64,
+                slabs_free: node.info.free_bytes / node.info.slab_size_bytes.max(1),
+            })
+            .collect();
+        let mut ranges = Vec::with_capacity(range_count as usize);
+        for local_range in 0..range_count {
+            let nodes = match &pinned {
+                Some(pinned) => vec![pinned[local_range as usize]],
+                None => {
+                    let placed = self.engine.placement_mut().place(&loads, shape.total_splits())?;
+                    if !placed.distinct_domains {
+                        tracing::warn!(
+                            range = first_range + local_range,
+                            "range placed with shared failure domains"
+                        );
+                    }
+                    placed.nodes
+                }
+            };
+            let mut slabs = Vec::with_capacity(shape.total_splits());
+            for (split, &node) in nodes.iter().enumerate() {
+                let map = Control::MapSlab {
+                    split_bytes: split_bytes as u32,
+                    split_index: split as u8,
+                    first_page: first_page + local_range * pages_per_range,
+                    range_id: first_range + local_range,
+                };
+                let address = self.engine.node(node).address;
+                let reply = self.control(node, &map).map_err(|error| ConnectError::Protocol {
+                    address,
+                    message: format!("mapping a slab: {error}"),
+                });
+                match reply {
+                    Ok(Control::SlabMapped { slab_id, slots }) if u64::from(slots) == pages_per_range => {
+                        slabs.push(SlabRef { node, slab_id });
+                    }
+                    Ok(Control::SlabMapped { slots, .. }) => {
+                        return Err(ConnectError::SlabSizeMismatch {
+                            address,
+                            slab_size_bytes: u64::from(slots) * split_bytes as u64,
+                            expected_bytes: slab_size,
+                        })
+                    }
+                    Ok(other) => return Err(connect::unexpected(address, &other)),
+                    Err(error) => {
+                        // Release what this region mapped so far: nothing leaks on a failed start.
+                        for slab in ranges.iter().flatten().chain(slabs.iter()) {
+                            let SlabRef { node, slab_id } = *slab;
+                            let _ = self.control(node, &Control::UnmapSlab { slab_id });
+                        }
+                        return Err(error);
+                    }
+                }
+                if let Some(load) = loads.iter_mut().find(|load| load.node_index == node) {
+                    load.slabs_mapped += 1;
+                    load.slabs_free = load.slabs_free.saturating_sub(1);
+                }
+            }
+            ranges.push(slabs);
+        }
+        Ok(self.engine.add_region(shape, page_count, pages_per_range, ranges, true))
+    }
+
+    /// The node holding split `split` of the range of `page` (where writes of that split go),
+    /// with its address; `None` if the page or the split does not exist.
+    pub fn split_node(&self, page: u64, split: usize) -> Option<(NodeId, SocketAddr)> {
+        let node = self.engine.split_node(page, split)?;
+        Some((node, self.engine.node(node).address))
+    }
+
+    /// Whether `page` is parity-stale: written with [`super::PageOp::WriteData`] since its last
+    /// whole or parity write, so it is read from its data splits alone and does not survive the
+    /// loss of one of them (its main copy, elsewhere, does). False for a page out of range.
+    pub fn page_is_parity_stale(&self, page: u64) -> bool {
+        self.engine.page_is_parity_stale(page)
+    }
+
+    /// Whether the client knows `page` cannot be read until it is written again (its last write
+    /// failed, a data split of it was lost while it was parity-stale, or its range lost the only
+    /// slab it had). A read may fail for other reasons too (a node down now).
+    pub fn page_is_unreadable(&self, page: u64) -> bool {
+        self.engine.page_is_unreadable(page)
+    }
+}

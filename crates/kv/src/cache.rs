@@ -1,0 +1,544 @@
+//! The cache: index, space, work table and the tasks that move values between the server and
+//! remote memory. No sockets: requests come in through `commands.rs`, replies leave through
+//! [`Cache::outbox`] named by (connection, sequence number), and page I/O goes through
+//! [`PageIo`] over the poll driver.
+//!
+//! The work table (seed 003 §4.3.2) is three things here:
+//! - an entry whose write is in flight keeps its value in its store task: a get is answered from
+//!   it (data bypassing) instead of reading pages that are being written;
+//! - one fetch per location: gets of a value that is being fetched wait for that fetch;
+//! - one read-modify-write chain per key: appends, prepends, incr and decr that arrive while the
+//!   value is being fetched queue behind it and are applied in order.
+//!
+//! Every write goes to a new place (pages and chunks are never overwritten while an entry names
+//! them), and the index switches to it in arrival order, so concurrent writes of one key never
+//! interleave their splits and the last one to arrive wins (docs/KV.md "Semantics").
+
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use remem_client::PollClient;
+
+use crate::chunks::ChunkCache;
+use crate::index::{EntryId, Index, LocationId, Released};
+use crate::pageio::{IoDone, IoKind, IoOwner, PageIo, TaskId};
+use crate::scheme::{EcShape, Policy, Scheme};
+use crate::space::{RegionKind, Space, PAGE_BYTES};
+use crate::stats::Stats;
+
+/// Part numbers of an op: whole pages are 0.., the tail is [`TAIL`]; [`MAIN`] marks the EOR
+/// main copy and [`FALLBACK`] a read of the data splits after the main copy failed.
+pub const TAIL: u32 = 0x00ff_ffff;
+pub const MAIN: u32 = 1 << 30;
+pub const FALLBACK: u32 = 1 << 29;
+const PART_MASK: u32 = 0x00ff_ffff;
+/// The owner of read-repair writes (their completion needs nothing).
+pub const REPAIR_TASK: TaskId = 1;
+/// Most items one store evicts to find room in its scheme's region.
+pub(crate) const MAX_EVICTIONS_PER_STORE: usize = 256;
+
+/// A connection as the cache names it; a reply to a connection that closed is dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConnRef {
+    pub index: usize,
+    pub generation: u64,
+}
+
+/// A reply, in the place `seq` of its connection's reply order.
+#[derive(Debug)]
+pub struct Out {
+    pub conn: ConnRef,
+    pub seq: u64,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Clone, Debug)]
+pub struct CacheConfig {
+    pub memory_limit_bytes: u64,
+    pub max_item_bytes: usize,
+    pub policy: Policy,
+    pub ec: EcShape,
+    pub bypass: bool,
+    /// Transitions the hotness policy runs at once.
+    pub max_background_transitions: usize,
+}
+
+/// How a fetched value is rendered for its waiter.
+#[derive(Clone, Debug)]
+pub enum Render {
+    /// Text get/gets: `VALUE key flags bytes [cas]`.
+    Text { key: Box<[u8]>, flags: u32, cas: Option<u64> },
+    /// Meta get: the reply line is built by `commands.rs` with the value.
+    Meta { head: Box<[u8]>, opaque_and_key: Box<[u8]>, return_value: bool },
+}
+
+#[derive(Debug)]
+pub enum Waiter {
+    Get {
+        conn: ConnRef,
+        seq: u64,
+        render: Render,
+    },
+    /// A read-modify-write chain of this key waits for the value.
+    Rmw {
+        key: Box<[u8]>,
+    },
+    /// A transition waits for the value.
+    Transition {
+        task: TaskId,
+    },
+}
+
+/// A reply to send when a store finishes: `ok` on success, else SERVER_ERROR.
+#[derive(Debug)]
+pub struct Ack {
+    pub conn: ConnRef,
+    pub seq: u64,
+    pub ok: Vec<u8>,
+    pub noreply: bool,
+}
+
+#[derive(Debug)]
+pub struct Fetch {
+    pub key: Box<[u8]>,
+    pub location: LocationId,
+    pub scheme: Scheme,
+    pub value: Vec<u8>,
+    pub outstanding: u32,
+    pub error: Option<String>,
+    pub waiters: Vec<Waiter>,
+    pub shared: bool,
+}
+
+#[derive(Debug)]
+pub struct Store {
+    pub key: Box<[u8]>,
+    pub location: LocationId,
+    pub value: Rc<[u8]>,
+    pub outstanding: u32,
+    pub error: Option<String>,
+    pub acks: Vec<Ack>,
+    /// Gets that wait for the write to finish (bypassing off).
+    pub after: Vec<Waiter>,
+    /// The store is a transition's rewrite: the entry is switched by the transition.
+    pub transition: Option<TaskId>,
+}
+
+#[derive(Debug)]
+pub enum Task {
+    Fetch(Fetch),
+    Store(Store),
+    /// I/O of a cached chunk page (see [`ChunkCache`]).
+    ChunkPage,
+    Transition(crate::transition::Transition),
+}
+
+/// A queued read-modify-write.
+#[derive(Debug)]
+pub struct RmwOp {
+    pub kind: RmwKind,
+    pub conn: ConnRef,
+    pub seq: u64,
+    pub noreply: bool,
+    /// Meta arithmetic: how to render the result.
+    pub meta: Option<crate::meta::ArithmeticReply>,
+    /// The reply of an append or prepend that succeeds.
+    pub ok: Vec<u8>,
+}
+
+#[derive(Debug, Clone)]
+pub enum RmwKind {
+    Append(Vec<u8>),
+    Prepend(Vec<u8>),
+    Incr(u64),
+    Decr(u64),
+}
+
+#[derive(Debug)]
+pub struct RmwChain {
+    pub location: LocationId,
+    pub ops: Vec<RmwOp>,
+}
+
+pub struct Cache {
+    pub client: PollClient,
+    pub io: PageIo,
+    pub index: Index,
+    pub space: Space,
+    pub chunks: ChunkCache,
+    pub tasks: HashMap<TaskId, Task>,
+    pub(crate) next_task: TaskId,
+    pub fetch_of_location: HashMap<LocationId, TaskId>,
+    pub rmw: HashMap<Box<[u8]>, RmwChain>,
+    pub config: CacheConfig,
+    pub stats: Stats,
+    next_cas: u64,
+    pub outbox: Vec<Out>,
+    /// First page of the EC region and of the EOR main copies (same offsets).
+    pub ec_first_page: u64,
+    pub main_first_page: Option<u64>,
+    pub background_transitions: usize,
+    /// `flush_all` with a delay: at this unix second every item stored before it goes.
+    pub flush_at: Option<u64>,
+    pub started: Instant,
+    done_buffer: Vec<IoDone>,
+}
+
+impl Cache {
+    pub fn new(client: PollClient, space: Space, config: CacheConfig, main_first_page: Option<u64>) -> Cache {
+        let ec_first_page = space.region_pages(RegionKind::Ec).map(|(first, _)| first).unwrap_or(0);
+        Cache {
+            client,
+            io: PageIo::new(),
+            index: Index::new(),
+            space,
+            chunks: ChunkCache::default(),
+            tasks: HashMap::new(),
+            next_task: 1,
+            fetch_of_location: HashMap::new(),
+            rmw: HashMap::new(),
+            config,
+            stats: Stats::default(),
+            next_cas: 1,
+            outbox: Vec::new(),
+            ec_first_page,
+            main_first_page,
+            background_transitions: 0,
+            flush_at: None,
+            started: Instant::now(),
+            done_buffer: Vec::new(),
+        }
+    }
+
+    pub fn new_task_id(&mut self) -> TaskId {
+        self.next_task += 1;
+        self.next_task
+    }
+
+    /// The cas the next store will get (meta replies render it before the store runs).
+    pub fn peek_next_cas(&self) -> u64 {
+        self.next_cas + 1
+    }
+
+    pub fn next_cas(&mut self) -> u64 {
+        self.next_cas += 1;
+        self.next_cas
+    }
+
+    pub fn reply(&mut self, conn: ConnRef, seq: u64, bytes: Vec<u8>) {
+        self.outbox.push(Out { conn, seq, bytes });
+    }
+
+    /// The EOR main copy of an EC-region page.
+    pub fn main_page(&self, page: u64) -> u64 {
+        self.main_first_page.expect("EOR is offered") + (page - self.ec_first_page)
+    }
+
+    /// The live entry of `key`: expired items (and items older than a delayed flush) are
+    /// removed on the way, as memcached does lazily.
+    pub fn live(&mut self, key: &[u8], now: u64) -> Option<EntryId> {
+        let id = self.index.find(key)?;
+        if self.index.entry(id).expired(now) {
+            self.remove_entry(id);
+            self.stats.expired_unfetched += 1;
+            return None;
+        }
+        Some(id)
+    }
+
+    pub fn remove_entry(&mut self, id: EntryId) {
+        let mut released = Released::new();
+        self.index.remove(id, &mut released);
+        self.free(released);
+    }
+
+    pub fn free(&mut self, released: Released) {
+        for location in released {
+            if !location.extent.pages.is_empty() {
+                self.space.free_pages(location.scheme, &location.extent.pages);
+            }
+            if let Some(chunk) = location.extent.tail {
+                let page = chunk.page;
+                self.space.free_chunk(location.scheme, chunk);
+                if !self.space.chunk_page_shared(page, chunk) && !self.space_has_chunk_page(page) {
+                    self.chunks.forget(page);
+                }
+            }
+        }
+    }
+
+    fn space_has_chunk_page(&self, page: u64) -> bool {
+        self.space.is_chunk_page(page)
+    }
+
+    // ---- fetching a value ---------------------------------------------------------------
+
+    /// Reads the value at `location` for `waiter`, sharing a fetch already in flight.
+    pub fn fetch(&mut self, key: &[u8], location: LocationId, waiter: Waiter) {
+        if self.config.bypass {
+            if let Some(&task) = self.fetch_of_location.get(&location) {
+                if let Some(Task::Fetch(fetch)) = self.tasks.get_mut(&task) {
+                    fetch.waiters.push(waiter);
+                    self.stats.shared_fetches += 1;
+                    return;
+                }
+            }
+        }
+        self.index.retain(location);
+        let (scheme, extent, value_bytes) = {
+            let location = self.index.location(location);
+            (location.scheme, location.extent.clone(), location.value_bytes)
+        };
+        let task = self.new_task_id();
+        let mut fetch = Fetch {
+            key: key.into(),
+            location,
+            scheme,
+            value: vec![0; value_bytes],
+            outstanding: 0,
+            error: None,
+            waiters: vec![waiter],
+            shared: self.config.bypass,
+        };
+        let mut reads = Vec::new();
+        for (index, &page) in extent.pages.iter().enumerate() {
+            reads.push((self.read_page_of(scheme, page), index as u32 | main_bit(scheme)));
+        }
+        if let Some(chunk) = extent.tail {
+            let start = extent.pages.len() * PAGE_BYTES;
+            let len = value_bytes - start;
+            if let Some(bytes) = self.chunks.bytes(chunk.page) {
+                fetch.value[start..].copy_from_slice(&bytes[chunk.offset()..chunk.offset() + len]);
+            } else {
+                reads.push((self.read_page_of(scheme, chunk.page), TAIL | main_bit(scheme)));
+            }
+        }
+        fetch.outstanding = reads.len() as u32;
+        self.stats.bytes_read_remote += (reads.len() * PAGE_BYTES) as u64;
+        let outstanding = fetch.outstanding;
+        self.tasks.insert(task, Task::Fetch(fetch));
+        if self.config.bypass {
+            self.fetch_of_location.insert(location, task);
+        }
+        for (page, part) in reads {
+            self.io.read(&mut self.client, page, IoOwner { task, part });
+        }
+        if outstanding == 0 {
+            self.finish_fetch(task);
+        }
+    }
+
+    /// The page a read of `page` goes to: the EOR main copy for EOR values.
+    pub(crate) fn read_page_of(&self, scheme: Scheme, page: u64) -> u64 {
+        if scheme == Scheme::Eor {
+            self.main_page(page)
+        } else {
+            page
+        }
+    }
+
+    fn fetch_done(&mut self, task: TaskId, done: &IoDone) {
+        let (scheme, location_id) = match self.tasks.get(&task) {
+            Some(Task::Fetch(fetch)) => (fetch.scheme, fetch.location),
+            _ => return,
+        };
+        let part = done.owner.part;
+        let index = part & PART_MASK;
+        let page = {
+            let extent = &self.index.location(location_id).extent;
+            if index == TAIL {
+                extent.tail.expect("a tail part has a tail").page
+            } else {
+                extent.pages[index as usize]
+            }
+        };
+        let mut error_text = None;
+        match &done.result {
+            Ok(()) => {
+                if done.decoded || part & FALLBACK != 0 {
+                    self.stats.degraded_reads += 1;
+                }
+                if scheme == Scheme::Eor && index != TAIL {
+                    self.repair_eor_page(page, part, done.slot);
+                }
+                let Some(Task::Fetch(fetch)) = self.tasks.get_mut(&task) else { return };
+                let extent = &self.index.location(location_id).extent;
+                let bytes = self.io.buffer(done.slot);
+                if index == TAIL {
+                    let chunk = extent.tail.expect("a tail part has a tail");
+                    let start = extent.pages.len() * PAGE_BYTES;
+                    let len = fetch.value.len() - start;
+                    fetch.value[start..].copy_from_slice(&bytes[chunk.offset()..chunk.offset() + len]);
+                } else {
+                    let start = index as usize * PAGE_BYTES;
+                    let end = (start + PAGE_BYTES).min(fetch.value.len());
+                    fetch.value[start..end].copy_from_slice(&bytes[..end - start]);
+                }
+            }
+            Err(error) if part & MAIN != 0 => {
+                // The EOR main copy is gone: read the redundant replica (the data splits).
+                tracing::debug!(%error, "EOR main copy unreadable; reading the data splits");
+                self.io.read(&mut self.client, page, IoOwner { task, part: index | FALLBACK });
+                return;
+            }
+            Err(error) => error_text = Some(error.to_string()),
+        }
+        let Some(Task::Fetch(fetch)) = self.tasks.get_mut(&task) else { return };
+        if fetch.error.is_none() {
+            fetch.error = error_text;
+        }
+        fetch.outstanding -= 1;
+        if fetch.outstanding == 0 {
+            self.finish_fetch(task);
+        }
+    }
+
+    /// Read repair of a whole EOR page: one half of it was lost with a node and the other half
+    /// was just read (in `slot`): write the lost half back, so the next failure is survived.
+    /// (Chunk pages are written only through the chunk cache and are not repaired here.)
+    fn repair_eor_page(&mut self, page: u64, part: u32, slot: usize) {
+        let repair = if part & MAIN != 0 && self.client.client().page_is_unreadable(page) {
+            Some((IoKind::WriteData, page))
+        } else if part & FALLBACK != 0 {
+            Some((IoKind::Write, self.main_page(page)))
+        } else {
+            None
+        };
+        if let Some((kind, target)) = repair {
+            let data = self.io.buffer(slot).to_vec();
+            self.stats.repairs += 1;
+            self.io.write(&mut self.client, kind, target, &data, IoOwner { task: REPAIR_TASK, part: 0 });
+        }
+    }
+
+    fn finish_fetch(&mut self, task: TaskId) {
+        let Some(Task::Fetch(fetch)) = self.tasks.remove(&task) else { return };
+        if fetch.shared {
+            self.fetch_of_location.remove(&fetch.location);
+        }
+        let value: Result<Rc<[u8]>, String> = match fetch.error {
+            None => Ok(Rc::from(fetch.value)),
+            Some(error) => Err(error),
+        };
+        if value.is_err() {
+            self.stats.lost_reads += 1;
+            // The value is gone (more failures than its scheme survives): the entry goes, so
+            // the next get is a miss that the application refills.
+            if let Some(id) = self.index.find(&fetch.key) {
+                if self.index.entry(id).location == fetch.location {
+                    self.remove_entry(id);
+                }
+            }
+        }
+        let mut released = Released::new();
+        self.index.release(fetch.location, &mut released);
+        self.free(released);
+        for waiter in fetch.waiters {
+            self.deliver(waiter, value.clone());
+        }
+    }
+
+    /// Hands a fetched value (or why it could not be read) to one waiter.
+    pub fn deliver(&mut self, waiter: Waiter, value: Result<Rc<[u8]>, String>) {
+        match waiter {
+            Waiter::Get { conn, seq, render } => {
+                let bytes = match value {
+                    Ok(value) => crate::commands::render_value(&render, &value),
+                    Err(error) => {
+                        format!("SERVER_ERROR remote memory lost the value: {error}\r\n").into_bytes()
+                    }
+                };
+                self.reply(conn, seq, bytes);
+            }
+            Waiter::Rmw { key } => crate::commands::rmw_fetched(self, &key, value),
+            Waiter::Transition { task } => crate::transition::fetched(self, task, value),
+        }
+    }
+
+    // ---- the event loop's calls ------------------------------------------------------------
+
+    /// Advances every task with the page ops that finished.
+    pub fn on_io(&mut self, readable: bool) {
+        let mut done = std::mem::take(&mut self.done_buffer);
+        if readable {
+            self.io.on_readable(&mut self.client, &mut done);
+        } else {
+            self.io.on_timer(&mut self.client, &mut done);
+        }
+        self.complete(&mut done);
+        self.done_buffer = done;
+    }
+
+    fn complete(&mut self, done: &mut Vec<IoDone>) {
+        // Completions may start new ops whose completions arrive in the same call: loop.
+        for _ in 0..64 {
+            if done.is_empty() {
+                break;
+            }
+            for op in done.drain(..) {
+                match self.tasks.get(&op.owner.task) {
+                    Some(Task::Fetch(_)) => self.fetch_done(op.owner.task, &op),
+                    Some(Task::Store(_)) => self.store_done(op.owner.task, &op),
+                    Some(Task::ChunkPage) => self.chunk_page_done(op.owner.task, &op),
+                    Some(Task::Transition(_)) => crate::transition::io_done(self, op.owner.task, &op),
+                    None if op.owner.task == REPAIR_TASK => {
+                        if let Err(error) = &op.result {
+                            tracing::debug!(%error, page = op.page, "a read repair failed");
+                        }
+                    }
+                    None => tracing::warn!(task = op.owner.task, "completion of an unknown task"),
+                }
+                self.io.finish(op.slot);
+            }
+            self.io.start_waiting(&mut self.client);
+            let mut more = Vec::new();
+            self.io.on_timer(&mut self.client, &mut more);
+            done.extend(more);
+        }
+    }
+
+    /// Starts waiting page ops and collects completions of ops that finished at submit
+    /// (shared memory, errors).
+    pub fn kick(&mut self) {
+        self.io.start_waiting(&mut self.client);
+        let mut done = std::mem::take(&mut self.done_buffer);
+        self.io.on_timer(&mut self.client, &mut done);
+        self.complete(&mut done);
+        self.done_buffer = done;
+    }
+
+    /// When the engine wants a tick.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.client.next_deadline()
+    }
+
+    /// Once a second: the delayed flush, cold objects to EC.
+    pub fn housekeeping(&mut self, now_unix: u64) {
+        if let Some(at) = self.flush_at {
+            if at <= now_unix {
+                self.flush_at = None;
+                self.flush_all();
+            }
+        }
+        crate::transition::cool_down(self, now_unix);
+    }
+
+    pub fn flush_all(&mut self) {
+        for id in self.index.ids() {
+            self.remove_entry(id);
+        }
+    }
+
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+}
+
+fn main_bit(scheme: Scheme) -> u32 {
+    if scheme == Scheme::Eor {
+        MAIN
+    } else {
+        0
+    }
+}

@@ -1,0 +1,260 @@
+//! Pages of small values (chunks) being filled or written, kept in the server's memory so
+//! that a small set writes its page without reading it first, and sets that arrive while the
+//! page is being written go out together in the next write (group commit).
+//!
+//! A chunk page is cached while it is its class's open page (the one new chunks go to) or has
+//! a write in flight; a page that is not cached is read once before its first patch (its other
+//! chunks must survive), unless it holds no live chunk. Invariant: every write of a chunk page
+//! goes through here, so a cached page's bytes are what remote memory holds or is about to.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use crate::pageio::TaskId;
+use crate::scheme::Scheme;
+use crate::space::PAGE_BYTES;
+
+/// A small value's bytes to put at `offset` of a page, on behalf of a store task.
+#[derive(Debug)]
+pub struct Patch {
+    pub offset: usize,
+    pub value: Rc<[u8]>,
+    pub start: usize,
+    pub len: usize,
+    pub task: TaskId,
+}
+
+#[derive(Debug)]
+pub struct CachedPage {
+    pub data: Box<[u8]>,
+    pub scheme: Scheme,
+    pub class: u8,
+    /// The task id that owns this page's I/O.
+    pub io_task: TaskId,
+    pub loading: bool,
+    /// Writes of this page in flight (2 for EOR: data splits and main copy).
+    pub writing: u32,
+    pub write_error: Option<String>,
+    /// Stores acknowledged by the write in flight, and those waiting for the next one.
+    pub current: Vec<TaskId>,
+    pub next: Vec<TaskId>,
+    /// Patches that arrived while the page was loading.
+    pub held: Vec<Patch>,
+}
+
+#[derive(Debug, Default)]
+pub struct ChunkCache {
+    pub pages: HashMap<u64, CachedPage>,
+    /// Page of each I/O task id.
+    pub by_task: HashMap<TaskId, u64>,
+    open: HashMap<(Scheme, u8), u64>,
+}
+
+/// What the caller must do after a patch.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PatchStep {
+    /// Read the page (it is loading); patches wait.
+    Load { io_task: TaskId },
+    /// Write the page now.
+    Write,
+    /// A write is in flight; this patch goes out with the next one.
+    Queued,
+}
+
+impl ChunkCache {
+    /// Puts a patch into the page's cached copy (creating it: zeros when `fresh`, else loading).
+    pub fn patch(
+        &mut self,
+        page: u64,
+        scheme: Scheme,
+        class: u8,
+        fresh: bool,
+        patch: Patch,
+        new_task: impl FnOnce() -> TaskId,
+    ) -> PatchStep {
+        let mut step = None;
+        if !self.pages.contains_key(&page) {
+            let io_task = new_task();
+            self.by_task.insert(io_task, page);
+            self.pages.insert(
+                page,
+                CachedPage {
+                    data: vec![0; PAGE_BYTES].into_boxed_slice(),
+                    scheme,
+                    class,
+                    io_task,
+                    loading: !fresh,
+                    writing: 0,
+                    write_error: None,
+                    current: Vec::new(),
+                    next: Vec::new(),
+                    held: Vec::new(),
+                },
+            );
+            if !fresh {
+                step = Some(PatchStep::Load { io_task });
+            }
+        }
+        if let Some(previous) = self.open.insert((scheme, class), page) {
+            if previous != page {
+                self.drop_if_idle(previous);
+            }
+        }
+        let cached = self.pages.get_mut(&page).expect("inserted above");
+        cached.scheme = scheme;
+        cached.class = class;
+        cached.next.push(patch.task);
+        if cached.loading {
+            cached.held.push(patch);
+            return step.unwrap_or(PatchStep::Queued);
+        }
+        if fresh && cached.writing == 0 && cached.current.is_empty() && cached.next.len() == 1 {
+            cached.data.fill(0);
+        }
+        cached.data[patch.offset..patch.offset + patch.len]
+            .copy_from_slice(&patch.value[patch.start..patch.start + patch.len]);
+        if cached.writing == 0 {
+            PatchStep::Write
+        } else {
+            PatchStep::Queued
+        }
+    }
+
+    /// The page was read (or could not be: its other chunks are lost anyway, and zeros stand
+    /// in). Applies the held patches; true when a write should start.
+    pub fn loaded(&mut self, page: u64, bytes: Option<&[u8]>) -> bool {
+        let cached = self.pages.get_mut(&page).expect("a loading page is cached");
+        match bytes {
+            Some(bytes) => cached.data.copy_from_slice(bytes),
+            None => cached.data.fill(0),
+        }
+        cached.loading = false;
+        for patch in std::mem::take(&mut cached.held) {
+            cached.data[patch.offset..patch.offset + patch.len]
+                .copy_from_slice(&patch.value[patch.start..patch.start + patch.len]);
+        }
+        !cached.next.is_empty() && cached.writing == 0
+    }
+
+    /// Starts a write: the waiting stores ride on it. Returns the bytes to write.
+    pub fn begin_write(&mut self, page: u64, writes: u32) -> &[u8] {
+        let cached = self.pages.get_mut(&page).expect("cached");
+        assert!(cached.writing == 0 && !cached.loading);
+        cached.current = std::mem::take(&mut cached.next);
+        cached.writing = writes;
+        cached.write_error = None;
+        &cached.data
+    }
+
+    /// One write of the page finished. When all did: the stores it carried and their error,
+    /// and whether another write should start.
+    pub fn write_done(
+        &mut self,
+        page: u64,
+        error: Option<String>,
+    ) -> Option<(Vec<TaskId>, Option<String>, bool)> {
+        let cached = self.pages.get_mut(&page).expect("cached");
+        cached.writing -= 1;
+        if error.is_some() {
+            cached.write_error = error;
+        }
+        if cached.writing > 0 {
+            return None;
+        }
+        let done = std::mem::take(&mut cached.current);
+        let error = cached.write_error.take();
+        let again = !cached.next.is_empty();
+        if !again && self.open.get(&(cached.scheme, cached.class)) != Some(&page) {
+            self.drop_if_idle(page);
+        }
+        Some((done, error, again))
+    }
+
+    /// A cached copy of the page, when it is not loading.
+    pub fn bytes(&self, page: u64) -> Option<&[u8]> {
+        self.pages.get(&page).filter(|cached| !cached.loading).map(|cached| &cached.data[..])
+    }
+
+    pub fn page_of_task(&self, task: TaskId) -> Option<u64> {
+        self.by_task.get(&task).copied()
+    }
+
+    /// Forgets a page that holds no chunk any more (it may become a whole-value page).
+    pub fn forget(&mut self, page: u64) {
+        self.open.retain(|_, open| *open != page);
+        self.drop_if_idle(page);
+    }
+
+    fn drop_if_idle(&mut self, page: u64) {
+        if let Some(cached) = self.pages.get(&page) {
+            if !cached.loading && cached.writing == 0 && cached.next.is_empty() && cached.current.is_empty() {
+                let cached = self.pages.remove(&page).expect("present");
+                self.by_task.remove(&cached.io_task);
+            }
+        }
+    }
+
+    pub fn cached_pages(&self) -> usize {
+        self.pages.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn patch(offset: usize, byte: u8, task: TaskId) -> Patch {
+        Patch { offset, value: Rc::from(vec![byte; 64]), start: 0, len: 64, task }
+    }
+
+    #[test]
+    fn patches_during_a_write_go_out_together_in_the_next_one() {
+        let mut cache = ChunkCache::default();
+        let mut ids = 100..;
+        assert_eq!(
+            cache.patch(7, Scheme::Rep2, 0, true, patch(0, 1, 1), || ids.next().unwrap()),
+            PatchStep::Write
+        );
+        assert_eq!(cache.begin_write(7, 1)[0], 1);
+        assert_eq!(
+            cache.patch(7, Scheme::Rep2, 0, false, patch(64, 2, 2), || unreachable!()),
+            PatchStep::Queued
+        );
+        assert_eq!(
+            cache.patch(7, Scheme::Rep2, 0, false, patch(128, 3, 3), || unreachable!()),
+            PatchStep::Queued
+        );
+        let (done, error, again) = cache.write_done(7, None).unwrap();
+        assert_eq!((done, error, again), (vec![1], None, true));
+        let bytes = cache.begin_write(7, 2);
+        assert_eq!((bytes[0], bytes[64], bytes[128]), (1, 2, 3));
+        assert!(cache.write_done(7, Some("node down".into())).is_none());
+        let (done, error, again) = cache.write_done(7, None).unwrap();
+        assert_eq!((done, error.as_deref(), again), (vec![2, 3], Some("node down"), false));
+        assert!(cache.bytes(7).is_some(), "the open page stays cached");
+    }
+
+    #[test]
+    fn a_page_with_other_chunks_is_loaded_before_its_patches_apply() {
+        let mut cache = ChunkCache::default();
+        let step = cache.patch(9, Scheme::Ec, 0, false, patch(64, 5, 1), || 500);
+        assert_eq!(step, PatchStep::Load { io_task: 500 });
+        assert!(cache.bytes(9).is_none());
+        let mut remote = vec![7u8; PAGE_BYTES];
+        remote[64] = 0;
+        assert!(cache.loaded(9, Some(&remote)));
+        let bytes = cache.bytes(9).unwrap();
+        assert_eq!((bytes[0], bytes[64], bytes[200]), (7, 5, 7));
+    }
+
+    #[test]
+    fn a_page_that_is_no_longer_open_is_dropped_when_its_write_ends() {
+        let mut cache = ChunkCache::default();
+        let mut ids = 1..;
+        cache.patch(1, Scheme::None, 0, true, patch(0, 1, 10), || ids.next().unwrap());
+        cache.begin_write(1, 1);
+        cache.patch(2, Scheme::None, 0, true, patch(0, 1, 11), || ids.next().unwrap());
+        cache.write_done(1, None).unwrap();
+        assert!(cache.bytes(1).is_none() && cache.bytes(2).is_some());
+    }
+}

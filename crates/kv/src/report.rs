@@ -1,0 +1,203 @@
+//! `stats`, `stats settings`, `stats items`, `stats slabs`, and remem's `stats schemes`: memcached's
+//! names where memcached has the number, `remem_*` for remem's own.
+
+use remem_memcache::response;
+
+use crate::cache::Cache;
+use crate::scheme::Scheme;
+use crate::space::{class_sizes, RegionKind, PAGE_BYTES};
+
+/// Items and bytes of values per scheme, from the index.
+pub fn scheme_totals(cache: &Cache) -> [(u64, u64); 5] {
+    let mut totals = [(0u64, 0u64); 5];
+    for id in cache.index.ids() {
+        let entry = cache.index.entry(id);
+        let scheme = cache.index.location(entry.location).scheme;
+        totals[scheme.index()].0 += 1;
+        totals[scheme.index()].1 += entry.value_bytes as u64;
+    }
+    totals
+}
+
+/// Node bytes the values of each scheme take: their pages and chunks (a chunk counts its
+/// class size) times the scheme's overhead. EOR's reserved parity slots are not counted.
+pub fn scheme_node_bytes(cache: &Cache) -> [f64; 5] {
+    let mut bytes = [0f64; 5];
+    let ec = cache.config.ec;
+    for id in cache.index.ids() {
+        let location = cache.index.location(cache.index.entry(id).location);
+        let held = location.extent.pages.len() * PAGE_BYTES
+            + location.extent.tail.map(|chunk| crate::space::class_bytes(chunk.class)).unwrap_or(0);
+        bytes[location.scheme.index()] += held as f64 * location.scheme.ideal_overhead(ec);
+    }
+    bytes
+}
+
+pub fn stats(cache: &Cache, group: Option<&[u8]>) -> Vec<u8> {
+    let mut out = Vec::new();
+    let group = group.map(|group| String::from_utf8_lossy(group).trim().to_ascii_lowercase());
+    match group.as_deref() {
+        None | Some("") => general(cache, &mut out),
+        Some("settings") => settings(cache, &mut out),
+        Some("items") => items(cache, &mut out),
+        Some("slabs") => slabs(cache, &mut out),
+        Some("schemes") => schemes(cache, &mut out),
+        Some(_) => {
+            response::error(&mut out);
+            return out;
+        }
+    }
+    response::end(&mut out);
+    out
+}
+
+fn general(cache: &Cache, out: &mut Vec<u8>) {
+    let stats = &cache.stats;
+    let uptime = cache.uptime().as_secs();
+    response::stat(out, "pid", std::process::id());
+    response::stat(out, "uptime", uptime);
+    response::stat(out, "time", crate::now_unix());
+    response::stat(out, "version", crate::VERSION);
+    response::stat(out, "pointer_size", 64);
+    response::stat(out, "curr_connections", stats.curr_connections);
+    response::stat(out, "total_connections", stats.total_connections);
+    response::stat(out, "rejected_connections", stats.rejected_connections);
+    response::stat(out, "cmd_get", stats.cmd_get);
+    response::stat(out, "cmd_set", stats.cmd_set);
+    response::stat(out, "cmd_flush", stats.cmd_flush);
+    response::stat(out, "cmd_touch", stats.cmd_touch);
+    response::stat(out, "get_hits", stats.get_hits);
+    response::stat(out, "get_misses", stats.get_misses);
+    response::stat(out, "get_expired", stats.get_expired);
+    response::stat(out, "delete_misses", stats.delete_misses);
+    response::stat(out, "delete_hits", stats.delete_hits);
+    response::stat(out, "incr_misses", stats.incr_misses);
+    response::stat(out, "incr_hits", stats.incr_hits);
+    response::stat(out, "decr_misses", stats.decr_misses);
+    response::stat(out, "decr_hits", stats.decr_hits);
+    response::stat(out, "cas_misses", stats.cas_misses);
+    response::stat(out, "cas_hits", stats.cas_hits);
+    response::stat(out, "cas_badval", stats.cas_badval);
+    response::stat(out, "touch_hits", stats.touch_hits);
+    response::stat(out, "touch_misses", stats.touch_misses);
+    response::stat(out, "bytes_read", stats.bytes_read);
+    response::stat(out, "bytes_written", stats.bytes_written);
+    response::stat(out, "limit_maxbytes", cache.config.memory_limit_bytes);
+    response::stat(out, "threads", 1);
+    response::stat(out, "bytes", cache.index.bytes_used);
+    response::stat(out, "curr_items", cache.index.len());
+    response::stat(out, "total_items", stats.total_items);
+    response::stat(out, "expired_unfetched", stats.expired_unfetched);
+    response::stat(out, "evictions", stats.evictions);
+    response::stat(out, "remem_degraded_reads", stats.degraded_reads);
+    response::stat(out, "remem_lost_reads", stats.lost_reads);
+    response::stat(out, "remem_read_repairs", stats.repairs);
+    response::stat(out, "remem_failed_writes", stats.failed_writes);
+    response::stat(out, "remem_bypassed_gets", stats.bypassed_gets);
+    response::stat(out, "remem_shared_fetches", stats.shared_fetches);
+    response::stat(out, "remem_remote_bytes_read", stats.bytes_read_remote);
+    response::stat(out, "remem_remote_bytes_written", stats.bytes_written_remote);
+    response::stat(out, "remem_transitions", stats.transitions);
+    response::stat(out, "remem_transition_bytes_read", stats.transition_bytes_read);
+    response::stat(out, "remem_transition_bytes_written", stats.transition_bytes_written);
+    response::stat(out, "remem_background_transitions", cache.background_transitions);
+    response::stat(out, "remem_page_ops_in_flight", cache.io.busy());
+    response::stat(out, "remem_page_ops_waiting", cache.io.waiting());
+    let totals = scheme_totals(cache);
+    for scheme in Scheme::ALL {
+        let (items, bytes) = totals[scheme.index()];
+        response::stat(out, &format!("remem_items_{}", scheme.stat_name()), items);
+        response::stat(out, &format!("remem_bytes_{}", scheme.stat_name()), bytes);
+    }
+    for from in Scheme::ALL {
+        for to in Scheme::ALL {
+            let count = stats.transitions_by_pair[from.index()][to.index()];
+            if count > 0 {
+                response::stat(
+                    out,
+                    &format!("remem_transitions_{}_to_{}", from.stat_name(), to.stat_name()),
+                    count,
+                );
+            }
+        }
+    }
+}
+
+fn settings(cache: &Cache, out: &mut Vec<u8>) {
+    let config = &cache.config;
+    response::stat(out, "maxbytes", config.memory_limit_bytes);
+    response::stat(out, "item_size_max", config.max_item_bytes);
+    response::stat(out, "evictions", "on");
+    response::stat(out, "cas_enabled", "yes");
+    response::stat(out, "remem_ec", config.ec.name());
+    response::stat(out, "remem_bypass", if config.bypass { "yes" } else { "no" });
+    let policy = &config.policy;
+    let fixed = policy.fixed.map(|scheme| scheme.label(config.ec)).unwrap_or_else(|| "auto".into());
+    response::stat(out, "remem_scheme", fixed);
+    response::stat(out, "remem_small_below_bytes", policy.small_below_bytes);
+    response::stat(out, "remem_small_scheme", policy.small_scheme.label(config.ec));
+    response::stat(out, "remem_large_scheme", policy.large_scheme.label(config.ec));
+    response::stat(out, "remem_cold_after_seconds", policy.cold_after.as_secs());
+    response::stat(out, "remem_hot_reads", policy.hot_reads);
+    response::stat(out, "remem_hot_window_seconds", policy.hot_window.as_secs());
+    for (prefix, scheme) in &policy.prefixes {
+        response::stat(
+            out,
+            &format!("remem_prefix:{}", String::from_utf8_lossy(prefix)),
+            scheme.label(config.ec),
+        );
+    }
+}
+
+fn items(cache: &Cache, out: &mut Vec<u8>) {
+    let totals = scheme_totals(cache);
+    for scheme in Scheme::ALL {
+        let (items, bytes) = totals[scheme.index()];
+        if items > 0 {
+            let id = scheme.index() + 1;
+            response::stat(out, &format!("items:{id}:number"), items);
+            response::stat(out, &format!("items:{id}:remem_scheme"), scheme.label(cache.config.ec));
+            response::stat(out, &format!("items:{id}:remem_bytes"), bytes);
+        }
+    }
+}
+
+/// Per region: pages in use and node bytes, against the ideal for the values they hold.
+fn slabs(cache: &Cache, out: &mut Vec<u8>) {
+    for (index, size) in class_sizes().iter().enumerate() {
+        response::stat(out, &format!("{}:chunk_size", index + 1), size);
+    }
+    response::stat(out, "active_slabs", class_sizes().len());
+    response::stat(out, "total_malloced", cache.index.bytes_used);
+    response::stat(out, "remem_chunk_pages_cached", cache.chunks.cached_pages());
+}
+
+/// remem: memory per scheme, node bytes held against the scheme's ideal.
+fn schemes(cache: &Cache, out: &mut Vec<u8>) {
+    let totals = scheme_totals(cache);
+    let ec = cache.config.ec;
+    for (kind, name) in [
+        (RegionKind::None, "none"),
+        (RegionKind::Rep2, "rep2"),
+        (RegionKind::Rep3, "rep3"),
+        (RegionKind::Ec, "ec"),
+    ] {
+        if cache.space.region_pages(kind).is_none() {
+            continue;
+        }
+        let pages = cache.space.pages_in_use(kind);
+        response::stat(out, &format!("{name}:pages_in_use"), pages);
+        response::stat(out, &format!("{name}:page_bytes_in_use"), pages * PAGE_BYTES as u64);
+    }
+    let node_bytes = scheme_node_bytes(cache);
+    for scheme in Scheme::ALL {
+        let (items, bytes) = totals[scheme.index()];
+        let name = scheme.stat_name();
+        response::stat(out, &format!("{name}:items"), items);
+        response::stat(out, &format!("{name}:value_bytes"), bytes);
+        response::stat(out, &format!("{name}:node_bytes"), node_bytes[scheme.index()] as u64);
+        let overhead = if bytes == 0 { 0.0 } else { node_bytes[scheme.index()] / bytes as f64 };
+        response::stat(out, &format!("{name}:overhead"), format!("{overhead:.3}"));
+        response::stat(out, &format!("{name}:ideal_overhead"), format!("{:.3}", scheme.ideal_overhead(ec)));
+    }
+}

@@ -1,0 +1,373 @@
+//! Where values live: page allocators over the server's regions and chunk classes that pack
+//! small values into pages.
+//!
+//! A value of n bytes takes n / 4096 whole pages and, for the remaining n % 4096 bytes, either
+//! one more page (more than [`CHUNK_MAX_BYTES`]) or a chunk of the smallest class that fits.
+//! Chunk classes grow by 1.25x from 64 bytes, as memcached's slab classes do, so a small value
+//! wastes at most a fifth of its chunk; a page holds chunks of one class and one scheme only, so
+//! a page's redundancy is its objects' (docs/KV.md "Memory").
+//!
+//! Invariant: a page or chunk is handed out again only after [`Space::free_pages`] or
+//! [`Space::free_chunk`] was called for it, which the index does only when no request still reads
+//! it (locations are reference counted there). Nothing here does I/O.
+
+use crate::scheme::Scheme;
+
+pub const PAGE_BYTES: usize = 4096;
+/// Tails and small values up to this size go to chunks; larger ones take a page.
+pub const CHUNK_MAX_BYTES: usize = 2048;
+const CHUNK_MIN_BYTES: usize = 64;
+
+/// One region of the client's page space: `page_count` pages from `first_page`.
+#[derive(Debug)]
+struct RegionPages {
+    first_page: u64,
+    page_count: u64,
+    next_unused: u64,
+    free: Vec<u64>,
+}
+
+impl RegionPages {
+    fn allocate(&mut self) -> Option<u64> {
+        if let Some(page) = self.free.pop() {
+            return Some(page);
+        }
+        if self.next_unused < self.page_count {
+            self.next_unused += 1;
+            return Some(self.first_page + self.next_unused - 1);
+        }
+        None
+    }
+
+    fn free_count(&self) -> u64 {
+        self.free.len() as u64 + (self.page_count - self.next_unused)
+    }
+}
+
+/// The pages of a region that hold chunks of one (scheme, class).
+#[derive(Debug, Default)]
+struct ClassPages {
+    /// Pages with at least one free slot (may hold stale entries: checked when taken).
+    partial: Vec<u64>,
+}
+
+#[derive(Debug)]
+struct ChunkPage {
+    scheme: Scheme,
+    class: u8,
+    used: u64,
+}
+
+/// A small value's place: slot `slot` of class `class` in `page`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    pub page: u64,
+    pub class: u8,
+    pub slot: u8,
+}
+
+impl Chunk {
+    pub fn offset(&self) -> usize {
+        self.slot as usize * class_bytes(self.class)
+    }
+}
+
+/// Where one value's bytes are: whole pages in order, then the tail.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Extent {
+    pub pages: Vec<u64>,
+    pub tail: Option<Chunk>,
+}
+
+/// Chunk sizes: 64 bytes growing by 1.25x (rounded up to 8 bytes), the last one 2048.
+pub fn class_sizes() -> &'static [usize] {
+    static SIZES: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+    SIZES.get_or_init(|| {
+        let mut sizes = Vec::new();
+        let mut size = CHUNK_MIN_BYTES;
+        while size < CHUNK_MAX_BYTES {
+            sizes.push(size);
+            size = (size * 5 / 4).div_ceil(8) * 8;
+        }
+        sizes.push(CHUNK_MAX_BYTES);
+        sizes
+    })
+}
+
+pub fn class_bytes(class: u8) -> usize {
+    class_sizes()[class as usize]
+}
+
+fn class_for(bytes: usize) -> u8 {
+    class_sizes().iter().position(|&size| size >= bytes).expect("bytes <= CHUNK_MAX_BYTES") as u8
+}
+
+fn slots_of(class: u8) -> u8 {
+    (PAGE_BYTES / class_bytes(class)).min(64) as u8
+}
+
+/// The region a scheme's pages come from: EOR shares the EC region (its pages are EC stripes
+/// whose parities are not written yet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegionKind {
+    None,
+    Rep2,
+    Rep3,
+    Ec,
+}
+
+impl RegionKind {
+    pub fn of(scheme: Scheme) -> RegionKind {
+        match scheme {
+            Scheme::None => RegionKind::None,
+            Scheme::Rep2 => RegionKind::Rep2,
+            Scheme::Rep3 => RegionKind::Rep3,
+            Scheme::Ec | Scheme::Eor => RegionKind::Ec,
+        }
+    }
+}
+
+/// What the allocator could not do.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SpaceError {
+    /// The scheme's region has no room left.
+    Full,
+    /// This server was started without the scheme.
+    NotOffered,
+}
+
+/// All regions' allocators and the chunk classes.
+#[derive(Debug)]
+pub struct Space {
+    regions: [Option<RegionPages>; 4],
+    chunk_pages: std::collections::HashMap<u64, ChunkPage>,
+    classes: Vec<ClassPages>,
+    /// Pages given to whole values or chunk pages, per region.
+    pages_in_use: [u64; 4],
+}
+
+impl Space {
+    pub fn new() -> Space {
+        let classes = (0..Scheme::ALL.len() * class_sizes().len()).map(|_| ClassPages::default()).collect();
+        Space {
+            regions: [None, None, None, None],
+            chunk_pages: Default::default(),
+            classes,
+            pages_in_use: [0; 4],
+        }
+    }
+
+    /// Declares the pages of a region.
+    pub fn add_region(&mut self, kind: RegionKind, first_page: u64, page_count: u64) {
+        self.regions[kind as usize] =
+            Some(RegionPages { first_page, page_count, next_unused: 0, free: Vec::new() });
+    }
+
+    pub fn offers(&self, scheme: Scheme) -> bool {
+        self.regions[RegionKind::of(scheme) as usize].is_some()
+    }
+
+    /// Pages of a region: (first page, count).
+    pub fn region_pages(&self, kind: RegionKind) -> Option<(u64, u64)> {
+        self.regions[kind as usize].as_ref().map(|region| (region.first_page, region.page_count))
+    }
+
+    pub fn pages_in_use(&self, kind: RegionKind) -> u64 {
+        self.pages_in_use[kind as usize]
+    }
+
+    /// Allocates the place of a value of `bytes` for `scheme`. On `Full` nothing was taken.
+    /// The bool is true when the tail's chunk page holds no other live chunk (its old content
+    /// does not matter).
+    pub fn allocate(&mut self, scheme: Scheme, bytes: usize) -> Result<(Extent, bool), SpaceError> {
+        let kind = RegionKind::of(scheme) as usize;
+        if self.regions[kind].is_none() {
+            return Err(SpaceError::NotOffered);
+        }
+        let whole = bytes / PAGE_BYTES;
+        let rest = bytes % PAGE_BYTES;
+        let (extra_page, chunk_bytes) = match rest {
+            0 => (0, 0),
+            rest if rest > CHUNK_MAX_BYTES => (1, 0),
+            rest => (0, rest),
+        };
+        let needed = (whole + extra_page) as u64;
+        // A chunk may need a fresh page too.
+        let chunk_class = (chunk_bytes > 0).then(|| class_for(chunk_bytes));
+        let chunk_needs_page = chunk_class.is_some_and(|class| !self.has_partial(scheme, class));
+        let region = self.regions[kind].as_mut().expect("checked above");
+        if region.free_count() < needed + u64::from(chunk_needs_page) {
+            return Err(SpaceError::Full);
+        }
+        let region = self.regions[kind].as_mut().expect("checked above");
+        let pages: Vec<u64> = (0..needed).map(|_| region.allocate().expect("counted free pages")).collect();
+        self.pages_in_use[kind] += needed;
+        let mut fresh = false;
+        let tail = match chunk_class {
+            None => None,
+            Some(class) => {
+                let (chunk, was_empty) =
+                    self.take_chunk(scheme, class).expect("counted a page for the chunk");
+                fresh = was_empty;
+                Some(chunk)
+            }
+        };
+        Ok((Extent { pages, tail }, fresh))
+    }
+
+    fn class_index(scheme: Scheme, class: u8) -> usize {
+        scheme.index() * class_sizes().len() + class as usize
+    }
+
+    fn has_partial(&mut self, scheme: Scheme, class: u8) -> bool {
+        let index = Self::class_index(scheme, class);
+        while let Some(&page) = self.classes[index].partial.last() {
+            match self.chunk_pages.get(&page) {
+                Some(chunk_page)
+                    if chunk_page.scheme == scheme
+                        && chunk_page.class == class
+                        && chunk_page.used.count_ones() < u32::from(slots_of(class)) =>
+                {
+                    return true
+                }
+                _ => {
+                    self.classes[index].partial.pop();
+                }
+            }
+        }
+        false
+    }
+
+    /// A free slot of the class, from a partial page or a new one. The bool: the page was empty.
+    fn take_chunk(&mut self, scheme: Scheme, class: u8) -> Option<(Chunk, bool)> {
+        let index = Self::class_index(scheme, class);
+        let page = if self.has_partial(scheme, class) {
+            *self.classes[index].partial.last().expect("has_partial checked")
+        } else {
+            let kind = RegionKind::of(scheme) as usize;
+            let page = self.regions[kind].as_mut()?.allocate()?;
+            self.pages_in_use[kind] += 1;
+            self.chunk_pages.insert(page, ChunkPage { scheme, class, used: 0 });
+            self.classes[index].partial.push(page);
+            page
+        };
+        let chunk_page = self.chunk_pages.get_mut(&page).expect("partial pages are chunk pages");
+        let was_empty = chunk_page.used == 0;
+        let slot = (!chunk_page.used).trailing_zeros() as u8;
+        debug_assert!(slot < slots_of(class));
+        chunk_page.used |= 1 << slot;
+        if chunk_page.used.count_ones() == u32::from(slots_of(class)) {
+            self.classes[index].partial.pop();
+        }
+        Some((Chunk { page, class, slot }, was_empty))
+    }
+
+    /// Gives whole pages back to their region.
+    pub fn free_pages(&mut self, scheme: Scheme, pages: &[u64]) {
+        let kind = RegionKind::of(scheme) as usize;
+        let region = self.regions[kind].as_mut().expect("pages came from this region");
+        for &page in pages {
+            debug_assert!(page >= region.first_page && page < region.first_page + region.page_count);
+            region.free.push(page);
+        }
+        self.pages_in_use[kind] -= pages.len() as u64;
+    }
+
+    /// Gives a chunk back; its page goes back to the region when its last chunk does.
+    pub fn free_chunk(&mut self, scheme: Scheme, chunk: Chunk) {
+        let page = self.chunk_pages.get_mut(&chunk.page).expect("the chunk's page is a chunk page");
+        assert!(page.used & (1 << chunk.slot) != 0, "chunk {chunk:?} freed twice");
+        let was_full = page.used.count_ones() == u32::from(slots_of(chunk.class));
+        page.used &= !(1 << chunk.slot);
+        if page.used == 0 {
+            self.chunk_pages.remove(&chunk.page);
+            self.free_pages(scheme, &[chunk.page]);
+        } else if was_full {
+            self.classes[Self::class_index(scheme, chunk.class)].partial.push(chunk.page);
+        }
+    }
+
+    /// Whether a chunk page holds live chunks other than `except`.
+    pub fn chunk_page_shared(&self, page: u64, except: Chunk) -> bool {
+        self.chunk_pages.get(&page).is_some_and(|chunk_page| chunk_page.used & !(1 << except.slot) != 0)
+    }
+
+    pub fn is_chunk_page(&self, page: u64) -> bool {
+        self.chunk_pages.contains_key(&page)
+    }
+
+    /// Node bytes the allocated pages take, by region (page bytes times the region's
+    /// overhead is the caller's business).
+    pub fn chunk_pages_count(&self) -> usize {
+        self.chunk_pages.len()
+    }
+}
+
+impl Default for Space {
+    fn default() -> Space {
+        Space::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_grow_by_a_quarter_and_end_at_the_chunk_limit() {
+        let sizes = class_sizes();
+        assert_eq!(sizes[0], 64);
+        assert_eq!(*sizes.last().unwrap(), CHUNK_MAX_BYTES);
+        for pair in sizes.windows(2) {
+            assert!(pair[1] > pair[0] && pair[1] as f64 <= pair[0] as f64 * 1.25 + 8.0, "{pair:?}");
+        }
+    }
+
+    #[test]
+    fn values_take_whole_pages_and_a_chunk_for_the_tail() {
+        let mut space = Space::new();
+        space.add_region(RegionKind::Ec, 1000, 100);
+        let (extent, fresh) = space.allocate(Scheme::Ec, 3 * 4096 + 100).unwrap();
+        assert_eq!(extent.pages.len(), 3);
+        let tail = extent.tail.unwrap();
+        assert!(fresh && class_bytes(tail.class) >= 100 && class_bytes(tail.class) < 130);
+        let (second, fresh) = space.allocate(Scheme::Eor, 100).unwrap();
+        assert!(fresh, "EOR chunks do not share EC's chunk pages");
+        assert_ne!(second.tail.unwrap().page, tail.page);
+        let (third, fresh) = space.allocate(Scheme::Ec, 90).unwrap();
+        assert!(!fresh);
+        assert_eq!(third.tail.unwrap().page, tail.page);
+        let (big_tail, _) = space.allocate(Scheme::Ec, 4096 + 3000).unwrap();
+        assert_eq!((big_tail.pages.len(), big_tail.tail), (2, None));
+        assert_eq!(space.pages_in_use(RegionKind::Ec), 3 + 1 + 1 + 2);
+    }
+
+    #[test]
+    fn freed_space_is_reused_and_a_full_region_takes_nothing() {
+        let mut space = Space::new();
+        space.add_region(RegionKind::Rep2, 0, 4);
+        let (a, _) = space.allocate(Scheme::Rep2, 3 * 4096).unwrap();
+        assert_eq!(space.allocate(Scheme::Rep2, 2 * 4096), Err(SpaceError::Full));
+        let (small, _) = space.allocate(Scheme::Rep2, 10).unwrap();
+        assert_eq!(space.allocate(Scheme::Rep2, 4096), Err(SpaceError::Full));
+        space.free_chunk(Scheme::Rep2, small.tail.unwrap());
+        space.free_pages(Scheme::Rep2, &a.pages);
+        assert_eq!(space.pages_in_use(RegionKind::Rep2), 0);
+        assert!(space.allocate(Scheme::Rep2, 4 * 4096).is_ok());
+        assert_eq!(space.allocate(Scheme::None, 1), Err(SpaceError::NotOffered));
+    }
+
+    #[test]
+    fn a_full_chunk_page_comes_back_to_the_partial_list_when_a_chunk_is_freed() {
+        let mut space = Space::new();
+        space.add_region(RegionKind::None, 0, 2);
+        let chunks: Vec<Chunk> =
+            (0..64).map(|_| space.allocate(Scheme::None, 64).unwrap().0.tail.unwrap()).collect();
+        assert!(chunks.iter().all(|chunk| chunk.page == chunks[0].page));
+        let next = space.allocate(Scheme::None, 64).unwrap().0.tail.unwrap();
+        assert_ne!(next.page, chunks[0].page);
+        space.free_chunk(Scheme::None, chunks[5]);
+        let reused = space.allocate(Scheme::None, 60).unwrap().0.tail.unwrap();
+        assert_eq!((reused.page, reused.slot), (chunks[5].page, 5));
+    }
+}

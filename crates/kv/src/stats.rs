@@ -1,0 +1,67 @@
+//! Counters for `stats`, as memcached names them where memcached has them, and remem's own
+//! (`remem_*`): degraded and lost reads, transitions and their bytes, bytes per scheme.
+
+use crate::scheme::Scheme;
+
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub cmd_get: u64,
+    pub cmd_set: u64,
+    pub cmd_flush: u64,
+    pub cmd_touch: u64,
+    pub get_hits: u64,
+    pub get_misses: u64,
+    pub get_expired: u64,
+    pub delete_hits: u64,
+    pub delete_misses: u64,
+    pub incr_hits: u64,
+    pub incr_misses: u64,
+    pub decr_hits: u64,
+    pub decr_misses: u64,
+    pub cas_hits: u64,
+    pub cas_misses: u64,
+    pub cas_badval: u64,
+    pub touch_hits: u64,
+    pub touch_misses: u64,
+    pub total_items: u64,
+    pub evictions: u64,
+    pub expired_unfetched: u64,
+    pub curr_connections: u64,
+    pub total_connections: u64,
+    pub rejected_connections: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// Reads that decoded or fell back from the EOR main copy to the data splits.
+    pub degraded_reads: u64,
+    /// Values that could not be read back (more failures than the scheme survives).
+    pub lost_reads: u64,
+    /// EOR pages whose lost half was written back after a read.
+    pub repairs: u64,
+    pub failed_writes: u64,
+    /// Gets answered from a write in flight (data bypassing) and gets that shared a fetch.
+    pub bypassed_gets: u64,
+    pub shared_fetches: u64,
+    pub bytes_read_remote: u64,
+    pub bytes_written_remote: u64,
+    pub stores_by_scheme: [u64; 5],
+    pub transitions: u64,
+    pub transitions_by_pair: [[u64; 5]; 5],
+    pub transition_bytes_read: u64,
+    pub transition_bytes_written: u64,
+}
+
+impl Stats {
+    pub fn count_store(&mut self, scheme: Scheme, _bytes: usize) {
+        self.stores_by_scheme[scheme.index()] += 1;
+        self.total_items += 1;
+    }
+
+    pub fn count_transition(&mut self, from: Scheme, to: Scheme, read: u64, written: u64) {
+        if from != to {
+            self.transitions += 1;
+            self.transitions_by_pair[from.index()][to.index()] += 1;
+        }
+        self.transition_bytes_read += read;
+        self.transition_bytes_written += written;
+    }
+}

@@ -1,0 +1,317 @@
+//! Storing values: room under the memory limit (LRU eviction), space in the scheme's region,
+//! the index switched at arrival, and the page writes (whole pages directly, chunks through the
+//! chunk cache; EOR pages as data splits plus the main copy), then the acknowledgements.
+
+use std::rc::Rc;
+
+use crate::cache::{Ack, Cache, Store, Task, FALLBACK, MAIN, MAX_EVICTIONS_PER_STORE};
+use crate::chunks::{Patch, PatchStep};
+use crate::index::{Entry, LocationId, Released};
+use crate::pageio::{IoDone, IoKind, IoOwner, TaskId};
+use crate::scheme::Scheme;
+use crate::space::{class_bytes, RegionKind, SpaceError, PAGE_BYTES};
+
+impl Cache {
+    // ---- storing a value -----------------------------------------------------------------
+
+    /// Makes room for an item of `bytes`: evicts from the LRU tail while the memory limit
+    /// would be passed.
+    fn make_room(&mut self, item_bytes: u64) {
+        while self.index.bytes_used + item_bytes > self.config.memory_limit_bytes && self.evict_one() {}
+    }
+
+    /// Evicts the least recently used item whose value is in `kind`'s region (looking at most
+    /// 1024 items up from the LRU tail).
+    fn evict_one_of(&mut self, kind: RegionKind) -> bool {
+        let mut candidate = self.index.lru_tail();
+        for _ in 0..1024 {
+            let Some(id) = candidate else { return false };
+            let scheme = self.index.location(self.index.entry(id).location).scheme;
+            if RegionKind::of(scheme) == kind {
+                self.remove_entry(id);
+                self.stats.evictions += 1;
+                return true;
+            }
+            candidate = self.index.newer(id);
+        }
+        false
+    }
+
+    pub(crate) fn evict_one(&mut self) -> bool {
+        let Some(id) = self.index.lru_tail() else { return false };
+        self.remove_entry(id);
+        self.stats.evictions += 1;
+        true
+    }
+
+    /// Allocates space for a value, evicting while the scheme's region is full. Errors with
+    /// memcached's text when nothing more can be evicted.
+    pub fn allocate(
+        &mut self,
+        scheme: Scheme,
+        bytes: usize,
+    ) -> Result<(crate::space::Extent, bool), &'static str> {
+        // Evicted values whose pages are still being read free their space only later: give
+        // up after a bounded number of evictions rather than empty the cache.
+        for _ in 0..MAX_EVICTIONS_PER_STORE {
+            match self.space.allocate(scheme, bytes) {
+                Ok(allocated) => return Ok(allocated),
+                Err(SpaceError::NotOffered) => {
+                    return Err("SERVER_ERROR this server does not offer that scheme")
+                }
+                Err(SpaceError::Full) => {
+                    if !self.evict_one_of(RegionKind::of(scheme)) {
+                        break;
+                    }
+                }
+            }
+        }
+        Err("SERVER_ERROR out of memory storing object")
+    }
+
+    /// Stores `value` as the new item of `key` (the index switches now; the write goes on in the
+    /// background) and answers `ack` when it is in remote memory.
+    #[allow(clippy::too_many_arguments)]
+    pub fn store(
+        &mut self,
+        key: &[u8],
+        value: Rc<[u8]>,
+        flags: u32,
+        expires_at: u64,
+        scheme: Scheme,
+        pinned: bool,
+        cas: Option<u64>,
+        acks: Vec<Ack>,
+    ) -> Result<u64, &'static str> {
+        if value.len() > self.config.max_item_bytes {
+            return Err("SERVER_ERROR object too large for cache");
+        }
+        self.make_room(crate::index::item_bytes(key.len(), value.len()));
+        let (extent, fresh) = self.allocate(scheme, value.len())?;
+        let location = self.index.new_location(scheme, extent, value.len());
+        self.index.retain(location); // the store task's reference
+        let cas = cas.unwrap_or_else(|| self.next_cas());
+        let task = self.new_task_id();
+        let mut entry = Entry::new(key, flags, expires_at, cas, value.len(), location);
+        entry.pending = Some(task);
+        entry.pinned = pinned;
+        entry.last_access = crate::now_unix();
+        entry.window_start = entry.last_access;
+        let mut released = Released::new();
+        self.index.upsert(entry, &mut released);
+        self.free(released);
+        self.stats.count_store(scheme, value.len());
+        let store = Store {
+            key: key.into(),
+            location,
+            value,
+            outstanding: 0,
+            error: None,
+            acks,
+            after: Vec::new(),
+            transition: None,
+        };
+        self.tasks.insert(task, Task::Store(store));
+        self.write_location(task, location, fresh);
+        Ok(cas)
+    }
+
+    /// Writes the value of store task `task` to `location`'s pages and chunk.
+    pub fn write_location(&mut self, task: TaskId, location: LocationId, fresh: bool) {
+        let (scheme, extent) = {
+            let location = self.index.location(location);
+            (location.scheme, location.extent.clone())
+        };
+        let Some(Task::Store(store)) = self.tasks.get(&task) else { unreachable!("a store task") };
+        let value = store.value.clone();
+        let mut outstanding = 0;
+        let mut writes: Vec<(IoKind, u64, usize, usize, u32)> = Vec::new();
+        for (index, &page) in extent.pages.iter().enumerate() {
+            let start = index * PAGE_BYTES;
+            let end = (start + PAGE_BYTES).min(value.len());
+            if scheme == Scheme::Eor {
+                writes.push((IoKind::WriteData, page, start, end, index as u32));
+                writes.push((IoKind::Write, self.main_page(page), start, end, index as u32 | MAIN));
+            } else {
+                writes.push((IoKind::Write, page, start, end, index as u32));
+            }
+        }
+        outstanding += writes.len() as u32;
+        let tail = extent.tail;
+        if tail.is_some() {
+            outstanding += 1;
+        }
+        if let Some(Task::Store(store)) = self.tasks.get_mut(&task) {
+            store.outstanding = outstanding.max(1);
+        }
+        if outstanding == 0 {
+            // An empty value has no page: it is stored as soon as the index has it.
+            return self.store_part_done(task, None);
+        }
+        for (kind, page, start, end, part) in writes {
+            self.stats.bytes_written_remote += self.io_bytes(kind, scheme) as u64;
+            self.io.write(&mut self.client, kind, page, &value[start..end], IoOwner { task, part });
+        }
+        if let Some(chunk) = tail {
+            let start = extent.pages.len() * PAGE_BYTES;
+            let patch =
+                Patch { offset: chunk.offset(), value: value.clone(), start, len: value.len() - start, task };
+            debug_assert!(patch.len <= class_bytes(chunk.class));
+            let mut ids = Vec::new();
+            let step = self.chunks.patch(chunk.page, scheme, chunk.class, fresh, patch, || {
+                let id = self.next_task + 1 + ids.len() as u64;
+                ids.push(id);
+                id
+            });
+            if let Some(&id) = ids.last() {
+                self.next_task = id;
+                self.tasks.insert(id, Task::ChunkPage);
+            }
+            match step {
+                PatchStep::Load { io_task } => {
+                    let page = self.read_page_of(scheme, chunk.page);
+                    let part = if scheme == Scheme::Eor { MAIN } else { 0 };
+                    self.io.read(&mut self.client, page, IoOwner { task: io_task, part });
+                }
+                PatchStep::Write => self.write_chunk_page(chunk.page, scheme),
+                PatchStep::Queued => {}
+            }
+        }
+    }
+
+    /// Node bytes one page op moves (what the transition accounting counts).
+    pub fn io_bytes(&self, kind: IoKind, scheme: Scheme) -> usize {
+        let ec = self.config.ec;
+        match kind {
+            IoKind::Read | IoKind::WriteData => PAGE_BYTES,
+            IoKind::WriteParity => PAGE_BYTES * ec.parity_splits / ec.data_splits,
+            IoKind::Write => match RegionKind::of(scheme) {
+                RegionKind::None => PAGE_BYTES,
+                RegionKind::Rep2 => 2 * PAGE_BYTES,
+                RegionKind::Rep3 => 3 * PAGE_BYTES,
+                // An EOR value's plain writes go to its main copy (one node).
+                RegionKind::Ec if scheme == Scheme::Eor => PAGE_BYTES,
+                RegionKind::Ec => PAGE_BYTES * (ec.data_splits + ec.parity_splits) / ec.data_splits,
+            },
+        }
+    }
+
+    fn write_chunk_page(&mut self, page: u64, scheme: Scheme) {
+        let writes = if scheme == Scheme::Eor { 2 } else { 1 };
+        let io_task = self.chunks.pages[&page].io_task;
+        let data: Vec<u8> = self.chunks.begin_write(page, writes).to_vec();
+        if scheme == Scheme::Eor {
+            self.io.write(
+                &mut self.client,
+                IoKind::WriteData,
+                page,
+                &data,
+                IoOwner { task: io_task, part: 0 },
+            );
+            let main = self.main_page(page);
+            self.io.write(
+                &mut self.client,
+                IoKind::Write,
+                main,
+                &data,
+                IoOwner { task: io_task, part: MAIN },
+            );
+        } else {
+            self.io.write(&mut self.client, IoKind::Write, page, &data, IoOwner { task: io_task, part: 0 });
+        }
+    }
+
+    pub(crate) fn chunk_page_done(&mut self, task: TaskId, done: &IoDone) {
+        let Some(page) = self.chunks.page_of_task(task) else { return };
+        if done.kind == IoKind::Read {
+            let bytes = match &done.result {
+                Ok(()) => Some(self.io.buffer(done.slot).to_vec()),
+                Err(error) if done.owner.part & MAIN != 0 => {
+                    tracing::debug!(%error, "EOR chunk page main copy unreadable; reading the data splits");
+                    self.io.read(&mut self.client, page, IoOwner { task, part: FALLBACK });
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(page, %error, "a chunk page could not be read: its other values are lost");
+                    None
+                }
+            };
+            if self.chunks.loaded(page, bytes.as_deref()) {
+                let scheme = self.chunks.pages[&page].scheme;
+                self.write_chunk_page(page, scheme);
+            }
+            return;
+        }
+        let error = done.result.as_ref().err().map(|error| error.to_string());
+        if let Some((stores, error, again)) = self.chunks.write_done(page, error) {
+            if again {
+                let scheme = self.chunks.pages[&page].scheme;
+                self.write_chunk_page(page, scheme);
+            }
+            for store in stores {
+                self.store_part_done(store, error.clone());
+            }
+        }
+    }
+
+    pub(crate) fn store_done(&mut self, task: TaskId, done: &IoDone) {
+        let error = done.result.as_ref().err().map(|error| error.to_string());
+        self.store_part_done(task, error);
+    }
+
+    pub(crate) fn store_part_done(&mut self, task: TaskId, error: Option<String>) {
+        let Some(Task::Store(store)) = self.tasks.get_mut(&task) else { return };
+        if error.is_some() && store.error.is_none() {
+            store.error = error;
+        }
+        store.outstanding -= 1;
+        if store.outstanding > 0 {
+            return;
+        }
+        let Some(Task::Store(store)) = self.tasks.remove(&task) else { unreachable!() };
+        if let Some(transition) = store.transition {
+            crate::transition::rewritten(self, transition, store);
+            return;
+        }
+        let current =
+            self.index.find(&store.key).filter(|&id| self.index.entry(id).location == store.location);
+        if let Some(id) = current {
+            if store.error.is_some() {
+                self.stats.failed_writes += 1;
+                self.remove_entry(id);
+            } else {
+                self.index.entry_mut(id).pending = None;
+            }
+        }
+        let mut released = Released::new();
+        self.index.release(store.location, &mut released);
+        self.free(released);
+        for ack in store.acks {
+            if ack.noreply {
+                self.reply(ack.conn, ack.seq, Vec::new());
+                continue;
+            }
+            let bytes = match &store.error {
+                None => ack.ok,
+                Some(error) => {
+                    format!("SERVER_ERROR remote memory could not store the value: {error}\r\n").into_bytes()
+                }
+            };
+            self.reply(ack.conn, ack.seq, bytes);
+        }
+        let value = match &store.error {
+            None => Ok(store.value.clone()),
+            Some(error) => Err(error.clone()),
+        };
+        for waiter in store.after {
+            match (&value, current) {
+                // Bypassing off: the get now reads what was written.
+                (Ok(_), Some(id)) => {
+                    let location = self.index.entry(id).location;
+                    self.fetch(&store.key, location, waiter);
+                }
+                _ => self.deliver(waiter, value.clone()),
+            }
+        }
+    }
+}
