@@ -2,6 +2,10 @@
 //! 4 KiB buffer, named by the slot index (the engine's tag), and a waiting queue for ops the
 //! engine cannot start yet (every op slot busy, or another op on the same page in flight).
 //!
+//! Ops are submitted unflushed: their frames leave together at the next `on_readable` or
+//! `on_timer`, which the server calls after every batch of requests (one write per node for all
+//! the pages of a value, not one per page).
+//!
 //! Invariant: a slot's buffer belongs to the engine from submit to completion; a write's bytes
 //! are copied into its slot when it is asked for, so the caller's value may go away at once.
 //! Ops on one page start in the order they were asked (the queue is FIFO and the engine refuses
@@ -59,6 +63,8 @@ pub struct PageIo {
     /// Bytes moved, for the transition accounting: (read, written) page bytes by kind.
     pub reads: u64,
     pub writes: u64,
+    /// Ops were submitted whose frames have not been flushed yet.
+    pub unflushed: bool,
 }
 
 struct Buffers<'a>(&'a mut [IoSlot]);
@@ -71,7 +77,14 @@ impl OpBuffers for Buffers<'_> {
 
 impl PageIo {
     pub fn new() -> PageIo {
-        PageIo { slots: Vec::new(), free: Vec::new(), waiting: VecDeque::new(), reads: 0, writes: 0 }
+        PageIo {
+            slots: Vec::new(),
+            free: Vec::new(),
+            waiting: VecDeque::new(),
+            reads: 0,
+            writes: 0,
+            unflushed: false,
+        }
     }
 
     fn claim(&mut self, kind: IoKind, page: u64, owner: IoOwner) -> usize {
@@ -133,8 +146,9 @@ impl PageIo {
             IoKind::WriteData => Submit::WriteData { page, data: &data },
             IoKind::WriteParity => Submit::WriteParity { page, data: &data },
         };
-        let started = client.submit(slot, op, &mut Buffers(&mut self.slots));
+        let started = client.submit_unflushed(slot, op, &mut Buffers(&mut self.slots));
         if started {
+            self.unflushed = true;
             match kind {
                 IoKind::Read => self.reads += 1,
                 _ => self.writes += 1,
@@ -167,11 +181,13 @@ impl PageIo {
     /// Lets the engine read its sockets and advance; returns finished ops.
     pub fn on_readable(&mut self, client: &mut PollClient, done: &mut Vec<IoDone>) {
         client.on_readable(&mut Buffers(&mut self.slots));
+        self.unflushed = false;
         self.collect(client, done);
     }
 
     pub fn on_timer(&mut self, client: &mut PollClient, done: &mut Vec<IoDone>) {
         client.on_timer(&mut Buffers(&mut self.slots));
+        self.unflushed = false;
         self.collect(client, done);
     }
 

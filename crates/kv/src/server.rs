@@ -149,7 +149,7 @@ impl Server {
             if let Some(deadline) = self.cache.next_deadline() {
                 timeout = timeout.min(deadline.saturating_duration_since(now));
             }
-            if self.cache.io.waiting() > 0 {
+            if self.cache.io.waiting() > 0 || self.cache.io.unflushed {
                 timeout = Duration::ZERO;
             }
             match self.poll.poll(&mut events, Some(timeout)) {

@@ -47,6 +47,20 @@ impl PollClient {
         true
     }
 
+    /// Starts an op like [`PollClient::submit`] but leaves its frames in the per-node outboxes:
+    /// they leave at the next [`PollClient::flush`], [`PollClient::on_readable`] or
+    /// [`PollClient::on_timer`]. A front end that starts the pages of several requests at once
+    /// then sends them with one write per node instead of one per page and node.
+    pub fn submit_unflushed(&mut self, tag: usize, op: Submit<'_>, buffers: &mut dyn OpBuffers) -> bool {
+        self.client.engine.submit(Instant::now(), tag, op, buffers)
+    }
+
+    /// Sends every queued frame.
+    pub fn flush(&mut self, buffers: &mut dyn OpBuffers) {
+        let client = &mut self.client;
+        client.transport.flush_all(&mut client.engine, buffers);
+    }
+
     /// The client's epoll descriptor was readable: reads every reply that is there, without
     /// blocking, and advances the ops.
     pub fn on_readable(&mut self, buffers: &mut dyn OpBuffers) {
