@@ -68,6 +68,10 @@ pub struct KvArgs {
     /// back; concurrent gets each fetch): for measuring what bypassing saves.
     #[arg(long)]
     pub no_bypass: bool,
+    /// memcached's ASCII authentication (memcached -Y): a file of `user:password` lines, mode
+    /// 0600; connections must send `set <key> 0 0 <len>` with `<user> <password>` first.
+    #[arg(short = 'Y', long)]
+    pub auth_file: Option<PathBuf>,
     /// Most client connections at once.
     #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
@@ -101,6 +105,11 @@ pub fn run(args: KvArgs) -> Result<()> {
     if args.max_connections == 0 || args.request_timeout_ms == 0 {
         bail!("--max-connections and --request-timeout-ms must be positive");
     }
+    // Refused before anything is mapped on the nodes.
+    let auth = match &args.auth_file {
+        Some(path) => Some(remem_kv::auth::Credentials::load(path)?),
+        None => None,
+    };
     let ec = EcShape { data_splits: args.data_splits, parity_splits: args.parity_splits };
     let mut policy = Policy {
         small_below_bytes: args.small_below as usize,
@@ -150,6 +159,7 @@ pub fn run(args: KvArgs) -> Result<()> {
         unix: args.unix.clone(),
         max_connections: args.max_connections,
         limits,
+        auth,
     };
     let mut server =
         Server::bind(cache, server_config).with_context(|| format!("binding {}", args.listen))?;

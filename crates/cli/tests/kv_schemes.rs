@@ -190,3 +190,52 @@ fn node_memory_per_scheme_is_the_ideal_for_whole_pages_and_within_a_quarter_for_
     let overhead = stats["ec:overhead"];
     assert!(overhead > 1.25 && overhead < 1.25 * 1.25, "small EC values: {overhead} node bytes per byte");
 }
+
+#[test]
+fn auth_file_keeps_unauthenticated_clients_out_and_the_unix_socket_is_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = kv_support::test_dir("auth-files");
+    let auth = dir.join("auth");
+    std::fs::write(&auth, "alice:s3cret\n").expect("auth file");
+    std::fs::set_permissions(&auth, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let socket = dir.join("kv.sock");
+    let auth_arg = auth.to_str().expect("utf-8 path");
+    let socket_arg = socket.to_str().expect("utf-8 path");
+    let target = Target::remem_kv("auth", "rep2", "16MiB", &["--auth-file", auth_arg, "--unix", socket_arg]);
+    let mut client = target.client();
+    let answer = |client: &mut TextClient, line: &[u8]| {
+        client.send_raw(line).expect("send");
+        client.read_line().expect("a line")
+    };
+    assert_eq!(answer(&mut client, b"get k\r\n"), "CLIENT_ERROR unauthenticated");
+    assert_eq!(
+        answer(&mut client, b"set k 0 0 12\r\nalice wrong!\r\n"),
+        "CLIENT_ERROR authentication failure"
+    );
+    assert_eq!(answer(&mut client, b"set k 0 0 12\r\nalice s3cret\r\n"), "STORED");
+    client.set("k", b"value").expect("set after authenticating");
+    assert_eq!(client.get("k").expect("get"), Some(b"value".to_vec()));
+    // Each connection authenticates on its own.
+    let mut other = target.client();
+    assert_eq!(answer(&mut other, b"version\r\n"), "CLIENT_ERROR unauthenticated");
+    // The Unix socket is 0600: another local user cannot connect to it.
+    let mode = std::fs::metadata(&socket).expect("socket exists").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let as_nobody = std::process::Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "python3", "-c"])
+        .arg(format!("import socket; s = socket.socket(socket.AF_UNIX); s.connect({socket_arg:?})"))
+        .output()
+        .expect("setpriv runs (util-linux)");
+    assert!(!as_nobody.status.success(), "nobody connected to the owner-only socket");
+    assert!(String::from_utf8_lossy(&as_nobody.stderr).contains("Permission denied"));
+    // A world-readable auth file is refused at start.
+    std::fs::set_permissions(&auth, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let cluster = target.cluster.as_ref().expect("a cluster");
+    let refused = std::process::Command::new(kv_support::binary())
+        .args(["kv", "--listen", "127.0.0.1:0", "--auth-file", auth_arg, "--cluster"])
+        .arg(&cluster.cluster_file_path)
+        .output()
+        .expect("remem kv runs");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("readable by group or others"));
+}

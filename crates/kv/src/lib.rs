@@ -17,6 +17,7 @@
 //! remem-memcache for the memcached protocol; every byte from a socket goes through
 //! `remem_memcache::parse` first. See docs/KV.md.
 
+pub mod auth;
 pub mod cache;
 mod chunks;
 pub mod commands;

@@ -38,6 +38,10 @@ pub struct ServerConfig {
     pub unix: Option<PathBuf>,
     pub max_connections: usize,
     pub limits: Limits,
+    /// memcached's ASCII authentication (`-Y`): when set, a connection must first send
+    /// `set <any> <any> <any> <len>` with `<user> <password>` as data, else every command gets
+    /// `CLIENT_ERROR unauthenticated`.
+    pub auth: Option<crate::auth::Credentials>,
 }
 
 enum Stream {
@@ -93,6 +97,8 @@ struct Connection {
     dead: bool,
     /// Reading stopped for backpressure; resume when replies drain.
     paused: bool,
+    /// Passed memcached's ASCII authentication (always, without `--auth-file`).
+    authenticated: bool,
 }
 
 pub struct Server {
@@ -280,6 +286,7 @@ impl Server {
             closing: false,
             dead: false,
             paused: false,
+            authenticated: self.config.auth.is_none(),
         });
         self.cache.stats.curr_connections += 1;
         self.cache.stats.total_connections += 1;
@@ -363,6 +370,17 @@ impl Server {
                 Parse::Incomplete => break,
                 Parse::Request { request, consumed } => {
                     offset += consumed;
+                    if !connection.authenticated {
+                        let seq = connection.next_seq;
+                        connection.next_seq += 1;
+                        let credentials =
+                            self.config.auth.as_ref().expect("unauthenticated only with an auth file");
+                        let (reply, close) = crate::auth::authenticate(credentials, &request);
+                        connection.authenticated = reply == crate::auth::STORED;
+                        self.cache.reply(conn, seq, reply.to_vec());
+                        connection.closing |= close;
+                        continue;
+                    }
                     if commands::execute(&mut self.cache, conn, &mut connection.next_seq, request)
                         == After::Close
                     {
