@@ -239,3 +239,25 @@ fn auth_file_keeps_unauthenticated_clients_out_and_the_unix_socket_is_owner_only
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("readable by group or others"));
 }
+
+#[test]
+fn a_3000_key_multi_get_after_noreply_sets_returns_every_value_in_order() {
+    let target = Target::remem_kv("multiget", "ec", "16MiB", &[]);
+    let mut client = target.client();
+    let keys: Vec<String> = (0..3000).map(|index| format!("m{index:05}")).collect();
+    let mut request = Vec::new();
+    for (index, key) in keys.iter().enumerate() {
+        let data = value(index, 20 + index % 3000);
+        request.extend_from_slice(format!("set {key} {index} 0 {} noreply\r\n", data.len()).as_bytes());
+        request.extend_from_slice(&data);
+        request.extend_from_slice(b"\r\n");
+    }
+    client.send_raw(&request).expect("pipelined noreply sets");
+    let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let items = client.retrieve("get", &key_refs).expect("one multi-get");
+    assert_eq!(items.len(), keys.len());
+    for (index, item) in items.iter().enumerate() {
+        assert_eq!((item.key.as_str(), item.flags), (keys[index].as_str(), index as u32));
+        assert!(item.value == value(index, 20 + index % 3000), "{}: wrong value", item.key);
+    }
+}
