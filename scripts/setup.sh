@@ -10,6 +10,7 @@ packages=(
   libisal-dev                                                          # baseline for `remem bench codec`
   fonts-dejavu-core                                                    # text in the PNG plots
   qemu-utils libnbd-bin python3-libnbd fio e2fsprogs                   # NBD peers of crates/cli/tests/nbd.rs
+  openssl                                                              # throwaway CA and certificates of security_tls.rs
   memcached libmemcached-tools python3-pymemcache python3-pytest       # memcached peers of crates/cli/tests/kv.rs
   python3-pip                                                          # fetches pymemcache's own tests (below)
 )

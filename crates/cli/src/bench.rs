@@ -26,7 +26,6 @@ use serde::Serialize;
 use crate::bench_floor::{self, FanOut, FloorComparison, RangeProbes};
 use crate::launcher::{ClusterOptions, LocalCluster};
 use crate::stats::{Samples, Summary};
-use crate::units::parse_bytes;
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -34,17 +33,17 @@ pub struct BenchArgs {
     #[arg(long)]
     pub cluster: Option<PathBuf>,
     /// Nodes of the cluster the bench starts when no --cluster is given.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = crate::units::parse_count)]
     pub nodes: usize,
     /// Slab size of the cluster the bench starts (64 MiB keeps shared-memory metadata, header
     /// page included, under 1% of slab memory at 512-byte splits).
-    #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
+    #[arg(long, default_value = "64MiB", value_parser = crate::units::parse_positive_bytes)]
     pub slab_size: u64,
     /// Address space per scheme; filled completely before measuring.
-    #[arg(long, default_value = "128MiB", value_parser = parse_bytes)]
+    #[arg(long, default_value = "128MiB", value_parser = crate::units::parse_positive_bytes)]
     pub size: u64,
     /// Operations per latency series at queue depth 1 (queue depth 32 runs 4x as many).
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = 20_000, value_parser = crate::units::parse_count)]
     pub ops: usize,
     /// Print one JSON document instead of the table.
     #[arg(long)]

@@ -13,29 +13,32 @@ use remem_client::{Client, ClientConfig, PageOp};
 
 use crate::launcher::{ClusterOptions, LocalCluster};
 use crate::stats::Samples;
-use crate::units::{format_bytes, parse_bytes};
+use crate::units::format_bytes;
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
     /// Data to write and verify.
-    #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
+    #[arg(long, default_value = "1GiB", value_parser = crate::units::parse_positive_bytes)]
     pub size: u64,
     /// Memory nodes to start (at least k+r).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = crate::units::parse_count)]
     pub nodes: usize,
     #[command(flatten)]
     pub code: CodeArgs,
     #[command(flatten)]
     pub placement: PlacementArgs,
     /// Slab size of the nodes.
-    #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
+    #[arg(long, default_value = "64MiB", value_parser = crate::units::parse_positive_bytes)]
     pub slab_size: u64,
     /// Pages in flight.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = crate::units::parse_count)]
     pub queue_depth: usize,
     /// Where the cluster's files and node logs go (default: a fresh temporary directory).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Run even when the nodes would need more memory than the host has available.
+    #[arg(long)]
+    pub force: bool,
 }
 
 const CHUNK_PAGES: usize = 4096;
@@ -49,6 +52,26 @@ pub fn run(args: DemoArgs, binary: &std::path::Path) -> Result<()> {
         .dir
         .clone()
         .unwrap_or_else(|| std::env::temp_dir().join(format!("remem-demo-{}", std::process::id())));
+    if args.slab_size < 4096 || !args.slab_size.is_multiple_of(4096) {
+        bail!("--slab-size {} must be a multiple of 4 KiB", args.slab_size);
+    }
+    if !args.size.is_multiple_of(4096) {
+        bail!("--size {} must be a multiple of 4 KiB (the demo writes whole pages)", args.size);
+    }
+    let node_bytes = args.size / args.code.data_splits as u64 * shape.total_splits() as u64;
+    if let Some(available) = crate::launcher::host_available_bytes() {
+        if node_bytes > available / 10 * 8 && !args.force {
+            bail!(
+                "--size {} needs {} of node memory at ({},{}) and this host has {} available: \
+                 use a smaller --size, or --force",
+                format_bytes(args.size),
+                format_bytes(node_bytes),
+                args.code.data_splits,
+                args.code.parity_splits,
+                format_bytes(available)
+            );
+        }
+    }
     let split_bytes = 4096 / args.code.data_splits as u64;
     let slabs_needed = args.size.div_ceil(args.slab_size / split_bytes * 4096) * shape.total_splits() as u64;
     let per_node = slabs_needed.div_ceil(args.nodes as u64) + 2;

@@ -63,6 +63,9 @@ impl UnixSockets {
 }
 
 pub struct LocalCluster {
+    /// An exclusive lock on `DIR/lock` while the cluster runs: a second `remem up` on the same
+    /// directory is refused instead of overwriting this one's cluster file and secret.
+    _lock: std::fs::File,
     pub file: ClusterFile,
     pub cluster_file_path: PathBuf,
     pub secret: Secret,
@@ -88,6 +91,43 @@ pub fn load_cluster(cluster: Option<&Path>) -> Result<(PathBuf, ClusterFile, Sec
         .map_err(|error| anyhow::anyhow!("{error}"))
         .with_context(|| format!("loading the secret {}", file.secret_file.display()))?;
     Ok((path, file, secret))
+}
+
+/// MemAvailable of /proc/meminfo, in bytes.
+pub fn host_available_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|line| line.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Takes an exclusive lock on `dir/lock`, held as long as the returned file is open.
+fn lock_directory(dir: &Path) -> Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a descriptor this function owns; no memory is passed.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        bail!("another remem up (or demo) is using {}: stop it first, or pass another --dir", dir.display());
+    }
+    Ok(file)
+}
+
+/// The last error or warning line of a node's log, for the message when it fails to start.
+fn last_error_of(log_path: &Path) -> String {
+    let Ok(text) = std::fs::read_to_string(log_path) else { return String::new() };
+    text.lines()
+        .rev()
+        .find(|line| line.contains("error") || line.contains("ERROR") || line.contains("WARN"))
+        .map(|line| format!(" ({})", line.trim()))
+        .unwrap_or_default()
 }
 
 /// Makes `dir` a directory only this user can enter: created 0700 if missing; if it exists it
@@ -159,6 +199,7 @@ impl LocalCluster {
     /// Starts `options.nodes` node processes of `binary` and waits until each listens.
     pub fn start(binary: &Path, options: &ClusterOptions) -> Result<LocalCluster> {
         private_directory(&options.dir)?;
+        let lock = lock_directory(&options.dir)?;
         let secret_file = options.dir.join("secret");
         let secret_hex = random_secret_hex();
         write_private_file(&secret_file, secret_hex.as_bytes())?;
@@ -166,6 +207,7 @@ impl LocalCluster {
             .map_err(|error| anyhow::anyhow!("{error}"))?;
 
         let mut cluster = LocalCluster {
+            _lock: lock,
             file: ClusterFile { secret_file: secret_file.clone(), nodes: Vec::new() },
             cluster_file_path: options.dir.join("cluster.json"),
             secret,
@@ -203,7 +245,19 @@ impl LocalCluster {
             let _ = std::fs::remove_file(path);
         }
         let listen = address.map_or_else(|| "127.0.0.1:0".to_owned(), |address| address.to_string());
-        let mut child = Command::new(binary)
+        let mut command = Command::new(binary);
+        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches only the child's own
+        // state; run between fork and exec it makes the node get SIGTERM when the thread that
+        // started it dies, so a killed `remem up` or `demo` leaves no node behind.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = command
             .arg("node")
             .arg("--listen")
             .arg(&listen)
@@ -232,8 +286,13 @@ impl LocalCluster {
         } else {
             self.children.push(Some(child));
         }
-        let address = read_listen_line(stdout, Duration::from_secs(20))
-            .with_context(|| format!("node {index} (pid {pid}) did not start; see {}", log_path.display()))?;
+        let address = read_listen_line(stdout, Duration::from_secs(20)).with_context(|| {
+            format!(
+                "node {index} (pid {pid}) did not start{}; see {}",
+                last_error_of(&log_path),
+                log_path.display()
+            )
+        })?;
         Ok(ClusterNode { address, failure_domain: domain, pid: Some(pid), unix_socket })
     }
 
@@ -285,6 +344,21 @@ impl LocalCluster {
     }
 
     /// Checks that every node still runs; names the first one that exited.
+    /// Nodes that exited since the last call, each reported once (a restarted node is a new
+    /// process, reported again if it dies).
+    pub fn newly_exited(&mut self) -> Vec<String> {
+        let mut exits = Vec::new();
+        for (index, child) in self.children.iter_mut().enumerate() {
+            if let Some(process) = child {
+                if let Ok(Some(status)) = process.try_wait() {
+                    exits.push(format!("node {index} (pid {}) exited: {status}", process.id()));
+                    *child = None;
+                }
+            }
+        }
+        exits
+    }
+
     pub fn check_alive(&mut self) -> Result<()> {
         for (index, child) in self.children.iter_mut().enumerate() {
             if let Some(child) = child {

@@ -22,5 +22,39 @@ pub mod regen_bench;
 pub mod sim_command;
 pub(crate) mod sim_plot;
 pub mod stats;
+pub mod status_command;
 pub mod torture;
 pub mod units;
+
+/// An error and its causes on one line, each cause once: a cause whose text its parent already
+/// shows (thiserror messages often include their source) is not repeated.
+pub fn error_text(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let cause = cause.to_string();
+        if text.contains(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_error_prints_each_cause_once() {
+        let inner =
+            std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused (os error 111)");
+        let error = anyhow::Error::new(inner)
+            .context("node 127.0.0.1:1: Connection refused (os error 111)")
+            .context("connecting");
+        assert_eq!(
+            super::error_text(&error),
+            "connecting: node 127.0.0.1:1: Connection refused (os error 111)"
+        );
+    }
+}

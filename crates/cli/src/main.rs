@@ -8,7 +8,6 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use remem::launcher::{ClusterOptions, LocalCluster};
-use remem::units::parse_bytes;
 use tracing_subscriber::EnvFilter;
 
 /// Resilient remote memory: memory nodes lend RAM in slabs; clients store 4 KiB pages there,
@@ -45,6 +44,9 @@ enum Command {
     /// redundancy (none, rep2, rep3, EC, EOR) and LRU eviction. See docs/KV.md. First stdout
     /// line: `listening ADDRESS`.
     Kv(remem::kv_command::KvArgs),
+    /// Every node of the cluster: up or down, failure domain, capacity, memory used and free,
+    /// slabs, rebuilds running with their progress (table, --json, or --watch SECONDS).
+    Status(remem::status_command::StatusArgs),
     /// Benchmarks: `remem bench pages` (schemes vs transport floors, over TCP or same-host
     /// shared memory, or with one straggler), `remem bench codec` (erasure coding vs Intel
     /// ISA-L), `remem bench regen` (rebuilding a slab under load) and `remem bench kv` (remem
@@ -86,16 +88,16 @@ enum BenchCommand {
 #[derive(Args, Debug)]
 struct UpArgs {
     /// Number of node processes.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = remem::units::parse_count)]
     nodes: usize,
     /// Memory each node lends.
-    #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]
+    #[arg(long, default_value = "2GiB", value_parser = remem::units::parse_positive_bytes)]
     capacity: u64,
     /// Slab size of every node.
-    #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
+    #[arg(long, default_value = "64MiB", value_parser = remem::units::parse_positive_bytes)]
     slab_size: u64,
     /// Nodes per failure domain (1: every node is its own domain).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = remem::units::parse_count)]
     nodes_per_domain: usize,
     /// Directory for cluster.json, the secret and node logs.
     #[arg(long)]
@@ -124,14 +126,18 @@ struct CodecArgs {
 fn main() {
     let cli = Cli::parse();
     let default_level = if matches!(cli.command, Command::Node(_)) { "info" } else { "warn" };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("REMEM_LOG").unwrap_or_else(|_| EnvFilter::new(default_level)),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = EnvFilter::try_from_env("REMEM_LOG").unwrap_or_else(|_| EnvFilter::new(default_level));
+    // Colour only on a terminal: node logs and redirected stderr stay plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    if std::env::var("REMEM_LOG_FORMAT").is_ok_and(|format| format == "json") {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
     if let Err(error) = run(cli) {
-        eprintln!("error: {error:#}");
+        eprintln!("error: {}", remem::error_text(&error));
         std::process::exit(1);
     }
 }
@@ -144,6 +150,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Demo(args) => remem::demo::run(args, &binary),
         Command::Nbd(args) => remem::nbd_command::run(args),
         Command::Kv(args) => remem::kv_command::run(args),
+        Command::Status(args) => remem::status_command::run(args),
         Command::Sim(args) => remem::sim_command::run(args),
         Command::TortureWriter(args) => remem::torture::run(args),
         Command::MemoryHog(args) => remem::memory_hog::run(args),
@@ -252,8 +259,8 @@ fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
             }
             std::io::Write::flush(&mut std::io::stdout())?;
         }
-        if let Err(error) = cluster.check_alive() {
-            eprintln!("warning: {error:#}");
+        for exit in cluster.newly_exited() {
+            eprintln!("warning: {exit}; `restart N` starts it again on its address");
         }
     }
     eprintln!("stopping {} nodes ...", cluster.file.nodes.len());

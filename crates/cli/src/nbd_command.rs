@@ -37,9 +37,29 @@ pub struct NbdArgs {
     /// TCP address to listen on (port 0 picks one; the address is printed as `listening ...`).
     #[arg(long, default_value = "127.0.0.1:10809", conflicts_with = "unix")]
     pub listen: SocketAddr,
-    /// Listen on this Unix socket instead of TCP.
+    /// Listen on this Unix socket instead of TCP: the recommended mode on one host (qemu,
+    /// nbdcopy, nbd-client speak NBD over Unix sockets). Only the socket's owner may connect
+    /// unless `--unix-mode`/`--unix-group` say otherwise.
     #[arg(long)]
     pub unix: Option<PathBuf>,
+    /// Permissions of the Unix socket, in octal (connecting needs write permission).
+    #[arg(long, default_value = "600", value_parser = parse_mode, requires = "unix")]
+    pub unix_mode: u32,
+    /// Group of the Unix socket (a name or a number), for `--unix-mode 660`.
+    #[arg(long, requires = "unix")]
+    pub unix_group: Option<String>,
+    /// Offer TLS (NBD_OPT_STARTTLS) with this certificate chain (PEM) on the TCP listener.
+    #[arg(long, requires = "tls_key", conflicts_with = "unix")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `--tls-cert` (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Ask clients for a certificate signed by this CA (PEM) and refuse those without one.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_ca: Option<PathBuf>,
+    /// Serve nothing before STARTTLS (NBD_REP_ERR_TLS_REQD; NBD_OPT_EXPORT_NAME disconnects).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_required: bool,
     #[command(flatten)]
     pub code: CodeArgs,
     #[command(flatten)]
@@ -84,8 +104,7 @@ pub fn run(args: NbdArgs) -> Result<()> {
 
     let (listener, shown) = match &args.unix {
         Some(path) => {
-            let listener = UnixListener::bind(path)
-                .with_context(|| format!("binding the Unix socket {}", path.display()))?;
+            let listener = bind_unix(path, args.unix_mode, args.unix_group.as_deref())?;
             (Listener::Unix(listener), format!("unix:{}", path.display()))
         }
         None => {
@@ -110,6 +129,11 @@ pub fn run(args: NbdArgs) -> Result<()> {
     };
     let mut server_config = ServerConfig::new(export);
     server_config.max_connections = args.max_connections.max(1);
+    if let (Some(certificate), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let config = remem_nbd::tls::server_config(certificate, key, args.tls_ca.as_deref())
+            .context("loading the TLS certificate")?;
+        server_config.tls = Some(remem_nbd::TlsSettings { config, required: args.tls_required });
+    }
 
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
@@ -130,6 +154,46 @@ pub fn run(args: NbdArgs) -> Result<()> {
         let _ = std::fs::remove_file(path);
     }
     result.context("serving NBD")
+}
+
+fn parse_mode(text: &str) -> Result<u32, String> {
+    match u32::from_str_radix(text, 8) {
+        Ok(mode) if mode <= 0o777 => Ok(mode),
+        _ => Err(format!("{text:?} is not an octal file mode such as 600 or 660")),
+    }
+}
+
+/// Binds the Unix socket so that it never exists with wider permissions than `mode`: created
+/// under a umask that leaves only the owner, then given `mode` and `group`.
+fn bind_unix(path: &std::path::Path, mode: u32, group: Option<&str>) -> Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: umask has no preconditions; no other thread creates files while the server starts.
+    let previous = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above, restoring the previous mask.
+    unsafe { libc::umask(previous) };
+    let listener = bound.with_context(|| format!("binding the Unix socket {}", path.display()))?;
+    if let Some(group) = group {
+        let gid = match group.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => {
+                let name = std::ffi::CString::new(group).context("group name")?;
+                // SAFETY: a valid C string; the returned entry is read at once, before any other
+                // getgr* call could overwrite it.
+                let entry = unsafe { libc::getgrnam(name.as_ptr()) };
+                if entry.is_null() {
+                    bail!("no group named {group:?}");
+                }
+                // SAFETY: non-null, points at libc's static group entry.
+                unsafe { (*entry).gr_gid }
+            }
+        };
+        std::os::unix::fs::lchown(path, None, Some(gid))
+            .with_context(|| format!("giving {} to group {group}", path.display()))?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of {}", path.display()))?;
+    Ok(listener)
 }
 
 /// The export's client, which also follows the cluster file: nodes that appear in it (`add` in

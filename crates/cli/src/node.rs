@@ -11,7 +11,7 @@ use clap::Args;
 use remem_node::{Node, NodeConfig, ResourceMonitorConfig};
 use remem_proto::auth::Secret;
 
-use crate::units::{parse_bytes, parse_duration};
+use crate::units::parse_duration;
 
 #[derive(Args, Debug)]
 pub struct NodeArgs {
@@ -20,10 +20,10 @@ pub struct NodeArgs {
     #[arg(long, default_value = "127.0.0.1:7100")]
     pub listen: SocketAddr,
     /// Most memory this node lends, slabs plus their metadata (e.g. 4GiB).
-    #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]
+    #[arg(long, default_value = "2GiB", value_parser = crate::units::parse_positive_bytes)]
     pub capacity: u64,
     /// Size of one slab (e.g. 64MiB). Every node of a cluster must use the same size.
-    #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
+    #[arg(long, default_value = "64MiB", value_parser = crate::units::parse_positive_bytes)]
     pub slab_size: u64,
     /// Failure domain (rack, host...) that clients use to spread splits.
     #[arg(long, default_value = "")]
@@ -35,7 +35,7 @@ pub struct NodeArgs {
     #[arg(long)]
     pub node_id: Option<u64>,
     /// Most client connections served at once.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = crate::units::parse_count)]
     pub max_connections: usize,
     /// accept fault-injection commands (tests and benchmarks only)
     #[arg(long)]

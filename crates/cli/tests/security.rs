@@ -233,3 +233,71 @@ fn the_handshake_has_one_deadline_not_a_timeout_per_byte() {
     assert!(closed, "a peer dripping bytes kept its pre-authentication slot for {elapsed:?}");
     assert!(elapsed >= remem_node::HANDSHAKE_TIMEOUT, "closed before the deadline: {elapsed:?}");
 }
+
+/// Starts `remem nbd --unix socket` on a one-node cluster in `dir`; killed on drop.
+fn start_unix_export(dir: &Path, socket: &Path, extra: &[&str]) -> (LocalCluster, NodeGuard) {
+    use std::io::BufRead;
+    let cluster = LocalCluster::start(binary(), &options(dir.join("cluster"))).expect("cluster starts");
+    let mut child = Command::new(binary())
+        .args(["nbd", "--cluster"])
+        .arg(&cluster.cluster_file_path)
+        .args(["--size", "1MiB", "--export", "test", "-k", "1", "-r", "0", "--delta", "0", "--unix"])
+        .arg(socket)
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("remem nbd starts");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.starts_with("listening unix:"), "unexpected first line {line:?}");
+    (cluster, NodeGuard(child))
+}
+
+/// Kills its child (by PID) on drop.
+struct NodeGuard(std::process::Child);
+
+impl Drop for NodeGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `nbdinfo --size` on the Unix socket as `nobody`.
+fn nobody_nbdinfo(socket: &Path) -> std::process::Output {
+    let (uid, gid) = nobody();
+    Command::new("timeout")
+        .args(["20", "setpriv", "--reuid", &uid.to_string(), "--regid", &gid.to_string(), "--clear-groups"])
+        .args(["nbdinfo", "--size", &format!("nbd+unix:///test?socket={}", socket.display())])
+        .output()
+        .expect("setpriv runs")
+}
+
+#[test]
+fn an_nbd_unix_socket_is_for_its_owner_only_unless_widened() {
+    assert_root();
+    // A directory every user may enter: only the socket's own mode stands in the way.
+    let dir = fresh_dir("nbd-unix");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = dir.join("nbd.sock");
+    let (cluster, server) = start_unix_export(&dir, &socket, &[]);
+    let mode = std::fs::metadata(&socket).unwrap().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the socket has mode {mode:o}");
+    let refused = nobody_nbdinfo(&socket);
+    assert!(!refused.status.success(), "another user used the export");
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(message.contains("Permission denied"), "unexpected error: {message}");
+    drop((server, cluster));
+
+    // The control: a socket widened on purpose lets the other user in, so the refusal above
+    // came from the mode.
+    let _ = std::fs::remove_file(&socket);
+    let (cluster, server) = start_unix_export(&dir, &socket, &["--unix-mode", "666"]);
+    let served = nobody_nbdinfo(&socket);
+    assert!(served.status.success(), "widened socket: {}", String::from_utf8_lossy(&served.stderr));
+    assert_eq!(String::from_utf8_lossy(&served.stdout).trim(), "1048576");
+    drop((server, cluster));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -26,8 +26,8 @@ mod status;
 
 pub use crate::core::Shape;
 pub use crate::driver::{
-    Client, ClientConfig, MembershipChange, MemoryReport, NodeAddress, PageOp, PollClient, SlabMapError,
-    SlabMapFile,
+    query_node, Client, ClientConfig, MembershipChange, MemoryReport, NodeAddress, PageOp, PollClient,
+    SlabMapError, SlabMapFile,
 };
 pub use crate::engine::{
     BesideError, NodeId, NodeStats, OpDone, Range, RegenerationStatus, RegionInfo, SlabRef, Submit,

@@ -41,6 +41,8 @@ pub enum ConnectionError {
     WriteTooLarge { length: u32, max_bytes: u32 },
     #[error("the page store lock is poisoned: a thread panicked while driving the client")]
     StorePoisoned,
+    #[error("TLS: {0}")]
+    Tls(rustls::Error),
 }
 
 #[cfg(test)]

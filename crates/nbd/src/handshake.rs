@@ -6,6 +6,14 @@
 //! option magic, an option longer than [`MAX_OPTION_BYTES`], more than [`MAX_OPTIONS`] options,
 //! or `NBD_OPT_EXPORT_NAME` naming another export. Memory per connection is bounded by
 //! `MAX_OPTION_BYTES`.
+//!
+//! TLS (`NBD_OPT_STARTTLS`): the haggling does no TLS itself. With TLS offered it answers
+//! STARTTLS with `NBD_REP_ACK` and returns [`HandshakeOutcome::StartTls`]; the caller wraps the
+//! socket in TLS and calls [`haggle`] again on the TLS stream with the same [`Haggling`]. With TLS
+//! required (the spec's FORCEDTLS mode) every option before STARTTLS but ABORT gets
+//! `NBD_REP_ERR_TLS_REQD`, and `NBD_OPT_EXPORT_NAME` (which cannot be refused) ends the session.
+//! Options agreed before TLS (structured replies) are forgotten once it starts: a
+//! man in the middle could have sent them.
 
 use std::io::{self, Read, Write};
 
@@ -55,6 +63,26 @@ impl Export {
     }
 }
 
+/// Whether this connection may, must or already does use TLS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tls {
+    /// Not offered: STARTTLS gets `NBD_REP_ERR_POLICY`.
+    Off,
+    /// Offered; with `required`, nothing but STARTTLS and ABORT is served before it.
+    Offered { required: bool },
+    /// The session runs over TLS now.
+    Active,
+}
+
+/// The state of one connection's haggling, kept across STARTTLS.
+#[derive(Debug)]
+pub struct Haggling {
+    no_zeroes: bool,
+    structured_replies: bool,
+    options_left: usize,
+    pub tls: Tls,
+}
+
 /// What the haggling agreed on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Negotiated {
@@ -67,6 +95,8 @@ pub enum HandshakeOutcome {
     Transmission(Negotiated),
     /// The client sent `NBD_OPT_ABORT` (or closed the connection between options).
     Ended,
+    /// STARTTLS was acknowledged: run TLS on the socket, then [`haggle`] again.
+    StartTls,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,14 +113,25 @@ pub enum HandshakeError {
     TooManyOptions,
     #[error("NBD_OPT_EXPORT_NAME asked for an unknown export ({name_bytes} bytes)")]
     UnknownExport { name_bytes: usize },
+    #[error("NBD_OPT_EXPORT_NAME before STARTTLS, and TLS is required")]
+    TlsRequired,
+    #[error("every transmission slot is taken")]
+    NoSlot,
 }
 
-/// Runs the handshake on `stream` and returns when transmission starts or the client leaves.
+/// Runs the whole handshake without TLS and with every client admitted (tests, and servers
+/// that offer no TLS).
 pub fn negotiate<S: Read + Write>(
     stream: &mut S,
     export: &Export,
 ) -> Result<HandshakeOutcome, HandshakeError> {
-    let mut out = Vec::with_capacity(256);
+    let mut haggling = greet(stream, Tls::Off)?;
+    haggle(stream, export, &mut haggling, &|| true)
+}
+
+/// Sends the greeting and reads the client flags.
+pub fn greet<S: Read + Write>(stream: &mut S, tls: Tls) -> Result<Haggling, HandshakeError> {
+    let mut out = Vec::with_capacity(18);
     out.extend_from_slice(&INIT_MAGIC.to_be_bytes());
     out.extend_from_slice(&OPTION_MAGIC.to_be_bytes());
     out.extend_from_slice(&(HANDSHAKE_FIXED_NEWSTYLE | HANDSHAKE_NO_ZEROES).to_be_bytes());
@@ -103,11 +144,28 @@ pub fn negotiate<S: Read + Write>(
     if client_flags & !(CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES) != 0 {
         return Err(HandshakeError::UnknownClientFlags { flags: client_flags });
     }
-    let no_zeroes = client_flags & CLIENT_NO_ZEROES != 0;
-    let mut structured_replies = false;
-    let mut data = Vec::new();
+    Ok(Haggling {
+        no_zeroes: client_flags & CLIENT_NO_ZEROES != 0,
+        structured_replies: false,
+        options_left: MAX_OPTIONS,
+        tls,
+    })
+}
 
-    for _ in 0..MAX_OPTIONS {
+/// Answers options until transmission starts, the client leaves, or STARTTLS is acknowledged.
+/// `admit` is asked once, right before a successful `NBD_OPT_GO` or `NBD_OPT_EXPORT_NAME`
+/// reply, whether a transmission slot is free (and takes it if so): a GO without one gets
+/// `NBD_REP_ERR_POLICY`, an EXPORT_NAME without one ends the session.
+pub fn haggle<S: Read + Write>(
+    stream: &mut S,
+    export: &Export,
+    haggling: &mut Haggling,
+    admit: &dyn Fn() -> bool,
+) -> Result<HandshakeOutcome, HandshakeError> {
+    let mut out = Vec::with_capacity(256);
+    let mut data = Vec::new();
+    while haggling.options_left > 0 {
+        haggling.options_left -= 1;
         let mut header_bytes = [0u8; OPTION_HEADER_BYTES];
         match stream.read_exact(&mut header_bytes) {
             Ok(()) => {}
@@ -123,15 +181,21 @@ pub fn negotiate<S: Read + Write>(
         stream.read_exact(&mut data)?;
         out.clear();
         let option = header.option;
+        let tls_missing = haggling.tls == Tls::Offered { required: true };
+        let structured_replies = haggling.structured_replies;
         match option {
+            OPT_EXPORT_NAME if tls_missing => return Err(HandshakeError::TlsRequired),
             OPT_EXPORT_NAME => {
                 if !export.matches(&data) {
                     return Err(HandshakeError::UnknownExport { name_bytes: data.len() });
                 }
+                if !admit() {
+                    return Err(HandshakeError::NoSlot);
+                }
                 let flags = export.transmission_flags(structured_replies);
                 out.extend_from_slice(&export.size_bytes.to_be_bytes());
                 out.extend_from_slice(&flags.to_be_bytes());
-                if !no_zeroes {
+                if !haggling.no_zeroes {
                     out.extend_from_slice(&[0u8; 124]);
                 }
                 stream.write_all(&out)?;
@@ -147,6 +211,29 @@ pub fn negotiate<S: Read + Write>(
                 let _ = stream.write_all(&out).and_then(|()| stream.flush());
                 return Ok(HandshakeOutcome::Ended);
             }
+            OPT_STARTTLS => match haggling.tls {
+                Tls::Off => {
+                    encode_option_reply(option, REP_ERR_POLICY, b"this server does not offer TLS", &mut out)
+                }
+                Tls::Active => encode_option_reply(option, REP_ERR_INVALID, b"TLS is already on", &mut out),
+                Tls::Offered { .. } if !data.is_empty() => {
+                    encode_option_reply(option, REP_ERR_INVALID, b"NBD_OPT_STARTTLS takes no data", &mut out)
+                }
+                Tls::Offered { .. } => {
+                    encode_option_reply(option, REP_ACK, &[], &mut out);
+                    stream.write_all(&out)?;
+                    stream.flush()?;
+                    haggling.tls = Tls::Active;
+                    haggling.structured_replies = false;
+                    return Ok(HandshakeOutcome::StartTls);
+                }
+            },
+            _ if tls_missing => encode_option_reply(
+                option,
+                REP_ERR_TLS_REQD,
+                b"TLS is required: send NBD_OPT_STARTTLS",
+                &mut out,
+            ),
             OPT_LIST => {
                 if data.is_empty() {
                     let mut payload = Vec::with_capacity(4 + export.name.len());
@@ -160,7 +247,7 @@ pub fn negotiate<S: Read + Write>(
             }
             OPT_STRUCTURED_REPLY => {
                 if data.is_empty() {
-                    structured_replies = true;
+                    haggling.structured_replies = true;
                     encode_option_reply(option, REP_ACK, &[], &mut out);
                 } else {
                     encode_option_reply(option, REP_ERR_INVALID, b"option takes no data", &mut out);
@@ -174,6 +261,10 @@ pub fn negotiate<S: Read + Write>(
                     }
                     Ok(request) if !export.matches(request.name) => {
                         encode_option_reply(option, REP_ERR_UNKNOWN, b"no such export", &mut out);
+                        false
+                    }
+                    Ok(_) if option == OPT_GO && !admit() => {
+                        encode_option_reply(option, REP_ERR_POLICY, b"too many connections", &mut out);
                         false
                     }
                     Ok(request) => {
@@ -190,9 +281,6 @@ pub fn negotiate<S: Read + Write>(
                     }));
                 }
                 continue;
-            }
-            OPT_STARTTLS => {
-                encode_option_reply(option, REP_ERR_POLICY, b"this server does not offer TLS", &mut out);
             }
             _ => {
                 // Metadata contexts, extended headers and anything newer: not offered.
@@ -391,6 +479,49 @@ pub(crate) mod tests {
         let replies = replies(&output);
         assert_eq!(replies[0].1, REP_ERR_UNSUP);
         assert_eq!(replies[1].1, REP_ERR_POLICY);
+    }
+
+    fn run_with(
+        input: Vec<u8>,
+        tls: Tls,
+        admit: bool,
+    ) -> (Result<HandshakeOutcome, HandshakeError>, Vec<u8>) {
+        let mut stream = Scripted { input: Cursor::new(input), output: Vec::new() };
+        let result = greet(&mut stream, tls)
+            .and_then(|mut haggling| haggle(&mut stream, &export(), &mut haggling, &|| admit));
+        (result, stream.output)
+    }
+
+    #[test]
+    fn tls_required_refuses_options_before_starttls_then_acks_it() {
+        let mut input = CLIENT_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+        option(OPT_GO, &go_data(b"disk", &[]), &mut input);
+        option(OPT_LIST, &[], &mut input);
+        option(OPT_STARTTLS, &[], &mut input);
+        let (result, output) = run_with(input, Tls::Offered { required: true }, true);
+        assert_eq!(result.unwrap(), HandshakeOutcome::StartTls);
+        let replies = replies(&output);
+        assert_eq!(replies[0].1, REP_ERR_TLS_REQD);
+        assert_eq!(replies[1].1, REP_ERR_TLS_REQD);
+        assert_eq!(replies[2], (OPT_STARTTLS, REP_ACK, vec![]));
+    }
+
+    #[test]
+    fn export_name_before_starttls_disconnects_when_tls_is_required() {
+        let mut input = CLIENT_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+        option(OPT_EXPORT_NAME, b"disk", &mut input);
+        let (result, _) = run_with(input, Tls::Offered { required: true }, true);
+        assert!(matches!(result, Err(HandshakeError::TlsRequired)));
+    }
+
+    #[test]
+    fn go_without_a_free_slot_gets_err_policy_and_the_client_may_retry() {
+        let mut input = CLIENT_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+        option(OPT_GO, &go_data(b"disk", &[]), &mut input);
+        option(OPT_ABORT, &[], &mut input);
+        let (result, output) = run_with(input, Tls::Off, false);
+        assert_eq!(result.unwrap(), HandshakeOutcome::Ended);
+        assert_eq!(replies(&output)[0].1, REP_ERR_POLICY);
     }
 
     proptest! {

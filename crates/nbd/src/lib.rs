@@ -10,7 +10,9 @@
 //! - [`transmission`]: batches of requests run as page operations, replies;
 //! - [`error`]: remem errors to NBD error values, in one place;
 //! - [`store`]: the `PageStore` trait (the remem client, or an in-memory model for tests);
-//! - [`server`]: the listener and connection threads; [`host`]: mlockall, OOM score.
+//! - [`server`]: the listener, connection threads and slots; `session`: a connection's
+//!   stream through the handshake deadline and STARTTLS; [`tls`]: certificates (rustls);
+//! - [`host`]: mlockall, OOM score; `log_limit`: rate limits for lines a client can cause.
 //!
 //! Architecture Invariant: this crate uses the remem client API only; it never speaks remem's
 //! wire protocol. Every length or offset from a socket is checked before it sizes a buffer or
@@ -20,14 +22,18 @@ pub mod command;
 pub mod error;
 pub mod handshake;
 pub mod host;
+mod log_limit;
 pub mod protocol;
 pub mod server;
+mod session;
 pub mod store;
+pub mod tls;
 pub mod transmission;
 
 pub use handshake::Export;
 pub use server::{serve, Listener, ServerConfig};
 pub use store::{MemoryStore, PageStore};
+pub use tls::TlsSettings;
 
 #[cfg(test)]
 mod tests;

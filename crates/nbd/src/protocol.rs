@@ -52,6 +52,7 @@ const REP_ERROR_BIT: u32 = 1 << 31;
 pub const REP_ERR_UNSUP: u32 = REP_ERROR_BIT + 1;
 pub const REP_ERR_POLICY: u32 = REP_ERROR_BIT + 2;
 pub const REP_ERR_INVALID: u32 = REP_ERROR_BIT + 3;
+pub const REP_ERR_TLS_REQD: u32 = REP_ERROR_BIT + 5;
 pub const REP_ERR_UNKNOWN: u32 = REP_ERROR_BIT + 6;
 pub const REP_ERR_SHUTDOWN: u32 = REP_ERROR_BIT + 7;
 pub const REP_ERR_TOO_BIG: u32 = REP_ERROR_BIT + 9;

@@ -11,7 +11,7 @@ use proptest::prelude::*;
 
 use crate::handshake::tests::{go_data, option};
 use crate::protocol::*;
-use crate::server::{serve_connection, ServerConfig};
+use crate::server::{serve_connection, ServerConfig, Stream};
 use crate::store::MemoryStore;
 use crate::Export;
 
@@ -145,7 +145,8 @@ fn with_server(store: MemoryStore, client_side: impl FnOnce(UnixStream) + Send) 
     let stop = AtomicBool::new(false);
     let config = config();
     std::thread::scope(|scope| {
-        let server = scope.spawn(|| serve_connection(server_end, &store, &config, &stop));
+        let server =
+            scope.spawn(|| serve_connection(Stream::Unix(server_end), &store, &config, &stop, &|| true));
         client_side(client_end);
         // Hostile clients end their connection with an error; that is a result, not a failure.
         let _ = server.join().expect("the server thread does not panic");

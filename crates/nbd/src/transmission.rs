@@ -26,7 +26,7 @@
 //! connection lives on. A protocol violation (bad magic, oversized write) ends the connection.
 
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -35,6 +35,7 @@ use remem_client::{PageError, PageOp};
 use crate::command::{page_cover, page_span, validate, Command};
 use crate::error::{page_error_code, ConnectionError};
 use crate::handshake::{Export, Negotiated};
+use crate::log_limit::REQUEST_FAILURES;
 use crate::protocol::*;
 use crate::store::PageStore;
 
@@ -120,6 +121,17 @@ fn recycle<'a, 'b>(mut ops: Vec<PageOp<'a>>) -> Vec<PageOp<'b>> {
     ops.into_iter().map(|_| -> PageOp<'b> { unreachable!("the list was cleared") }).collect()
 }
 
+/// What the transmission phase reads from and writes to: a socket, maybe with TLS on it.
+pub trait Socket: Read + Write {
+    /// The descriptor to `poll` for input.
+    fn raw_fd(&self) -> RawFd;
+    /// Input already received and buffered above the socket (decrypted TLS records), which
+    /// `poll` cannot see.
+    fn input_buffered(&mut self) -> bool {
+        false
+    }
+}
+
 /// Waits up to `timeout_ms` for `fd` to be readable (or closed). False on timeout or signal.
 pub(crate) fn poll_readable(fd: RawFd, timeout_ms: i32) -> io::Result<bool> {
     let mut pollfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
@@ -162,7 +174,7 @@ pub struct Transmission<'a, S, T> {
     page_bytes: usize,
 }
 
-impl<'a, S: PageStore, T: Read + Write + AsRawFd> Transmission<'a, S, T> {
+impl<'a, S: PageStore, T: Socket> Transmission<'a, S, T> {
     pub fn new(
         socket: T,
         store: &'a Mutex<S>,
@@ -230,13 +242,13 @@ impl<'a, S: PageStore, T: Read + Write + AsRawFd> Transmission<'a, S, T> {
             assert!(self.need <= REQUEST_HEADER_BYTES + self.limits.max_request_bytes as usize);
             self.input.resize(self.need, 0);
         }
-        let fd = self.socket.as_raw_fd();
+        let fd = self.socket.raw_fd();
         loop {
             if self.end == self.input.len() {
                 return Ok(Fill::Drained);
             }
             let timeout = if wait { self.limits.poll_interval_ms } else { 0 };
-            if !poll_readable(fd, timeout)? {
+            if !self.socket.input_buffered() && !poll_readable(fd, timeout)? {
                 if !wait {
                     return Ok(Fill::Drained);
                 }
@@ -494,7 +506,6 @@ impl<'a, S: PageStore, T: Read + Write + AsRawFd> Transmission<'a, S, T> {
         // Replies, in request order.
         self.output.clear();
         let structured = self.negotiated.structured_replies;
-        let mut failures = 0;
         for request in pending.iter() {
             let handle = request.handle;
             let error = match (&request.command, &request.error) {
@@ -504,8 +515,7 @@ impl<'a, S: PageStore, T: Read + Write + AsRawFd> Transmission<'a, S, T> {
             };
             match (error, request.command) {
                 (Some((code, message)), _) => {
-                    failures += 1;
-                    if failures == 1 {
+                    if REQUEST_FAILURES.allow() {
                         tracing::warn!(handle, error = code.name(), message, "NBD request failed");
                     }
                     if structured {
@@ -535,9 +545,6 @@ impl<'a, S: PageStore, T: Read + Write + AsRawFd> Transmission<'a, S, T> {
                 }
                 (None, _) => encode_simple_reply(0, handle, &mut self.output),
             }
-        }
-        if failures > 1 {
-            tracing::warn!(failures, "NBD requests failed in one batch");
         }
         Ok(())
     }

@@ -18,11 +18,17 @@
 //! (unknown slab, not owner, slot out of range, no capacity, bad split size, refused fault or
 //! regeneration) get an `Error` reply and the connection stays open.
 //!
-//! Invariant: no allocation per request in steady state. The input buffer is allocated once
-//! (grown once, to the largest frame, if a frame does not fit), the output buffer keeps its
-//! capacity, and payloads move with one copy each between those buffers and slab memory.
+//! Invariant: no allocation per request in steady state. The input buffer grows to its working
+//! size once a client is busy (or to one frame that does not fit), the output buffer keeps its
+//! capacity while the client is busy, and payloads move with one copy each between those buffers
+//! and slab memory. What the buffers may hold, how long and node-wide is `buffers`: a partial
+//! frame has a deadline, idle connections shrink their buffers, growth is charged to a budget.
 
-use crate::fault::{self, ConnectionDelay, DelayFault};
+mod buffers;
+mod requests;
+
+use crate::fault::{ConnectionDelay, DelayFault};
+use crate::log_limit::UNAUTHENTICATED_FAILURES;
 use crate::peers::Peer;
 use crate::regenerate;
 use crate::shared::Shared;
@@ -30,27 +36,28 @@ use crate::slab::{SlabError, SlabLabel};
 use crate::stream::Stream;
 use remem_proto::auth;
 use remem_proto::{
-    encode_read_splits_reply_head, max_read_splits_count, Control, DecodeError, ErrorCode, FaultKind,
-    FrameHeader, Kind, SplitMeta, WriteSplitPrefix, HEADER_BYTES, MAX_BODY_BYTES, SPLIT_META_BYTES,
-    WRITE_SPLIT_PREFIX_BYTES,
+    encode_read_splits_reply_head, max_read_splits_count, Control, DecodeError, ErrorCode, FrameHeader, Kind,
+    SplitMeta, WriteSplitPrefix, HEADER_BYTES, MAX_BODY_BYTES, SPLIT_META_BYTES, WRITE_SPLIT_PREFIX_BYTES,
 };
 use std::io::{self, Read, Write};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+pub use buffers::{
+    BufferBudget, CONNECTION_BUFFER_BUDGET_BYTES, IDLE_SHRINK_AFTER, INPUT_BUFFER_BYTES,
+    PARTIAL_FRAME_TIMEOUT, SMALL_INPUT_BYTES,
+};
 
 /// How long a peer may take to complete the handshake, so that unauthenticated connections cannot
 /// hold connection slots forever.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long one reply may stay blocked on a peer that does not read.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Input buffer of a connection: room for hundreds of pipelined 512-byte writes per `read`.
-pub const INPUT_BUFFER_BYTES: usize = 256 * 1024;
 /// The output is written early once it holds this much, so a long pipeline of big reads does not
 /// grow it without bound.
 const OUTPUT_FLUSH_BYTES: usize = 256 * 1024;
-/// The largest frame; a connection's input buffer grows to this once if it meets a frame larger
-/// than [`INPUT_BUFFER_BYTES`].
+/// The largest frame; a connection's input buffer grows to hold one if the budget allows.
 const MAX_FRAME_BYTES: usize = HEADER_BYTES + MAX_BODY_BYTES as usize;
 
 /// Why a connection ended.
@@ -63,6 +70,9 @@ pub enum ConnectionEnd {
     /// The node replied `Error(code)` and closed.
     #[error("closed after {code}: {message}")]
     Refused { code: ErrorCode, message: String },
+    /// A frame was started and not finished within `PARTIAL_FRAME_TIMEOUT`.
+    #[error("a frame was not completed in time")]
+    PartialFrameTimeout,
 }
 
 pub struct Connection {
@@ -82,6 +92,12 @@ pub struct Connection {
     out: Vec<u8>,
     replies_pending: u32,
     delay: ConnectionDelay,
+    /// Bytes of `input` and `out` charged to the node's `BufferBudget`.
+    charged_bytes: usize,
+    /// When the first byte of the frame at the front of the input arrived, if one has.
+    frame_started: Option<Instant>,
+    /// The socket's read timeout as last set.
+    read_timeout: Option<Duration>,
 }
 
 impl Connection {
@@ -99,29 +115,44 @@ impl Connection {
             number,
             handle,
             client_id: 0,
-            input: vec![0; INPUT_BUFFER_BYTES],
+            input: vec![0; SMALL_INPUT_BYTES],
             start: 0,
             end: 0,
-            out: Vec::with_capacity(OUTPUT_FLUSH_BYTES + 64 * 1024),
+            out: Vec::with_capacity(buffers::SMALL_OUTPUT_BYTES),
             replies_pending: 0,
             delay: ConnectionDelay::new(number),
+            charged_bytes: 0,
+            frame_started: None,
+            read_timeout: None,
         }
     }
 
     /// Serves the connection until the peer leaves, an I/O error, or a refusal that closes it.
+    /// Lines about connections that never authenticated are rate-limited (`log_limit`): anyone
+    /// who reaches the port can cause them.
     pub fn serve(&mut self) {
         let end = match self.handshake() {
             Ok(()) => {
                 self.handle.authenticated(self.client_id);
-                tracing::info!(peer = %self.peer, client_id = self.client_id, "client authenticated");
+                tracing::info!(peer = %self.peer, connection = self.number, client_id = self.client_id, "client authenticated");
                 self.serve_requests()
             }
-            Err(end) => end,
+            Err(end) => {
+                self.release_buffers();
+                if UNAUTHENTICATED_FAILURES.allow() {
+                    tracing::warn!(peer = %self.peer, reason = %end, "connection closed before authenticating");
+                }
+                return;
+            }
         };
+        self.release_buffers();
         match end {
             ConnectionEnd::PeerClosed => {
                 tracing::info!(peer = %self.peer, client_id = self.client_id, "connection closed by peer")
             }
+            // Logged, rate-limited, where the limit was met.
+            ConnectionEnd::PartialFrameTimeout => {}
+            ConnectionEnd::Refused { code: ErrorCode::NoCapacity, .. } => {}
             end => {
                 tracing::warn!(peer = %self.peer, client_id = self.client_id, reason = %end, "connection closed")
             }
@@ -157,6 +188,7 @@ impl Connection {
         self.push_control(request_id, &Control::AuthOk { node_id: self.shared.node_id });
         self.flush()?;
         self.stream.set_read_timeout(None)?;
+        self.read_timeout = None;
         Ok(())
     }
 
@@ -168,7 +200,7 @@ impl Connection {
         deadline: std::time::Instant,
     ) -> Result<(u64, Control), ConnectionEnd> {
         loop {
-            if let Some(header) = self.peek_header()? {
+            if let Some(header) = self.peek_header(SMALL_INPUT_BYTES)? {
                 if header.kind != expected {
                     return Err(self.refuse(
                         header.request_id,
@@ -201,7 +233,7 @@ impl Connection {
     /// Serves every complete buffered frame; when none is left, writes the replies and reads.
     fn serve_requests_until_error(&mut self) -> Result<std::convert::Infallible, ConnectionEnd> {
         loop {
-            if let Some(header) = self.peek_header()? {
+            if let Some(header) = self.peek_header(MAX_FRAME_BYTES)? {
                 let served = match header.kind {
                     Kind::WriteSplit => self.write_split(header)?,
                     Kind::MapSlab
@@ -241,7 +273,7 @@ impl Connection {
                 }
             }
             self.flush()?;
-            self.fill()?;
+            self.fill_serving()?;
         }
     }
 
@@ -347,103 +379,6 @@ impl Connection {
         Ok(())
     }
 
-    fn inject_fault(&mut self, fault: FaultKind, slab_id: u32, delay: DelayFault, flips: u32) -> Control {
-        let client_id = self.client_id;
-        if !self.shared.faults.enabled {
-            return Control::error(
-                ErrorCode::Unsupported,
-                "fault injection is off: start the node with --fault-injection",
-            );
-        }
-        match fault {
-            FaultKind::Delay => {
-                tracing::warn!(
-                    client_id,
-                    delay_us = delay.delay_us,
-                    fraction_ppm = delay.fraction_ppm,
-                    seed = delay.seed,
-                    "fault: reply delay set"
-                );
-                self.shared.faults.set_delay(delay);
-                Control::Ok
-            }
-            FaultKind::ClearFaults => {
-                tracing::warn!(client_id, "fault: faults cleared");
-                self.shared.faults.set_delay(DelayFault::default());
-                Control::Ok
-            }
-            FaultKind::Corrupt => match self.shared.table.get(client_id, slab_id) {
-                Ok(slab) => {
-                    let slots = fault::corrupt(&slab, flips, delay.seed);
-                    tracing::warn!(
-                        client_id,
-                        slab_id,
-                        flips,
-                        seed = delay.seed,
-                        ?slots,
-                        "fault: bits flipped"
-                    );
-                    Control::Ok
-                }
-                Err(error) => self.refusal_reply(error),
-            },
-            FaultKind::Evict => {
-                let evicted = self
-                    .shared
-                    .table
-                    .get(client_id, slab_id)
-                    .and_then(|_| self.shared.evict_slab(slab_id, Some(self.number)));
-                match evicted {
-                    Ok(_) => {
-                        // This connection is the owner's too: it hears of the eviction first.
-                        self.push_control(0, &Control::SlabEvicted { slab_id });
-                        Control::Ok
-                    }
-                    Err(error) => self.refusal_reply(error),
-                }
-            }
-        }
-    }
-
-    /// Sends `SlabExported` with the slab's memfd attached (SCM_RIGHTS), after every reply
-    /// already pending so replies stay in request order. Returns the refusal to send instead, if
-    /// any: `Unsupported` on a TCP connection or for a slab being rebuilt (the rebuild's
-    /// conditional stores take a lock that plain stores from the client would bypass),
-    /// `UnknownSlab`, `NotOwner`.
-    fn export_slab(&mut self, request_id: u64, slab_id: u32) -> Result<Option<Control>, ConnectionEnd> {
-        if !self.stream.is_unix() {
-            return Ok(Some(Control::error(
-                ErrorCode::Unsupported,
-                "ExportSlab needs a Unix-socket connection",
-            )));
-        }
-        let slab = match self.shared.table.get(self.client_id, slab_id) {
-            Ok(slab) => slab,
-            Err(error) => return Ok(Some(self.refusal_reply(error))),
-        };
-        if slab.is_regenerating() {
-            return Ok(Some(Control::error(ErrorCode::Unsupported, "slab is being rebuilt")));
-        }
-        let Some(memfd) = slab.export() else {
-            return Ok(Some(self.refusal_reply(SlabError::UnknownSlab { slab_id })));
-        };
-        let mut frame = Vec::with_capacity(HEADER_BYTES + 64);
-        Control::SlabExported { slab_id, epoch: slab.epoch(), layout: slab.layout() }
-            .encode(request_id, &mut frame);
-        self.flush()?;
-        let sent = {
-            let _guard = self.handle.lock_writes();
-            self.stream.send_with_fd(&frame, memfd)
-        };
-        tracing::info!(client_id = self.client_id, slab_id, epoch = slab.epoch(), "slab exported");
-        sent.map(|()| None).map_err(end_of_io)
-    }
-
-    fn refusal_reply(&self, error: SlabError) -> Control {
-        tracing::debug!(client_id = self.client_id, %error, "request refused");
-        Control::error(error.code(), error.to_string())
-    }
-
     /// Validates a `WriteSplit` as soon as its prefix is buffered, and once the whole frame is,
     /// copies the payload into the slot and publishes its metadata. Returns whether the frame was
     /// served (false: wait for more bytes). Any refusal closes the connection: the unconsumed
@@ -540,9 +475,10 @@ impl Connection {
     }
 
     /// The header of the frame at the front of the input, validated, once its 16 bytes are
-    /// buffered; `None` before. A bad header is refused here, before its body is waited for.
-    /// Grows the input buffer (once per connection) if the frame cannot fit in it.
-    fn peek_header(&mut self) -> Result<Option<FrameHeader>, ConnectionEnd> {
+    /// buffered; `None` before. A bad header, or a frame longer than `max_frame_bytes`, is
+    /// refused here, before its body is waited for. Grows the input buffer if the frame cannot
+    /// fit in it and the node's buffer budget allows (`buffers`), else refuses it.
+    fn peek_header(&mut self, max_frame_bytes: usize) -> Result<Option<FrameHeader>, ConnectionEnd> {
         if self.end - self.start < HEADER_BYTES {
             return Ok(None);
         }
@@ -551,10 +487,15 @@ impl Connection {
         let header = FrameHeader::decode(&bytes)
             .map_err(|error| self.refuse_malformed(FrameHeader::raw_request_id(&bytes), error))?;
         let frame_bytes = HEADER_BYTES + header.body_len as usize;
-        if frame_bytes > self.input.len() {
-            assert!(frame_bytes <= MAX_FRAME_BYTES, "the header decoder bounds body_len");
-            self.input.resize(MAX_FRAME_BYTES, 0);
+        assert!(frame_bytes <= MAX_FRAME_BYTES, "the header decoder bounds body_len");
+        if frame_bytes > max_frame_bytes {
+            return Err(self.refuse(
+                header.request_id,
+                ErrorCode::Malformed,
+                format!("a {frame_bytes}-byte frame where at most {max_frame_bytes} bytes are accepted"),
+            ));
         }
+        self.grow_for_frame(header.request_id, frame_bytes)?;
         Ok(Some(header))
     }
 
@@ -565,6 +506,7 @@ impl Connection {
     fn consume(&mut self, header: FrameHeader) {
         self.start += HEADER_BYTES + header.body_len as usize;
         debug_assert!(self.start <= self.end);
+        self.frame_done();
     }
 
     /// Decodes and consumes the complete control frame at the front of the input.
@@ -622,6 +564,7 @@ impl Connection {
             (&self.stream).write_all(&self.out)
         };
         self.out.clear();
+        self.charge_output();
         result.map_err(end_of_io)
     }
 
@@ -639,29 +582,6 @@ impl Connection {
         }
         self.linger();
         ConnectionEnd::Refused { code, message }
-    }
-}
-
-impl Connection {
-    /// Half-closes, then briefly discards what the peer still sends: closing a socket with unread
-    /// input makes the kernel send a reset, which can destroy the `Error` reply before the peer
-    /// reads it. Bounded in time and bytes so a hostile peer cannot hold the thread.
-    fn linger(&mut self) {
-        const LINGER: Duration = Duration::from_millis(200);
-        const LINGER_MAX_BYTES: usize = 2 * 1024 * 1024;
-        let _ = self.stream.shutdown(std::net::Shutdown::Write);
-        if self.stream.set_read_timeout(Some(LINGER)).is_err() {
-            return;
-        }
-        let started = std::time::Instant::now();
-        let mut discarded = 0;
-        let mut sink = [0u8; 4096];
-        while discarded < LINGER_MAX_BYTES && started.elapsed() < LINGER {
-            match (&self.stream).read(&mut sink) {
-                Ok(0) | Err(_) => return,
-                Ok(n) => discarded += n,
-            }
-        }
     }
 }
 

@@ -27,6 +27,7 @@
 
 mod connection;
 mod fault;
+mod log_limit;
 pub mod monitor;
 mod peers;
 mod regenerate;
@@ -36,7 +37,10 @@ mod slab;
 mod slot_copy;
 mod stream;
 
-pub use connection::{HANDSHAKE_TIMEOUT, INPUT_BUFFER_BYTES, WRITE_TIMEOUT};
+pub use connection::{
+    CONNECTION_BUFFER_BUDGET_BYTES, HANDSHAKE_TIMEOUT, IDLE_SHRINK_AFTER, INPUT_BUFFER_BYTES,
+    PARTIAL_FRAME_TIMEOUT, SMALL_INPUT_BYTES, WRITE_TIMEOUT,
+};
 
 /// Connections that have not authenticated yet, at most, apart from `max_connections`
 /// authenticated ones. Each lives at most [`HANDSHAKE_TIMEOUT`] in all.
@@ -134,6 +138,12 @@ impl NodeHandle {
         self.shared.node_info()
     }
 
+    /// Bytes of connection buffers charged to the node-wide budget now
+    /// ([`CONNECTION_BUFFER_BUDGET_BYTES`]).
+    pub fn connection_buffer_bytes(&self) -> usize {
+        self.shared.buffer_budget.used_bytes()
+    }
+
     /// Pre-allocated slabs waiting for a `MapSlab`.
     pub fn pooled_slabs(&self) -> u32 {
         self.shared.table.stats().pooled_slabs
@@ -223,6 +233,7 @@ impl Node {
                 stopping: AtomicBool::new(false),
                 activity_answers: monitor::ActivityAnswers::default(),
                 max_connections: config.max_connections,
+                buffer_budget: connection::BufferBudget::new(CONNECTION_BUFFER_BUDGET_BYTES),
             }),
         })
     }
@@ -329,9 +340,12 @@ impl Node {
             Arc::clone(&handle),
             MAX_UNAUTHENTICATED_CONNECTIONS,
         ) {
-            tracing::warn!(%peer, evicted, "too many connections waiting to authenticate: the oldest closed");
+            if log_limit::UNAUTHENTICATED_FAILURES.allow() {
+                tracing::warn!(%peer, evicted, "too many connections waiting to authenticate: the oldest closed");
+            }
         }
-        tracing::info!(%peer, connection = number, "connection accepted");
+        // Anyone can connect: the line worth keeping is "client authenticated", at info.
+        tracing::debug!(%peer, connection = number, "connection accepted");
         let shared = Arc::clone(&self.shared);
         let spawned = std::thread::Builder::new().name(format!("remem-conn-{number}")).spawn(move || {
             Connection::new(stream, peer, Arc::clone(&shared), number, handle).serve();

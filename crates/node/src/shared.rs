@@ -39,6 +39,8 @@ pub struct Shared {
     pub activity_answers: ActivityAnswers,
     /// Authenticated connections served at once (`--max-connections`).
     pub max_connections: usize,
+    /// Connection buffers beyond the small ones, node-wide (`connection::buffers`).
+    pub buffer_budget: crate::connection::BufferBudget,
 }
 
 impl Shared {

@@ -74,6 +74,17 @@ pub(crate) fn connect_node(
     }
 }
 
+/// Asks one node for its status: connects, authenticates with a random client id (a fresh
+/// session that maps nothing) and disconnects. For `remem status`; the data path never uses it.
+pub fn query_node(
+    address: SocketAddr,
+    secret: &Secret,
+    timeout: Duration,
+) -> Result<crate::NodeStatus, ConnectError> {
+    let (_stream, info) = connect_node(address, None, secret, rand::random(), timeout)?;
+    Ok(info.into())
+}
+
 /// One control request and its reply on a blocking stream.
 pub(crate) fn blocking_control(
     stream: &mut (impl Read + Write),

@@ -34,6 +34,7 @@ use crate::error::{ConnectError, PageError};
 use config::Batch;
 pub use config::{ClientConfig, MemoryReport, NodeAddress, PageOp};
 pub(crate) use connect::connect_node;
+pub use connect::query_node;
 pub use membership::MembershipChange;
 pub use poll::PollClient;
 pub use slab_map::{SlabMapError, SlabMapFile};

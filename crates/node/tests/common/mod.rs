@@ -2,7 +2,7 @@
 
 #![allow(dead_code)]
 
-use remem_node::{Node, NodeConfig};
+use remem_node::{Node, NodeConfig, NodeHandle};
 use remem_proto::auth::Secret;
 use remem_proto::blocking::{self, FrameError};
 use remem_proto::*;
@@ -24,6 +24,7 @@ pub fn secret() -> Secret {
 /// A node serving in a background thread; stopped and joined on drop.
 pub struct TestNode {
     pub addr: SocketAddr,
+    pub handle: NodeHandle,
     shutdown: Arc<AtomicBool>,
     thread: Option<JoinHandle<std::io::Result<()>>>,
 }
@@ -62,10 +63,11 @@ impl TestNode {
         })
         .unwrap();
         let addr = node.local_addr();
+        let handle = node.handle();
         let shutdown = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&shutdown);
         let thread = std::thread::spawn(move || node.run(flag));
-        TestNode { addr, shutdown, thread: Some(thread) }
+        TestNode { addr, handle, shutdown, thread: Some(thread) }
     }
 
     /// A raw TCP connection with timeouts, not yet authenticated.

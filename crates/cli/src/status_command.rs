@@ -1,0 +1,181 @@
+//! `remem status`: every node of a cluster file, as the node reports itself (up or down,
+//! failure domain, capacity, memory used and free, slabs, rebuilds running with their
+//! progress), as a table or JSON, once or every `--watch` seconds. Each node is asked on its own
+//! connection (a fresh session that maps nothing), so a dead node is a row, not an error.
+//!
+//! Clients' own view (regions healthy, degraded, rebuilding, lost) is not here: nodes do not
+//! know it, and clients do not publish it yet (issue 14: metrics).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+use serde::Serialize;
+
+use crate::units::format_bytes;
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Cluster file (default: the `remem up` default directory's).
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Print again every this many seconds until interrupted.
+    #[arg(long, value_name = "SECONDS", value_parser = crate::units::parse_count)]
+    pub watch: Option<usize>,
+    /// How long to wait for each node.
+    #[arg(long, default_value_t = 2000, value_parser = crate::units::parse_positive_ms)]
+    pub timeout_ms: u64,
+}
+
+/// One node's row.
+#[derive(Debug, Serialize)]
+pub struct NodeRow {
+    pub index: usize,
+    pub address: String,
+    pub failure_domain: String,
+    pub up: bool,
+    /// Why the node could not be asked (down, refused, timed out).
+    pub error: Option<String>,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    pub slab_size_bytes: u64,
+    pub slabs_mapped: u32,
+    pub requests_served: u64,
+    pub rebuilds_running: u32,
+    /// Progress of the rebuilds running on the node, 0 to 100.
+    pub rebuild_percent: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ClusterStatus {
+    pub cluster_file: String,
+    pub nodes_up: usize,
+    pub nodes: Vec<NodeRow>,
+    pub capacity_bytes: u64,
+    pub free_bytes: u64,
+    pub rebuilds_running: u32,
+}
+
+pub fn collect(args: &StatusArgs) -> Result<ClusterStatus> {
+    let (path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let mut nodes = Vec::new();
+    for (index, node) in cluster.nodes.iter().enumerate() {
+        let row = match remem_client::query_node(node.address, &secret, timeout) {
+            Ok(status) => NodeRow {
+                index,
+                address: node.address.to_string(),
+                failure_domain: status.failure_domain.clone(),
+                up: true,
+                error: None,
+                capacity_bytes: status.capacity_bytes,
+                used_bytes: status.capacity_bytes.saturating_sub(status.free_bytes),
+                free_bytes: status.free_bytes,
+                slab_size_bytes: status.slab_size_bytes,
+                slabs_mapped: status.slabs_mapped,
+                requests_served: status.requests_served,
+                rebuilds_running: status.regenerating_slabs,
+                rebuild_percent: (status.regeneration_pages_total > 0).then(|| {
+                    100.0 * status.regeneration_pages_done as f64 / status.regeneration_pages_total as f64
+                }),
+            },
+            Err(error) => NodeRow {
+                index,
+                address: node.address.to_string(),
+                failure_domain: node.failure_domain.clone(),
+                up: false,
+                error: Some(crate::error_text(&anyhow::Error::new(error))),
+                capacity_bytes: 0,
+                used_bytes: 0,
+                free_bytes: 0,
+                slab_size_bytes: 0,
+                slabs_mapped: 0,
+                requests_served: 0,
+                rebuilds_running: 0,
+                rebuild_percent: None,
+            },
+        };
+        nodes.push(row);
+    }
+    Ok(ClusterStatus {
+        cluster_file: path.display().to_string(),
+        nodes_up: nodes.iter().filter(|node| node.up).count(),
+        capacity_bytes: nodes.iter().map(|node| node.capacity_bytes).sum(),
+        free_bytes: nodes.iter().map(|node| node.free_bytes).sum(),
+        rebuilds_running: nodes.iter().map(|node| node.rebuilds_running).sum(),
+        nodes,
+    })
+}
+
+pub fn print_table(status: &ClusterStatus, out: &mut impl Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "cluster {}: {} of {} nodes up, {} free of {}, {} rebuilds running",
+        status.cluster_file,
+        status.nodes_up,
+        status.nodes.len(),
+        format_bytes(status.free_bytes),
+        format_bytes(status.capacity_bytes),
+        status.rebuilds_running
+    )?;
+    writeln!(
+        out,
+        "{:>4}  {:<22} {:<12} {:<5} {:>12} {:>12} {:>12} {:>6} {:>10}",
+        "node", "address", "domain", "state", "capacity", "used", "free", "slabs", "rebuilds"
+    )?;
+    for node in &status.nodes {
+        if !node.up {
+            writeln!(
+                out,
+                "{:>4}  {:<22} {:<12} {:<5} {}",
+                node.index,
+                node.address,
+                node.failure_domain,
+                "DOWN",
+                node.error.as_deref().unwrap_or("")
+            )?;
+            continue;
+        }
+        let rebuilds = match node.rebuild_percent {
+            Some(percent) => format!("{} ({percent:.0}%)", node.rebuilds_running),
+            None => node.rebuilds_running.to_string(),
+        };
+        writeln!(
+            out,
+            "{:>4}  {:<22} {:<12} {:<5} {:>12} {:>12} {:>12} {:>6} {:>10}",
+            node.index,
+            node.address,
+            node.failure_domain,
+            "up",
+            format_bytes(node.capacity_bytes),
+            format_bytes(node.used_bytes),
+            format_bytes(node.free_bytes),
+            node.slabs_mapped,
+            rebuilds
+        )?;
+    }
+    Ok(())
+}
+
+pub fn run(args: StatusArgs) -> Result<()> {
+    loop {
+        let status = collect(&args)?;
+        let mut stdout = std::io::stdout().lock();
+        if args.json {
+            writeln!(stdout, "{}", serde_json::to_string_pretty(&status)?)?;
+        } else {
+            print_table(&status, &mut stdout)?;
+        }
+        stdout.flush()?;
+        match args.watch {
+            Some(seconds) => std::thread::sleep(Duration::from_secs(seconds as u64)),
+            None => return Ok(()),
+        }
+    }
+}
