@@ -13,6 +13,7 @@ packages=(
   openssl                                                              # throwaway CA and certificates of security_tls.rs
   memcached libmemcached-tools python3-pymemcache python3-pytest       # memcached peers of crates/cli/tests/kv.rs
   python3-pip                                                          # fetches pymemcache's own tests (below)
+  fuse3 sqlite3                                                        # fusermount3 and sqlite3 for crates/cli/tests/fs.rs (remem fs)
 )
 
 missing=()

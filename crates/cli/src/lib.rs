@@ -9,6 +9,7 @@ pub mod code_args;
 pub mod codec_bench;
 pub mod demo;
 pub mod faults;
+pub mod fs_command;
 pub mod kv_bench;
 pub mod kv_command;
 pub mod launcher;
@@ -23,6 +24,7 @@ pub mod sim_command;
 pub(crate) mod sim_plot;
 pub mod stats;
 pub mod status_command;
+pub mod swap_command;
 pub mod torture;
 pub mod units;
 

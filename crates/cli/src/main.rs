@@ -44,6 +44,16 @@ enum Command {
     /// redundancy (none, rep2, rep3, EC, EOR) and LRU eviction. See docs/KV.md. First stdout
     /// line: `listening ADDRESS`.
     Kv(remem::kv_command::KvArgs),
+    /// Mount a file system whose file contents live in remem (EC(8,2) by default): sparse and
+    /// TiB-sized files, direct I/O for loop devices, unmounted on SIGTERM or Ctrl-C. Only the
+    /// mounting user may enter it unless --allow-other. See docs/FS.md. First stdout line:
+    /// `mounted MOUNTPOINT`.
+    Fs(remem::fs_command::FsArgs),
+    /// Kernel swap on remem without kernel modules: `remem swap on --size 8GiB [--priority N]`
+    /// (a file on a `remem fs` mount, a loop device with direct I/O, mkswap, swapon) and
+    /// `remem swap off` (undoes everything, also after a crash). Needs root. See docs/FS.md.
+    #[command(subcommand)]
+    Swap(remem::swap_command::SwapCommand),
     /// Every node of the cluster: up or down, failure domain, capacity, memory used and free,
     /// slabs, rebuilds running with their progress (table, --json, or --watch SECONDS).
     Status(remem::status_command::StatusArgs),
@@ -150,6 +160,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Demo(args) => remem::demo::run(args, &binary),
         Command::Nbd(args) => remem::nbd_command::run(args),
         Command::Kv(args) => remem::kv_command::run(args),
+        Command::Fs(args) => remem::fs_command::run(args),
+        Command::Swap(command) => remem::swap_command::run(command, &binary),
         Command::Status(args) => remem::status_command::run(args),
         Command::Sim(args) => remem::sim_command::run(args),
         Command::TortureWriter(args) => remem::torture::run(args),

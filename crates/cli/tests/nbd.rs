@@ -4,10 +4,14 @@
 //! Every external command runs under `timeout`, and every process started here is stopped
 //! when its guard drops.
 
+#[allow(dead_code)] // the shared helpers this suite does not use
+mod common;
+
+use common::{run, run_ok};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -125,29 +129,6 @@ impl Drop for NbdServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// Runs a program under `timeout`, returning its output.
-fn run(seconds: u32, program: &str, args: &[&str]) -> Output {
-    Command::new("timeout")
-        .args(["-k", "5", &seconds.to_string(), program])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|error| panic!("cannot run {program}: {error} (run scripts/setup.sh)"))
-}
-
-/// Runs a program and panics unless it succeeds; returns stdout.
-fn run_ok(seconds: u32, program: &str, args: &[&str]) -> String {
-    let output = run(seconds, program, args);
-    assert!(
-        output.status.success(),
-        "{program} {args:?} failed: {}\nstdout: {}\nstderr: {}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 fn pseudo_random(bytes: usize, seed: u64) -> Vec<u8> {

@@ -99,3 +99,28 @@ impl Model {
         decoded
     }
 }
+
+/// Runs a program under `timeout` (killed 5 s after it), returning its output.
+#[allow(dead_code)] // not every test crate that includes this module runs programs
+pub fn run(seconds: u32, program: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("timeout")
+        .args(["-k", "5", &seconds.to_string(), program])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap_or_else(|error| panic!("cannot run {program}: {error} (run scripts/setup.sh)"))
+}
+
+/// Runs a program and panics unless it succeeds; returns its stdout.
+#[allow(dead_code)]
+pub fn run_ok(seconds: u32, program: &str, args: &[&str]) -> String {
+    let output = run(seconds, program, args);
+    assert!(
+        output.status.success(),
+        "{program} {args:?} failed: {}\nstdout: {}\nstderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}

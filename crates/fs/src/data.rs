@@ -1,0 +1,274 @@
+//! The data path: read, write, truncate and fallocate over a file's extent map and the page
+//! store.
+//!
+//! Invariants: a file page without a remem page reads as zeros and costs no I/O; the bytes of a
+//! mapped page beyond the file's size are zeros (truncate and hole punching zero what they cut
+//! from a page), so a write that only partly covers a page reads the page, patches it and
+//! writes it back (read-modify-write) without ever exposing old bytes; a page freshly mapped is
+//! not read at all. Per request nothing is allocated once the read arena has grown to the
+//! largest read (the op list's buffer is recycled).
+
+use std::time::SystemTime;
+
+use remem_client::PageOp;
+
+use crate::error::{FsError, FsResult};
+use crate::extents::ExtentMap;
+use crate::filesystem::{recycle, FileSystem, MAX_FILE_BYTES, MAX_IO_BYTES};
+use crate::namespace::{Attributes, Content, Inode};
+use crate::store::PageStore;
+
+/// The file of `entry`, or the errno a data operation on something else gets.
+fn file_of(entry: &mut Inode) -> FsResult<(&mut Attributes, &mut ExtentMap)> {
+    match &mut entry.content {
+        Content::File(extents) => Ok((&mut entry.attributes, extents)),
+        Content::Directory(_) => Err(FsError::IsDirectory),
+        Content::Symlink(_) => Err(FsError::Invalid("not a regular file")),
+    }
+}
+
+fn check_end(offset: u64, len: u64) -> FsResult<u64> {
+    offset.checked_add(len).filter(|&end| end <= MAX_FILE_BYTES).ok_or(FsError::TooLarge {
+        offset,
+        len,
+        max: MAX_FILE_BYTES,
+    })
+}
+
+/// Zeroes bytes `from..to` of the remem page `remote` (read, patch, write).
+fn zero_in_page<S: PageStore>(
+    store: &mut S,
+    page_buffer: &mut [u8],
+    remote: u64,
+    from: usize,
+    to: usize,
+) -> FsResult<()> {
+    store.execute(&mut [PageOp::Read { page: remote, buf: page_buffer }])?;
+    page_buffer[from..to].fill(0);
+    store.execute(&mut [PageOp::Write { page: remote, data: page_buffer }])?;
+    Ok(())
+}
+
+impl<S: PageStore> FileSystem<S> {
+    /// Reads up to `size` bytes at `offset`, clipped to the file's size.
+    pub fn read(&mut self, inode: u64, offset: u64, size: usize) -> FsResult<&[u8]> {
+        if size > MAX_IO_BYTES {
+            return Err(FsError::Invalid("read larger than the FUSE maximum"));
+        }
+        let page_bytes = self.page_bytes as u64;
+        let FileSystem { namespace, store, arena, spare_ops, .. } = self;
+        let (attributes, extents) = file_of(namespace.get_mut(inode)?)?;
+        if offset >= attributes.size_bytes || size == 0 {
+            return Ok(&[]);
+        }
+        // offset < size <= MAX_FILE_BYTES and size <= 16 MiB: no overflow.
+        let end = attributes.size_bytes.min(offset + size as u64);
+        let first_page = offset / page_bytes;
+        let pages = (end - 1) / page_bytes - first_page + 1;
+        let span = (pages * page_bytes) as usize;
+        if arena.len() < span {
+            arena.resize(span, 0);
+        }
+        let mut ops = recycle(std::mem::take(spare_ops));
+        for (index, chunk) in arena[..span].chunks_mut(page_bytes as usize).enumerate() {
+            match extents.lookup(first_page + index as u64) {
+                Some(remote) => ops.push(PageOp::Read { page: remote, buf: chunk }),
+                None => chunk.fill(0),
+            }
+        }
+        let result = store.execute(&mut ops);
+        *spare_ops = recycle(ops);
+        result?;
+        let start = (offset - first_page * page_bytes) as usize;
+        Ok(&arena[start..start + (end - offset) as usize])
+    }
+
+    /// Writes `data` at `offset`, allocating pages where the file has none. Returns the bytes
+    /// written (all of them, or an error).
+    pub fn write(&mut self, inode: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+        if data.len() > MAX_IO_BYTES {
+            return Err(FsError::Invalid("write larger than the FUSE maximum"));
+        }
+        let end = check_end(offset, data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let page_bytes = self.page_bytes as u64;
+        let page_len = self.page_bytes;
+        let FileSystem { namespace, store, allocator, scratch, spare_ops, .. } = self;
+        let (attributes, extents) = file_of(namespace.get_mut(inode)?)?;
+        let first_page = offset / page_bytes;
+        let last_page = (end - 1) / page_bytes;
+        let head_offset = (offset % page_bytes) as usize;
+        let head_partial = head_offset != 0 || end - first_page * page_bytes < page_bytes;
+        let tail_partial = last_page != first_page && end % page_bytes != 0;
+        let head_remote = if head_partial { extents.lookup(first_page) } else { None };
+        let tail_remote = if tail_partial { extents.lookup(last_page) } else { None };
+        extents.map_range(first_page, last_page + 1, allocator)?;
+        attributes.mapped_pages = extents.mapped_pages();
+
+        let (head, tail) = scratch.split_at_mut(page_len);
+        let mut ops = recycle(std::mem::take(spare_ops));
+        // Read-modify-write: the partial pages that held data are read first; fresh ones are
+        // zeros.
+        if head_partial {
+            match head_remote {
+                Some(remote) => ops.push(PageOp::Read { page: remote, buf: &mut head[..] }),
+                None => head.fill(0),
+            }
+        }
+        if tail_partial {
+            match tail_remote {
+                Some(remote) => ops.push(PageOp::Read { page: remote, buf: &mut tail[..] }),
+                None => tail.fill(0),
+            }
+        }
+        let result = store.execute(&mut ops);
+        let mut ops = recycle(ops);
+        if let Err(error) = result {
+            *spare_ops = recycle(ops);
+            return Err(error.into());
+        }
+        if head_partial {
+            let len = (page_len - head_offset).min(data.len());
+            head[head_offset..head_offset + len].copy_from_slice(&data[..len]);
+        }
+        if tail_partial {
+            let len = (end % page_bytes) as usize;
+            tail[..len].copy_from_slice(&data[data.len() - len..]);
+        }
+        for page in first_page..=last_page {
+            let remote = extents.lookup(page).expect("mapped above");
+            let bytes: &[u8] = if page == first_page && head_partial {
+                head
+            } else if page == last_page && tail_partial {
+                tail
+            } else {
+                let start = (page * page_bytes - offset) as usize;
+                &data[start..start + page_len]
+            };
+            ops.push(PageOp::Write { page: remote, data: bytes });
+        }
+        let result = store.execute(&mut ops);
+        *spare_ops = recycle(ops);
+        result?;
+        let now = SystemTime::now();
+        attributes.size_bytes = attributes.size_bytes.max(end);
+        attributes.mtime = now;
+        attributes.ctime = now;
+        Ok(data.len() as u32)
+    }
+
+    /// Sets a file's size: shrinking frees whole pages past the end and zeroes the cut part of
+    /// the last page; growing allocates nothing (the new bytes read as zeros).
+    pub fn truncate(&mut self, inode: u64, size_bytes: u64) -> FsResult<()> {
+        check_end(size_bytes, 0)?;
+        let page_bytes = self.page_bytes as u64;
+        let mut runs = Vec::new();
+        {
+            let FileSystem { namespace, store, scratch, .. } = &mut *self;
+            let (attributes, extents) = file_of(namespace.get_mut(inode)?)?;
+            if size_bytes < attributes.size_bytes {
+                let cut = (size_bytes % page_bytes) as usize;
+                if cut != 0 {
+                    if let Some(remote) = extents.lookup(size_bytes / page_bytes) {
+                        let page_buffer = &mut scratch[..page_bytes as usize];
+                        zero_in_page(store, page_buffer, remote, cut, page_bytes as usize)?;
+                    }
+                }
+                extents.unmap_range(size_bytes.div_ceil(page_bytes), u64::MAX, |remote, len| {
+                    runs.push((remote, len))
+                });
+                attributes.mapped_pages = extents.mapped_pages();
+            }
+            let now = SystemTime::now();
+            attributes.size_bytes = size_bytes;
+            attributes.mtime = now;
+            attributes.ctime = now;
+        }
+        self.release_runs(&runs)
+    }
+
+    /// Makes `offset..end` read as zeros: whole pages lose their remem page, the partial pages
+    /// at the ends are zeroed in place.
+    fn zero_range(&mut self, inode: u64, offset: u64, end: u64) -> FsResult<()> {
+        let page_bytes = self.page_bytes as u64;
+        let mut runs = Vec::new();
+        {
+            let FileSystem { namespace, store, scratch, .. } = &mut *self;
+            let (attributes, extents) = file_of(namespace.get_mut(inode)?)?;
+            let first_whole = offset.div_ceil(page_bytes);
+            let end_whole = end / page_bytes;
+            let page_buffer = &mut scratch[..page_bytes as usize];
+            if first_whole > end_whole {
+                // Inside one page.
+                if let Some(remote) = extents.lookup(offset / page_bytes) {
+                    let base = offset / page_bytes * page_bytes;
+                    zero_in_page(
+                        store,
+                        page_buffer,
+                        remote,
+                        (offset - base) as usize,
+                        (end - base) as usize,
+                    )?;
+                }
+            } else {
+                if !offset.is_multiple_of(page_bytes) {
+                    if let Some(remote) = extents.lookup(offset / page_bytes) {
+                        let from = (offset % page_bytes) as usize;
+                        zero_in_page(store, page_buffer, remote, from, page_bytes as usize)?;
+                    }
+                }
+                if !end.is_multiple_of(page_bytes) {
+                    if let Some(remote) = extents.lookup(end_whole) {
+                        zero_in_page(store, page_buffer, remote, 0, (end % page_bytes) as usize)?;
+                    }
+                }
+                extents.unmap_range(first_whole, end_whole, |remote, len| runs.push((remote, len)));
+            }
+            attributes.mapped_pages = extents.mapped_pages();
+            let now = SystemTime::now();
+            attributes.mtime = now;
+            attributes.ctime = now;
+        }
+        self.release_runs(&runs)
+    }
+
+    /// fallocate(2): mode 0 and `FALLOC_FL_KEEP_SIZE` allocate, `FALLOC_FL_PUNCH_HOLE` (with
+    /// KEEP_SIZE, as Linux requires) frees, `FALLOC_FL_ZERO_RANGE` zeroes and allocates.
+    pub fn fallocate(&mut self, inode: u64, offset: u64, length: u64, mode: i32) -> FsResult<()> {
+        const KNOWN: i32 =
+            libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+        if mode & !KNOWN != 0 {
+            return Err(FsError::Unsupported("fallocate mode"));
+        }
+        if length == 0 {
+            return Err(FsError::Invalid("fallocate of zero bytes"));
+        }
+        let end = check_end(offset, length)?;
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
+        let zero = mode & libc::FALLOC_FL_ZERO_RANGE != 0;
+        if punch && (!keep_size || zero) {
+            return Err(FsError::Unsupported("PUNCH_HOLE without KEEP_SIZE, or with ZERO_RANGE"));
+        }
+        if punch || zero {
+            self.zero_range(inode, offset, end)?;
+            if punch {
+                return Ok(());
+            }
+        }
+        let page_bytes = self.page_bytes as u64;
+        let FileSystem { namespace, allocator, .. } = self;
+        let (attributes, extents) = file_of(namespace.get_mut(inode)?)?;
+        extents.map_range(offset / page_bytes, end.div_ceil(page_bytes), allocator)?;
+        attributes.mapped_pages = extents.mapped_pages();
+        if !keep_size && end > attributes.size_bytes {
+            attributes.size_bytes = end;
+            let now = SystemTime::now();
+            attributes.mtime = now;
+            attributes.ctime = now;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,481 @@
+//! The FUSE side: `fuser::Filesystem` over `FileSystem`, requests checked and errors mapped.
+//!
+//! Every value from the kernel is checked before it is used: inode numbers name a live inode
+//! (else `ENOENT`), names are at most 255 bytes without `/` or NUL, offsets plus lengths stay
+//! under `MAX_FILE_BYTES` (else `EFBIG`), reads and writes are at most `MAX_IO_BYTES`, mode
+//! bits are masked to 07777, and only regular files, directories and symlinks are made.
+//! Errors become errnos in `crate::error` only.
+//!
+//! One lock holds the whole file system: fuser runs one request at a time on its thread, and the
+//! healer thread takes the lock between requests for the client's background work.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
+    ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+
+use crate::error::FsError;
+use crate::filesystem::{FileSystem, SetAttributes};
+use crate::namespace::{Attributes, Creator, FileKind};
+use crate::store::PageStore;
+
+/// How long the kernel may cache attributes and names. Every change goes through this process,
+/// so the kernel's cache stays true for changes it made itself.
+const TTL: Duration = Duration::from_secs(1);
+/// Largest write the kernel sends us in one request.
+pub const MAX_WRITE_BYTES: u32 = 1 << 20;
+
+pub struct Fuse<S: PageStore> {
+    pub(crate) inner: Arc<Mutex<FileSystem<S>>>,
+}
+
+fn errno(error: &FsError) -> Errno {
+    if let FsError::Page(page_error) = error {
+        // Logged here, where the error is handled: the kernel only sees EIO.
+        tracing::warn!(%page_error, "remem page error: EIO");
+    }
+    Errno::from_i32(error.errno())
+}
+
+fn file_type(kind: FileKind) -> FileType {
+    match kind {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Directory => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+    }
+}
+
+fn file_attr(attributes: &Attributes, page_bytes: usize) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(attributes.inode),
+        size: attributes.size_bytes,
+        blocks: attributes.mapped_pages.saturating_mul(page_bytes as u64 / 512),
+        atime: attributes.atime,
+        mtime: attributes.mtime,
+        ctime: attributes.ctime,
+        crtime: attributes.crtime,
+        kind: file_type(attributes.kind),
+        perm: attributes.mode,
+        nlink: attributes.nlink,
+        uid: attributes.uid,
+        gid: attributes.gid,
+        rdev: 0,
+        blksize: page_bytes as u32,
+        flags: 0,
+    }
+}
+
+fn creator(request: &Request, mode: u32, umask: u32) -> Creator {
+    Creator { uid: request.uid(), gid: request.gid(), mode: (mode & !umask & 0o7777) as u16 }
+}
+
+/// `FOPEN_DIRECT_IO` for opens with `O_DIRECT` (loop devices with `--direct-io=on`): their
+/// reads and writes bypass the page cache and reach us as they are issued. Other opens use the
+/// page cache, so mmap works and small reads are served from it.
+fn open_flags(flags: i32) -> FopenFlags {
+    if flags & libc::O_DIRECT != 0 {
+        FopenFlags::FOPEN_DIRECT_IO
+    } else {
+        FopenFlags::empty()
+    }
+}
+
+fn time(value: TimeOrNow) -> SystemTime {
+    match value {
+        TimeOrNow::SpecificTime(time) => time,
+        TimeOrNow::Now => SystemTime::now(),
+    }
+}
+
+impl<S: PageStore> Fuse<S> {
+    fn lock(&self) -> MutexGuard<'_, FileSystem<S>> {
+        // A panic under the lock was a bug in a request; the metadata it left is still the
+        // best there is, and refusing every later request would only add to the damage.
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn reply_entry(&self, result: Result<Attributes, FsError>, page_bytes: usize, reply: ReplyEntry) {
+        match result {
+            Ok(attributes) => reply.entry(&TTL, &file_attr(&attributes, page_bytes), Generation(0)),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+}
+
+fn empty(result: Result<(), FsError>, reply: ReplyEmpty) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(error) => reply.error(errno(&error)),
+    }
+}
+
+impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
+    fn init(&mut self, _request: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Write-through (no FUSE_WRITEBACK_CACHE): a write(2) returns after its pages are on
+        // the nodes. 1 MiB requests amortise the per-request cost.
+        let _ = config.set_max_write(MAX_WRITE_BYTES);
+        let _ = config.set_max_readahead(MAX_WRITE_BYTES);
+        Ok(())
+    }
+
+    fn lookup(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let fs = self.lock();
+        self.reply_entry(fs.lookup(parent.0, name), fs.page_bytes(), reply);
+    }
+
+    fn getattr(&self, _request: &Request, inode: INodeNo, _handle: Option<FileHandle>, reply: ReplyAttr) {
+        let fs = self.lock();
+        match fs.getattr(inode.0) {
+            Ok(attributes) => reply.attr(&TTL, &file_attr(&attributes, fs.page_bytes())),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _request: &Request,
+        inode: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _handle: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let changes = SetAttributes {
+            mode: mode.map(|mode| (mode & 0o7777) as u16),
+            uid,
+            gid,
+            size_bytes: size,
+            atime: atime.map(time),
+            mtime: mtime.map(time),
+        };
+        let mut fs = self.lock();
+        match fs.setattr(inode.0, changes) {
+            Ok(attributes) => reply.attr(&TTL, &file_attr(&attributes, fs.page_bytes())),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn readlink(&self, _request: &Request, inode: INodeNo, reply: ReplyData) {
+        let fs = self.lock();
+        match fs.readlink(inode.0) {
+            Ok(target) => reply.data(target.as_encoded_bytes()),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        request: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            reply.error(Errno::from_i32(libc::EPERM));
+            return;
+        }
+        let mut fs = self.lock();
+        let result = fs.create_file(parent.0, name, creator(request, mode, umask));
+        self.reply_entry(result, fs.page_bytes(), reply);
+    }
+
+    fn mkdir(
+        &self,
+        request: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let mut fs = self.lock();
+        let result = fs.mkdir(parent.0, name, creator(request, mode, umask));
+        self.reply_entry(result, fs.page_bytes(), reply);
+    }
+
+    fn unlink(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(self.lock().unlink(parent.0, name), reply);
+    }
+
+    fn rmdir(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(self.lock().rmdir(parent.0, name), reply);
+    }
+
+    fn symlink(
+        &self,
+        request: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let mut fs = self.lock();
+        let result = fs.symlink(parent.0, link_name, target.as_os_str(), creator(request, 0o777, 0));
+        self.reply_entry(result, fs.page_bytes(), reply);
+    }
+
+    fn rename(
+        &self,
+        _request: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        new_parent: INodeNo,
+        new_name: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) || !RenameFlags::all().contains(flags) {
+            reply.error(Errno::from_i32(libc::EINVAL));
+            return;
+        }
+        let no_replace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+        let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
+        if no_replace && exchange {
+            reply.error(Errno::from_i32(libc::EINVAL));
+            return;
+        }
+        empty(self.lock().rename(parent.0, name, new_parent.0, new_name, no_replace, exchange), reply);
+    }
+
+    fn link(
+        &self,
+        _request: &Request,
+        inode: INodeNo,
+        new_parent: INodeNo,
+        new_name: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let mut fs = self.lock();
+        let result = fs.link(inode.0, new_parent.0, new_name);
+        self.reply_entry(result, fs.page_bytes(), reply);
+    }
+
+    fn open(&self, _request: &Request, inode: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let opened = self.lock().open(inode.0);
+        match opened {
+            Ok(FileKind::File) => reply.opened(FileHandle(inode.0), open_flags(flags.0)),
+            Ok(_) => {
+                // Not a regular file: undo the handle count.
+                let _ = self.lock().release(inode.0);
+                reply.error(Errno::from_i32(libc::EISDIR));
+            }
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn read(
+        &self,
+        _request: &Request,
+        inode: INodeNo,
+        _handle: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let mut fs = self.lock();
+        match fs.read(inode.0, offset, size as usize) {
+            Ok(bytes) => reply.data(bytes),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn write(
+        &self,
+        _request: &Request,
+        inode: INodeNo,
+        _handle: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.lock().write(inode.0, offset, data) {
+            Ok(written) => reply.written(written),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _request: &Request,
+        _inode: INodeNo,
+        _handle: FileHandle,
+        _owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _request: &Request,
+        inode: INodeNo,
+        _handle: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(self.lock().release(inode.0), reply);
+    }
+
+    /// Nothing to do: a write is on the nodes when it returns (docs/FS.md, SEMANTICS).
+    fn fsync(
+        &self,
+        _request: &Request,
+        _inode: INodeNo,
+        _handle: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn readdir(
+        &self,
+        _request: &Request,
+        inode: INodeNo,
+        _handle: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let fs = self.lock();
+        let result = fs.readdir(inode.0, offset, |entry, cookie, kind, name| {
+            reply.add(INodeNo(entry), cookie, file_type(kind), name)
+        });
+        match result {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _request: &Request,
+        _inode: INodeNo,
+        _handle: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn statfs(&self, _request: &Request, _inode: INodeNo, reply: ReplyStatfs) {
+        let fs = self.lock();
+        let usage = fs.usage();
+        let page_bytes = fs.page_bytes() as u32;
+        let free_inodes = u64::from(u32::MAX).saturating_sub(usage.inodes);
+        reply.statfs(
+            usage.total_pages,
+            usage.free_pages,
+            usage.free_pages,
+            usage.inodes + free_inodes,
+            free_inodes,
+            page_bytes,
+            crate::namespace::MAX_NAME_BYTES as u32,
+            page_bytes,
+        );
+    }
+
+    /// Permissions are checked by the kernel (`default_permissions`).
+    fn access(&self, _request: &Request, inode: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        empty(self.lock().getattr(inode.0).map(|_| ()), reply);
+    }
+
+    fn create(
+        &self,
+        request: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        if mode & libc::S_IFMT != libc::S_IFREG && mode & libc::S_IFMT != 0 {
+            reply.error(Errno::from_i32(libc::EPERM));
+            return;
+        }
+        let mut fs = self.lock();
+        let created = fs.create_file(parent.0, name, creator(request, mode, umask));
+        match created.and_then(|attributes| fs.open(attributes.inode).map(|_| attributes)) {
+            Ok(attributes) => reply.created(
+                &TTL,
+                &file_attr(&attributes, fs.page_bytes()),
+                Generation(0),
+                FileHandle(attributes.inode),
+                open_flags(flags),
+            ),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _request: &Request,
+        inode: INodeNo,
+        _handle: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        empty(self.lock().fallocate(inode.0, offset, length, mode), reply);
+    }
+
+    // No extended attributes. ENOSYS (not ENOTSUP) makes the kernel stop asking for good;
+    // otherwise every write would first ask for `security.capability`.
+    fn getxattr(
+        &self,
+        _request: &Request,
+        _inode: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: fuser::ReplyXattr,
+    ) {
+        reply.error(Errno::from_i32(libc::ENOSYS));
+    }
+
+    fn listxattr(&self, _request: &Request, _inode: INodeNo, _size: u32, reply: fuser::ReplyXattr) {
+        reply.error(Errno::from_i32(libc::ENOSYS));
+    }
+
+    fn setxattr(
+        &self,
+        _request: &Request,
+        _inode: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::from_i32(libc::ENOSYS));
+    }
+
+    fn removexattr(&self, _request: &Request, _inode: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::from_i32(libc::ENOSYS));
+    }
+}

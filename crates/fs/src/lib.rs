@@ -1,0 +1,126 @@
+//! remem-fs: a FUSE file system whose file contents live in remem pages (`remem fs`,
+//! docs/FS.md; seed 000's Remote Regions).
+//!
+//! - [`extents`]: the page allocator of the remem address space and each file's extent map.
+//! - [`namespace`]: inodes, attributes, directories (metadata, in this process's memory).
+//! - [`filesystem`] and `data`: the operations, over a [`PageStore`] (the remem client).
+//! - `fuse`: the kernel's requests, checked, and their replies; [`error`] maps errors to errno.
+//!
+//! Architecture Invariant: the crate uses only the remem client API, never the wire protocol.
+//! Every value from the kernel is checked before it sizes a buffer or addresses a page. A
+//! page that cannot be read correctly is `EIO`, never other bytes.
+
+pub mod data;
+pub mod error;
+pub mod extents;
+pub mod filesystem;
+mod fuse;
+pub mod namespace;
+pub mod store;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub use error::{FsError, FsResult};
+pub use filesystem::{FileSystem, MAX_FILE_BYTES};
+pub use namespace::Creator;
+pub use store::PageStore;
+
+/// How often the healer thread runs the client's background work between requests.
+const BACKGROUND_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How to mount.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// Let other users than the mounting one use the file system (FUSE `allow_other`; the
+    /// kernel still checks permission bits). Off by default: see docs/FS.md, Security.
+    pub allow_other: bool,
+    /// The source name shown in /proc/mounts.
+    pub source_name: String,
+}
+
+/// A mounted file system: requests are served on a thread of their own until [`Mounted::unmount`].
+pub struct Mounted {
+    session: Option<JoinHandle<std::io::Result<()>>>,
+    unmounter: fuser::SessionUnmounter,
+    stop: Arc<AtomicBool>,
+    healer: Option<JoinHandle<()>>,
+}
+
+/// Mounts `filesystem` at `mountpoint` and serves it on a background thread.
+///
+/// Errors: the mount itself (no /dev/fuse, no permission, a bad mount point).
+pub fn mount<S: PageStore + 'static>(
+    filesystem: FileSystem<S>,
+    mountpoint: &Path,
+    options: &MountOptions,
+) -> std::io::Result<Mounted> {
+    let inner = Arc::new(Mutex::new(filesystem));
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName(options.source_name.clone()),
+        fuser::MountOption::Subtype("remem".to_owned()),
+        fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::NoDev,
+        fuser::MountOption::NoSuid,
+    ];
+    config.acl = if options.allow_other { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
+    let mut session = fuser::Session::new(fuse::Fuse { inner: Arc::clone(&inner) }, mountpoint, &config)?;
+    let unmounter = session.unmount_callable();
+    let session = std::thread::Builder::new().name("remem-fs".to_owned()).spawn(move || session.run())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let healer = {
+        let stop = Arc::clone(&stop);
+        std::thread::Builder::new().name("remem-fs-heal".to_owned()).spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(BACKGROUND_INTERVAL);
+                inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).background();
+            }
+        })?
+    };
+    Ok(Mounted { session: Some(session), unmounter, stop, healer: Some(healer) })
+}
+
+impl Mounted {
+    /// Whether the request thread has ended (the file system was unmounted from outside, or
+    /// the kernel connection broke).
+    pub fn is_finished(&self) -> bool {
+        self.session.as_ref().is_none_or(|session| session.is_finished())
+    }
+
+    /// Detaches the mount (lazily: files still open keep working) and waits up to `grace` for
+    /// the last of them to close. Returns false if some were still open: the connection ends
+    /// when this process exits, and their next access fails with `ENOTCONN`.
+    pub fn unmount(mut self, grace: Duration) -> bool {
+        if let Err(error) = self.unmounter.unmount() {
+            tracing::warn!(%error, "unmount failed");
+        }
+        let deadline = Instant::now() + grace;
+        let mut finished = false;
+        while Instant::now() < deadline {
+            if self.is_finished() {
+                finished = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if finished {
+            if let Some(session) = self.session.take() {
+                if let Ok(Err(error)) = session.join() {
+                    tracing::warn!(%error, "FUSE session ended with an error");
+                }
+            }
+        }
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(healer) = self.healer.take() {
+            let _ = healer.join();
+        }
+        finished
+    }
+}

@@ -1,0 +1,101 @@
+//! The page store under the file system: the remem client, or a `HashMap` model in tests.
+//!
+//! Contract: `execute` runs every op of the batch to its end and returns the first error; a
+//! read returns the page's last completed write or an error, never other bytes; a page never
+//! written, or discarded since, reads as zeros.
+
+use remem_client::{Client, PageError, PageOp};
+
+pub trait PageStore: Send {
+    fn page_bytes(&self) -> usize;
+    fn page_count(&self) -> u64;
+    /// Runs a batch of page ops (pages in flight at once); the first error, if any.
+    fn execute(&mut self, ops: &mut [PageOp<'_>]) -> Result<(), PageError>;
+    /// Forgets a page: it reads as zeros, without remote I/O, until written again.
+    fn discard_page(&mut self, page: u64) -> Result<(), PageError>;
+    /// Background work between requests (heartbeats, rebuilds, probes).
+    fn background(&mut self);
+}
+
+impl PageStore for Client {
+    fn page_bytes(&self) -> usize {
+        Client::page_bytes(self)
+    }
+
+    fn page_count(&self) -> u64 {
+        Client::page_count(self)
+    }
+
+    fn execute(&mut self, ops: &mut [PageOp<'_>]) -> Result<(), PageError> {
+        self.execute_all(ops)
+    }
+
+    fn discard_page(&mut self, page: u64) -> Result<(), PageError> {
+        Client::discard_page(self, page)
+    }
+
+    fn background(&mut self) {
+        self.poll_background(std::time::Duration::ZERO);
+    }
+}
+
+/// Remote memory as a `HashMap`: the reference model of the data path's tests.
+#[cfg(test)]
+#[derive(Default)]
+pub struct MemoryStore {
+    pub pages: std::collections::HashMap<u64, Vec<u8>>,
+    pub page_count: u64,
+    /// Page ops run so far (reads and writes), to check that holes cost no I/O.
+    pub ops_run: u64,
+    /// When set, every op fails as if r+1 nodes were down.
+    pub failing: bool,
+}
+
+#[cfg(test)]
+impl PageStore for MemoryStore {
+    fn page_bytes(&self) -> usize {
+        4096
+    }
+
+    fn page_count(&self) -> u64 {
+        self.page_count
+    }
+
+    fn execute(&mut self, ops: &mut [PageOp<'_>]) -> Result<(), PageError> {
+        for op in ops.iter_mut() {
+            self.ops_run += 1;
+            let page = match op {
+                PageOp::Write { page, .. } | PageOp::Read { page, .. } => *page,
+                _ => panic!("the file system issues whole writes and reads only"),
+            };
+            assert!(page < self.page_count, "page {page} beyond the store");
+            if self.failing {
+                return Err(PageError::Lost {
+                    page,
+                    range: 0,
+                    valid_splits: 7,
+                    needed_splits: 8,
+                    failed_nodes: Vec::new(),
+                });
+            }
+            match op {
+                PageOp::Write { page, data } => {
+                    self.pages.insert(*page, data.to_vec());
+                }
+                PageOp::Read { page, buf } => match self.pages.get(page) {
+                    Some(data) => buf.copy_from_slice(data),
+                    None => buf.fill(0),
+                },
+                _ => unreachable!(),
+            }
+        }
+        Ok(())
+    }
+
+    fn discard_page(&mut self, page: u64) -> Result<(), PageError> {
+        self.pages.remove(&page);
+        Ok(())
+    }
+
+    fn background(&mut self) {}
+}

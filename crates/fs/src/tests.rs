@@ -1,0 +1,131 @@
+//! The file system against a `HashMap` page store: a byte-vector model of one file under random
+//! writes, truncates, punches and reads; sparse and TiB-sized files; EIO, never bytes, when the
+//! store fails.
+
+use std::ffi::OsStr;
+
+use proptest::prelude::*;
+
+use crate::error::FsError;
+use crate::filesystem::FileSystem;
+use crate::namespace::{Creator, ROOT_INODE};
+use crate::store::MemoryStore;
+
+const ME: Creator = Creator { uid: 0, gid: 0, mode: 0o644 };
+
+fn file_system(pages: u64) -> (FileSystem<MemoryStore>, u64) {
+    let store = MemoryStore { page_count: pages, ..MemoryStore::default() };
+    let mut fs = FileSystem::new(store, ME);
+    let inode = fs.create_file(ROOT_INODE, OsStr::new("f"), ME).expect("create").inode;
+    (fs, inode)
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Write { offset: u64, len: usize, byte: u8 },
+    Truncate { size: u64 },
+    Punch { offset: u64, len: u64 },
+    Read { offset: u64, len: usize },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    const SPAN: u64 = 12 * 4096;
+    prop_oneof![
+        4 => (0..SPAN, 1usize..10_000, any::<u8>()).prop_map(|(offset, len, byte)| Op::Write { offset, len, byte }),
+        1 => (0..SPAN).prop_map(|size| Op::Truncate { size }),
+        1 => (0..SPAN, 1..3 * 4096u64).prop_map(|(offset, len)| Op::Punch { offset, len }),
+        3 => (0..SPAN, 1usize..20_000).prop_map(|(offset, len)| Op::Read { offset, len }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// Every read returns exactly what a plain byte vector holds after the same operations, and
+    /// the pages the file holds are only those some byte of it needed.
+    #[test]
+    fn a_file_reads_like_a_byte_vector(ops in prop::collection::vec(op(), 1..40)) {
+        let (mut fs, inode) = file_system(64);
+        let mut model: Vec<u8> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Write { offset, len, byte } => {
+                    let data: Vec<u8> = (0..len).map(|index| byte.wrapping_add(index as u8) | 1).collect();
+                    prop_assert_eq!(fs.write(inode, offset, &data).expect("write"), len as u32);
+                    let end = offset as usize + len;
+                    if model.len() < end {
+                        model.resize(end, 0);
+                    }
+                    model[offset as usize..end].copy_from_slice(&data);
+                }
+                Op::Truncate { size } => {
+                    fs.truncate(inode, size).expect("truncate");
+                    model.resize(size as usize, 0);
+                }
+                Op::Punch { offset, len } => {
+                    fs.fallocate(inode, offset, len, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
+                        .expect("punch");
+                    let end = ((offset + len) as usize).min(model.len());
+                    if (offset as usize) < end {
+                        model[offset as usize..end].fill(0);
+                    }
+                }
+                Op::Read { offset, len } => {
+                    let got = fs.read(inode, offset, len).expect("read").to_vec();
+                    let start = (offset as usize).min(model.len());
+                    let end = (offset as usize + len).min(model.len());
+                    prop_assert_eq!(&got[..], &model[start..end]);
+                }
+            }
+            prop_assert_eq!(fs.getattr(inode).expect("attributes").size_bytes, model.len() as u64);
+        }
+        // Freed pages read as zeros in the store (discarded), so a later owner sees no old byte.
+        let mapped = fs.getattr(inode).expect("attributes").mapped_pages;
+        prop_assert_eq!(fs.store.pages.len() as u64 <= mapped, true);
+    }
+}
+
+#[test]
+fn a_sparse_file_of_a_tebibyte_holds_only_its_written_pages() {
+    let (mut fs, inode) = file_system(16);
+    let tebibyte = 1u64 << 40;
+    fs.truncate(inode, tebibyte).expect("truncate up");
+    assert_eq!(fs.write(inode, tebibyte - 10, b"tail bytes").expect("write"), 10);
+    assert_eq!(fs.write(inode, 3 * 4096 + 5, b"x").expect("write"), 1);
+    let attributes = fs.getattr(inode).expect("attributes");
+    assert_eq!(attributes.size_bytes, tebibyte);
+    assert_eq!(attributes.mapped_pages, 2);
+    let ops_before = fs.store.ops_run;
+    assert!(fs.read(inode, 1 << 30, 1 << 20).expect("hole").iter().all(|&byte| byte == 0));
+    assert_eq!(fs.store.ops_run, ops_before, "a hole costs no page I/O");
+    assert_eq!(fs.read(inode, tebibyte - 10, 100).expect("tail"), b"tail bytes");
+    assert!(matches!(fs.write(inode, crate::MAX_FILE_BYTES - 1, b"ab"), Err(FsError::TooLarge { .. })));
+}
+
+#[test]
+fn fallocate_reserves_pages_and_runs_out_with_enospc() {
+    let (mut fs, inode) = file_system(8);
+    fs.fallocate(inode, 0, 5 * 4096, 0).expect("allocate");
+    assert_eq!(fs.getattr(inode).expect("attributes").size_bytes, 5 * 4096);
+    assert_eq!(fs.usage().free_pages, 3);
+    fs.fallocate(inode, 5 * 4096, 3 * 4096, libc::FALLOC_FL_KEEP_SIZE).expect("keep size");
+    assert_eq!(fs.getattr(inode).expect("attributes").size_bytes, 5 * 4096);
+    assert!(fs.read(inode, 0, 5 * 4096).expect("read").iter().all(|&byte| byte == 0));
+    let other = fs.create_file(ROOT_INODE, OsStr::new("g"), ME).expect("g").inode;
+    let error = fs.write(other, 0, &[1; 4096]).expect_err("full");
+    assert_eq!(error.errno(), libc::ENOSPC);
+    fs.unlink(ROOT_INODE, OsStr::new("f")).expect("unlink");
+    assert_eq!(fs.usage().free_pages, 8);
+    fs.write(other, 0, &[1; 4096]).expect("space again");
+}
+
+#[test]
+fn a_failing_store_gives_eio_never_bytes() {
+    let (mut fs, inode) = file_system(8);
+    fs.write(inode, 0, &[7; 8192]).expect("write");
+    fs.store.failing = true;
+    assert_eq!(fs.read(inode, 0, 8192).expect_err("read fails").errno(), libc::EIO);
+    assert_eq!(fs.write(inode, 100, b"abc").expect_err("write fails").errno(), libc::EIO);
+    fs.store.failing = false;
+    assert_eq!(fs.read(inode, 0, 8192).expect("read"), &[7; 8192][..]);
+}
