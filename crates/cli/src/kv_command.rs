@@ -180,6 +180,20 @@ pub fn run(args: KvArgs) -> Result<()> {
         cluster.nodes.len(),
         args.unix.as_ref().map(|path| format!(", unix socket {}", path.display())).unwrap_or_default()
     );
+    // Nodes added to the cluster file join the running cache's client.
+    let mut watch = crate::cluster_watch::ClusterWatch::new(cluster_path.clone(), &cluster);
+    server.on_housekeeping = Some(Box::new(move |cache: &mut remem_kv::Cache| {
+        for node in watch.new_nodes() {
+            let address = node.address;
+            match cache.client.client().apply(&remem_client::MembershipChange::Added(node)) {
+                Ok(()) => {
+                    watch.joined(address);
+                    eprintln!("node {address} joined the cache's client");
+                }
+                Err(error) => tracing::warn!(node = %address, %error, "cannot add the new node; retrying"),
+            }
+        }
+    }));
     let result = server.run(&stop);
     if let Some(path) = &args.unix {
         let _ = std::fs::remove_file(path);

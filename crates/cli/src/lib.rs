@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod bench_floor;
+pub mod cluster_watch;
 pub mod code_args;
 pub mod codec_bench;
 pub mod demo;

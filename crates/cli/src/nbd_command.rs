@@ -201,48 +201,20 @@ fn bind_unix(path: &std::path::Path, mode: u32, group: Option<&str>) -> Result<U
 /// server's background work, at most once a second.
 struct WatchedClient {
     client: Client,
-    cluster_path: PathBuf,
-    modified: Option<std::time::SystemTime>,
-    last_check: std::time::Instant,
-    known: Vec<SocketAddr>,
+    watch: crate::cluster_watch::ClusterWatch,
 }
 
 impl WatchedClient {
     fn new(client: Client, cluster_path: PathBuf, cluster: &ClusterFile) -> WatchedClient {
-        WatchedClient {
-            client,
-            modified: std::fs::metadata(&cluster_path).and_then(|meta| meta.modified()).ok(),
-            cluster_path,
-            last_check: std::time::Instant::now(),
-            known: cluster.nodes.iter().map(|node| node.address).collect(),
-        }
+        WatchedClient { client, watch: crate::cluster_watch::ClusterWatch::new(cluster_path, cluster) }
     }
 
     fn follow_cluster_file(&mut self) {
-        if self.last_check.elapsed() < Duration::from_secs(1) {
-            return;
-        }
-        self.last_check = std::time::Instant::now();
-        let modified = std::fs::metadata(&self.cluster_path).and_then(|meta| meta.modified()).ok();
-        if modified.is_none() || modified == self.modified {
-            return;
-        }
-        self.modified = modified;
-        let cluster = match ClusterFile::load(&self.cluster_path) {
-            Ok(cluster) => cluster,
-            Err(error) => {
-                tracing::warn!(%error, "cannot read the changed cluster file");
-                return;
-            }
-        };
-        for node in cluster.addresses() {
-            if self.known.contains(&node.address) {
-                continue;
-            }
+        for node in self.watch.new_nodes() {
             let address = node.address;
             match self.client.apply(&remem_client::MembershipChange::Added(node)) {
                 Ok(()) => {
-                    self.known.push(address);
+                    self.watch.joined(address);
                     eprintln!("node {address} joined the export's client");
                 }
                 Err(error) => {

@@ -261,3 +261,29 @@ fn a_3000_key_multi_get_after_noreply_sets_returns_every_value_in_order() {
         assert!(item.value == value(index, 20 + index % 3000), "{}: wrong value", item.key);
     }
 }
+
+#[test]
+fn a_node_added_to_the_cluster_file_joins_the_running_cache() {
+    let mut target = Target::remem_kv("join", "ec", "16MiB", &[]);
+    let mut client = target.client();
+    assert_eq!(stat(&mut client, "remem_nodes"), kv_support::NODES as u64);
+    let options = remem::launcher::ClusterOptions {
+        nodes: kv_support::NODES,
+        capacity_bytes: kv_support::SLABS_PER_NODE * kv_support::SLAB_BYTES,
+        slab_size_bytes: kv_support::SLAB_BYTES,
+        nodes_per_domain: 1,
+        dir: target.dir.join("cluster"),
+        fault_injection: true,
+        monitor_args: None,
+        unix_sockets: remem::launcher::UnixSockets::None,
+    };
+    target.cluster.as_mut().expect("a cluster").add_node(kv_support::binary(), &options).expect("add a node");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while stat(&mut client, "remem_nodes") != kv_support::NODES as u64 + 1 {
+        assert!(Instant::now() < deadline, "the new node never joined the cache's client");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(stat(&mut client, "remem_nodes_connected"), kv_support::NODES as u64 + 1);
+    client.set("after-join", b"works").expect("set");
+    assert_eq!(client.get("after-join").expect("get"), Some(b"works".to_vec()));
+}

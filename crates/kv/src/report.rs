@@ -3,6 +3,8 @@
 
 use remem_memcache::response;
 
+use remem_client::engine::Membership;
+
 use crate::cache::Cache;
 use crate::scheme::Scheme;
 use crate::space::{class_sizes, RegionKind, PAGE_BYTES};
@@ -33,7 +35,7 @@ pub fn scheme_node_bytes(cache: &Cache) -> [f64; 5] {
     bytes
 }
 
-pub fn stats(cache: &Cache, group: Option<&[u8]>) -> Vec<u8> {
+pub fn stats(cache: &mut Cache, group: Option<&[u8]>) -> Vec<u8> {
     let mut out = Vec::new();
     let group = group.map(|group| String::from_utf8_lossy(group).trim().to_ascii_lowercase());
     match group.as_deref() {
@@ -51,7 +53,7 @@ pub fn stats(cache: &Cache, group: Option<&[u8]>) -> Vec<u8> {
     out
 }
 
-fn general(cache: &Cache, out: &mut Vec<u8>) {
+fn general(cache: &mut Cache, out: &mut Vec<u8>) {
     let stats = &cache.stats;
     let uptime = cache.uptime().as_secs();
     response::stat(out, "pid", std::process::id());
@@ -89,6 +91,13 @@ fn general(cache: &Cache, out: &mut Vec<u8>) {
     response::stat(out, "total_items", stats.total_items);
     response::stat(out, "expired_unfetched", stats.expired_unfetched);
     response::stat(out, "evictions", stats.evictions);
+    let (nodes, connected) = {
+        let engine = cache.client.client().engine();
+        let members = engine.nodes().iter().filter(|node| node.membership == Membership::Member);
+        members.fold((0, 0), |(all, up), node| (all + 1, up + usize::from(node.connected)))
+    };
+    response::stat(out, "remem_nodes", nodes);
+    response::stat(out, "remem_nodes_connected", connected);
     response::stat(out, "remem_degraded_reads", stats.degraded_reads);
     response::stat(out, "remem_lost_reads", stats.lost_reads);
     response::stat(out, "remem_read_repairs", stats.repairs);

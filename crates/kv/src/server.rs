@@ -44,6 +44,9 @@ pub struct ServerConfig {
     pub auth: Option<crate::auth::Credentials>,
 }
 
+/// A task the embedder runs once a second on the event loop's thread.
+pub type Housekeeping = Box<dyn FnMut(&mut Cache)>;
+
 enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
@@ -109,6 +112,8 @@ pub struct Server {
     next_generation: u64,
     pub cache: Cache,
     config: ServerConfig,
+    /// Called once a second from the event loop (the CLI follows the cluster file with it).
+    pub on_housekeeping: Option<Housekeeping>,
 }
 
 impl Server {
@@ -137,7 +142,16 @@ impl Server {
             poll.registry().register(listener, UNIX, Interest::READABLE)?;
         }
         cache.client.register(poll.registry(), CLIENT)?;
-        Ok(Server { poll, tcp, unix, connections: Vec::new(), next_generation: 1, cache, config })
+        Ok(Server {
+            poll,
+            tcp,
+            unix,
+            connections: Vec::new(),
+            next_generation: 1,
+            cache,
+            config,
+            on_housekeeping: None,
+        })
     }
 
     pub fn local_addr(&self) -> Option<SocketAddr> {
@@ -194,6 +208,9 @@ impl Server {
             }
             if Instant::now() >= next_housekeeping {
                 self.cache.housekeeping(crate::now_unix());
+                if let Some(hook) = self.on_housekeeping.as_mut() {
+                    hook(&mut self.cache);
+                }
                 next_housekeeping = Instant::now() + Duration::from_secs(1);
             }
             self.dispatch();
