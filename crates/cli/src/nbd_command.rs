@@ -7,7 +7,7 @@
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::net::UnixListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,7 +17,7 @@ use crate::placement_arg::PlacementArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use remem_client::cluster::ClusterFile;
-use remem_client::{Client, ClientConfig};
+use remem_client::{Client, ClientConfig, SlabMapFile};
 use remem_nbd::{Export, Listener, ServerConfig};
 
 use crate::units::{format_bytes, parse_bytes};
@@ -65,10 +65,10 @@ pub struct NbdArgs {
     #[command(flatten)]
     pub placement: PlacementArgs,
     /// Pages in flight at once.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = crate::units::parse_count)]
     pub queue_depth: usize,
     /// A split not answered in this time counts as failed.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 2000, value_parser = crate::units::parse_positive_ms)]
     pub request_timeout_ms: u64,
     /// Lock all memory (mlockall): needed when the export backs swap (docs/NBD.md).
     #[arg(long)]
@@ -77,8 +77,68 @@ pub struct NbdArgs {
     #[arg(long, allow_hyphen_values = true)]
     pub oom_score_adj: Option<i32>,
     /// Most NBD connections served at once.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = crate::units::parse_count)]
     pub max_connections: usize,
+    /// Where the export's slab map is kept, so a restarted `remem nbd` (after a crash, SIGKILL
+    /// or a clean stop) reopens the same pages instead of an empty export (default:
+    /// `nbd-EXPORT.slabmap` beside the cluster file). The export's slabs stay on the nodes
+    /// after it stops; `--fresh` gives them back and starts empty.
+    #[arg(long)]
+    pub state: Option<PathBuf>,
+    /// Start an empty export: the slabs of a saved one (`--state`) are unmapped first.
+    #[arg(long)]
+    pub fresh: bool,
+}
+
+/// The export's client: the saved one reopened (its pages as they were), or a new one whose map
+/// is saved at once.
+fn open_export(
+    args: &NbdArgs,
+    cluster: &ClusterFile,
+    cluster_path: &Path,
+    secret: &remem_client::Secret,
+    config: ClientConfig,
+    state_path: &Path,
+) -> Result<Client> {
+    if state_path.exists() {
+        let map = SlabMapFile::load(state_path)?;
+        if args.fresh {
+            let mut old = config.clone();
+            old.release_on_drop = true;
+            match Client::reopen(&map, secret, old) {
+                Ok(client) => drop(client),
+                Err(error) => tracing::warn!(%error, "cannot reach the saved export to unmap its slabs"),
+            }
+            std::fs::remove_file(state_path).with_context(|| format!("removing {}", state_path.display()))?;
+        } else {
+            let shape = &config.shape;
+            if map.address_space_bytes != args.size
+                || (map.data_splits, map.parity_splits) != (shape.data_splits, shape.parity_splits)
+            {
+                bail!(
+                    "{} holds an export of {} at ({},{}), not {} at ({},{}): pass its --size, -k and -r, \
+                     or --fresh to drop it and start empty",
+                    state_path.display(),
+                    format_bytes(map.address_space_bytes),
+                    map.data_splits,
+                    map.parity_splits,
+                    format_bytes(args.size),
+                    shape.data_splits,
+                    shape.parity_splits
+                );
+            }
+            let client = Client::reopen(&map, secret, config)
+                .with_context(|| format!("reopening the export saved in {}", state_path.display()))?;
+            eprintln!("reopened the export saved in {} (--fresh to start empty)", state_path.display());
+            return Ok(client);
+        }
+    }
+    let client = Client::connect(&cluster.addresses(), secret, config, args.placement.build(rand::random()))
+        .with_context(|| format!("connecting to the cluster of {}", cluster_path.display()))?;
+    client
+        .save_map(state_path)
+        .with_context(|| format!("saving the slab map to {}", state_path.display()))?;
+    Ok(client)
 }
 
 pub fn run(args: NbdArgs) -> Result<()> {
@@ -90,8 +150,13 @@ pub fn run(args: NbdArgs) -> Result<()> {
     let mut config = ClientConfig::new(shape, args.size);
     config.max_in_flight = args.queue_depth.max(1);
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
-    let client = Client::connect(&cluster.addresses(), &secret, config, args.placement.build(rand::random()))
-        .with_context(|| format!("connecting to the cluster of {}", cluster_path.display()))?;
+    // The slabs outlive the process: a restart reopens them (the state file names them).
+    config.release_on_drop = false;
+    let state_path = args.state.clone().unwrap_or_else(|| {
+        let directory = cluster_path.parent().map(Path::to_path_buf).unwrap_or_default();
+        directory.join(format!("nbd-{}.slabmap", args.export))
+    });
+    let client = open_export(&args, &cluster, &cluster_path, &secret, config, &state_path)?;
     let page_bytes = client.page_bytes() as u32;
 
     if let Some(value) = args.oom_score_adj {
@@ -148,7 +213,7 @@ pub fn run(args: NbdArgs) -> Result<()> {
         args.code.parity_splits,
         cluster.nodes.len()
     );
-    let store = Mutex::new(WatchedClient::new(client, cluster_path.clone(), &cluster));
+    let store = Mutex::new(WatchedClient::new(client, cluster_path.clone(), &cluster, state_path));
     let result = remem_nbd::serve(&listener, &store, &server_config, &stop);
     if let Some(path) = &args.unix {
         let _ = std::fs::remove_file(path);
@@ -202,11 +267,36 @@ fn bind_unix(path: &std::path::Path, mode: u32, group: Option<&str>) -> Result<U
 struct WatchedClient {
     client: Client,
     watch: crate::cluster_watch::ClusterWatch,
+    /// Where the slab map is saved, and how many rebuilds it reflects.
+    state_path: PathBuf,
+    rebuilds_saved: u64,
 }
 
 impl WatchedClient {
-    fn new(client: Client, cluster_path: PathBuf, cluster: &ClusterFile) -> WatchedClient {
-        WatchedClient { client, watch: crate::cluster_watch::ClusterWatch::new(cluster_path, cluster) }
+    fn new(
+        client: Client,
+        cluster_path: PathBuf,
+        cluster: &ClusterFile,
+        state_path: PathBuf,
+    ) -> WatchedClient {
+        let rebuilds_saved = client.regeneration_status().done;
+        WatchedClient {
+            client,
+            watch: crate::cluster_watch::ClusterWatch::new(cluster_path, cluster),
+            state_path,
+            rebuilds_saved,
+        }
+    }
+
+    /// A rebuild moved slabs: save the map again, so a restart finds them where they are now.
+    fn save_map_after_rebuilds(&mut self) {
+        let done = self.client.regeneration_status().done;
+        if done != self.rebuilds_saved {
+            match self.client.save_map(&self.state_path) {
+                Ok(()) => self.rebuilds_saved = done,
+                Err(error) => tracing::warn!(%error, "cannot save the slab map after a rebuild"),
+            }
+        }
     }
 
     fn follow_cluster_file(&mut self) {
@@ -248,6 +338,7 @@ impl remem_nbd::PageStore for WatchedClient {
 
     fn background(&mut self) {
         self.follow_cluster_file();
+        self.save_map_after_rebuilds();
         self.client.poll_background(Duration::ZERO);
     }
 }

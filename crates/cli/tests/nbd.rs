@@ -59,7 +59,6 @@ impl NbdServer {
         shape: [&str; 3],
         listen: Option<&Path>,
     ) -> NbdServer {
-        let log = dir.join("nbd.log");
         let mut command = Command::new(binary());
         command
             .args(["nbd", "--cluster"])
@@ -70,6 +69,12 @@ impl NbdServer {
             Some(path) => command.arg("--unix").arg(path),
             None => command.args(["--listen", "127.0.0.1:0"]),
         };
+        NbdServer::from_command(command, dir)
+    }
+
+    /// Starts `command` (a `remem nbd` command line) and waits for its `listening` line.
+    fn from_command(mut command: Command, dir: &Path) -> NbdServer {
+        let log = dir.join("nbd.log");
         let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -423,4 +428,43 @@ fn unix_socket_export_rep2_serves_qemu_io_and_nbdcopy() {
     assert!(data[12345..112345].iter().all(|&byte| byte == 0x77));
     assert!(data[112345..].iter().all(|&byte| byte == 0));
     server.assert_running();
+}
+
+/// The export outlives its server: SIGKILLed and started again with the same arguments,
+/// `remem nbd` reopens its saved slab map and serves the bytes written before; `--fresh` starts
+/// an empty export; a different size is refused with a message naming `--fresh`.
+#[test]
+fn export_survives_a_sigkilled_server_and_fresh_starts_empty_ec82() {
+    let dir = test_dir("restart");
+    let cluster = start_cluster(&dir);
+    let data = pseudo_random(8 << 20, 7);
+    let source = dir.join("source.img");
+    std::fs::write(&source, &data).unwrap();
+    {
+        let mut server = NbdServer::start(&cluster, &dir, "8MiB", ["8", "2", "1"], None);
+        run_ok(60, "nbdcopy", &[source.to_str().unwrap(), &server.uri()]);
+        server.child.kill().expect("SIGKILL remem nbd");
+        server.child.wait().expect("reaped");
+    }
+    let back = dir.join("back.img");
+    {
+        let server = NbdServer::start(&cluster, &dir, "8MiB", ["8", "2", "1"], None);
+        run_ok(60, "nbdcopy", &[&server.uri(), back.to_str().unwrap()]);
+        assert!(std::fs::read(&back).unwrap() == data, "the reopened export lost or changed bytes");
+    }
+    let wrong_size = Command::new(binary())
+        .args(["nbd", "--cluster"])
+        .arg(&cluster.cluster_file_path)
+        .args(["--size", "16MiB", "--export", "test", "--listen", "127.0.0.1:0"])
+        .output()
+        .expect("remem nbd runs");
+    assert!(!wrong_size.status.success());
+    assert!(String::from_utf8_lossy(&wrong_size.stderr).contains("--fresh"));
+    let mut command = Command::new(binary());
+    command.args(["nbd", "--cluster"]).arg(&cluster.cluster_file_path);
+    command.args(["--size", "8MiB", "--export", "test", "--fresh", "--listen", "127.0.0.1:0"]);
+    let fresh = NbdServer::from_command(command, &dir);
+    run_ok(60, "nbdcopy", &[&fresh.uri(), back.to_str().unwrap()]);
+    assert!(std::fs::read(&back).unwrap().iter().all(|&byte| byte == 0), "--fresh kept old bytes");
+    let _ = std::fs::remove_dir_all(&dir);
 }
