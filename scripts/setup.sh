@@ -10,10 +10,12 @@ packages=(
   libisal-dev                                                          # baseline for `remem bench codec`
   fonts-dejavu-core                                                    # text in the PNG plots
   qemu-utils libnbd-bin python3-libnbd fio e2fsprogs                   # NBD peers of crates/cli/tests/nbd.rs
+  prometheus                                                           # promtool and a real scrape in crates/cli/tests/metrics.rs
   openssl                                                              # throwaway CA and certificates of security_tls.rs
   memcached libmemcached-tools python3-pymemcache python3-pytest       # memcached peers of crates/cli/tests/kv.rs
   python3-pip                                                          # fetches pymemcache's own tests (below)
   fuse3 sqlite3                                                        # fusermount3 and sqlite3 for crates/cli/tests/fs.rs (remem fs)
+  python3 util-linux                                                   # jobs, losetup/mkswap/swapon of `remem run`, `remem bench apps` (tests/run.rs)
 )
 
 missing=()
@@ -32,14 +34,17 @@ if ((${#missing[@]})); then
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   # Debian starts memcached as a service on 11211 where an init system runs. The tests and
   # `remem bench kv` start their own on ephemeral ports; a stray daemon would only take memory.
-  if [[ " ${missing[*]} " == *" memcached "* ]]; then
-    if [ -d /run/systemd/system ]; then
-      $sudo systemctl disable --now memcached.service >/dev/null 2>&1 || true
-    elif command -v service >/dev/null 2>&1; then
-      $sudo service memcached stop >/dev/null 2>&1 || true
-      $sudo update-rc.d memcached disable >/dev/null 2>&1 || true
+  # The same for prometheus (and its node exporter): tests start their own.
+  for service in memcached prometheus prometheus-node-exporter; do
+    if [[ " ${missing[*]} " == *" ${service%%-node-exporter} "* ]]; then
+      if [ -d /run/systemd/system ]; then
+        $sudo systemctl disable --now "$service.service" >/dev/null 2>&1 || true
+      elif command -v service >/dev/null 2>&1; then
+        $sudo service "$service" stop >/dev/null 2>&1 || true
+        $sudo update-rc.d "$service" disable >/dev/null 2>&1 || true
+      fi
     fi
-  fi
+  done
 fi
 
 # pymemcache's integration tests ship in its source distribution, not in the Debian package:

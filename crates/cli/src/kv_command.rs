@@ -72,6 +72,9 @@ pub struct KvArgs {
     /// 0600; connections must send `set <key> 0 0 <len>` with `<user> <password>` first.
     #[arg(short = 'Y', long)]
     pub auth_file: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDRESS/metrics (refreshed every second).
+    #[arg(long, value_name = "ADDRESS")]
+    pub metrics: Option<SocketAddr>,
     /// Most client connections at once.
     #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
@@ -180,9 +183,24 @@ pub fn run(args: KvArgs) -> Result<()> {
         cluster.nodes.len(),
         args.unix.as_ref().map(|path| format!(", unix socket {}", path.display())).unwrap_or_default()
     );
-    // Nodes added to the cluster file join the running cache's client.
+    // Nodes added to the cluster file join the running cache's client; the metrics snapshot is
+    // taken on the cache's own thread and served from another.
+    let snapshot = Arc::new(std::sync::Mutex::new(String::new()));
+    if let Some(address) = args.metrics {
+        let served = Arc::clone(&snapshot);
+        let render = move || served.lock().map(|text| text.clone()).unwrap_or_default();
+        let bound = crate::metrics::serve(address, Arc::clone(&stop), render)?;
+        eprintln!("metrics at http://{bound}/metrics");
+    }
+    let publish = args.metrics.is_some();
     let mut watch = crate::cluster_watch::ClusterWatch::new(cluster_path.clone(), &cluster);
     server.on_housekeeping = Some(Box::new(move |cache: &mut remem_kv::Cache| {
+        if publish {
+            let text = remem_kv::report::prometheus(cache);
+            if let Ok(mut shared) = snapshot.lock() {
+                *shared = text;
+            }
+        }
         for node in watch.new_nodes() {
             let address = node.address;
             match cache.client.client().apply(&remem_client::MembershipChange::Added(node)) {

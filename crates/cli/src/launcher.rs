@@ -120,6 +120,18 @@ fn lock_directory(dir: &Path) -> Result<std::fs::File> {
     Ok(file)
 }
 
+fn remove_stale_slab_maps(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|extension| extension == "slabmap") {
+            if let Err(error) = std::fs::remove_file(&path) {
+                tracing::warn!(path = %path.display(), %error, "cannot remove a stale slab map");
+            }
+        }
+    }
+}
+
 /// The last error or warning line of a node's log, for the message when it fails to start.
 fn last_error_of(log_path: &Path) -> String {
     let Ok(text) = std::fs::read_to_string(log_path) else { return String::new() };
@@ -200,6 +212,9 @@ impl LocalCluster {
     pub fn start(binary: &Path, options: &ClusterOptions) -> Result<LocalCluster> {
         private_directory(&options.dir)?;
         let lock = lock_directory(&options.dir)?;
+        // A new cluster has a new secret: slab maps saved against an earlier one name slabs it
+        // cannot reach (`remem nbd --state` files beside the cluster file).
+        remove_stale_slab_maps(&options.dir);
         let secret_file = options.dir.join("secret");
         let secret_hex = random_secret_hex();
         write_private_file(&secret_file, secret_hex.as_bytes())?;
@@ -343,15 +358,14 @@ impl LocalCluster {
         Ok(())
     }
 
-    /// Checks that every node still runs; names the first one that exited.
     /// Nodes that exited since the last call, each reported once (a restarted node is a new
     /// process, reported again if it dies).
-    pub fn newly_exited(&mut self) -> Vec<String> {
+    pub fn newly_exited(&mut self) -> Vec<(usize, String)> {
         let mut exits = Vec::new();
         for (index, child) in self.children.iter_mut().enumerate() {
             if let Some(process) = child {
                 if let Ok(Some(status)) = process.try_wait() {
-                    exits.push(format!("node {index} (pid {}) exited: {status}", process.id()));
+                    exits.push((index, format!("node {index} (pid {}) exited: {status}", process.id())));
                     *child = None;
                 }
             }
@@ -359,6 +373,7 @@ impl LocalCluster {
         exits
     }
 
+    /// Checks that every node still runs; names the first one that exited.
     pub fn check_alive(&mut self) -> Result<()> {
         for (index, child) in self.children.iter_mut().enumerate() {
             if let Some(child) = child {

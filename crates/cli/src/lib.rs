@@ -3,6 +3,7 @@
 //! The binary (`main.rs`) only parses arguments; each command lives in its own module so the
 //! tests can drive the same code.
 
+pub mod apps_bench;
 pub mod bench;
 pub mod bench_floor;
 pub mod cluster_watch;
@@ -15,12 +16,14 @@ pub mod kv_bench;
 pub mod kv_command;
 pub mod launcher;
 pub mod memory_hog;
+pub mod metrics;
 pub mod nbd_command;
 pub mod node;
 pub mod pattern;
 pub mod placement_arg;
 pub mod plot;
 pub mod regen_bench;
+pub mod run_command;
 pub mod sim_command;
 pub(crate) mod sim_plot;
 pub mod stats;

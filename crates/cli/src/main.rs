@@ -54,6 +54,11 @@ enum Command {
     /// `remem swap off` (undoes everything, also after a crash). Needs root. See docs/FS.md.
     #[command(subcommand)]
     Swap(remem::swap_command::SwapCommand),
+    /// Run COMMAND in a fresh memory cgroup limited to --memory-limit (a size, or a percentage
+    /// of the peak a first unlimited run measures), so what does not fit goes to remem swap
+    /// (already on, or on for the run with --swap-size). Reports peak memory, swap-ins and
+    /// swap-outs, wall time and exit status on stderr; exits with COMMAND's status. Needs root.
+    Run(remem::run_command::RunArgs),
     /// Every node of the cluster: up or down, failure domain, capacity, memory used and free,
     /// slabs, rebuilds running with their progress (table, --json, or --watch SECONDS).
     Status(remem::status_command::StatusArgs),
@@ -93,6 +98,11 @@ enum BenchCommand {
     /// (ratios to memcached), naive vs EOR transitions to EC(8,2), and reads racing a write with
     /// and without the work table's bypassing. Starts its own cluster and servers.
     Kv(remem::kv_bench::KvBenchArgs),
+    /// An unmodified application (PageRank in python3 on a generated power-law graph) with
+    /// 100%, 75% and 50% of its measured peak memory local and the rest in swap on remem EC(8,2)
+    /// or in a swap file on the local disk: time as throughput ratios to the all-in-memory run.
+    /// Needs root and no swap on; --quick for a small run.
+    Apps(remem::apps_bench::AppsBenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -115,6 +125,10 @@ struct UpArgs {
     /// Start the nodes with --fault-injection (for tests and benchmarks, never production).
     #[arg(long)]
     fault_injection: bool,
+    /// Restart a node that dies, empty, on its address (clients probe it and readmit it; its
+    /// slabs were rebuilt elsewhere meanwhile).
+    #[arg(long)]
+    restart_dead: bool,
 }
 
 #[derive(Args, Debug)]
@@ -162,6 +176,11 @@ fn run(cli: Cli) -> Result<()> {
         Command::Kv(args) => remem::kv_command::run(args),
         Command::Fs(args) => remem::fs_command::run(args),
         Command::Swap(command) => remem::swap_command::run(command, &binary),
+        Command::Run(args) => remem::run_command::run(args, &binary).map(|code| {
+            if code != 0 {
+                std::process::exit(code);
+            }
+        }),
         Command::Status(args) => remem::status_command::run(args),
         Command::Sim(args) => remem::sim_command::run(args),
         Command::TortureWriter(args) => remem::torture::run(args),
@@ -199,6 +218,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Bench(BenchCommand::Apps(args)) => remem::apps_bench::run(args, &binary).map(drop),
         Command::Bench(BenchCommand::Codec(args)) => remem::codec_bench::run(
             args.data_splits,
             args.parity_splits,
@@ -271,8 +291,17 @@ fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
             }
             std::io::Write::flush(&mut std::io::stdout())?;
         }
-        for exit in cluster.newly_exited() {
-            eprintln!("warning: {exit}; `restart N` starts it again on its address");
+        for (index, exit) in cluster.newly_exited() {
+            if !args.restart_dead {
+                eprintln!("warning: {exit}; `restart {index}` starts it again on its address");
+                continue;
+            }
+            match cluster.restart(binary, &options, index) {
+                Ok(()) => eprintln!("warning: {exit}; restarted empty on its address (--restart-dead)"),
+                Err(error) => {
+                    eprintln!("warning: {exit}; restarting it failed: {}", remem::error_text(&error))
+                }
+            }
         }
     }
     eprintln!("stopping {} nodes ...", cluster.file.nodes.len());

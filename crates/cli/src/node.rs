@@ -67,6 +67,9 @@ pub struct NodeArgs {
     /// user can reach.
     #[arg(long)]
     pub unix: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDRESS/metrics (e.g. 127.0.0.1:9100).
+    #[arg(long, value_name = "ADDRESS")]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl NodeArgs {
@@ -113,6 +116,13 @@ pub fn run(args: NodeArgs) -> Result<()> {
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&shutdown))?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&shutdown))?;
     // The launcher reads this line to learn the port; keep its format.
+    if let Some(address) = args.metrics {
+        let handle = node.handle();
+        let bound = crate::metrics::serve(address, Arc::clone(&shutdown), move || {
+            crate::metrics::node_metrics(&handle)
+        })?;
+        eprintln!("metrics at http://{bound}/metrics");
+    }
     println!("listening {}", node.local_addr());
     use std::io::Write;
     std::io::stdout().flush()?;

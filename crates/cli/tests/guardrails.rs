@@ -172,5 +172,40 @@ fn each_cause_of_an_error_is_printed_once() {
         dir.join("cluster.json").to_str().expect("utf-8"),
     ]);
     assert!(!success);
-    assert_eq!(text.matches("Connection refused").count(), 1, "a cause printed more than once: {text}");
+    let error_line = text.lines().find(|line| line.starts_with("error: ")).expect("an error line");
+    assert_eq!(
+        error_line.matches("Connection refused").count(),
+        1,
+        "a cause printed more than once: {error_line}"
+    );
+}
+
+#[test]
+fn up_with_restart_dead_brings_a_killed_node_back_on_its_address() {
+    let dir = dir("restart-dead");
+    let child = remem()
+        .args(["up", "--nodes", "2", "--capacity", "64MiB", "--slab-size", "1MiB", "--restart-dead", "--dir"])
+        .arg(&dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("remem up starts");
+    let _up = Up { child };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !dir.join("cluster.json").exists() {
+        assert!(Instant::now() < deadline, "remem up wrote no cluster file");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let first = node_pids(&dir)[0];
+    // SAFETY: kill with the PID of a node process this test's remem up started.
+    unsafe { libc::kill(first, libc::SIGKILL) };
+    loop {
+        let now = node_pids(&dir)[0];
+        if now != first && alive(now) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "node 0 was not restarted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -9,6 +9,14 @@ pub enum ConnectError {
     Params(#[from] remem_codec::ParamsError),
     #[error("{needed} nodes are needed for k+r splits on distinct nodes, the cluster has {given}")]
     TooFewNodes { needed: usize, given: usize },
+    /// Fewer nodes answered than the client needs to start: k+r for a new client (its splits go
+    /// to distinct nodes), one for a reopened map.
+    #[error(
+        "only {reachable} of the cluster's {} nodes answered, {needed} are needed; unreachable: {}",
+        reachable + unreachable.len(),
+        UnreachableList(unreachable)
+    )]
+    TooFewReachable { needed: usize, reachable: usize, unreachable: Vec<UnreachableNode> },
     #[error("node {address}: {source}")]
     Io { address: SocketAddr, source: std::io::Error },
     #[error("node {address}: handshake failed: {message}")]
@@ -29,6 +37,40 @@ pub enum ConnectError {
     Beside(#[from] crate::engine::BesideError),
     #[error("cannot create the event loop: {0}")]
     Poll(std::io::Error),
+}
+
+/// A node a client could not reach when it started, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnreachableNode {
+    pub address: SocketAddr,
+    /// The connect error, as text.
+    pub reason: String,
+}
+
+impl UnreachableNode {
+    /// `address` could not be reached because of `error` (its text without the address).
+    pub fn new(address: SocketAddr, error: &ConnectError) -> UnreachableNode {
+        let text = error.to_string();
+        let prefix = format!("node {address}");
+        let reason = match text.strip_prefix(&prefix) {
+            Some(rest) => rest.trim_start_matches(':').trim_start().to_owned(),
+            None => text,
+        };
+        UnreachableNode { address, reason }
+    }
+}
+
+/// Unreachable nodes as one line: `address (reason), ...`.
+struct UnreachableList<'a>(&'a [UnreachableNode]);
+
+impl std::fmt::Display for UnreachableList<'_> {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (index, node) in self.0.iter().enumerate() {
+            let separator = if index == 0 { "" } else { ", " };
+            write!(formatter, "{separator}{} ({})", node.address, node.reason)?;
+        }
+        Ok(())
+    }
 }
 
 /// Why one page operation failed. Never returned with wrong data: a page that cannot be read

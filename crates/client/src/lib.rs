@@ -32,6 +32,6 @@ pub use crate::driver::{
 pub use crate::engine::{
     BesideError, NodeId, NodeStats, OpDone, Range, RegenerationStatus, RegionInfo, SlabRef, Submit,
 };
-pub use crate::error::{ConnectError, PageError};
+pub use crate::error::{ConnectError, PageError, UnreachableNode};
 pub use crate::status::NodeStatus;
 pub use remem_proto::auth::Secret;

@@ -210,3 +210,83 @@ fn schemes(cache: &Cache, out: &mut Vec<u8>) {
         response::stat(out, &format!("{name}:ideal_overhead"), format!("{:.3}", scheme.ideal_overhead(ec)));
     }
 }
+
+/// The cache's counters in Prometheus text format (0.0.4), for `remem kv --metrics`.
+pub fn prometheus(cache: &mut Cache) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
+        let _ = writeln!(out, "# HELP remem_kv_{name} {help}\n# TYPE remem_kv_{name} {kind}");
+        for (labels, value) in samples {
+            let _ = writeln!(out, "remem_kv_{name}{labels} {value}");
+        }
+    };
+    let plain = |value: u64| vec![(String::new(), value as f64)];
+    let stats = &cache.stats;
+    metric("gets_total", "counter", "Keys asked by get, gets, gat, gats and mg.", &plain(stats.cmd_get));
+    metric("sets_total", "counter", "Storage commands.", &plain(stats.cmd_set));
+    metric("get_hits_total", "counter", "Keys found.", &plain(stats.get_hits));
+    metric("get_misses_total", "counter", "Keys not found.", &plain(stats.get_misses));
+    metric("evictions_total", "counter", "Items evicted by the LRU.", &plain(stats.evictions));
+    metric(
+        "degraded_reads_total",
+        "counter",
+        "Reads that decoded or fell back to an EOR's data splits.",
+        &plain(stats.degraded_reads),
+    );
+    metric(
+        "lost_reads_total",
+        "counter",
+        "Values remote memory lost (more failures than their scheme survives).",
+        &plain(stats.lost_reads),
+    );
+    metric("failed_writes_total", "counter", "Writes remote memory refused.", &plain(stats.failed_writes));
+    metric("read_repairs_total", "counter", "EOR halves written back after a read.", &plain(stats.repairs));
+    metric(
+        "bypassed_gets_total",
+        "counter",
+        "Gets answered from a write in flight.",
+        &plain(stats.bypassed_gets),
+    );
+    metric("transitions_total", "counter", "Objects moved to another scheme.", &plain(stats.transitions));
+    metric(
+        "remote_read_bytes_total",
+        "counter",
+        "Page bytes read from remote memory.",
+        &plain(stats.bytes_read_remote),
+    );
+    metric(
+        "remote_written_bytes_total",
+        "counter",
+        "Page bytes written to remote memory.",
+        &plain(stats.bytes_written_remote),
+    );
+    metric("connections", "gauge", "Client connections open.", &plain(stats.curr_connections));
+    metric("items", "gauge", "Items in the cache.", &plain(cache.index.len() as u64));
+    metric("item_bytes", "gauge", "Bytes counted against --memory-limit.", &plain(cache.index.bytes_used));
+    metric("memory_limit_bytes", "gauge", "--memory-limit.", &plain(cache.config.memory_limit_bytes));
+    let totals = scheme_totals(cache);
+    let per_scheme = |pick: fn((u64, u64)) -> u64| -> Vec<(String, f64)> {
+        Scheme::ALL
+            .iter()
+            .map(|scheme| {
+                (format!("{{scheme=\"{}\"}}", scheme.stat_name()), pick(totals[scheme.index()]) as f64)
+            })
+            .collect()
+    };
+    metric("scheme_items", "gauge", "Items per redundancy scheme.", &per_scheme(|(items, _)| items));
+    metric(
+        "scheme_value_bytes",
+        "gauge",
+        "Value bytes per redundancy scheme.",
+        &per_scheme(|(_, bytes)| bytes),
+    );
+    let (nodes, connected) = {
+        let engine = cache.client.client().engine();
+        let members = engine.nodes().iter().filter(|node| node.membership == Membership::Member);
+        members.fold((0u64, 0u64), |(all, up), node| (all + 1, up + u64::from(node.connected)))
+    };
+    metric("nodes", "gauge", "Memory nodes the cache's client knows.", &plain(nodes));
+    metric("nodes_connected", "gauge", "Memory nodes connected now.", &plain(connected));
+    out
+}

@@ -209,7 +209,8 @@ fn replay_seed_from_env() {
 mod common;
 use common::*;
 use remem_simnet::{
-    FaultAction, InFlightFate, NetworkOptions, PlacementPolicy, SimOp, MICROSECOND, MILLISECOND,
+    FaultAction, InFlightFate, NetworkOptions, PlacementPolicy, ScheduledFault, SimCluster, SimOp,
+    MICROSECOND, MILLISECOND,
 };
 
 #[test]
@@ -439,6 +440,51 @@ fn added_node_takes_rebuilt_slabs() {
     for node in others {
         kill(&mut driver, node);
     }
+    verify_all(&mut driver, pages, |_| 1);
+}
+
+/// A client that starts with two of twelve nodes dead (issue 14, item 3) places nothing on them,
+/// probes them, and readmits them once they come back: the two rebuilds after two later deaths
+/// can only go to them, since every range spans the ten nodes that answered at start.
+#[test]
+fn client_started_with_two_nodes_dead_readmits_them_when_they_return() {
+    let seed = 108;
+    let mut cluster = SimCluster::new(seed, NetworkOptions::default());
+    for node in 0..12 {
+        cluster.add_node(format!("d{node}"), 8, SLAB_BYTES);
+    }
+    let dead = [2, 5];
+    for node in dead {
+        cluster.apply_fault(0, &ScheduledFault { at: 0, node, action: FaultAction::Kill }).unwrap();
+    }
+    let mut driver = SimDriver::new(cluster, config(), PlacementPolicy::LeastLoaded, seed);
+    driver.enable_trace();
+    assert!(dead.iter().all(|&node| !driver.engine().node(node).connected));
+    let region = driver.create_region(EC_8_2, 64).unwrap();
+    let pages = region.first_page..region.first_page + region.page_count;
+    assert!(dead.iter().all(|&node| !named_anywhere(&driver, node)), "no slab on a dead node");
+    write_all(&mut driver, pages.clone(), 1);
+    for node in dead {
+        driver.fault_now(node, FaultAction::RestartEmpty);
+    }
+    let readmitted = driver.run_until_condition(driver.now() + LIMIT, |driver| {
+        dead.iter().all(|&node| driver.engine().node(node).connected)
+    });
+    assert!(readmitted, "nodes dead at start that come back are readmitted\n{}", trace_of(&driver));
+    let victims: Vec<usize> = range_nodes(&driver, 0).into_iter().take(2).collect();
+    for node in victims {
+        kill(&mut driver, node);
+    }
+    // Idle: heartbeats find the deaths.
+    driver.run_for(SECOND);
+    heal(&mut driver);
+    let ranges: Vec<Vec<usize>> =
+        (0..driver.engine().ranges().len()).map(|range| range_nodes(&driver, range)).collect();
+    assert!(
+        dead.iter().all(|&node| named_anywhere(&driver, node)),
+        "the readmitted nodes took the rebuilds: {ranges:?}\n{}",
+        trace_of(&driver)
+    );
     verify_all(&mut driver, pages, |_| 1);
 }
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 use remem_proto::auth::Secret;
 use remem_proto::{Control, NodeInfo};
 
+use super::NodeAddress;
 use crate::error::ConnectError;
 
 /// A blocking connection during connect: TCP or Unix.
@@ -72,6 +73,46 @@ pub(crate) fn connect_node(
         Control::NodeInfoReply(info) => Ok((stream, info)),
         other => Err(unexpected(address, &other)),
     }
+}
+
+/// What connecting to one node gave: the open stream and the node's info, or why not.
+pub(crate) type Connected = Result<(BlockingStream, NodeInfo), ConnectError>;
+
+/// Connects to every node of `nodes` at once, one thread each, every one bounded by `timeout`
+/// (see [`connect_node`]): a cluster with dead or stopped nodes costs the timeout once, not once
+/// per node. `shared_memory` says whether to use the nodes' Unix sockets. Results come in the
+/// order of `nodes`.
+pub(crate) fn connect_all(
+    nodes: &[NodeAddress],
+    shared_memory: bool,
+    secret: &Secret,
+    client_id: u64,
+    timeout: Duration,
+) -> Vec<Connected> {
+    let connect = |node: &NodeAddress| {
+        let unix = node.unix_socket.as_deref().filter(|_| shared_memory);
+        connect_node(node.address, unix, secret, client_id, timeout)
+    };
+    let connect = &connect;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = nodes
+            .iter()
+            .map(|node| {
+                std::thread::Builder::new()
+                    .name("remem-connect".into())
+                    .spawn_scoped(scope, move || connect(node))
+                    .map_err(|_| node)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| match handle {
+                Ok(handle) => handle.join().expect("a connect thread does not panic"),
+                // No thread to spare: this node is connected to here, in turn.
+                Err(node) => connect(node),
+            })
+            .collect()
+    })
 }
 
 /// Asks one node for its status: connects, authenticates with a random client id (a fresh

@@ -16,7 +16,7 @@ impl Client {
                 return Ok(known);
             }
         }
-        let id = self.join(node, true)?;
+        let id = self.join(node)?;
         let slab_size = self.engine.node(0).info.slab_size_bytes;
         let info = &self.engine.node(id).info;
         if info.slab_size_bytes != slab_size {

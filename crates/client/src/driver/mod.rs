@@ -29,7 +29,7 @@ use remem_proto::Control;
 
 use crate::core::Shape;
 use crate::engine::{Action, Engine, NoBuffers, NodeId, OpBuffers, RegionInfo, Submit};
-use crate::error::{ConnectError, PageError};
+use crate::error::{ConnectError, PageError, UnreachableNode};
 
 use config::Batch;
 pub use config::{ClientConfig, MemoryReport, NodeAddress, PageOp};
@@ -62,13 +62,22 @@ pub struct Client {
     probe_results: ProbeChannel,
 }
 
-type ProbeResult = (NodeId, Result<(connect::BlockingStream, remem_proto::NodeInfo), ConnectError>);
+type ProbeResult = (NodeId, connect::Connected);
 type ProbeChannel = (std::sync::mpsc::Sender<ProbeResult>, std::sync::mpsc::Receiver<ProbeResult>);
 
 impl Client {
-    /// Connects to every node, authenticates, maps k+r slabs per address range with
-    /// `placement`, and returns a client ready for page I/O. The client keeps `placement` to
-    /// choose where new and lost slabs go.
+    /// Connects to every node (all at once, each bounded by `config.connect_timeout`),
+    /// authenticates, maps k+r slabs per address range with `placement` on the nodes that
+    /// answered, and returns a client ready for page I/O. The client keeps `placement` to choose
+    /// where new and lost slabs go.
+    ///
+    /// Nodes that do not answer (refused, down, stopped) join as failed nodes: they hold none of
+    /// the new slabs, are probed, and take slabs again once readmitted.
+    ///
+    /// Errors: [`ConnectError::TooFewNodes`] when the cluster has fewer than k+r nodes,
+    /// [`ConnectError::TooFewReachable`] (naming the unreachable nodes and why) when fewer than
+    /// k+r answered, [`ConnectError::SlabSizeMismatch`] when the nodes that answered disagree on
+    /// the slab size, and mapping errors (nothing stays mapped then).
     pub fn connect(
         nodes: &[NodeAddress],
         secret: &Secret,
@@ -78,15 +87,19 @@ impl Client {
         let shape = config.shape;
         assert!(shape.extra_reads <= shape.parity_splits, "delta is at most r");
         CodecParams::new(shape.data_splits, shape.parity_splits, config.page_bytes)?;
-        if nodes.len() < shape.total_splits() {
-            return Err(ConnectError::TooFewNodes { needed: shape.total_splits(), given: nodes.len() });
+        let needed = shape.total_splits();
+        if nodes.len() < needed {
+            return Err(ConnectError::TooFewNodes { needed, given: nodes.len() });
         }
         let mut client = Client::empty(secret, config.clone(), placement)?;
-        for node in nodes {
-            client.join(node, true)?;
+        let unreachable = client.join_all(nodes)?;
+        let reachable = nodes.len() - unreachable.len();
+        if reachable < needed {
+            return Err(ConnectError::TooFewReachable { needed, reachable, unreachable });
         }
-        let slab_size = client.engine.node(0).info.slab_size_bytes;
-        for entry in client.engine.nodes() {
+        let mut connected = client.engine.nodes().iter().filter(|entry| entry.connected);
+        let slab_size = connected.next().expect("k+r >= 1 nodes answered").info.slab_size_bytes;
+        for entry in connected {
             if entry.info.slab_size_bytes != slab_size {
                 return Err(ConnectError::SlabSizeMismatch {
                     address: entry.address,
@@ -120,30 +133,54 @@ impl Client {
         })
     }
 
-    /// Connects to one node and adds it to the engine. With `required` a failure is returned;
-    /// otherwise the node joins unreachable (its slabs count as lost, and it is probed).
-    fn join(&mut self, node: &NodeAddress, required: bool) -> Result<NodeId, ConnectError> {
+    /// Connects to one node and adds it to the engine; a failure is returned.
+    fn join(&mut self, node: &NodeAddress) -> Result<NodeId, ConnectError> {
         let unix = node.unix_socket.as_deref().filter(|_| self.config.shared_memory);
-        let now = Instant::now();
-        match connect_node(
+        let connected = connect_node(
             node.address,
             unix,
             &self.secret,
             self.config.client_id,
             self.config.connect_timeout,
-        ) {
-            Ok((stream, info)) => {
-                let id = self.engine.add_node(now, node.address, node.unix_socket.clone(), info, true);
-                let io_error = |source| ConnectError::Io { address: node.address, source };
-                self.transport.attach(id, Some(stream)).map_err(io_error)?;
-                Ok(id)
-            }
-            Err(error) if required => Err(error),
-            Err(error) => {
-                tracing::warn!(node = %node.address, %error, "node unreachable: its slabs count as lost");
-                self.join_unreachable(node)
+        );
+        let (stream, info) = connected?;
+        self.admit(node, stream, info)
+    }
+
+    /// Adds a node the driver connected to.
+    fn admit(
+        &mut self,
+        node: &NodeAddress,
+        stream: connect::BlockingStream,
+        info: remem_proto::NodeInfo,
+    ) -> Result<NodeId, ConnectError> {
+        let id = self.engine.add_node(Instant::now(), node.address, node.unix_socket.clone(), info, true);
+        let io_error = |source| ConnectError::Io { address: node.address, source };
+        self.transport.attach(id, Some(stream)).map_err(io_error)?;
+        Ok(id)
+    }
+
+    /// Connects to every node of `nodes` at once (a node down costs the connect timeout once)
+    /// and adds them in order: those that answered connected, the others unreachable (failed:
+    /// probed, their slabs lost until readmitted). Returns the unreachable ones and why.
+    fn join_all(&mut self, nodes: &[NodeAddress]) -> Result<Vec<UnreachableNode>, ConnectError> {
+        let (shared_memory, client_id) = (self.config.shared_memory, self.config.client_id);
+        let timeout = self.config.connect_timeout;
+        let results = connect::connect_all(nodes, shared_memory, &self.secret, client_id, timeout);
+        let mut unreachable = Vec::new();
+        for (node, result) in nodes.iter().zip(results) {
+            match result {
+                Ok((stream, info)) => {
+                    self.admit(node, stream, info)?;
+                }
+                Err(error) => {
+                    tracing::warn!(node = %node.address, %error, "node unreachable: counted as failed");
+                    unreachable.push(UnreachableNode::new(node.address, &error));
+                    self.join_unreachable(node)?;
+                }
             }
         }
+        Ok(unreachable)
     }
 
     /// Adds a node that could not be reached: probed later, its slabs lost until then.

@@ -153,18 +153,18 @@ impl Client {
         let mut client = Client::empty(secret, config, placement)?;
         // A node down now is like one that died: its slabs are unavailable and rebuilt, and the
         // client opens as long as the cluster answers at all.
-        let mut first_error = None;
-        for (index, &address) in map.nodes.iter().enumerate() {
-            let unix_socket = map.unix_sockets.get(index).cloned().flatten();
-            let node = NodeAddress { address, unix_socket };
-            if let Err(error) = client.join(&node, true) {
-                tracing::warn!(node = %address, %error, "node unreachable at reopen: its slabs count as lost");
-                first_error.get_or_insert(error);
-                client.join_unreachable(&node)?;
-            }
-        }
-        if client.engine.nodes().iter().all(|node| !node.connected) {
-            return Err(first_error.unwrap_or(ConnectError::TooFewNodes { needed: 1, given: 0 }));
+        let nodes: Vec<NodeAddress> = map
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(index, &address)| NodeAddress {
+                address,
+                unix_socket: map.unix_sockets.get(index).cloned().flatten(),
+            })
+            .collect();
+        let unreachable = client.join_all(&nodes)?;
+        if unreachable.len() == nodes.len() {
+            return Err(ConnectError::TooFewReachable { needed: 1, reachable: 0, unreachable });
         }
         let ranges = map
             .ranges

@@ -1,0 +1,145 @@
+//! `--metrics ADDRESS`: Prometheus text exposition (format 0.0.4) on a small HTTP endpoint, for
+//! `remem node` and `remem kv`. One thread accepts scrapes one at a time; each request is read
+//! with a deadline and a size bound (it is input from the network) and answered with whatever
+//! the command's renderer produces at that moment. Written by hand: the format is a few lines of
+//! text and one GET, and a metrics crate would bring a registry the commands do not need.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+/// Longest request read (headers included).
+const MAX_REQUEST_BYTES: usize = 8 << 10;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Serves `render()` at `http://ADDRESS/metrics` on a thread until `stop` is set. Returns the
+/// address bound (port 0 picks one).
+pub fn serve(
+    address: SocketAddr,
+    stop: Arc<AtomicBool>,
+    render: impl Fn() -> String + Send + 'static,
+) -> Result<SocketAddr> {
+    let listener =
+        TcpListener::bind(address).with_context(|| format!("binding the metrics address {address}"))?;
+    let bound = listener.local_addr()?;
+    listener.set_nonblocking(true)?;
+    std::thread::Builder::new().name("metrics".into()).spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    if let Err(error) = answer(stream, &render) {
+                        tracing::debug!(%error, "metrics request failed");
+                    }
+                }
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "metrics accept failed");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
+    })?;
+    Ok(bound)
+}
+
+fn answer(mut stream: TcpStream, render: &impl Fn() -> String) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+    stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
+    let mut request = Vec::with_capacity(1024);
+    let mut buffer = [0u8; 1024];
+    while !request.windows(4).any(|window| window == b"\r\n\r\n") {
+        let read = stream.read(&mut buffer)?;
+        if read == 0 || request.len() + read > MAX_REQUEST_BYTES {
+            return Ok(());
+        }
+        request.extend_from_slice(&buffer[..read]);
+    }
+    let line = request.split(|&byte| byte == b'\r').next().unwrap_or_default();
+    let (status, body, content_type) =
+        if line.starts_with(b"GET /metrics ") || line.starts_with(b"GET /metrics?") {
+            ("200 OK", render(), "text/plain; version=0.0.4; charset=utf-8")
+        } else {
+            ("404 Not Found", "only GET /metrics is served\n".to_string(), "text/plain; charset=utf-8")
+        };
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body.as_bytes())
+}
+
+/// Builds the exposition text: `# HELP`, `# TYPE` and one sample per metric.
+#[derive(Default)]
+pub struct Exposition {
+    text: String,
+}
+
+impl Exposition {
+    pub fn gauge(&mut self, name: &str, help: &str, value: f64) -> &mut Self {
+        self.metric(name, help, "gauge", value)
+    }
+
+    pub fn counter(&mut self, name: &str, help: &str, value: f64) -> &mut Self {
+        self.metric(name, help, "counter", value)
+    }
+
+    fn metric(&mut self, name: &str, help: &str, kind: &str, value: f64) -> &mut Self {
+        use std::fmt::Write as _;
+        let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+        self
+    }
+
+    pub fn finish(self) -> String {
+        self.text
+    }
+}
+
+/// The node's metrics, from its own account of itself.
+pub fn node_metrics(handle: &remem_node::NodeHandle) -> String {
+    let info = handle.info();
+    let mut out = Exposition::default();
+    out.gauge("remem_node_capacity_bytes", "Memory the node lends (--capacity).", info.capacity_bytes as f64)
+        .gauge("remem_node_free_bytes", "Capacity not mapped to a client.", info.free_bytes as f64)
+        .gauge("remem_node_slab_size_bytes", "Slab size of the node.", info.slab_size_bytes as f64)
+        .gauge("remem_node_slabs_mapped", "Slabs mapped to clients.", f64::from(info.slabs_mapped))
+        .gauge(
+            "remem_node_slabs_pooled",
+            "Populated slabs kept ready by the resource monitor.",
+            f64::from(handle.pooled_slabs()),
+        )
+        .gauge(
+            "remem_node_metadata_bytes",
+            "Bytes of split versions and checksums.",
+            info.metadata_bytes as f64,
+        )
+        .counter("remem_node_requests_total", "Requests served since start.", info.requests_served as f64)
+        .gauge(
+            "remem_node_rebuilds_running",
+            "Slab rebuilds running on the node.",
+            f64::from(info.regenerating_slabs),
+        )
+        .gauge(
+            "remem_node_rebuild_pages_done",
+            "Pages handled by the running rebuilds.",
+            info.regeneration_pages_done as f64,
+        )
+        .gauge(
+            "remem_node_rebuild_pages_planned",
+            "Pages the running rebuilds have to handle.",
+            info.regeneration_pages_total as f64,
+        )
+        .gauge(
+            "remem_node_connection_buffer_bytes",
+            "Connection buffer bytes beyond the small per-connection ones (node-wide budget).",
+            handle.connection_buffer_bytes() as f64,
+        );
+    out.finish()
+}
