@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -304,24 +303,13 @@ impl NbdServer {
     fn start(cluster: &LocalCluster, size: &str) -> NbdServer {
         let dir = cluster.cluster_file_path.parent().expect("cluster directory");
         let log = dir.join("nbd.log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_remem"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_remem"));
+        command
             .args(["nbd", "--cluster"])
             .arg(&cluster.cluster_file_path)
             .args(["--size", size, "--export", "test", "-k", "8", "-r", "2", "--delta", "1"])
-            .args(["--request-timeout-ms", "1000", "--listen", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(std::fs::File::create(&log).expect("log file")))
-            .spawn()
-            .expect("remem nbd starts");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (sender, receiver) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = sender.send(line);
-        });
-        let line = receiver.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+            .args(["--request-timeout-ms", "1000", "--listen", "127.0.0.1:0"]);
+        let (mut child, line) = common::spawn_with_first_line(command, &log);
         let Some(address) = line.trim().strip_prefix("listening ") else {
             let _ = child.kill();
             let _ = child.wait();

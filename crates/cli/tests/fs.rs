@@ -14,12 +14,11 @@ mod common;
 use common::run_ok;
 
 use std::ffi::CString;
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use remem::launcher::{LocalCluster, UnixSockets};
@@ -44,25 +43,18 @@ impl FsMount {
         let mountpoint = dir.join("mnt");
         std::fs::create_dir_all(&mountpoint).expect("mount point");
         let log = dir.join("fs.log");
-        let mut child = Command::new(binary())
-            .arg("fs")
-            .arg(&mountpoint)
-            .arg("--cluster")
-            .arg(&cluster.cluster_file_path)
-            .args(["--size", size, "-k", "8", "-r", "2", "--request-timeout-ms", "1000"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(std::fs::File::create(&log).expect("log file")))
-            .spawn()
-            .expect("remem fs starts");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (sender, receiver) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = sender.send(line);
-        });
-        let line = receiver.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+        let mut command = Command::new(binary());
+        command.arg("fs").arg(&mountpoint).arg("--cluster").arg(&cluster.cluster_file_path).args([
+            "--size",
+            size,
+            "-k",
+            "8",
+            "-r",
+            "2",
+            "--request-timeout-ms",
+            "1000",
+        ]);
+        let (child, line) = common::spawn_with_first_line(command, &log);
         let mount = FsMount { child, mountpoint, log };
         assert!(
             line.starts_with("mounted "),

@@ -8,11 +8,10 @@
 mod common;
 
 use common::{run, run_ok};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use remem::launcher::{ClusterOptions, LocalCluster};
@@ -73,22 +72,9 @@ impl NbdServer {
     }
 
     /// Starts `command` (a `remem nbd` command line) and waits for its `listening` line.
-    fn from_command(mut command: Command, dir: &Path) -> NbdServer {
+    fn from_command(command: Command, dir: &Path) -> NbdServer {
         let log = dir.join("nbd.log");
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(std::fs::File::create(&log).expect("log file")))
-            .spawn()
-            .expect("remem nbd starts");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (sender, receiver) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = sender.send(line);
-        });
-        let line = receiver.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+        let (mut child, line) = common::spawn_with_first_line(command, &log);
         let address = match line.trim().strip_prefix("listening ") {
             Some(address) => address.to_string(),
             None => {

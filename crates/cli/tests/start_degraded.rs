@@ -11,10 +11,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Child, Command};
+
 use std::time::{Duration, Instant};
 
 use common::{run_ok, Model};
@@ -174,24 +173,9 @@ struct FrontEnd {
 impl FrontEnd {
     /// Starts it and waits (up to 30 s) for its first stdout line, `listening ADDRESS`.
     fn start(cluster: &LocalCluster, args: &[&str], log: PathBuf) -> FrontEnd {
-        let mut child = Command::new(binary())
-            .args(args)
-            .arg("--cluster")
-            .arg(&cluster.cluster_file_path)
-            .args(["--listen", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(std::fs::File::create(&log).expect("log file")))
-            .spawn()
-            .expect("remem starts");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (sender, receiver) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = sender.send(line);
-        });
-        let line = receiver.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+        let mut command = Command::new(binary());
+        command.args(args).arg("--cluster").arg(&cluster.cluster_file_path).args(["--listen", "127.0.0.1:0"]);
+        let (mut child, line) = common::spawn_with_first_line(command, &log);
         let Some(address) = line.trim().strip_prefix("listening ").map(str::to_owned) else {
             let _ = child.kill();
             let _ = child.wait();

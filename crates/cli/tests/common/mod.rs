@@ -124,3 +124,29 @@ pub fn run_ok(seconds: u32, program: &str, args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
+
+/// Starts `command` with its stdout piped and its stderr in `log`; returns the child and its first
+/// stdout line (empty if none came within 30 s: the caller reports the log).
+#[allow(dead_code)]
+pub fn spawn_with_first_line(
+    mut command: std::process::Command,
+    log: &Path,
+) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(std::fs::File::create(log).expect("log file")))
+        .spawn()
+        .expect("remem starts");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+        let _ = sender.send(line);
+    });
+    let line = receiver.recv_timeout(std::time::Duration::from_secs(30)).unwrap_or_default();
+    (child, line)
+}
