@@ -134,12 +134,11 @@ impl PageIo {
 
     fn submit(&mut self, client: &mut PollClient, slot: usize) -> bool {
         let (kind, page) = (self.slots[slot].kind, self.slots[slot].page);
-        // The write's data is the slot's own buffer, which the engine also names for reads:
-        // copy it out of the way of the borrow (a page, only for writes).
-        let mut data = [0u8; PAGE_BYTES];
-        if kind != IoKind::Read {
-            data.copy_from_slice(&self.slots[slot].buffer);
-        }
+        // A write's data is its slot's own buffer, and the engine is handed every slot (for
+        // reads): lend the buffer out of the slot for the call instead of copying it. A write
+        // never asks for its own read buffer.
+        let data =
+            if kind == IoKind::Read { Box::default() } else { std::mem::take(&mut self.slots[slot].buffer) };
         let op = match kind {
             IoKind::Read => Submit::Read { page },
             IoKind::Write => Submit::Write { page, data: &data },
@@ -147,6 +146,9 @@ impl PageIo {
             IoKind::WriteParity => Submit::WriteParity { page, data: &data },
         };
         let started = client.submit_unflushed(slot, op, &mut Buffers(&mut self.slots));
+        if kind != IoKind::Read {
+            self.slots[slot].buffer = data;
+        }
         if started {
             self.unflushed = true;
             match kind {

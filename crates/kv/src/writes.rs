@@ -199,25 +199,29 @@ impl Cache {
     fn write_chunk_page(&mut self, page: u64, scheme: Scheme) {
         let writes = if scheme == Scheme::Eor { 2 } else { 1 };
         let io_task = self.chunks.pages[&page].io_task;
-        let data: Vec<u8> = self.chunks.begin_write(page, writes).to_vec();
-        if scheme == Scheme::Eor {
-            self.io.write(
-                &mut self.client,
-                IoKind::WriteData,
-                page,
-                &data,
-                IoOwner { task: io_task, part: 0 },
-            );
-            let main = self.main_page(page);
-            self.io.write(
-                &mut self.client,
-                IoKind::Write,
-                main,
-                &data,
-                IoOwner { task: io_task, part: MAIN },
-            );
-        } else {
-            self.io.write(&mut self.client, IoKind::Write, page, &data, IoOwner { task: io_task, part: 0 });
+        let main = (scheme == Scheme::Eor).then(|| self.main_page(page));
+        // The cached page is copied once, into each write's slot.
+        let data = self.chunks.begin_write(page, writes);
+        match main {
+            Some(main) => {
+                self.io.write(
+                    &mut self.client,
+                    IoKind::WriteData,
+                    page,
+                    data,
+                    IoOwner { task: io_task, part: 0 },
+                );
+                self.io.write(
+                    &mut self.client,
+                    IoKind::Write,
+                    main,
+                    data,
+                    IoOwner { task: io_task, part: MAIN },
+                );
+            }
+            None => {
+                self.io.write(&mut self.client, IoKind::Write, page, data, IoOwner { task: io_task, part: 0 })
+            }
         }
     }
 
