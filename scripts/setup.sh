@@ -16,6 +16,8 @@ packages=(
   python3-pip                                                          # fetches pymemcache's own tests (below)
   fuse3 sqlite3                                                        # fusermount3 and sqlite3 for crates/cli/tests/fs.rs (remem fs)
   python3 util-linux                                                   # jobs, losetup/mkswap/swapon of `remem run`, `remem bench apps` (tests/run.rs)
+  iproute2                                                             # ip netns, bridge, veth and tc netem of crates/cli/tests/netns.rs
+  groff-base                                                           # groff checks `remem man`'s pages (crates/cli/tests/operations.rs)
 )
 
 missing=()

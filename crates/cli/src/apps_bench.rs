@@ -172,6 +172,7 @@ pub fn run(args: AppsBenchArgs, binary: &Path) -> Result<AppsReport> {
     {
         let capacity_bytes = (swap_bytes * 2 / 8 + 8 * SLAB_BYTES).div_ceil(SLAB_BYTES) * SLAB_BYTES;
         let options = ClusterOptions {
+            lease_grace: None,
             nodes: NODES,
             capacity_bytes,
             slab_size_bytes: SLAB_BYTES,

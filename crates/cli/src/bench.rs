@@ -154,6 +154,7 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
         None => {
             let dir = std::env::temp_dir().join(format!("remem-bench-{}", std::process::id()));
             let options = ClusterOptions {
+                lease_grace: None,
                 nodes: args.nodes,
                 capacity_bytes: 64 * args.slab_size.max(1 << 20),
                 slab_size_bytes: args.slab_size,

@@ -76,13 +76,15 @@ pub fn run(args: DemoArgs, binary: &std::path::Path) -> Result<()> {
     let slabs_needed = args.size.div_ceil(args.slab_size / split_bytes * 4096) * shape.total_splits() as u64;
     let per_node = slabs_needed.div_ceil(args.nodes as u64) + 2;
     let options = ClusterOptions {
+        lease_grace: None,
         nodes: args.nodes,
         capacity_bytes: per_node * args.slab_size * 102 / 100,
         slab_size_bytes: args.slab_size,
         nodes_per_domain: 1,
         dir: dir.clone(),
         fault_injection: false,
-        monitor_args: None,
+        // `None` is `--no-monitor`; a forced demo forces its nodes past their host check too.
+        monitor_args: args.force.then(|| vec!["--no-monitor".to_owned(), "--force".to_owned()]),
         unix_sockets: crate::launcher::UnixSockets::All,
     };
     println!("starting {} memory nodes (logs in {}) ...", args.nodes, dir.display());

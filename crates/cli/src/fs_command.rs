@@ -1,10 +1,11 @@
 //! `remem fs MOUNTPOINT`: a FUSE file system whose file contents live in remem, until SIGTERM,
 //! Ctrl-C or an unmount from outside (`fusermount3 -u`, `umount`).
 //!
-//! Thin: check /dev/fuse and the mount point, connect a client to the cluster, optionally lock
-//! memory, mount, print `mounted MOUNTPOINT` as the first stdout line (tests, scripts and
-//! `remem swap on` wait for it), and unmount on a signal. The file system lives in crates/fs;
-//! the semantics in docs/FS.md.
+//! Thin: check /dev/fuse and the mount point, lock the state directory, reopen the saved file
+//! system (slab map, snapshot, journal) or connect a new client, optionally lock memory, mount,
+//! print `mounted MOUNTPOINT` as the first stdout line (tests, scripts and `remem swap on` wait
+//! for it), and unmount on a signal. The file system lives in crates/fs; the semantics and the
+//! state directory in docs/FS.md.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -14,8 +15,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use remem_client::{Client, ClientConfig};
-use remem_fs::{Creator, FileSystem, MountOptions};
+use remem_client::{Client, ClientConfig, SlabMapFile};
+use remem_fs::{Creator, FileSystem, MountOptions, SavedMapClient, StateDir};
 
 use crate::code_args::CodeArgs;
 use crate::placement_arg::PlacementArgs;
@@ -55,6 +56,119 @@ pub struct FsArgs {
     /// Write this value to /proc/self/oom_score_adj (-1000: never chosen by the OOM killer).
     #[arg(long, allow_hyphen_values = true)]
     pub oom_score_adj: Option<i32>,
+    /// The state directory: slab map, metadata snapshot and journal, so that a restarted
+    /// `remem fs` (after SIGKILL, a crash or an unmount) finds every file (default:
+    /// `fs-NAME/` beside the cluster file). Locked while the file system is mounted.
+    #[arg(long)]
+    pub state: Option<PathBuf>,
+    /// The NAME of the default state directory (default: the mount point's path, with `/`
+    /// as `-`).
+    #[arg(long, conflicts_with = "state")]
+    pub name: Option<String>,
+    /// Start empty: the saved file system of the state directory is dropped and its slabs
+    /// unmapped on the nodes (when they can be reached).
+    #[arg(long)]
+    pub fresh: bool,
+    /// A scratch file system (`remem swap` uses one): starts empty as with --fresh, and gives
+    /// its slabs back to the nodes when it exits instead of keeping them for a restart.
+    #[arg(long)]
+    pub ephemeral: bool,
+}
+
+/// `fs-NAME` for a mount point: its path without the leading `/`, each `/` a `-`, other
+/// bytes than `[A-Za-z0-9._-]` as `_` (so `/mnt/remem` is `fs-mnt-remem`).
+fn default_state_name(mountpoint: &Path) -> String {
+    let path = mountpoint.to_string_lossy();
+    let name: String = path
+        .trim_matches('/')
+        .chars()
+        .map(|character| match character {
+            '/' => '-',
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '.' | '_' | '-' => character,
+            _ => '_',
+        })
+        .collect();
+    if name.is_empty() {
+        "root".to_owned()
+    } else {
+        name.chars().take(200).collect()
+    }
+}
+
+/// The state directory of this mount.
+fn state_path(args: &FsArgs, cluster_path: &Path, mountpoint: &Path) -> Result<PathBuf> {
+    if let Some(state) = &args.state {
+        return Ok(state.clone());
+    }
+    let name = match &args.name {
+        Some(name) if !name.is_empty() && !name.contains('/') && name != "." && name != ".." => name.clone(),
+        Some(name) => bail!("--name {name:?} must be a plain file name"),
+        None => default_state_name(mountpoint),
+    };
+    let directory = cluster_path.parent().map(Path::to_path_buf).unwrap_or_default();
+    Ok(directory.join(format!("fs-{name}")))
+}
+
+/// The file system's client: the saved one reopened, or a new one. Returns it and whether it
+/// was reopened.
+fn open_client(
+    args: &FsArgs,
+    state: &StateDir,
+    config: ClientConfig,
+    cluster: &remem_client::cluster::ClusterFile,
+    cluster_path: &Path,
+    secret: &remem_client::Secret,
+) -> Result<(SavedMapClient, bool)> {
+    let map_path = state.slab_map_path();
+    let dir = state.path().display();
+    if args.fresh || args.ephemeral {
+        if map_path.exists() {
+            match SlabMapFile::load(&map_path) {
+                Ok(map) => {
+                    let mut old = config.clone();
+                    old.release_on_drop = true;
+                    match Client::reopen(&map, secret, old) {
+                        Ok(client) => drop(client),
+                        Err(error) => eprintln!(
+                            "warning: cannot reach the saved file system's slabs to unmap them: {error}"
+                        ),
+                    }
+                }
+                Err(error) => eprintln!("warning: {error}; its slabs are not unmapped"),
+            }
+        }
+        state.clear().with_context(|| format!("clearing the state directory {dir}"))?;
+    } else if map_path.exists() {
+        let map = SlabMapFile::load(&map_path)?;
+        let shape = &config.shape;
+        if map.address_space_bytes != args.size
+            || (map.data_splits, map.parity_splits) != (shape.data_splits, shape.parity_splits)
+        {
+            bail!(
+                "{dir} holds a file system of {} at ({},{}), not {} at ({},{}): pass its --size, -k and -r, \
+                 another --state or --name, or --fresh to drop it and start empty",
+                format_bytes(map.address_space_bytes),
+                map.data_splits,
+                map.parity_splits,
+                format_bytes(args.size),
+                shape.data_splits,
+                shape.parity_splits
+            );
+        }
+        let client = Client::reopen(&map, secret, config)
+            .with_context(|| format!("reopening the file system saved in {dir}"))?;
+        let client = SavedMapClient::new(client, &map_path)?;
+        return Ok((client, true));
+    } else if state.has_metadata() {
+        bail!(
+            "{dir} holds file system metadata but no slab map (slabmap.json): its files cannot be found; \
+             pass --fresh to drop it and start empty"
+        );
+    }
+    let client = Client::connect(&cluster.addresses(), secret, config, args.placement.build(rand::random()))
+        .with_context(|| format!("connecting to the cluster of {}", cluster_path.display()))?;
+    let client = SavedMapClient::new(client, &map_path)?;
+    Ok((client, false))
 }
 
 /// Fails with the reason when this host cannot mount a FUSE file system at `mountpoint`.
@@ -81,8 +195,12 @@ pub fn run(args: FsArgs) -> Result<()> {
     let mut config = ClientConfig::new(shape, args.size);
     config.max_in_flight = args.queue_depth.max(1);
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
-    let client = Client::connect(&cluster.addresses(), &secret, config, args.placement.build(rand::random()))
-        .with_context(|| format!("connecting to the cluster of {}", cluster_path.display()))?;
+    // The slabs outlive the process: a restart reopens them (the state directory names them),
+    // within the nodes' lease grace period. A scratch file system gives them back on exit.
+    config.release_on_drop = args.ephemeral;
+    let state_path = state_path(&args, &cluster_path, &mountpoint)?;
+    let state = StateDir::open(&state_path)?;
+    let (client, reopened) = open_client(&args, &state, config, &cluster, &cluster_path, &secret)?;
     if let Some(value) = args.oom_score_adj {
         // A warning, not an error: lowering the score needs CAP_SYS_RESOURCE, which root in a
         // container or sandbox may lack; the file system still works without it.
@@ -97,7 +215,21 @@ pub fn run(args: FsArgs) -> Result<()> {
 
     // SAFETY: getuid and getgid have no preconditions and cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let filesystem = FileSystem::new(client, Creator { uid, gid, mode: 0o755 });
+    let (filesystem, report) = FileSystem::open_saved(client, Creator { uid, gid, mode: 0o755 }, &state)
+        .with_context(|| format!("opening the file system saved in {}", state_path.display()))?;
+    if let Some(torn) = &report.torn_tail {
+        eprintln!(
+            "warning: the journal in {} ended with a torn record at byte {} ({} bytes: {}), left by a crash \
+             mid-append; recovered up to the record before it",
+            state_path.display(),
+            torn.offset,
+            torn.bytes,
+            torn.reason
+        );
+    }
+    if reopened {
+        eprintln!("reopened {} files from {} (--fresh to start empty)", report.files, state_path.display());
+    }
     let options = MountOptions { allow_other: args.allow_other, source_name: "remem".to_owned() };
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;

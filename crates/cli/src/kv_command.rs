@@ -194,7 +194,14 @@ pub fn run(args: KvArgs) -> Result<()> {
     }
     let publish = args.metrics.is_some();
     let mut watch = crate::cluster_watch::ClusterWatch::new(cluster_path.clone(), &cluster);
+    let mut reporter = None;
+    let name = args.listen.to_string();
     server.on_housekeeping = Some(Box::new(move |cache: &mut remem_kv::Cache| {
+        let client = cache.client.client();
+        let reporter = reporter.get_or_insert_with(|| {
+            crate::client_report::ClientReporter::new(&cluster_path, "kv", &name, client.client_id())
+        });
+        reporter.publish(|| client.region_health());
         if publish {
             let text = remem_kv::report::prometheus(cache);
             if let Ok(mut shared) = snapshot.lock() {

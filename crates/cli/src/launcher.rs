@@ -40,6 +40,9 @@ pub struct ClusterOptions {
     /// Give node N a Unix socket `DIR/node-N.sock` (recorded in the cluster file) for
     /// same-host shared memory. Nodes not listed get none (for mixed-transport tests).
     pub unix_sockets: UnixSockets,
+    /// The nodes' `--lease-grace` (how long a departed client's slabs are kept); `None` leaves
+    /// the node's default.
+    pub lease_grace: Option<Duration>,
 }
 
 /// Which nodes of a local cluster listen on a Unix socket too.
@@ -99,6 +102,48 @@ pub fn host_available_bytes() -> Option<u64> {
     let line = text.lines().find(|line| line.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
+}
+
+/// Per-node capacity `remem up` lends when it is not told.
+pub const UP_DEFAULT_CAPACITY_BYTES: u64 = 2 << 30;
+
+/// The capacity of each of `nodes` nodes that `remem up` starts without a resource monitor:
+/// `requested`, checked against the host (their sum at most its memory and 80% of what it has
+/// available, unless `force`), or when not given the default shrunk to fit that budget, so
+/// that `remem up` works as it is on a small machine.
+///
+/// Errors: the sum does not fit (the message gives the numbers and names --force), or not even
+/// one slab per node fits.
+pub fn up_capacity_bytes(
+    nodes: usize,
+    requested: Option<u64>,
+    slab_size_bytes: u64,
+    force: bool,
+) -> Result<u64> {
+    let host = crate::host_memory::HostMemory::read();
+    let Some(capacity_bytes) = requested else {
+        let Some(host) = host.filter(|_| !force) else { return Ok(UP_DEFAULT_CAPACITY_BYTES) };
+        let fitting = host.default_capacity_bytes(nodes, slab_size_bytes, UP_DEFAULT_CAPACITY_BYTES);
+        return fitting.with_context(|| {
+            format!(
+                "{nodes} nodes of at least one {} slab each do not fit in 80% of the {} this host \
+                 has available: start fewer --nodes or smaller --slab-size, or pass --force to \
+                 start anyway",
+                crate::units::format_bytes(slab_size_bytes),
+                crate::units::format_bytes(host.available_bytes)
+            )
+        });
+    };
+    if let (Some(host), false) = (host, force) {
+        let total_bytes = capacity_bytes.saturating_mul(nodes as u64);
+        let what = format!(
+            "--nodes {nodes} x --capacity {} = {}",
+            crate::units::format_bytes(capacity_bytes),
+            crate::units::format_bytes(total_bytes)
+        );
+        host.check(&what, total_bytes, false).map_err(anyhow::Error::msg)?;
+    }
+    Ok(capacity_bytes)
 }
 
 /// Takes an exclusive lock on `dir/lock`, held as long as the returned file is open.
@@ -288,6 +333,12 @@ impl LocalCluster {
                 None => vec!["--no-monitor".to_owned()],
             })
             .args(unix_socket.iter().flat_map(|path| [std::ffi::OsStr::new("--unix"), path.as_os_str()]))
+            .args(
+                options
+                    .lease_grace
+                    .iter()
+                    .flat_map(|grace| ["--lease-grace".to_owned(), format!("{}ms", grace.as_millis())]),
+            )
             .env("REMEM_SECRET", &self.secret_hex)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use remem::launcher::{ClusterOptions, LocalCluster};
 use tracing_subscriber::EnvFilter;
 
@@ -29,7 +29,9 @@ enum Command {
     ///
     /// The cluster secret comes from --secret-file or the REMEM_SECRET environment variable
     /// (never the command line). Logs go to stderr (set REMEM_LOG=debug for more); the first
-    /// stdout line is `listening ADDRESS`. Stops cleanly on SIGTERM or Ctrl-C.
+    /// stdout line is `listening ADDRESS`. Stops cleanly on SIGTERM or Ctrl-C. Settings may come
+    /// from a TOML file (--config); flags on the command line win over it.
+    #[command(args_override_self = true)]
     Node(remem::node::NodeArgs),
     /// Start a local cluster of N node processes on 127.0.0.1 and keep it up until Ctrl-C or
     /// SIGTERM. Writes DIR/cluster.json, which `remem bench --cluster` reads.
@@ -73,6 +75,10 @@ enum Command {
     /// JSON and the PNG figures of seed 000 Figures 15 and 16. The default run takes under a
     /// minute on 2 cores; --full covers the figures' ranges.
     Sim(remem::sim_command::SimArgs),
+    /// Print a shell completion script: `source <(remem completions bash)`.
+    Completions(remem::completions::CompletionsArgs),
+    /// Write manual pages (remem.1 and one per subcommand, e.g. remem-node.1) into --dir.
+    Man(remem::manpage::ManArgs),
     /// Writes every page again and again until killed (fault-suite helper).
     #[command(hide = true)]
     TortureWriter(remem::torture::TortureArgs),
@@ -110,9 +116,10 @@ struct UpArgs {
     /// Number of node processes.
     #[arg(long, default_value_t = 10, value_parser = remem::units::parse_count)]
     nodes: usize,
-    /// Memory each node lends.
-    #[arg(long, default_value = "2GiB", value_parser = remem::units::parse_positive_bytes)]
-    capacity: u64,
+    /// Memory each node lends [default: 2GiB, or less so that all nodes fit in 80% of the
+    /// host's available memory].
+    #[arg(long, value_parser = remem::units::parse_positive_bytes)]
+    capacity: Option<u64>,
     /// Slab size of every node.
     #[arg(long, default_value = "64MiB", value_parser = remem::units::parse_positive_bytes)]
     slab_size: u64,
@@ -129,6 +136,14 @@ struct UpArgs {
     /// slabs were rebuilt elsewhere meanwhile).
     #[arg(long)]
     restart_dead: bool,
+    /// Start even when the nodes' capacities add up to more than the host's memory, or to more
+    /// than 80% of what it has available (the nodes run without a resource monitor).
+    #[arg(long)]
+    force: bool,
+    /// The nodes' --lease-grace: how long the slabs of a client that went away are kept for it
+    /// to re-attach (e.g. a restarted `remem nbd`) before they are freed [default: the node's, 2m].
+    #[arg(long, value_parser = remem::units::parse_duration, value_name = "DURATION")]
+    lease_grace: Option<std::time::Duration>,
 }
 
 #[derive(Args, Debug)]
@@ -148,7 +163,7 @@ struct CodecArgs {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = parse_command_line();
     let default_level = if matches!(cli.command, Command::Node(_)) { "info" } else { "warn" };
     let filter = EnvFilter::try_from_env("REMEM_LOG").unwrap_or_else(|_| EnvFilter::new(default_level));
     // Colour only on a terminal: node logs and redirected stderr stay plain text.
@@ -163,6 +178,25 @@ fn main() {
     if let Err(error) = run(cli) {
         eprintln!("error: {}", remem::error_text(&error));
         std::process::exit(1);
+    }
+}
+
+/// Parses the command line; for `remem node --config FILE`, parses it again with the file's
+/// settings placed before the typed flags, so that those win (`args_override_self`).
+fn parse_command_line() -> Cli {
+    let cli = Cli::parse();
+    let Command::Node(remem::node::NodeArgs { config: Some(path), .. }) = &cli.command else { return cli };
+    let command = Cli::command();
+    let node = command.find_subcommand("node").expect("node is a subcommand of remem");
+    match remem::config_file::arguments_from_file(path, node) {
+        Ok(arguments) => {
+            let argv = std::env::args_os().collect();
+            Cli::parse_from(remem::config_file::insert_after_subcommand(argv, "node", arguments))
+        }
+        Err(error) => {
+            eprintln!("error: {}", remem::error_text(&error));
+            std::process::exit(2);
+        }
     }
 }
 
@@ -185,6 +219,15 @@ fn run(cli: Cli) -> Result<()> {
         Command::Sim(args) => remem::sim_command::run(args),
         Command::TortureWriter(args) => remem::torture::run(args),
         Command::MemoryHog(args) => remem::memory_hog::run(args),
+        Command::Completions(args) => {
+            remem::completions::write(args.shell, Cli::command(), &mut std::io::stdout().lock())
+        }
+        Command::Man(args) => {
+            for page in remem::manpage::write_all(Cli::command(), &args.dir)? {
+                println!("{}", page.display());
+            }
+            Ok(())
+        }
         Command::Bench(BenchCommand::Pages(args)) => {
             let json = args.json;
             let report = remem::bench::run(args, &binary)?;
@@ -231,14 +274,18 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
+    let capacity_bytes =
+        remem::launcher::up_capacity_bytes(args.nodes, args.capacity, args.slab_size, args.force)?;
     let options = ClusterOptions {
+        lease_grace: args.lease_grace,
         nodes: args.nodes,
-        capacity_bytes: args.capacity,
+        capacity_bytes,
         slab_size_bytes: args.slab_size,
         nodes_per_domain: args.nodes_per_domain,
         dir: args.dir.unwrap_or_else(remem::launcher::default_dir),
         fault_injection: args.fault_injection,
-        monitor_args: None,
+        // `None` is `--no-monitor`; forced nodes skip their own host check too.
+        monitor_args: args.force.then(|| vec!["--no-monitor".to_owned(), "--force".to_owned()]),
         unix_sockets: remem::launcher::UnixSockets::All,
     };
     let stop = Arc::new(AtomicBool::new(false));

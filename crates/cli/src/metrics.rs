@@ -140,6 +140,26 @@ pub fn node_metrics(handle: &remem_node::NodeHandle) -> String {
             "remem_node_connection_buffer_bytes",
             "Connection buffer bytes beyond the small per-connection ones (node-wide budget).",
             handle.connection_buffer_bytes() as f64,
+        )
+        .gauge(
+            "remem_node_leases_live",
+            "Clients with a live lease (a process connected).",
+            f64::from(info.clients_live),
+        )
+        .gauge(
+            "remem_node_leases_in_grace",
+            "Clients that went away whose slabs are kept until the lease grace period ends.",
+            f64::from(info.clients_in_grace),
+        )
+        .gauge(
+            "remem_node_slabs_in_grace",
+            "Slabs of the clients in their lease grace period.",
+            f64::from(info.slabs_in_grace),
+        )
+        .counter(
+            "remem_node_slabs_freed_by_lease_expiry_total",
+            "Slabs freed because their client did not come back within the lease grace period.",
+            handle.slabs_freed_by_lease_expiry() as f64,
         );
     out.finish()
 }

@@ -270,6 +270,8 @@ struct WatchedClient {
     /// Where the slab map is saved, and how many rebuilds it reflects.
     state_path: PathBuf,
     rebuilds_saved: u64,
+    /// The client's region health for `remem status`.
+    reporter: crate::client_report::ClientReporter,
 }
 
 impl WatchedClient {
@@ -280,11 +282,16 @@ impl WatchedClient {
         state_path: PathBuf,
     ) -> WatchedClient {
         let rebuilds_saved = client.regeneration_status().done;
+        let export =
+            state_path.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
+        let reporter =
+            crate::client_report::ClientReporter::new(&cluster_path, "nbd", &export, client.client_id());
         WatchedClient {
             client,
             watch: crate::cluster_watch::ClusterWatch::new(cluster_path, cluster),
             state_path,
             rebuilds_saved,
+            reporter,
         }
     }
 
@@ -340,5 +347,7 @@ impl remem_nbd::PageStore for WatchedClient {
         self.follow_cluster_file();
         self.save_map_after_rebuilds();
         self.client.poll_background(Duration::ZERO);
+        let client = &self.client;
+        self.reporter.publish(|| client.region_health());
     }
 }

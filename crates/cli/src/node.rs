@@ -70,6 +70,21 @@ pub struct NodeArgs {
     /// Serve Prometheus metrics at http://ADDRESS/metrics (e.g. 127.0.0.1:9100).
     #[arg(long, value_name = "ADDRESS")]
     pub metrics: Option<std::net::SocketAddr>,
+    /// How long the slabs of a client that went away (its last connection closed, or its host
+    /// stopped answering TCP keepalive for about 10 s) are kept for the same client, restarted
+    /// with its saved slab map (`remem nbd`, `remem fs`), to re-attach; then they are freed.
+    /// While it holds them, another process claiming the same client id is refused.
+    #[arg(long, default_value = "2m", value_parser = parse_duration, value_name = "DURATION")]
+    pub lease_grace: Duration,
+    /// Read settings from this TOML file: keys are the long flag names (`capacity = "4GiB"`,
+    /// `no_monitor = true`); a flag on the command line wins over the file. The file may name
+    /// the secret's file (`secret_file`), never hold the secret. Example: contrib/node.toml.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Start even when --capacity is more than the host's memory (its cgroup limit, else
+    /// MemTotal), or with --no-monitor more than 80% of what it has available.
+    #[arg(long)]
+    pub force: bool,
 }
 
 impl NodeArgs {
@@ -95,6 +110,15 @@ pub fn run(args: NodeArgs) -> Result<()> {
         bail!("--capacity ({}) is smaller than one slab ({})", args.capacity, args.slab_size);
     }
     let resource_monitor = args.resource_monitor();
+    if let Some(host) = crate::host_memory::HostMemory::read() {
+        let what = format!("--capacity {}", crate::units::format_bytes(args.capacity));
+        if let Err(message) = host.check(&what, args.capacity, resource_monitor.is_some()) {
+            if !args.force {
+                bail!("{message}");
+            }
+            tracing::warn!("starting as told by --force: {message}");
+        }
+    }
     if let Some(monitor) = &resource_monitor {
         monitor.validate().map_err(|message| anyhow::anyhow!("resource monitor: {message}"))?;
     }
@@ -110,6 +134,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
         fault_injection: args.fault_injection,
         resource_monitor,
         unix_socket: args.unix,
+        lease_grace: args.lease_grace,
     };
     let node = Node::bind(config).with_context(|| format!("binding {}", args.listen))?;
     let shutdown = Arc::new(AtomicBool::new(false));

@@ -46,6 +46,7 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
     let shape = Shape { data_splits: 8, parity_splits: 2, extra_reads: 1 };
     let dir = std::env::temp_dir().join(format!("remem-regen-{}", std::process::id()));
     let options = ClusterOptions {
+        lease_grace: None,
         nodes: shape.total_splits() + 1,
         capacity_bytes: 3 * args.slab_size,
         slab_size_bytes: args.slab_size,

@@ -50,6 +50,11 @@ pub struct NodeRow {
     pub rebuilds_running: u32,
     /// Progress of the rebuilds running on the node, 0 to 100.
     pub rebuild_percent: Option<f64>,
+    /// Clients whose lease is live here (a process connected).
+    pub clients: u32,
+    /// Clients that went away, and their slabs, kept until the node's lease grace period ends.
+    pub clients_in_grace: u32,
+    pub slabs_in_grace: u32,
 }
 
 #[derive(Debug, Serialize)]
@@ -60,6 +65,8 @@ pub struct ClusterStatus {
     pub capacity_bytes: u64,
     pub free_bytes: u64,
     pub rebuilds_running: u32,
+    /// What each front end's client says of its regions (`client_report`).
+    pub clients: Vec<crate::client_report::ClientRow>,
 }
 
 pub fn collect(args: &StatusArgs) -> Result<ClusterStatus> {
@@ -84,6 +91,9 @@ pub fn collect(args: &StatusArgs) -> Result<ClusterStatus> {
                 rebuild_percent: (status.regeneration_pages_total > 0).then(|| {
                     100.0 * status.regeneration_pages_done as f64 / status.regeneration_pages_total as f64
                 }),
+                clients: status.clients_live,
+                clients_in_grace: status.clients_in_grace,
+                slabs_in_grace: status.slabs_in_grace,
             },
             Err(error) => NodeRow {
                 index,
@@ -99,6 +109,9 @@ pub fn collect(args: &StatusArgs) -> Result<ClusterStatus> {
                 requests_served: 0,
                 rebuilds_running: 0,
                 rebuild_percent: None,
+                clients: 0,
+                clients_in_grace: 0,
+                slabs_in_grace: 0,
             },
         };
         nodes.push(row);
@@ -110,6 +123,7 @@ pub fn collect(args: &StatusArgs) -> Result<ClusterStatus> {
         free_bytes: nodes.iter().map(|node| node.free_bytes).sum(),
         rebuilds_running: nodes.iter().map(|node| node.rebuilds_running).sum(),
         nodes,
+        clients: crate::client_report::read_reports(&path),
     })
 }
 
@@ -126,8 +140,8 @@ pub fn print_table(status: &ClusterStatus, out: &mut impl Write) -> std::io::Res
     )?;
     writeln!(
         out,
-        "{:>4}  {:<22} {:<12} {:<5} {:>12} {:>12} {:>12} {:>6} {:>10}",
-        "node", "address", "domain", "state", "capacity", "used", "free", "slabs", "rebuilds"
+        "{:>4}  {:<22} {:<12} {:<5} {:>12} {:>12} {:>12} {:>6} {:>10} {:>7}  in grace",
+        "node", "address", "domain", "state", "capacity", "used", "free", "slabs", "rebuilds", "clients"
     )?;
     for node in &status.nodes {
         if !node.up {
@@ -146,9 +160,13 @@ pub fn print_table(status: &ClusterStatus, out: &mut impl Write) -> std::io::Res
             Some(percent) => format!("{} ({percent:.0}%)", node.rebuilds_running),
             None => node.rebuilds_running.to_string(),
         };
+        let in_grace = match node.clients_in_grace {
+            0 => "-".to_owned(),
+            clients => format!("{clients} ({} slabs)", node.slabs_in_grace),
+        };
         writeln!(
             out,
-            "{:>4}  {:<22} {:<12} {:<5} {:>12} {:>12} {:>12} {:>6} {:>10}",
+            "{:>4}  {:<22} {:<12} {:<5} {:>12} {:>12} {:>12} {:>6} {:>10} {:>7}  {}",
             node.index,
             node.address,
             node.failure_domain,
@@ -157,8 +175,31 @@ pub fn print_table(status: &ClusterStatus, out: &mut impl Write) -> std::io::Res
             format_bytes(node.used_bytes),
             format_bytes(node.free_bytes),
             node.slabs_mapped,
-            rebuilds
+            rebuilds,
+            node.clients,
+            in_grace
         )?;
+    }
+    if !status.clients.is_empty() {
+        writeln!(out, "clients (their own account of their regions):")?;
+    }
+    for client in &status.clients {
+        let report = &client.report;
+        let state = if client.alive {
+            format!("updated {:.0} s ago", client.age_secs)
+        } else {
+            "process gone: its slabs wait out the nodes' lease grace".to_owned()
+        };
+        writeln!(
+            out,
+            "  {} {} (pid {}, client {}): {state}",
+            report.front_end, report.name, report.pid, report.client_id
+        )?;
+        if client.alive {
+            for region in &report.regions {
+                writeln!(out, "    {}", crate::client_report::describe_region(region))?;
+            }
+        }
     }
     Ok(())
 }

@@ -153,6 +153,11 @@ fn set_up(args: &SwapOnArgs, binary: &Path, state: &mut SwapState) -> Result<()>
         .args(["--size", &fs_size.to_string(), "--mlock", "--oom-score-adj", "-1000"])
         .args(["-k", &args.code.data_splits.to_string(), "-r", &args.code.parity_splits.to_string()])
         .args(["--delta", &args.code.delta.to_string()])
+        // Swap contents die with the swap device: every `on` starts an empty file system, with
+        // its metadata journal in the runtime directory (not beside a shared cluster file).
+        .arg("--state")
+        .arg(runtime_dir.join("fs-state"))
+        .arg("--ephemeral")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log));
@@ -302,6 +307,8 @@ fn off(runtime_dir: &Path) -> Result<()> {
         bail!("swap off left something behind:\n{}", problems.join("\n"));
     }
     let _ = std::fs::remove_file(state_path(runtime_dir));
+    // The file system's metadata journal: swap contents never outlive the swap device.
+    let _ = std::fs::remove_dir_all(runtime_dir.join("fs-state"));
     println!("swap off: nothing of remem swap is attached");
     Ok(())
 }

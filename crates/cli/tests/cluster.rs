@@ -24,6 +24,7 @@ fn test_dir(name: &str) -> PathBuf {
 
 fn start_cluster(name: &str, nodes: usize, slab_size_bytes: u64) -> LocalCluster {
     let options = ClusterOptions {
+        lease_grace: None,
         nodes,
         capacity_bytes: 64 * slab_size_bytes,
         slab_size_bytes,

@@ -596,6 +596,7 @@ fn an_nbd_export_uses_a_node_added_to_the_running_cluster() {
     let dir = std::env::temp_dir().join(format!("remem-engine-grow-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let options = remem::launcher::ClusterOptions {
+        lease_grace: None,
         nodes: 11,
         capacity_bytes: 16 * common::SLAB_BYTES,
         slab_size_bytes: common::SLAB_BYTES,

@@ -2,7 +2,9 @@
 //! Debian's programs: fio with crc32c verify, tar in and out compared byte for byte, sqlite3,
 //! coreutils and direct system calls for sparse files, truncate, fallocate, O_DIRECT, rename,
 //! unlink and mkdir; two nodes SIGKILLed under writes (every byte reads back), a third killed
-//! (EIO, never wrong bytes).
+//! (EIO, never wrong bytes); restarts: SIGKILL of `remem fs`, clean unmount, `--fresh`, a torn
+//! journal tail recovered and a corrupt journal refused, a second `remem fs` on the same state
+//! refused.
 //!
 //! Needs root-free FUSE at least (/dev/fuse; the tests fail with the reason if it is missing).
 //! Every mount is unmounted by a guard, also on panic (SIGTERM to `remem fs` by PID, then
@@ -32,30 +34,44 @@ struct FsMount {
     child: Child,
     mountpoint: PathBuf,
     log: PathBuf,
+    /// The child was killed and reaped: its PID must not be signalled again.
+    reaped: bool,
+}
+
+/// The `remem fs` command line for a mount on `dir/mnt`.
+fn fs_command(cluster: &LocalCluster, dir: &Path, size: &str, extra: &[&str]) -> Command {
+    let mountpoint = dir.join("mnt");
+    std::fs::create_dir_all(&mountpoint).expect("mount point");
+    let mut command = Command::new(binary());
+    command.arg("fs").arg(&mountpoint).arg("--cluster").arg(&cluster.cluster_file_path).args([
+        "--size",
+        size,
+        "-k",
+        "8",
+        "-r",
+        "2",
+        "--request-timeout-ms",
+        "1000",
+    ]);
+    command.args(extra);
+    command
 }
 
 impl FsMount {
     fn start(cluster: &LocalCluster, dir: &Path, size: &str) -> FsMount {
+        FsMount::start_with(cluster, dir, size, &[])
+    }
+
+    fn start_with(cluster: &LocalCluster, dir: &Path, size: &str, extra: &[&str]) -> FsMount {
         assert!(
             Path::new("/dev/fuse").exists(),
             "/dev/fuse is missing: these tests need FUSE (modprobe fuse, or pass the device into the container)"
         );
         let mountpoint = dir.join("mnt");
-        std::fs::create_dir_all(&mountpoint).expect("mount point");
         let log = dir.join("fs.log");
-        let mut command = Command::new(binary());
-        command.arg("fs").arg(&mountpoint).arg("--cluster").arg(&cluster.cluster_file_path).args([
-            "--size",
-            size,
-            "-k",
-            "8",
-            "-r",
-            "2",
-            "--request-timeout-ms",
-            "1000",
-        ]);
+        let command = fs_command(cluster, dir, size, extra);
         let (child, line) = common::spawn_with_first_line(command, &log);
-        let mount = FsMount { child, mountpoint, log };
+        let mount = FsMount { child, mountpoint, log, reaped: false };
         assert!(
             line.starts_with("mounted "),
             "remem fs did not mount: {line:?}; log: {}",
@@ -67,10 +83,21 @@ impl FsMount {
     fn path(&self, name: &str) -> PathBuf {
         self.mountpoint.join(name)
     }
-}
 
-impl Drop for FsMount {
-    fn drop(&mut self) {
+    /// What `remem fs` wrote to stderr so far.
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM (a clean unmount) and wait for the process to end.
+    fn stop(mut self) {
+        self.stop_in_place();
+    }
+
+    fn stop_in_place(&mut self) {
+        if self.reaped {
+            return;
+        }
         // SAFETY: kill with the PID of a child we spawned and have not reaped.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(8);
@@ -82,6 +109,20 @@ impl Drop for FsMount {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.reaped = true;
+    }
+
+    /// SIGKILL: the process dies at once, its mount is left dead (detached by drop).
+    fn sigkill(mut self) {
+        self.child.kill().expect("SIGKILL remem fs");
+        let _ = self.child.wait();
+        self.reaped = true;
+    }
+}
+
+impl Drop for FsMount {
+    fn drop(&mut self) {
+        self.stop_in_place();
         // Whatever the daemon managed, leave no mount behind (a no-op when it unmounted).
         let _ = Command::new("fusermount3")
             .arg("-u")
@@ -386,4 +427,236 @@ fn two_nodes_sigkilled_while_writing_lose_no_byte_and_a_third_gives_eio_k8_r2() 
         }
     }
     assert!(failed > 0, "with 3 of 10 nodes of every EC(8,2) range down, reads must fail");
+}
+
+/// One entry of a tree as `lstat` and `read` see it.
+#[derive(Debug, PartialEq)]
+struct Entry {
+    path: PathBuf,
+    inode: u64,
+    mode: u32,
+    nlink: u64,
+    size: u64,
+    blocks: u64,
+    mtime: Option<(i64, i64)>,
+    target: Option<PathBuf>,
+    /// Whole content of files up to 16 MiB; of larger (sparse) ones, 64 KiB at a few offsets.
+    content: Vec<u8>,
+}
+
+/// Every entry under `root`, in path order. `lazy_mtime` names files whose mtime may lag after a
+/// SIGKILL (changed by overwrites only, journaled within a second, docs/FS.md).
+fn walk(root: &Path, lazy_mtime: &[&str]) -> Vec<Entry> {
+    let mut entries = Vec::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(directory) = pending.pop() {
+        for item in std::fs::read_dir(&directory).expect("readdir") {
+            let path = item.expect("entry").path();
+            let meta = std::fs::symlink_metadata(&path).expect("lstat");
+            let relative = path.strip_prefix(root).expect("under root").to_path_buf();
+            let mut content = Vec::new();
+            let mut target = None;
+            if meta.file_type().is_dir() {
+                pending.push(path.clone());
+            } else if meta.file_type().is_symlink() {
+                target = Some(std::fs::read_link(&path).expect("readlink"));
+            } else if meta.len() <= 16 << 20 {
+                content = std::fs::read(&path).expect("read");
+            } else {
+                let mut file = std::fs::File::open(&path).expect("open");
+                for offset in [0, 300 << 20, meta.len() - (64 << 10)] {
+                    let mut chunk = vec![0u8; 64 << 10];
+                    file.seek(SeekFrom::Start(offset)).expect("seek");
+                    file.read_exact(&mut chunk).expect("read a chunk");
+                    content.extend_from_slice(&chunk);
+                }
+            }
+            let lazy = lazy_mtime.iter().any(|name| relative == Path::new(name));
+            entries.push(Entry {
+                inode: meta.ino(),
+                mode: meta.mode(),
+                nlink: meta.nlink(),
+                size: meta.len(),
+                blocks: meta.blocks(),
+                mtime: (!lazy && !meta.file_type().is_dir()).then(|| (meta.mtime(), meta.mtime_nsec())),
+                target,
+                content,
+                path: relative,
+            });
+        }
+    }
+    entries.sort_by(|a, b| a.path.cmp(&b.path));
+    entries
+}
+
+fn assert_same_tree(before: &[Entry], after: &[Entry], when: &str) {
+    assert_eq!(before.len(), after.len(), "{when}: entry count");
+    for (old, new) in before.iter().zip(after) {
+        assert!(
+            old == new,
+            "{when}: {} differs:\nbefore {:?}\nafter  {:?}",
+            old.path.display(),
+            short(old),
+            short(new)
+        );
+    }
+}
+
+fn short(entry: &Entry) -> String {
+    format!(
+        "ino {} mode {:o} nlink {} size {} blocks {} mtime {:?} target {:?} content {} bytes",
+        entry.inode,
+        entry.mode,
+        entry.nlink,
+        entry.size,
+        entry.blocks,
+        entry.mtime,
+        entry.target,
+        entry.content.len()
+    )
+}
+
+/// Fills a mount with what a restart must keep: a copy of crates/, a sparse 1 GiB file with data
+/// at three offsets, a fallocated range past its end, a symlink, a hard link, a renamed file, a
+/// deleted file, a chmod, an empty directory. Returns the names whose mtime is kept lazily.
+fn fill_tree(mount: &FsMount, dir: &Path) -> Vec<&'static str> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("crates/");
+    let archive = dir.join("in.tar");
+    let archive_arg = archive.to_str().expect("utf-8 path");
+    run_ok(60, "tar", &["-C", source.to_str().expect("utf-8"), "--exclude=target", "-cf", archive_arg, "."]);
+    std::fs::create_dir(mount.path("tree")).expect("mkdir tree");
+    run_ok(60, "tar", &["-C", mount.path("tree").to_str().expect("utf-8"), "-xf", archive_arg]);
+    let sparse =
+        std::fs::OpenOptions::new().create_new(true).write(true).open(mount.path("sparse")).expect("sparse");
+    sparse.set_len(1 << 30).expect("1 GiB");
+    for (offset, seed) in [(0u64, 1u64), ((300 << 20) + 123, 2), ((1 << 30) - 70_000, 3)] {
+        use std::os::unix::fs::FileExt;
+        sparse.write_all_at(&pattern(offset, 70_000, seed), offset).expect("write into the sparse file");
+    }
+    fallocate(&sparse, libc::FALLOC_FL_KEEP_SIZE, 1 << 30, 1 << 20).expect("fallocate past the end");
+    drop(sparse);
+    std::os::unix::fs::symlink("tree/fs/Cargo.toml", mount.path("link")).expect("symlink");
+    std::fs::hard_link(mount.path("tree/fs/src/lib.rs"), mount.path("hard")).expect("hard link");
+    std::fs::write(mount.path("before"), pattern(0, 10_000, 4)).expect("before");
+    std::fs::rename(mount.path("before"), mount.path("tree/after")).expect("rename");
+    std::fs::write(mount.path("gone"), pattern(0, 50_000, 5)).expect("gone");
+    std::fs::remove_file(mount.path("gone")).expect("unlink");
+    std::fs::set_permissions(mount.path("hard"), std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod");
+    std::fs::create_dir(mount.path("empty")).expect("mkdir empty");
+    vec!["sparse"]
+}
+
+/// Detaches a dead FUSE mount (its daemon was SIGKILLed): `fusermount3 -u -z`, else `umount -l`.
+fn detach(mountpoint: &Path) {
+    let fusermount =
+        Command::new("fusermount3").arg("-u").arg("-z").arg(mountpoint).stderr(Stdio::null()).status();
+    if !fusermount.is_ok_and(|status| status.success()) {
+        let _ = Command::new("umount").arg("-l").arg(mountpoint).stderr(Stdio::null()).status();
+    }
+}
+
+#[test]
+fn files_survive_sigkill_of_remem_fs_a_clean_remount_and_fresh_starts_empty() {
+    let dir = test_dir("restart");
+    let cluster = common::start_cluster("fs", "restart", 10, UnixSockets::None);
+    let mount = FsMount::start(&cluster, &dir, "64MiB");
+    let lazy = fill_tree(&mount, &dir);
+    let before = walk(&mount.mountpoint, &lazy);
+    assert!(before.len() > 200, "the tree was copied: {} entries", before.len());
+
+    // SIGKILL: no unmount, no sync. Every reply it gave was journaled first.
+    mount.sigkill();
+    detach(&dir.join("mnt"));
+    let mount = FsMount::start(&cluster, &dir, "64MiB");
+    let log = mount.log_text();
+    assert!(log.contains("reopened") && log.contains("--fresh"), "remem fs says it reopened: {log}");
+    assert_same_tree(&before, &walk(&mount.mountpoint, &lazy), "after SIGKILL");
+
+    // A second remem fs on the same state directory is refused while this one runs.
+    let other = dir.join("other");
+    std::fs::create_dir_all(other.join("mnt")).expect("second mount point");
+    let mut second = fs_command(&cluster, &other, "64MiB", &[]);
+    second.arg("--name").arg(default_name(&dir.join("mnt")));
+    let output = run_command(second);
+    assert!(!output.status.success(), "a second remem fs on the same state must be refused");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("in use"), "{output:?}");
+
+    // A clean unmount (SIGTERM) and a remount: everything, lazy mtimes included.
+    let before = walk(&mount.mountpoint, &[]);
+    mount.stop();
+    let mount = FsMount::start(&cluster, &dir, "64MiB");
+    assert_same_tree(&before, &walk(&mount.mountpoint, &[]), "after a clean remount");
+
+    // A different size is refused, naming --fresh; --fresh starts empty.
+    mount.stop();
+    let output = run_command(fs_command(&cluster, &dir, "32MiB", &[]));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--fresh"), "{output:?}");
+    let mount = FsMount::start_with(&cluster, &dir, "64MiB", &["--fresh"]);
+    assert_eq!(std::fs::read_dir(&mount.mountpoint).expect("readdir").count(), 0, "--fresh starts empty");
+    assert_eq!(statfs_free_bytes(&mount.mountpoint), 64 << 20, "and with every page free");
+}
+
+/// The default state NAME of a mount point (as `remem fs` derives it).
+fn default_name(mountpoint: &Path) -> String {
+    let canonical = mountpoint.canonicalize().expect("mount point");
+    canonical.to_string_lossy().trim_matches('/').replace('/', "-")
+}
+
+/// Runs a `remem fs` command that must end by itself (refused), under a 30 s limit.
+fn run_command(command: Command) -> std::process::Output {
+    let mut timed = Command::new("timeout");
+    timed.args(["-k", "5", "30"]).arg(command.get_program()).args(command.get_args());
+    timed.stdin(Stdio::null()).output().expect("run remem fs")
+}
+
+/// Byte offsets where each record of a journal starts, and its end.
+fn journal_records(journal: &[u8]) -> Vec<(usize, usize)> {
+    let mut records = Vec::new();
+    let mut offset = 0;
+    while offset + 8 <= journal.len() {
+        let len = u32::from_le_bytes(journal[offset..offset + 4].try_into().expect("4 bytes")) as usize;
+        records.push((offset, offset + 8 + len));
+        offset += 8 + len;
+    }
+    records
+}
+
+#[test]
+fn a_torn_journal_tail_is_recovered_and_a_corrupt_middle_is_refused() {
+    let dir = test_dir("journal");
+    let cluster = common::start_cluster("fs", "journal", 10, UnixSockets::None);
+    let state = dir.join("state");
+    let state_arg = state.to_str().expect("utf-8").to_owned();
+    let mount = FsMount::start_with(&cluster, &dir, "16MiB", &["--state", &state_arg]);
+    for index in 0..20 {
+        std::fs::write(mount.path(&format!("f{index}")), pattern(index, 5000, 6)).expect("write");
+    }
+    std::fs::create_dir(mount.path("last")).expect("mkdir: the last record");
+    let before = walk(&mount.mountpoint, &[]);
+    mount.sigkill();
+    detach(&dir.join("mnt"));
+
+    let journal_path = state.join("journal");
+    let journal = std::fs::read(&journal_path).expect("journal");
+    let records = journal_records(&journal);
+    assert!(records.len() > 40, "{} records", records.len());
+    assert_eq!(records.last().expect("records").1, journal.len(), "whole records only");
+
+    // A flipped byte in the middle: refused, with the reason, and nothing mounted.
+    let mut damaged = journal.clone();
+    damaged[records[5].0 + 12] ^= 0x20;
+    std::fs::write(&journal_path, &damaged).expect("damage");
+    let output = run_command(fs_command(&cluster, &dir, "16MiB", &["--state", &state_arg]));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("corrupt record"), "{output:?}");
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("mounted"), "{output:?}");
+
+    // The last record cut in half (a crash mid-append): everything before it comes back.
+    let (last_start, last_end) = *records.last().expect("records");
+    std::fs::write(&journal_path, &journal[..(last_start + last_end) / 2]).expect("cut");
+    let mount = FsMount::start_with(&cluster, &dir, "16MiB", &["--state", &state_arg]);
+    assert!(mount.log_text().contains("torn record"), "reported: {}", mount.log_text());
+    let expected: Vec<Entry> = before.into_iter().filter(|entry| entry.path != Path::new("last")).collect();
+    assert_same_tree(&expected, &walk(&mount.mountpoint, &[]), "after a torn tail");
 }

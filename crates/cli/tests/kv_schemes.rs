@@ -268,6 +268,7 @@ fn a_node_added_to_the_cluster_file_joins_the_running_cache() {
     let mut client = target.client();
     assert_eq!(stat(&mut client, "remem_nodes"), kv_support::NODES as u64);
     let options = remem::launcher::ClusterOptions {
+        lease_grace: None,
         nodes: kv_support::NODES,
         capacity_bytes: kv_support::SLABS_PER_NODE * kv_support::SLAB_BYTES,
         slab_size_bytes: kv_support::SLAB_BYTES,

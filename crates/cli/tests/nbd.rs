@@ -31,6 +31,7 @@ fn test_dir(name: &str) -> PathBuf {
 /// (enough for the 1 GiB copy at 1.25x; memory is taken only as slabs are mapped).
 fn start_cluster(dir: &Path) -> LocalCluster {
     let options = ClusterOptions {
+        lease_grace: None,
         nodes: 10,
         capacity_bytes: 256 << 20,
         slab_size_bytes: 4 << 20,

@@ -191,6 +191,7 @@ fn a_memory_hog_in_the_nodes_cgroup_makes_it_evict_and_the_client_rebuilds_every
     let cluster = LocalCluster::start(
         binary(),
         &ClusterOptions {
+            lease_grace: None,
             nodes: 10,
             capacity_bytes: 16 * SLAB_BYTES,
             slab_size_bytes: SLAB_BYTES,

@@ -9,6 +9,7 @@ use remem::launcher::{ClusterOptions, LocalCluster, UnixSockets};
 
 fn options(dir: PathBuf) -> ClusterOptions {
     ClusterOptions {
+        lease_grace: None,
         nodes: 1,
         capacity_bytes: 4 << 20,
         slab_size_bytes: 1 << 20,

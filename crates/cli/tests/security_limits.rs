@@ -160,6 +160,7 @@ struct Export {
 
 fn start_export(dir: &Path, extra: &[&str]) -> Export {
     let options = ClusterOptions {
+        lease_grace: None,
         nodes: 3,
         capacity_bytes: 64 << 20,
         slab_size_bytes: 1 << 20,

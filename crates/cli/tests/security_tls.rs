@@ -123,6 +123,7 @@ fn nbd_over_tls_serves_tls_clients_and_refuses_plain_ones_when_required() {
     std::fs::create_dir_all(&dir).unwrap();
     make_certificates(&dir);
     let options = ClusterOptions {
+        lease_grace: None,
         nodes: 3,
         capacity_bytes: 64 << 20,
         slab_size_bytes: 1 << 20,

@@ -37,6 +37,7 @@ fn options(name: &str, nodes: usize) -> ClusterOptions {
     let dir = std::env::temp_dir().join(format!("remem-degraded-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     ClusterOptions {
+        lease_grace: None,
         nodes,
         capacity_bytes: 32 * common::SLAB_BYTES,
         slab_size_bytes: common::SLAB_BYTES,

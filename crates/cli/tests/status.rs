@@ -60,3 +60,86 @@ fn status_shows_every_node_and_a_killed_one_as_down() {
     println!("{text}");
     assert!(text.contains("5 of 6 nodes up") && text.contains("DOWN"), "{text}");
 }
+
+/// `remem status` of the cluster, as JSON.
+fn status_json(cluster_file: &std::path::Path) -> serde_json::Value {
+    let output = Command::new(env!("CARGO_BIN_EXE_remem"))
+        .args(["status", "--json", "--timeout-ms", "1000", "--cluster"])
+        .arg(cluster_file)
+        .output()
+        .expect("remem status runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).expect("JSON")
+}
+
+/// Polls `remem status` until the first client's first region satisfies `done`; returns it.
+fn wait_for_region(
+    cluster_file: &std::path::Path,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let status = status_json(cluster_file);
+        let region = &status["clients"][0]["regions"][0];
+        if done(region) {
+            return status;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what} never shown: {status:#}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// A front end reports its regions: healthy, then degraded by one split when a node of its
+/// ranges dies (six nodes for EC(4,2): nowhere to rebuild), then lost past r failures.
+#[test]
+fn status_shows_a_front_ends_regions_healthy_degraded_and_lost() {
+    let mut cluster = common::start_cluster("status", "regions", 6, UnixSockets::None);
+    let dir = cluster.cluster_file_path.parent().unwrap().to_path_buf();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_remem"));
+    command.args(["nbd", "--cluster"]).arg(&cluster.cluster_file_path).args([
+        "--size",
+        "8MiB",
+        "--export",
+        "regions",
+        "-k",
+        "4",
+        "-r",
+        "2",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let (mut nbd, line) = common::spawn_with_first_line(command, &dir.join("nbd.log"));
+    assert!(line.starts_with("listening"), "remem nbd did not start: {line:?}");
+    let file = cluster.cluster_file_path.clone();
+
+    let status = wait_for_region(&file, "a healthy region", |region| {
+        region["ranges"].as_u64().is_some_and(|ranges| ranges > 0) && region["healthy"] == region["ranges"]
+    });
+    let client = &status["clients"][0];
+    assert_eq!(client["front_end"], "nbd");
+    assert_eq!(client["alive"], true);
+    assert_eq!(client["regions"][0]["scheme"], "EC(4,2)");
+
+    cluster.kill(5).expect("kill node 5");
+    let degraded = wait_for_region(&file, "one missing split", |region| {
+        region["degraded_by_missing_splits"][0] == region["ranges"] && region["lost"] == 0
+    });
+    let table = Command::new(env!("CARGO_BIN_EXE_remem"))
+        .args(["status", "--timeout-ms", "1000", "--cluster"])
+        .arg(&file)
+        .output()
+        .expect("remem status runs");
+    let text = String::from_utf8_lossy(&table.stdout);
+    println!("{text}");
+    assert!(text.contains("degraded (") && text.contains("missing 1 split"), "{text}\n{degraded:#}");
+
+    cluster.kill(4).expect("kill node 4");
+    cluster.kill(3).expect("kill node 3");
+    wait_for_region(&file, "lost ranges", |region| region["lost"] == region["ranges"]);
+
+    let _ = nbd.kill();
+    let _ = nbd.wait();
+    let status = status_json(&file);
+    assert_eq!(status["clients"][0]["alive"], false, "a dead front end is shown as gone: {status:#}");
+}

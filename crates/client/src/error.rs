@@ -21,6 +21,13 @@ pub enum ConnectError {
     Io { address: SocketAddr, source: std::io::Error },
     #[error("node {address}: handshake failed: {message}")]
     Handshake { address: SocketAddr, message: String },
+    /// Another process holds this client id (and so its slabs) on a node, with a live lease:
+    /// this one is fenced off and must not go on.
+    #[error(
+        "node {address}: client id {client_id:#x} is held by another live process ({message}); \
+         stop that process first (its slabs stay with it), or start with a fresh state"
+    )]
+    ClientIdInUse { address: SocketAddr, client_id: u64, message: String },
     #[error("node {address}: protocol error: {message}")]
     Protocol { address: SocketAddr, message: String },
     #[error("node {address} refused: {code}: {message}")]

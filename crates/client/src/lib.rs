@@ -33,5 +33,5 @@ pub use crate::engine::{
     BesideError, NodeId, NodeStats, OpDone, Range, RegenerationStatus, RegionInfo, SlabRef, Submit,
 };
 pub use crate::error::{ConnectError, PageError, UnreachableNode};
-pub use crate::status::NodeStatus;
+pub use crate::status::{NodeStatus, RegionHealth};
 pub use remem_proto::auth::Secret;

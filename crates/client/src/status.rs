@@ -20,6 +20,11 @@ pub struct NodeStatus {
     /// Pages handled by the rebuilds running now, and pages they have to handle in all.
     pub regeneration_pages_done: u64,
     pub regeneration_pages_total: u64,
+    /// Client ids whose lease is live on the node (a process connected).
+    pub clients_live: u32,
+    /// Client ids whose lease lapsed: their slabs are kept until the grace period ends.
+    pub clients_in_grace: u32,
+    pub slabs_in_grace: u32,
     pub failure_domain: String,
 }
 
@@ -36,7 +41,78 @@ impl From<NodeInfo> for NodeStatus {
             regenerating_slabs: info.regenerating_slabs,
             regeneration_pages_done: info.regeneration_pages_done,
             regeneration_pages_total: info.regeneration_pages_total,
+            clients_live: info.clients_live,
+            clients_in_grace: info.clients_in_grace,
+            slabs_in_grace: info.slabs_in_grace,
             failure_domain: info.failure_domain,
         }
+    }
+}
+
+/// The health of one region of a client's page space, as the client sees it: how many of its
+/// ranges have every split, miss some (still readable), are rebuilding, or miss more than the
+/// code tolerates (lost until written again).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RegionHealth {
+    pub index: usize,
+    /// `none`, `rep(N)` or `EC(k,r)`.
+    pub scheme: String,
+    pub ranges: u64,
+    /// Ranges with every split available.
+    pub healthy: u64,
+    /// Readable ranges missing splits: entry `i` counts the ranges missing `i + 1` splits.
+    pub degraded_by_missing_splits: Vec<u64>,
+    /// Ranges with a split being rebuilt on a new node now (also counted as degraded).
+    pub rebuilding: u64,
+    /// Ranges missing more splits than the code has parities: their pages fail until written.
+    pub lost: u64,
+    /// Pages no read can return now (their last write or a rebuild lost them).
+    pub unreadable_pages: u64,
+}
+
+impl RegionHealth {
+    /// The scheme's name for a shape of `data_splits` + `parity_splits`.
+    pub fn scheme_name(data_splits: usize, parity_splits: usize) -> String {
+        match (data_splits, parity_splits) {
+            (1, 0) => "none".to_owned(),
+            (1, parity) => format!("rep({})", parity + 1),
+            (data, parity) => format!("EC({data},{parity})"),
+        }
+    }
+}
+
+impl crate::Client {
+    /// The health of every region (see [`RegionHealth`]); cheap enough to call every second.
+    pub fn region_health(&self) -> Vec<RegionHealth> {
+        let mut regions: Vec<RegionHealth> = self
+            .regions()
+            .iter()
+            .map(|region| RegionHealth {
+                index: region.index,
+                scheme: RegionHealth::scheme_name(region.shape.data_splits, region.shape.parity_splits),
+                ranges: 0,
+                healthy: 0,
+                degraded_by_missing_splits: vec![0; region.shape.parity_splits],
+                rebuilding: 0,
+                lost: 0,
+                unreadable_pages: 0,
+            })
+            .collect();
+        for range in self.ranges() {
+            let Some(health) = regions.get_mut(range.region) else { continue };
+            let parity_splits = health.degraded_by_missing_splits.len();
+            let missing = (range.unavailable | range.rebuilding).count_ones() as usize;
+            health.ranges += 1;
+            health.unreadable_pages += range.unreadable_pages;
+            if range.rebuilding != 0 {
+                health.rebuilding += 1;
+            }
+            match missing {
+                0 => health.healthy += 1,
+                missing if missing <= parity_splits => health.degraded_by_missing_splits[missing - 1] += 1,
+                _ => health.lost += 1,
+            }
+        }
+        regions
     }
 }

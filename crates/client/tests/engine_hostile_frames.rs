@@ -34,6 +34,9 @@ fn info() -> NodeInfo {
         regenerating_slabs: 0,
         regeneration_pages_done: 0,
         regeneration_pages_total: 0,
+        clients_live: 0,
+        clients_in_grace: 0,
+        slabs_in_grace: 0,
         failure_domain: String::new(),
     }
 }

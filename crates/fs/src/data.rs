@@ -7,6 +7,12 @@
 //! writes it back (read-modify-write) without ever exposing old bytes; a page freshly mapped is
 //! not read at all. Per request nothing is allocated once the read arena has grown to the
 //! largest read (the op list's buffer is recycled).
+//!
+//! Journal records (see `crate::persist`): an overwrite of pages already written changes only
+//! times, which are kept lazily (`dirty_times`), so it appends nothing; a write that grows the
+//! file, maps new pages or writes fallocated ones appends one `Write` record (and `Allocate`
+//! records for the new pages), in one `write(2)`, before it returns. Truncate, hole punching
+//! and fallocate append theirs the same way.
 
 use std::time::SystemTime;
 
@@ -16,6 +22,7 @@ use crate::error::{FsError, FsResult};
 use crate::extents::ExtentMap;
 use crate::filesystem::{recycle, FileSystem, MAX_FILE_BYTES, MAX_IO_BYTES};
 use crate::namespace::{Attributes, Content, Inode};
+use crate::persist::record::{Record, Run};
 use crate::store::PageStore;
 
 /// The file of `entry`, or the errno a data operation on something else gets.
@@ -86,6 +93,11 @@ impl<S: PageStore> FileSystem<S> {
     /// Writes `data` at `offset`, allocating pages where the file has none. Returns the bytes
     /// written (all of them, or an error).
     pub fn write(&mut self, inode: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+        let result = self.write_pages(inode, offset, data);
+        self.commit(result)
+    }
+
+    fn write_pages(&mut self, inode: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
         if data.len() > MAX_IO_BYTES {
             return Err(FsError::Invalid("write larger than the FUSE maximum"));
         }
@@ -95,7 +107,17 @@ impl<S: PageStore> FileSystem<S> {
         }
         let page_bytes = self.page_bytes as u64;
         let page_len = self.page_bytes;
-        let FileSystem { namespace, store, allocator, scratch, spare_ops, .. } = self;
+        let FileSystem {
+            namespace,
+            store,
+            allocator,
+            scratch,
+            spare_ops,
+            unwritten,
+            pending,
+            dirty_times,
+            ..
+        } = self;
         let (attributes, extents) = file_of(namespace.get_mut(inode)?)?;
         let first_page = offset / page_bytes;
         let last_page = (end - 1) / page_bytes;
@@ -104,8 +126,15 @@ impl<S: PageStore> FileSystem<S> {
         let tail_partial = last_page != first_page && end % page_bytes != 0;
         let head_remote = if head_partial { extents.lookup(first_page) } else { None };
         let tail_remote = if tail_partial { extents.lookup(last_page) } else { None };
-        extents.map_range(first_page, last_page + 1, allocator)?;
+        let mut new_runs = Vec::new();
+        extents.map_range(first_page, last_page + 1, allocator, |file_page, remote, len| {
+            new_runs.push(Run { file_page, remote, len })
+        })?;
         attributes.mapped_pages = extents.mapped_pages();
+        if !new_runs.is_empty() {
+            // Journaled even if the write fails below: the pages are the file's from now on.
+            push_allocation(pending, unwritten, inode, &new_runs, attributes.size_bytes, None);
+        }
 
         let (head, tail) = scratch.split_at_mut(page_len);
         let mut ops = recycle(std::mem::take(spare_ops));
@@ -153,15 +182,38 @@ impl<S: PageStore> FileSystem<S> {
         *spare_ops = recycle(ops);
         result?;
         let now = SystemTime::now();
+        let grew = end > attributes.size_bytes;
         attributes.size_bytes = attributes.size_bytes.max(end);
         attributes.mtime = now;
         attributes.ctime = now;
+        let mut touched_unwritten = false;
+        if !unwritten.is_empty() {
+            extents.for_each_run_in(first_page, last_page + 1, |_, remote, len| {
+                touched_unwritten |= unwritten.remove(remote, len);
+            });
+        }
+        if grew || touched_unwritten {
+            pending.push(Record::Write {
+                inode,
+                size_bytes: attributes.size_bytes,
+                time: now,
+                first_page,
+                end_page: last_page + 1,
+            });
+        } else {
+            dirty_times.insert(inode);
+        }
         Ok(data.len() as u32)
     }
 
     /// Sets a file's size: shrinking frees whole pages past the end and zeroes the cut part of
     /// the last page; growing allocates nothing (the new bytes read as zeros).
     pub fn truncate(&mut self, inode: u64, size_bytes: u64) -> FsResult<()> {
+        let result = self.truncate_pages(inode, size_bytes);
+        self.commit(result)
+    }
+
+    fn truncate_pages(&mut self, inode: u64, size_bytes: u64) -> FsResult<()> {
         check_end(size_bytes, 0)?;
         let page_bytes = self.page_bytes as u64;
         let mut runs = Vec::new();
@@ -185,6 +237,7 @@ impl<S: PageStore> FileSystem<S> {
             attributes.size_bytes = size_bytes;
             attributes.mtime = now;
             attributes.ctime = now;
+            self.pending.push(Record::Truncate { inode, size_bytes, time: now });
         }
         self.release_runs(&runs)
     }
@@ -199,6 +252,11 @@ impl<S: PageStore> FileSystem<S> {
             let (attributes, extents) = file_of(namespace.get_mut(inode)?)?;
             let first_whole = offset.div_ceil(page_bytes);
             let end_whole = end / page_bytes;
+            let now = SystemTime::now();
+            // Queued first: a partial page zeroed below changes nothing the journal knows, and
+            // the unmap after it cannot fail.
+            let (punch_first, punch_end) =
+                if first_whole < end_whole { (first_whole, end_whole) } else { (0, 0) };
             let page_buffer = &mut scratch[..page_bytes as usize];
             if first_whole > end_whole {
                 // Inside one page.
@@ -227,9 +285,14 @@ impl<S: PageStore> FileSystem<S> {
                 extents.unmap_range(first_whole, end_whole, |remote, len| runs.push((remote, len)));
             }
             attributes.mapped_pages = extents.mapped_pages();
-            let now = SystemTime::now();
             attributes.mtime = now;
             attributes.ctime = now;
+            self.pending.push(Record::Punch {
+                inode,
+                first_page: punch_first,
+                end_page: punch_end,
+                time: now,
+            });
         }
         self.release_runs(&runs)
     }
@@ -237,6 +300,11 @@ impl<S: PageStore> FileSystem<S> {
     /// fallocate(2): mode 0 and `FALLOC_FL_KEEP_SIZE` allocate, `FALLOC_FL_PUNCH_HOLE` (with
     /// KEEP_SIZE, as Linux requires) frees, `FALLOC_FL_ZERO_RANGE` zeroes and allocates.
     pub fn fallocate(&mut self, inode: u64, offset: u64, length: u64, mode: i32) -> FsResult<()> {
+        let result = self.fallocate_pages(inode, offset, length, mode);
+        self.commit(result)
+    }
+
+    fn fallocate_pages(&mut self, inode: u64, offset: u64, length: u64, mode: i32) -> FsResult<()> {
         const KNOWN: i32 =
             libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
         if mode & !KNOWN != 0 {
@@ -259,16 +327,55 @@ impl<S: PageStore> FileSystem<S> {
             }
         }
         let page_bytes = self.page_bytes as u64;
-        let FileSystem { namespace, allocator, .. } = self;
+        let FileSystem { namespace, allocator, pending, unwritten, .. } = self;
         let (attributes, extents) = file_of(namespace.get_mut(inode)?)?;
-        extents.map_range(offset / page_bytes, end.div_ceil(page_bytes), allocator)?;
+        let mut new_runs = Vec::new();
+        extents.map_range(
+            offset / page_bytes,
+            end.div_ceil(page_bytes),
+            allocator,
+            |file_page, remote, len| new_runs.push(Run { file_page, remote, len }),
+        )?;
         attributes.mapped_pages = extents.mapped_pages();
+        let mut time = None;
         if !keep_size && end > attributes.size_bytes {
             attributes.size_bytes = end;
             let now = SystemTime::now();
             attributes.mtime = now;
             attributes.ctime = now;
+            time = Some(now);
+        }
+        if !new_runs.is_empty() || time.is_some() {
+            push_allocation(pending, unwritten, inode, &new_runs, attributes.size_bytes, time);
         }
         Ok(())
+    }
+}
+
+/// Queues `Allocate` records for new runs of `inode` (at most `MAX_RUNS_PER_RECORD` runs
+/// each; the last carries `size_bytes` and `time`) and makes the runs unwritten pages.
+pub(crate) fn push_allocation(
+    pending: &mut Vec<Record>,
+    unwritten: &mut crate::extents::RunSet,
+    inode: u64,
+    runs: &[Run],
+    size_bytes: u64,
+    time: Option<SystemTime>,
+) {
+    for run in runs {
+        unwritten.insert(run.remote, run.len);
+    }
+    let mut chunks = runs.chunks(crate::persist::record::MAX_RUNS_PER_RECORD).peekable();
+    if chunks.peek().is_none() {
+        pending.push(Record::Allocate { inode, runs: Vec::new(), size_bytes, time });
+    }
+    while let Some(chunk) = chunks.next() {
+        let last = chunks.peek().is_none();
+        pending.push(Record::Allocate {
+            inode,
+            runs: chunk.to_vec(),
+            size_bytes,
+            time: if last { time } else { None },
+        });
     }
 }

@@ -30,6 +30,10 @@ pub enum FsError {
     Unsupported(&'static str),
     #[error("remem: {0}")]
     Page(#[from] PageError),
+    /// The metadata journal could not be written: the change is not durable, and no later
+    /// change is accepted (docs/FS.md).
+    #[error("metadata journal: {0}")]
+    Journal(String),
 }
 
 impl FsError {
@@ -49,6 +53,7 @@ impl FsError {
             // Lost pages, failed writes, timeouts, refusals, even an out-of-range page (a bug
             // of ours, not the caller's): the data cannot be served correctly.
             FsError::Page(_) => libc::EIO,
+            FsError::Journal(_) => libc::EIO,
         }
     }
 }

@@ -50,6 +50,43 @@ impl Allocator {
         Some((start, taken))
     }
 
+    /// Takes exactly the pages `start..start + len` if all of them are free (replaying a
+    /// journal or loading a snapshot, where the pages are named). False, and nothing taken,
+    /// otherwise.
+    pub fn take(&mut self, start: u64, len: u64) -> bool {
+        let Some(end) = start.checked_add(len) else { return false };
+        if len == 0 || end > self.total_pages {
+            return false;
+        }
+        let Some((&run, &run_len)) = self.free.range(..=start).next_back() else { return false };
+        if run + run_len < end {
+            return false;
+        }
+        self.free.remove(&run);
+        if run < start {
+            self.free.insert(run, start - run);
+        }
+        if end < run + run_len {
+            self.free.insert(end, run + run_len - end);
+        }
+        self.free_pages -= len;
+        true
+    }
+
+    /// Whether a page of `start..end` is free.
+    pub fn intersects_free(&self, start: u64, end: u64) -> bool {
+        if start >= end {
+            return false;
+        }
+        let before = self.free.range(..start).next_back().is_some_and(|(&first, &len)| first + len > start);
+        before || self.free.range(start..end).next().is_some()
+    }
+
+    /// The free runs, in order: (first page, length).
+    pub fn free_runs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.free.iter().map(|(&start, &len)| (start, len))
+    }
+
     /// Returns a run to the free list, merging it with its neighbours.
     pub fn release(&mut self, start: u64, len: u64) {
         assert!(len > 0 && start.checked_add(len).is_some_and(|end| end <= self.total_pages), "run in range");
@@ -111,8 +148,27 @@ impl ExtentMap {
         (end - start) - mapped
     }
 
+    /// The runs, in file order: (first file page, first remem page, length).
+    pub fn runs(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+        self.runs.iter().map(|(&first, &(remote, len))| (first, remote, len))
+    }
+
+    /// Maps `first..first + len` to `remote..remote + len` (replay and snapshot load, where
+    /// the remem pages were already taken from the allocator). False, and nothing changed, if
+    /// a page of the range is mapped already or the range overflows.
+    pub fn insert_mapping(&mut self, first: u64, remote: u64, len: u64) -> bool {
+        if len == 0 || first.checked_add(len).is_none() || remote.checked_add(len).is_none() {
+            return false;
+        }
+        if self.lookup(first).is_some() || self.runs.range(first..first + len).next().is_some() {
+            return false;
+        }
+        self.insert_run(first, remote, len);
+        true
+    }
+
     /// Calls `visit(file_page, remem_page, len)` for each mapped run clipped to `start..end`.
-    fn for_each_run_in(&self, start: u64, end: u64, mut visit: impl FnMut(u64, u64, u64)) {
+    pub fn for_each_run_in(&self, start: u64, end: u64, mut visit: impl FnMut(u64, u64, u64)) {
         if start >= end {
             return;
         }
@@ -129,8 +185,14 @@ impl ExtentMap {
 
     /// Gives every page of `start..end` a remem page, taking new ones from `allocator`.
     /// All or nothing: with too few free pages nothing is allocated. Returns how many pages
-    /// were newly mapped.
-    pub fn map_range(&mut self, start: u64, end: u64, allocator: &mut Allocator) -> Result<u64, NoSpace> {
+    /// were newly mapped; `new_run(file_page, remem_page, len)` hears of each new run.
+    pub fn map_range(
+        &mut self,
+        start: u64,
+        end: u64,
+        allocator: &mut Allocator,
+        mut new_run: impl FnMut(u64, u64, u64),
+    ) -> Result<u64, NoSpace> {
         let needed = self.unmapped_in(start, end);
         if needed > allocator.free_pages() {
             return Err(NoSpace { needed_pages: needed, free_pages: allocator.free_pages() });
@@ -147,6 +209,7 @@ impl ExtentMap {
             while at < hole_end {
                 let (remote, len) = allocator.allocate(hole_end - at).expect("free pages were counted");
                 self.insert_run(at, remote, len);
+                new_run(at, remote, len);
                 at += len;
             }
             page = hole_end;
@@ -198,6 +261,84 @@ impl ExtentMap {
     }
 }
 
+/// A set of remem pages as merged runs (the pages mapped to a file but never written since:
+/// fallocated, so they must read as zeros, also after a restart).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RunSet {
+    /// Run start -> length, never empty, never overlapping or adjacent.
+    runs: BTreeMap<u64, u64>,
+}
+
+impl RunSet {
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    pub fn runs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.runs.iter().map(|(&start, &len)| (start, len))
+    }
+
+    /// Adds `start..start + len` (pages already in the set stay).
+    pub fn insert(&mut self, start: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        let mut new_start = start;
+        let mut new_end = start.saturating_add(len);
+        if let Some((&before, &before_len)) = self.runs.range(..=start).next_back() {
+            if before + before_len >= start {
+                new_start = before;
+                new_end = new_end.max(before + before_len);
+                self.runs.remove(&before);
+            }
+        }
+        while let Some((&after, &after_len)) = self.runs.range(new_start..=new_end).next() {
+            self.runs.remove(&after);
+            new_end = new_end.max(after + after_len);
+        }
+        self.runs.insert(new_start, new_end - new_start);
+    }
+
+    /// Removes `start..start + len`; true if any page of it was in the set.
+    pub fn remove(&mut self, start: u64, len: u64) -> bool {
+        let end = start.saturating_add(len);
+        if len == 0 || !self.intersects(start, end) {
+            return false;
+        }
+        if let Some((&before, &before_len)) = self.runs.range(..start).next_back() {
+            if before + before_len > start {
+                self.runs.insert(before, start - before);
+                if before + before_len > end {
+                    self.runs.insert(end, before + before_len - end);
+                }
+            }
+        }
+        let inside: Vec<(u64, u64)> =
+            self.runs.range(start..end).map(|(&first, &run_len)| (first, run_len)).collect();
+        for (first, run_len) in inside {
+            self.runs.remove(&first);
+            if first + run_len > end {
+                self.runs.insert(end, first + run_len - end);
+            }
+        }
+        true
+    }
+
+    /// Whether a page of `start..end` is in the set.
+    pub fn intersects(&self, start: u64, end: u64) -> bool {
+        if start >= end {
+            return false;
+        }
+        let before = self.runs.range(..start).next_back().is_some_and(|(&first, &len)| first + len > start);
+        before || self.runs.range(start..end).next().is_some()
+    }
+
+    /// Whether every page of `start..end` is in the set.
+    pub fn contains(&self, start: u64, end: u64) -> bool {
+        self.runs.range(..=start).next_back().is_some_and(|(&first, &len)| first + len >= end)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,10 +360,13 @@ mod tests {
     fn map_range_is_all_or_nothing() {
         let mut allocator = Allocator::new(8);
         let mut map = ExtentMap::default();
-        assert_eq!(map.map_range(0, 9, &mut allocator), Err(NoSpace { needed_pages: 9, free_pages: 8 }));
+        assert_eq!(
+            map.map_range(0, 9, &mut allocator, |_, _, _| ()),
+            Err(NoSpace { needed_pages: 9, free_pages: 8 })
+        );
         assert_eq!(allocator.free_pages(), 8);
-        assert_eq!(map.map_range(100, 104, &mut allocator), Ok(4));
-        assert_eq!(map.map_range(102, 108, &mut allocator), Ok(4));
+        assert_eq!(map.map_range(100, 104, &mut allocator, |_, _, _| ()), Ok(4));
+        assert_eq!(map.map_range(102, 108, &mut allocator, |_, _, _| ()), Ok(4));
         assert_eq!(map.lookup(105), Some(5));
         assert_eq!(map.lookup(99), None);
     }
@@ -232,12 +376,49 @@ mod tests {
         let mut allocator = Allocator::new(16);
         let mut map = ExtentMap::default();
         let far = (1u64 << 40) / 4096 * 3;
-        assert_eq!(map.map_range(far, far + 2, &mut allocator), Ok(2));
+        assert_eq!(map.map_range(far, far + 2, &mut allocator, |_, _, _| ()), Ok(2));
         assert_eq!(map.mapped_pages(), 2);
         assert_eq!(map.unmapped_in(0, far + 2), far);
     }
 
+    #[test]
+    fn allocator_takes_named_runs_only_when_free() {
+        let mut allocator = Allocator::new(10);
+        assert!(allocator.take(3, 4));
+        assert!(!allocator.take(2, 2), "page 3 is taken");
+        assert!(!allocator.take(9, 2), "beyond the end");
+        assert!(!allocator.take(u64::MAX, 2), "overflow");
+        assert_eq!(allocator.free_runs().collect::<Vec<_>>(), vec![(0, 3), (7, 3)]);
+        assert_eq!(allocator.free_pages(), 6);
+    }
+
     proptest! {
+        /// A run set against a set of pages.
+        #[test]
+        fn run_set_matches_a_page_set(ops in prop::collection::vec((any::<bool>(), 0u64..64, 1u64..12), 1..60)) {
+            let mut set = RunSet::default();
+            let mut model = std::collections::BTreeSet::new();
+            for (add, start, len) in ops {
+                if add {
+                    set.insert(start, len);
+                    model.extend(start..start + len);
+                } else {
+                    let had = (start..start + len).any(|page| model.contains(&page));
+                    prop_assert_eq!(set.remove(start, len), had);
+                    for page in start..start + len {
+                        model.remove(&page);
+                    }
+                }
+                let pages: std::collections::BTreeSet<u64> =
+                    set.runs().flat_map(|(start, len)| start..start + len).collect();
+                prop_assert_eq!(&pages, &model);
+                let runs: Vec<(u64, u64)> = set.runs().collect();
+                for pair in runs.windows(2) {
+                    prop_assert!(pair[0].0 + pair[0].1 < pair[1].0, "runs merged");
+                }
+            }
+        }
+
         /// Random maps, unmaps and lookups against a HashMap model: no remem page is ever given
         /// to two file pages, freed pages come back, and counts agree.
         #[test]
@@ -249,7 +430,7 @@ mod tests {
                 let end = start + len;
                 match kind {
                     0 => {
-                        if map.map_range(start, end, &mut allocator).is_ok() {
+                        if map.map_range(start, end, &mut allocator, |_, _, _| ()).is_ok() {
                             for page in start..end {
                                 let remote = map.lookup(page).expect("mapped");
                                 if let Some(&old) = model.get(&page) {

@@ -1,17 +1,26 @@
 //! `FileSystem`: the namespace, the page allocator and the page store together, with the
 //! operations the FUSE layer calls (already validated there). No FUSE types here, so the whole
 //! file system is tested against a `HashMap` page store.
+//!
+//! Every metadata change is described by `persist::record::Record`s, queued in `pending` while
+//! the operation runs and appended to the journal (when there is one) before the operation
+//! returns, on failure too: an operation that failed half way may have changed metadata (pages
+//! mapped before a remem write failed), and the journal must say so. An append that fails
+//! fails the operation (`EIO`).
 
+use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::time::SystemTime;
 
 use remem_client::PageOp;
 
 use crate::error::{FsError, FsResult};
-use crate::extents::{Allocator, ExtentMap};
+use crate::extents::{Allocator, ExtentMap, RunSet};
 use crate::namespace::{
     Attributes, Content, Creator, Directory, FileKind, Inode, Namespace, MAX_SYMLINK_BYTES,
 };
+use crate::persist::record::Record;
+use crate::persist::Journal;
 use crate::store::PageStore;
 
 /// Largest file size: 2^50 bytes (1 PiB) of logical size; pages are allocated only when written.
@@ -49,6 +58,15 @@ pub struct FileSystem<S: PageStore> {
     pub(crate) scratch: Vec<u8>,
     /// The allocation of the op list, kept between requests (see `recycle`).
     pub(crate) spare_ops: Vec<PageOp<'static>>,
+    /// Remem pages mapped to a file and never written since (fallocated): they read as zeros
+    /// because they were discarded, which a restarted client would not know, so they are
+    /// saved and discarded again at the next start.
+    pub(crate) unwritten: RunSet,
+    /// Inodes whose times changed without a record (overwrites): journaled on sync.
+    pub(crate) dirty_times: BTreeSet<u64>,
+    /// Records of the operation running now (see the module docs).
+    pub(crate) pending: Vec<Record>,
+    pub(crate) journal: Option<Journal>,
 }
 
 /// Reuses a `Vec`'s allocation for a list of another lifetime: an empty `Vec` collected from an
@@ -66,13 +84,51 @@ impl<S: PageStore> FileSystem<S> {
         assert!(page_bytes.is_power_of_two() && page_bytes >= 512, "page size {page_bytes}");
         FileSystem {
             allocator: Allocator::new(store.page_count()),
-            namespace: Namespace::new(owner),
+            namespace: Namespace::new(owner, SystemTime::now()),
             page_bytes,
             arena: Vec::new(),
             scratch: vec![0; 2 * page_bytes],
             spare_ops: Vec::with_capacity(256),
+            unwritten: RunSet::default(),
+            dirty_times: BTreeSet::new(),
+            pending: Vec::new(),
+            journal: None,
             store,
         }
+    }
+
+    /// Appends the pending records to the journal (dropped when there is none), then returns
+    /// `result`; a failed append is the operation's error.
+    pub(crate) fn commit<T>(&mut self, result: FsResult<T>) -> FsResult<T> {
+        if self.pending.is_empty() {
+            return result;
+        }
+        if let Some(journal) = &mut self.journal {
+            if let Err(error) = journal.append(&self.pending) {
+                self.pending.clear();
+                tracing::error!(%error, "cannot append to the metadata journal: changes are refused from now on");
+                return Err(FsError::Journal(error.to_string()));
+            }
+        }
+        self.pending.clear();
+        result
+    }
+
+    /// Journals the times kept lazily (see `dirty_times`).
+    pub(crate) fn flush_times(&mut self) -> FsResult<()> {
+        let dirty = std::mem::take(&mut self.dirty_times);
+        for inode in dirty {
+            if let Ok(entry) = self.namespace.get(inode) {
+                let attributes = &entry.attributes;
+                self.pending.push(Record::Times {
+                    inode,
+                    atime: attributes.atime,
+                    mtime: attributes.mtime,
+                    ctime: attributes.ctime,
+                });
+            }
+        }
+        self.commit(Ok(()))
     }
 
     pub fn page_bytes(&self) -> usize {
@@ -88,14 +144,42 @@ impl<S: PageStore> FileSystem<S> {
         self.getattr(inode)
     }
 
+    /// Creates a node and journals it.
+    fn create_node(
+        &mut self,
+        parent: u64,
+        name: &OsStr,
+        creator: Creator,
+        content: Content,
+    ) -> FsResult<Attributes> {
+        let now = SystemTime::now();
+        let (kind, target) = match &content {
+            Content::File(_) => (FileKind::File, None),
+            Content::Directory(_) => (FileKind::Directory, None),
+            Content::Symlink(target) => (FileKind::Symlink, Some(target.clone())),
+        };
+        let inode = self.namespace.create(parent, name, creator, content, now)?;
+        let attributes = self.getattr(inode)?;
+        self.pending.push(Record::Create {
+            parent,
+            name: name.to_owned(),
+            inode,
+            kind,
+            mode: attributes.mode,
+            uid: attributes.uid,
+            gid: attributes.gid,
+            time: now,
+            target,
+        });
+        self.commit(Ok(attributes))
+    }
+
     pub fn create_file(&mut self, parent: u64, name: &OsStr, creator: Creator) -> FsResult<Attributes> {
-        let inode = self.namespace.create(parent, name, creator, Content::File(ExtentMap::default()))?;
-        self.getattr(inode)
+        self.create_node(parent, name, creator, Content::File(ExtentMap::default()))
     }
 
     pub fn mkdir(&mut self, parent: u64, name: &OsStr, creator: Creator) -> FsResult<Attributes> {
-        let inode = self.namespace.create(parent, name, creator, Content::Directory(Directory::default()))?;
-        self.getattr(inode)
+        self.create_node(parent, name, creator, Content::Directory(Directory::default()))
     }
 
     pub fn symlink(
@@ -109,8 +193,7 @@ impl<S: PageStore> FileSystem<S> {
             return Err(FsError::Invalid("symbolic link target length"));
         }
         let creator = Creator { mode: 0o777, ..creator };
-        let inode = self.namespace.create(parent, name, creator, Content::Symlink(target.to_owned()))?;
-        self.getattr(inode)
+        self.create_node(parent, name, creator, Content::Symlink(target.to_owned()))
     }
 
     pub fn readlink(&self, inode: u64) -> FsResult<&OsStr> {
@@ -121,17 +204,26 @@ impl<S: PageStore> FileSystem<S> {
     }
 
     pub fn link(&mut self, inode: u64, parent: u64, name: &OsStr) -> FsResult<Attributes> {
-        self.namespace.link(inode, parent, name)?;
-        self.getattr(inode)
+        let now = SystemTime::now();
+        self.namespace.link(inode, parent, name, now)?;
+        self.pending.push(Record::Link { inode, parent, name: name.to_owned(), time: now });
+        let attributes = self.getattr(inode);
+        self.commit(attributes)
     }
 
     pub fn unlink(&mut self, parent: u64, name: &OsStr) -> FsResult<()> {
-        let gone = self.namespace.unlink(parent, name)?;
-        self.free_inode(gone)
+        let now = SystemTime::now();
+        let gone = self.namespace.unlink(parent, name, now)?;
+        self.pending.push(Record::Unlink { parent, name: name.to_owned(), time: now });
+        let result = self.free_inode(gone);
+        self.commit(result)
     }
 
     pub fn rmdir(&mut self, parent: u64, name: &OsStr) -> FsResult<()> {
-        self.namespace.rmdir(parent, name)
+        let now = SystemTime::now();
+        self.namespace.rmdir(parent, name, now)?;
+        self.pending.push(Record::Rmdir { parent, name: name.to_owned(), time: now });
+        self.commit(Ok(()))
     }
 
     pub fn rename(
@@ -143,8 +235,19 @@ impl<S: PageStore> FileSystem<S> {
         no_replace: bool,
         exchange: bool,
     ) -> FsResult<()> {
-        let gone = self.namespace.rename(parent, name, new_parent, new_name, no_replace, exchange)?;
-        self.free_inode(gone)
+        let now = SystemTime::now();
+        let gone = self.namespace.rename(parent, name, new_parent, new_name, no_replace, exchange, now)?;
+        self.pending.push(Record::Rename {
+            parent,
+            name: name.to_owned(),
+            new_parent,
+            new_name: new_name.to_owned(),
+            no_replace,
+            exchange,
+            time: now,
+        });
+        let result = self.free_inode(gone);
+        self.commit(result)
     }
 
     pub fn open(&mut self, inode: u64) -> FsResult<FileKind> {
@@ -154,13 +257,17 @@ impl<S: PageStore> FileSystem<S> {
 
     pub fn release(&mut self, inode: u64) -> FsResult<()> {
         let gone = self.namespace.release(inode);
-        self.free_inode(gone)
+        let result = self.free_inode(gone);
+        self.commit(result)
     }
 
     /// Returns the pages of an inode that is gone for good to the allocator, discarded in remem
-    /// first so that whoever gets them next reads zeros.
+    /// first so that whoever gets them next reads zeros; journals that it is gone.
     fn free_inode(&mut self, gone: Option<Inode>) -> FsResult<()> {
-        let Some(Inode { content: Content::File(mut extents), .. }) = gone else { return Ok(()) };
+        let Some(gone) = gone else { return Ok(()) };
+        self.pending.push(Record::Release { inode: gone.attributes.inode });
+        self.dirty_times.remove(&gone.attributes.inode);
+        let Inode { content: Content::File(mut extents), .. } = gone else { return Ok(()) };
         let mut runs = Vec::new();
         extents.clear(|remote, len| runs.push((remote, len)));
         self.release_runs(&runs)
@@ -173,6 +280,7 @@ impl<S: PageStore> FileSystem<S> {
             for page in remote..remote + len {
                 self.store.discard_page(page)?;
             }
+            self.unwritten.remove(remote, len);
             self.allocator.release(remote, len);
         }
         Ok(())
@@ -184,6 +292,15 @@ impl<S: PageStore> FileSystem<S> {
         }
         let entry = self.namespace.get_mut(inode)?;
         let now = SystemTime::now();
+        self.pending.push(Record::SetAttributes {
+            inode,
+            mode: changes.mode.map(|mode| mode & 0o7777),
+            uid: changes.uid,
+            gid: changes.gid,
+            atime: changes.atime,
+            mtime: changes.mtime,
+            ctime: now,
+        });
         let attributes = &mut entry.attributes;
         if let Some(mode) = changes.mode {
             attributes.mode = mode & 0o7777;
@@ -201,7 +318,8 @@ impl<S: PageStore> FileSystem<S> {
             attributes.mtime = mtime;
         }
         attributes.ctime = now;
-        Ok(*attributes)
+        let attributes = *attributes;
+        self.commit(Ok(attributes))
     }
 
     /// Calls `add(inode, cookie, kind, name)` for the entries after `cookie` ("." is cookie 1,
@@ -236,8 +354,10 @@ impl<S: PageStore> FileSystem<S> {
         }
     }
 
-    /// Background work of the page store (healing between requests).
+    /// Background work between requests: the page store's healing, then the journal's
+    /// periodic sync and compaction.
     pub fn background(&mut self) {
         self.store.background();
+        self.maintain();
     }
 }

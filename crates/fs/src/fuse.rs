@@ -108,6 +108,16 @@ impl<S: PageStore> Fuse<S> {
     }
 }
 
+fn sync_reply(result: std::io::Result<()>, reply: ReplyEmpty) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(error) => {
+            tracing::error!(%error, "cannot sync the metadata journal: EIO");
+            reply.error(Errno::from_i32(libc::EIO));
+        }
+    }
+}
+
 fn empty(result: Result<(), FsError>, reply: ReplyEmpty) {
     match result {
         Ok(()) => reply.ok(),
@@ -122,6 +132,13 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         let _ = config.set_max_write(MAX_WRITE_BYTES);
         let _ = config.set_max_readahead(MAX_WRITE_BYTES);
         Ok(())
+    }
+
+    /// The session ends (unmount): make the journal durable.
+    fn destroy(&mut self) {
+        if let Err(error) = self.lock().sync() {
+            tracing::error!(%error, "cannot sync the metadata journal at unmount");
+        }
     }
 
     fn lookup(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -341,7 +358,8 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         empty(self.lock().release(inode.0), reply);
     }
 
-    /// Nothing to do: a write is on the nodes when it returns (docs/FS.md, SEMANTICS).
+    /// Data is on the nodes when a write returns (docs/FS.md, SEMANTICS); what fsync adds is
+    /// the metadata journal on local disk (fdatasync), so a host crash keeps it too.
     fn fsync(
         &self,
         _request: &Request,
@@ -350,7 +368,7 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        sync_reply(self.lock().sync(), reply);
     }
 
     fn readdir(
@@ -379,7 +397,7 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        sync_reply(self.lock().sync(), reply);
     }
 
     fn statfs(&self, _request: &Request, _inode: INodeNo, reply: ReplyStatfs) {

@@ -3,6 +3,8 @@
 //!
 //! - [`extents`]: the page allocator of the remem address space and each file's extent map.
 //! - [`namespace`]: inodes, attributes, directories (metadata, in this process's memory).
+//! - [`persist`]: the metadata on local disk (snapshot and journal in a state directory), so a
+//!   restart finds every file.
 //! - [`filesystem`] and `data`: the operations, over a [`PageStore`] (the remem client).
 //! - `fuse`: the kernel's requests, checked, and their replies; [`error`] maps errors to errno.
 //!
@@ -16,6 +18,7 @@ pub mod extents;
 pub mod filesystem;
 mod fuse;
 pub mod namespace;
+pub mod persist;
 pub mod store;
 
 #[cfg(test)]
@@ -30,7 +33,8 @@ use std::time::{Duration, Instant};
 pub use error::{FsError, FsResult};
 pub use filesystem::{FileSystem, MAX_FILE_BYTES};
 pub use namespace::Creator;
-pub use store::PageStore;
+pub use persist::{OpenReport, PersistError, StateDir};
+pub use store::{PageStore, SavedMapClient};
 
 /// How often the healer thread runs the client's background work between requests.
 const BACKGROUND_INTERVAL: Duration = Duration::from_millis(100);
@@ -51,6 +55,8 @@ pub struct Mounted {
     unmounter: fuser::SessionUnmounter,
     stop: Arc<AtomicBool>,
     healer: Option<JoinHandle<()>>,
+    /// Journals lazy times and fdatasyncs the journal once requests have stopped.
+    sync: Box<dyn FnMut() + Send>,
 }
 
 /// Mounts `filesystem` at `mountpoint` and serves it on a background thread.
@@ -75,6 +81,14 @@ pub fn mount<S: PageStore + 'static>(
     let unmounter = session.unmount_callable();
     let session = std::thread::Builder::new().name("remem-fs".to_owned()).spawn(move || session.run())?;
     let stop = Arc::new(AtomicBool::new(false));
+    let sync = {
+        let inner = Arc::clone(&inner);
+        Box::new(move || {
+            if let Err(error) = inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).sync() {
+                tracing::error!(%error, "cannot sync the metadata journal at unmount");
+            }
+        })
+    };
     let healer = {
         let stop = Arc::clone(&stop);
         std::thread::Builder::new().name("remem-fs-heal".to_owned()).spawn(move || {
@@ -84,7 +98,7 @@ pub fn mount<S: PageStore + 'static>(
             }
         })?
     };
-    Ok(Mounted { session: Some(session), unmounter, stop, healer: Some(healer) })
+    Ok(Mounted { session: Some(session), unmounter, stop, healer: Some(healer), sync })
 }
 
 impl Mounted {
@@ -121,6 +135,7 @@ impl Mounted {
         if let Some(healer) = self.healer.take() {
             let _ = healer.join();
         }
+        (self.sync)();
         finished
     }
 }

@@ -1,9 +1,11 @@
 //! The metadata of the file system: inodes, their attributes, directories and names.
 //!
-//! All of it lives in the memory of the `remem fs` process (not in remem): a restart loses it
-//! (docs/FS.md). Nothing here does I/O; a file's pages are only named here (its `ExtentMap`),
-//! and an inode whose last name and last open handle are gone is handed back to the caller,
-//! which frees its pages.
+//! It lives in the memory of the `remem fs` process; `crate::persist` journals every change and
+//! snapshots the whole of it, so a restart finds it again (docs/FS.md). Nothing here does I/O
+//! and nothing reads the clock: every change is given its time, so that replaying a journal
+//! rebuilds exactly what the live process had. A file's pages are only named here (its
+//! `ExtentMap`), and an inode whose last name and last open handle are gone is handed back to
+//! the caller, which frees its pages.
 //!
 //! Invariants: every directory entry names a live inode; a directory's `parent` names the
 //! directory that holds its one entry (the root is its own parent); `nlink` of a file is the
@@ -71,7 +73,7 @@ pub struct Directory {
 }
 
 impl Directory {
-    fn new(parent: u64) -> Directory {
+    pub(crate) fn new(parent: u64) -> Directory {
         // Cookies 1 and 2 are "." and "..".
         Directory { parent, entries: BTreeMap::new(), by_cookie: BTreeMap::new(), next_cookie: 3 }
     }
@@ -80,7 +82,16 @@ impl Directory {
         self.entries.get(name).map(|&(inode, _)| inode)
     }
 
-    fn insert(&mut self, name: &OsStr, inode: u64) {
+    /// Every entry in name order: (name, inode).
+    pub fn entries(&self) -> impl Iterator<Item = (&OsStr, u64)> + '_ {
+        self.entries.iter().map(|(name, &(inode, _))| (name.as_os_str(), inode))
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(crate) fn insert(&mut self, name: &OsStr, inode: u64) {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
         if let Some((_, old_cookie)) = self.entries.insert(name.to_owned(), (inode, cookie)) {
@@ -111,6 +122,9 @@ impl Directory {
 pub struct Namespace {
     inodes: HashMap<u64, Inode>,
     next_inode: u64,
+    /// While a journal is replayed: an inode whose last name goes stays (an orphan) until its
+    /// `Release` record, because the live process still had it open and may have written to it.
+    pub(crate) keep_orphans: bool,
 }
 
 /// Who creates a node, and with which permission bits (umask applied).
@@ -121,7 +135,7 @@ pub struct Creator {
     pub mode: u16,
 }
 
-fn check_name(name: &OsStr) -> FsResult<()> {
+pub(crate) fn check_name(name: &OsStr) -> FsResult<()> {
     let bytes = name.as_encoded_bytes();
     if bytes.len() > MAX_NAME_BYTES {
         return Err(FsError::NameTooLong { max: MAX_NAME_BYTES });
@@ -134,22 +148,58 @@ fn check_name(name: &OsStr) -> FsResult<()> {
 
 impl Namespace {
     /// A namespace with only the root directory, owned by `root_owner`.
-    pub fn new(root_owner: Creator) -> Namespace {
-        let mut namespace = Namespace { inodes: HashMap::new(), next_inode: ROOT_INODE };
+    pub fn new(root_owner: Creator, now: SystemTime) -> Namespace {
+        let mut namespace = Namespace { inodes: HashMap::new(), next_inode: ROOT_INODE, keep_orphans: false };
         let root = namespace.new_inode(
             FileKind::Directory,
             root_owner,
             Content::Directory(Directory::new(ROOT_INODE)),
+            now,
         );
         assert_eq!(root, ROOT_INODE);
         namespace.get_mut(root).expect("root").attributes.nlink = 2;
         namespace
     }
 
-    fn new_inode(&mut self, kind: FileKind, creator: Creator, content: Content) -> u64 {
+    /// A namespace of inodes read back from a snapshot (already checked by the caller; see
+    /// `crate::persist::snapshot`).
+    pub(crate) fn from_parts(inodes: HashMap<u64, Inode>, next_inode: u64) -> Namespace {
+        Namespace { inodes, next_inode, keep_orphans: false }
+    }
+
+    /// The inode number the next created node gets.
+    pub fn next_inode(&self) -> u64 {
+        self.next_inode
+    }
+
+    /// Every inode, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &Inode)> + '_ {
+        self.inodes.iter().map(|(&number, inode)| (number, inode))
+    }
+
+    /// Removes and returns the inodes without a name that nothing holds open (after a replay:
+    /// the files the dead process still had open when it died).
+    pub(crate) fn take_orphans(&mut self) -> Vec<Inode> {
+        let orphans: Vec<u64> = self
+            .inodes
+            .iter()
+            .filter(|(_, entry)| entry.attributes.nlink == 0 && entry.open_handles == 0)
+            .map(|(&number, _)| number)
+            .collect();
+        orphans.into_iter().filter_map(|number| self.inodes.remove(&number)).collect()
+    }
+
+    /// Removes an orphan (no name left) when the journal says its last handle closed.
+    pub(crate) fn remove_orphan(&mut self, inode: u64) -> Option<Inode> {
+        if self.inodes.get(&inode)?.attributes.nlink != 0 {
+            return None;
+        }
+        self.inodes.remove(&inode)
+    }
+
+    fn new_inode(&mut self, kind: FileKind, creator: Creator, content: Content, now: SystemTime) -> u64 {
         let inode = self.next_inode;
         self.next_inode += 1;
-        let now = SystemTime::now();
         let attributes = Attributes {
             inode,
             kind,
@@ -201,16 +251,22 @@ impl Namespace {
         self.directory(parent)?.get(name).ok_or(FsError::NotFound)
     }
 
-    fn touch_directory(&mut self, inode: u64) {
+    fn touch_directory(&mut self, inode: u64, now: SystemTime) {
         if let Ok(entry) = self.get_mut(inode) {
-            let now = SystemTime::now();
             entry.attributes.mtime = now;
             entry.attributes.ctime = now;
         }
     }
 
     /// Creates a file, directory or symlink named `name` in `parent`.
-    pub fn create(&mut self, parent: u64, name: &OsStr, creator: Creator, content: Content) -> FsResult<u64> {
+    pub fn create(
+        &mut self,
+        parent: u64,
+        name: &OsStr,
+        creator: Creator,
+        content: Content,
+        now: SystemTime,
+    ) -> FsResult<u64> {
         check_name(name)?;
         if self.directory(parent)?.get(name).is_some() {
             return Err(FsError::Exists);
@@ -224,7 +280,7 @@ impl Namespace {
             Content::Directory(_) => Content::Directory(Directory::new(parent)),
             other => other,
         };
-        let inode = self.new_inode(kind, creator, content);
+        let inode = self.new_inode(kind, creator, content, now);
         if let Content::Symlink(target) = &self.get(inode)?.content {
             let len = target.len() as u64;
             self.get_mut(inode)?.attributes.size_bytes = len;
@@ -234,12 +290,12 @@ impl Namespace {
             self.get_mut(parent)?.attributes.nlink += 1;
         }
         self.directory_mut(parent)?.insert(name, inode);
-        self.touch_directory(parent);
+        self.touch_directory(parent, now);
         Ok(inode)
     }
 
     /// A second name for a file (hard link).
-    pub fn link(&mut self, inode: u64, parent: u64, name: &OsStr) -> FsResult<()> {
+    pub fn link(&mut self, inode: u64, parent: u64, name: &OsStr, now: SystemTime) -> FsResult<()> {
         check_name(name)?;
         if self.get(inode)?.attributes.kind == FileKind::Directory {
             return Err(FsError::Unsupported("hard links to directories"));
@@ -249,36 +305,41 @@ impl Namespace {
         }
         self.directory_mut(parent)?.insert(name, inode);
         let entry = self.get_mut(inode)?;
+        if entry.attributes.nlink == 0 {
+            // linkat of an open unlinked file is refused by the kernel (ENOENT) before it asks.
+            return Err(FsError::NotFound);
+        }
         entry.attributes.nlink += 1;
-        entry.attributes.ctime = SystemTime::now();
-        self.touch_directory(parent);
+        entry.attributes.ctime = now;
+        self.touch_directory(parent, now);
         Ok(())
     }
 
     /// Removes the name of a non-directory. Returns the inode if it is now gone for good (no
     /// name, no open handle): the caller frees its pages.
-    pub fn unlink(&mut self, parent: u64, name: &OsStr) -> FsResult<Option<Inode>> {
+    pub fn unlink(&mut self, parent: u64, name: &OsStr, now: SystemTime) -> FsResult<Option<Inode>> {
         let inode = self.lookup(parent, name)?;
         if self.get(inode)?.attributes.kind == FileKind::Directory {
             return Err(FsError::IsDirectory);
         }
         self.directory_mut(parent)?.remove(name);
-        self.touch_directory(parent);
-        Ok(self.drop_link(inode))
+        self.touch_directory(parent, now);
+        Ok(self.drop_link(inode, now))
     }
 
     /// One name fewer for `inode`; the inode itself if nothing holds it any more.
-    fn drop_link(&mut self, inode: u64) -> Option<Inode> {
+    fn drop_link(&mut self, inode: u64, now: SystemTime) -> Option<Inode> {
+        let keep_orphans = self.keep_orphans;
         let entry = self.inodes.get_mut(&inode)?;
         entry.attributes.nlink = entry.attributes.nlink.saturating_sub(1);
-        entry.attributes.ctime = SystemTime::now();
-        if entry.attributes.nlink == 0 && entry.open_handles == 0 {
+        entry.attributes.ctime = now;
+        if entry.attributes.nlink == 0 && entry.open_handles == 0 && !keep_orphans {
             return self.inodes.remove(&inode);
         }
         None
     }
 
-    pub fn rmdir(&mut self, parent: u64, name: &OsStr) -> FsResult<()> {
+    pub fn rmdir(&mut self, parent: u64, name: &OsStr, now: SystemTime) -> FsResult<()> {
         let inode = self.lookup(parent, name)?;
         if !self.directory(inode)?.is_empty() {
             return Err(FsError::NotEmpty);
@@ -286,7 +347,7 @@ impl Namespace {
         self.directory_mut(parent)?.remove(name);
         self.inodes.remove(&inode);
         self.get_mut(parent)?.attributes.nlink -= 1;
-        self.touch_directory(parent);
+        self.touch_directory(parent, now);
         Ok(())
     }
 
@@ -306,6 +367,8 @@ impl Namespace {
     /// Moves `parent/name` to `new_parent/new_name`, replacing a file there or an empty directory
     /// (POSIX rename). With `no_replace` an existing target is `EEXIST`; with `exchange` the two
     /// swap. Returns an inode the replacement freed for good.
+    // renameat2's operands and the time: a struct would only rename them.
+    #[allow(clippy::too_many_arguments)]
     pub fn rename(
         &mut self,
         parent: u64,
@@ -314,6 +377,7 @@ impl Namespace {
         new_name: &OsStr,
         no_replace: bool,
         exchange: bool,
+        now: SystemTime,
     ) -> FsResult<Option<Inode>> {
         check_name(new_name)?;
         let inode = self.lookup(parent, name)?;
@@ -336,8 +400,8 @@ impl Namespace {
             self.directory_mut(new_parent)?.insert(new_name, inode);
             self.reparent(inode, parent, new_parent, is_directory)?;
             self.reparent(target, new_parent, parent, target_is_directory)?;
-            self.touch_directory(parent);
-            self.touch_directory(new_parent);
+            self.touch_directory(parent, now);
+            self.touch_directory(new_parent, now);
             return Ok(None);
         }
         let mut freed = None;
@@ -349,19 +413,19 @@ impl Namespace {
             match (is_directory, target_is_directory) {
                 (true, false) => return Err(FsError::NotDirectory),
                 (false, true) => return Err(FsError::IsDirectory),
-                (true, true) => self.rmdir(new_parent, new_name)?,
+                (true, true) => self.rmdir(new_parent, new_name, now)?,
                 (false, false) => {
                     self.directory_mut(new_parent)?.remove(new_name);
-                    freed = self.drop_link(target);
+                    freed = self.drop_link(target, now);
                 }
             }
         }
         self.directory_mut(parent)?.remove(name);
         self.directory_mut(new_parent)?.insert(new_name, inode);
         self.reparent(inode, parent, new_parent, is_directory)?;
-        self.get_mut(inode)?.attributes.ctime = SystemTime::now();
-        self.touch_directory(parent);
-        self.touch_directory(new_parent);
+        self.get_mut(inode)?.attributes.ctime = now;
+        self.touch_directory(parent, now);
+        self.touch_directory(new_parent, now);
         Ok(freed)
     }
 
@@ -408,32 +472,78 @@ mod tests {
 
     #[test]
     fn rename_replaces_files_and_empty_directories_only() {
-        let mut namespace = Namespace::new(ME);
-        let a = namespace.create(ROOT_INODE, OsStr::new("a"), ME, file()).expect("a");
-        let b = namespace.create(ROOT_INODE, OsStr::new("b"), ME, file()).expect("b");
-        let d = namespace.create(ROOT_INODE, OsStr::new("d"), ME, directory()).expect("d");
-        let e = namespace.create(ROOT_INODE, OsStr::new("e"), ME, directory()).expect("e");
-        namespace.create(e, OsStr::new("inner"), ME, file()).expect("inner");
-        let freed = namespace.rename(ROOT_INODE, OsStr::new("a"), ROOT_INODE, OsStr::new("b"), false, false);
+        let mut namespace = Namespace::new(ME, SystemTime::UNIX_EPOCH);
+        let a = namespace.create(ROOT_INODE, OsStr::new("a"), ME, file(), SystemTime::UNIX_EPOCH).expect("a");
+        let b = namespace.create(ROOT_INODE, OsStr::new("b"), ME, file(), SystemTime::UNIX_EPOCH).expect("b");
+        let d = namespace
+            .create(ROOT_INODE, OsStr::new("d"), ME, directory(), SystemTime::UNIX_EPOCH)
+            .expect("d");
+        let e = namespace
+            .create(ROOT_INODE, OsStr::new("e"), ME, directory(), SystemTime::UNIX_EPOCH)
+            .expect("e");
+        namespace.create(e, OsStr::new("inner"), ME, file(), SystemTime::UNIX_EPOCH).expect("inner");
+        let freed = namespace.rename(
+            ROOT_INODE,
+            OsStr::new("a"),
+            ROOT_INODE,
+            OsStr::new("b"),
+            false,
+            false,
+            SystemTime::UNIX_EPOCH,
+        );
         assert_eq!(freed.expect("rename").map(|inode| inode.attributes.inode), Some(b));
         assert_eq!(namespace.lookup(ROOT_INODE, OsStr::new("b")).ok(), Some(a));
         assert!(matches!(
-            namespace.rename(ROOT_INODE, OsStr::new("b"), ROOT_INODE, OsStr::new("d"), false, false),
+            namespace.rename(
+                ROOT_INODE,
+                OsStr::new("b"),
+                ROOT_INODE,
+                OsStr::new("d"),
+                false,
+                false,
+                SystemTime::UNIX_EPOCH
+            ),
             Err(FsError::IsDirectory)
         ));
         assert!(matches!(
-            namespace.rename(ROOT_INODE, OsStr::new("d"), ROOT_INODE, OsStr::new("e"), false, false),
+            namespace.rename(
+                ROOT_INODE,
+                OsStr::new("d"),
+                ROOT_INODE,
+                OsStr::new("e"),
+                false,
+                false,
+                SystemTime::UNIX_EPOCH
+            ),
             Err(FsError::NotEmpty)
         ));
         assert!(matches!(
-            namespace.rename(ROOT_INODE, OsStr::new("d"), d, OsStr::new("x"), false, false),
+            namespace.rename(
+                ROOT_INODE,
+                OsStr::new("d"),
+                d,
+                OsStr::new("x"),
+                false,
+                false,
+                SystemTime::UNIX_EPOCH
+            ),
             Err(FsError::Invalid(_))
         ));
         assert!(matches!(
-            namespace.rename(ROOT_INODE, OsStr::new("b"), ROOT_INODE, OsStr::new("e"), true, false),
+            namespace.rename(
+                ROOT_INODE,
+                OsStr::new("b"),
+                ROOT_INODE,
+                OsStr::new("e"),
+                true,
+                false,
+                SystemTime::UNIX_EPOCH
+            ),
             Err(FsError::Exists)
         ));
-        namespace.rename(ROOT_INODE, OsStr::new("d"), e, OsStr::new("moved"), false, false).expect("move");
+        namespace
+            .rename(ROOT_INODE, OsStr::new("d"), e, OsStr::new("moved"), false, false, SystemTime::UNIX_EPOCH)
+            .expect("move");
         assert_eq!(namespace.directory(d).expect("d").parent, e);
         assert_eq!(namespace.get(ROOT_INODE).expect("root").attributes.nlink, 3);
         assert_eq!(namespace.get(e).expect("e").attributes.nlink, 3);
@@ -441,10 +551,13 @@ mod tests {
 
     #[test]
     fn an_open_unlinked_file_lives_until_its_last_handle_closes() {
-        let mut namespace = Namespace::new(ME);
-        let a = namespace.create(ROOT_INODE, OsStr::new("a"), ME, file()).expect("a");
+        let mut namespace = Namespace::new(ME, SystemTime::UNIX_EPOCH);
+        let a = namespace.create(ROOT_INODE, OsStr::new("a"), ME, file(), SystemTime::UNIX_EPOCH).expect("a");
         namespace.open(a).expect("open");
-        assert!(namespace.unlink(ROOT_INODE, OsStr::new("a")).expect("unlink").is_none());
+        assert!(namespace
+            .unlink(ROOT_INODE, OsStr::new("a"), SystemTime::UNIX_EPOCH)
+            .expect("unlink")
+            .is_none());
         assert!(namespace.get(a).is_ok());
         assert!(namespace.release(a).is_some());
         assert!(namespace.get(a).is_err());
@@ -452,9 +565,11 @@ mod tests {
 
     #[test]
     fn readdir_resumes_after_removals() {
-        let mut namespace = Namespace::new(ME);
+        let mut namespace = Namespace::new(ME, SystemTime::UNIX_EPOCH);
         for name in ["a", "b", "c", "d"] {
-            namespace.create(ROOT_INODE, OsStr::new(name), ME, file()).expect("create");
+            namespace
+                .create(ROOT_INODE, OsStr::new(name), ME, file(), SystemTime::UNIX_EPOCH)
+                .expect("create");
         }
         let first: Vec<(u64, OsString)> = namespace
             .directory(ROOT_INODE)
@@ -463,8 +578,8 @@ mod tests {
             .take(2)
             .map(|(cookie, name, _)| (cookie, name.to_owned()))
             .collect();
-        namespace.unlink(ROOT_INODE, OsStr::new("a")).expect("unlink a");
-        namespace.unlink(ROOT_INODE, OsStr::new("b")).expect("unlink b");
+        namespace.unlink(ROOT_INODE, OsStr::new("a"), SystemTime::UNIX_EPOCH).expect("unlink a");
+        namespace.unlink(ROOT_INODE, OsStr::new("b"), SystemTime::UNIX_EPOCH).expect("unlink b");
         let rest: Vec<OsString> = namespace
             .directory(ROOT_INODE)
             .expect("root")
@@ -473,7 +588,7 @@ mod tests {
             .collect();
         assert_eq!(rest, vec![OsString::from("c"), OsString::from("d")]);
         assert!(matches!(
-            namespace.create(ROOT_INODE, OsStr::new(&"x".repeat(256)), ME, file()),
+            namespace.create(ROOT_INODE, OsStr::new(&"x".repeat(256)), ME, file(), SystemTime::UNIX_EPOCH),
             Err(FsError::NameTooLong { .. })
         ));
     }

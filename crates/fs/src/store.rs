@@ -4,7 +4,9 @@
 //! read returns the page's last completed write or an error, never other bytes; a page never
 //! written, or discarded since, reads as zeros.
 
-use remem_client::{Client, PageError, PageOp};
+use std::path::{Path, PathBuf};
+
+use remem_client::{Client, PageError, PageOp, SlabMapError};
 
 pub trait PageStore: Send {
     fn page_bytes(&self) -> usize;
@@ -36,6 +38,64 @@ impl PageStore for Client {
 
     fn background(&mut self) {
         self.poll_background(std::time::Duration::ZERO);
+    }
+}
+
+/// The remem client of a file system that survives restarts: its slab map is saved when it is
+/// made and again after every rebuild (rebuilds move slabs), so a restart finds the pages
+/// where they are now.
+pub struct SavedMapClient {
+    pub client: Client,
+    map_path: PathBuf,
+    rebuilds_saved: u64,
+}
+
+impl SavedMapClient {
+    /// Wraps `client` and saves its map to `map_path` at once (durably).
+    pub fn new(client: Client, map_path: &Path) -> Result<SavedMapClient, SlabMapError> {
+        let rebuilds_saved = client.regeneration_status().done;
+        let saved = SavedMapClient { client, map_path: map_path.to_owned(), rebuilds_saved };
+        saved.save()?;
+        Ok(saved)
+    }
+
+    fn save(&self) -> Result<(), SlabMapError> {
+        self.client.save_map(&self.map_path)?;
+        // save_map renames a new file into place; make the file and the rename durable.
+        let sync = |path: &Path| std::fs::File::open(path).and_then(|file| file.sync_all());
+        let directory = self.map_path.parent().unwrap_or(Path::new("."));
+        sync(&self.map_path)
+            .and_then(|()| sync(directory))
+            .map_err(|source| SlabMapError::Write { path: self.map_path.clone(), source })
+    }
+}
+
+impl PageStore for SavedMapClient {
+    fn page_bytes(&self) -> usize {
+        self.client.page_bytes()
+    }
+
+    fn page_count(&self) -> u64 {
+        self.client.page_count()
+    }
+
+    fn execute(&mut self, ops: &mut [PageOp<'_>]) -> Result<(), PageError> {
+        self.client.execute_all(ops)
+    }
+
+    fn discard_page(&mut self, page: u64) -> Result<(), PageError> {
+        self.client.discard_page(page)
+    }
+
+    fn background(&mut self) {
+        self.client.poll_background(std::time::Duration::ZERO);
+        let done = self.client.regeneration_status().done;
+        if done != self.rebuilds_saved {
+            match self.save() {
+                Ok(()) => self.rebuilds_saved = done,
+                Err(error) => tracing::warn!(%error, "cannot save the slab map after a rebuild; will retry"),
+            }
+        }
     }
 }
 

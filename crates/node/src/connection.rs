@@ -60,6 +60,42 @@ const OUTPUT_FLUSH_BYTES: usize = 256 * 1024;
 /// The largest frame; a connection's input buffer grows to hold one if the budget allows.
 const MAX_FRAME_BYTES: usize = HEADER_BYTES + MAX_BODY_BYTES as usize;
 
+/// TCP keepalive of client connections: a silent connection is probed after
+/// `KEEPALIVE_IDLE`, then every `KEEPALIVE_INTERVAL`, and dropped after `KEEPALIVE_PROBES`
+/// unanswered probes, so a client whose host died or was cut off loses its lease (`leases`)
+/// within about 10 s. A live client's kernel answers the probes even when the process is idle.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+const KEEPALIVE_PROBES: u32 = 5;
+
+/// Turns TCP keepalive on for an accepted connection (see [`KEEPALIVE_IDLE`]).
+pub fn keepalive(stream: &std::net::TcpStream) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = stream.as_raw_fd();
+    let set = |level: libc::c_int, name: libc::c_int, value: libc::c_int| -> io::Result<()> {
+        // SAFETY: `fd` is an open socket owned by `stream`, and the option value is a c_int
+        // whose size is passed with it.
+        let result = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if result == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE.as_secs() as libc::c_int)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, KEEPALIVE_INTERVAL.as_secs() as libc::c_int)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES as libc::c_int)
+}
+
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectionEnd {
@@ -84,6 +120,10 @@ pub struct Connection {
     number: u64,
     handle: Arc<Peer>,
     client_id: u64,
+    /// The session that claimed `client_id` (`leases`), 0 for a tool's connection.
+    session: u64,
+    /// The claim counts toward the lease until the connection ends.
+    claimed: bool,
     /// Received bytes; `input[start..end]` is not yet served. Its length is its capacity.
     input: Vec<u8>,
     start: usize,
@@ -115,6 +155,8 @@ impl Connection {
             number,
             handle,
             client_id: 0,
+            session: 0,
+            claimed: false,
             input: vec![0; SMALL_INPUT_BYTES],
             start: 0,
             end: 0,
@@ -139,6 +181,7 @@ impl Connection {
             }
             Err(end) => {
                 self.release_buffers();
+                self.release_lease();
                 if UNAUTHENTICATED_FAILURES.allow() {
                     tracing::warn!(peer = %self.peer, reason = %end, "connection closed before authenticating");
                 }
@@ -146,6 +189,7 @@ impl Connection {
             }
         };
         self.release_buffers();
+        self.release_lease();
         match end {
             ConnectionEnd::PeerClosed => {
                 tracing::info!(peer = %self.peer, client_id = self.client_id, "connection closed by peer")
@@ -165,10 +209,11 @@ impl Connection {
         let deadline = std::time::Instant::now() + HANDSHAKE_TIMEOUT;
         self.stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
         let (request_id, hello) = self.read_handshake_frame(Kind::Hello, deadline)?;
-        let Control::Hello { client_id, client_nonce } = hello else {
+        let Control::Hello { client_id, client_nonce, session } = hello else {
             unreachable!("read_handshake_frame returns the kind asked for");
         };
         self.client_id = client_id;
+        self.session = session;
         let node_nonce: [u8; 32] = rand::random();
         let node_proof = auth::node_proof(&self.shared.secret, &client_nonce, &node_nonce, client_id);
         self.push_control(request_id, &Control::Challenge { node_nonce, node_proof });
@@ -185,11 +230,30 @@ impl Connection {
         if self.shared.peers.authenticated_count() >= self.shared.max_connections {
             return Err(self.refuse(request_id, ErrorCode::NoCapacity, "connection limit reached"));
         }
+        match self.shared.leases.claim(client_id, session) {
+            Ok(took_over) => {
+                self.claimed = true;
+                if took_over {
+                    tracing::warn!(peer = %self.peer, client_id, "a new session took over the lapsed lease of this client id; the old one is fenced off");
+                }
+            }
+            Err(refused) => {
+                return Err(self.refuse(request_id, ErrorCode::ClientIdInUse, refused.to_string()));
+            }
+        }
         self.push_control(request_id, &Control::AuthOk { node_id: self.shared.node_id });
         self.flush()?;
         self.stream.set_read_timeout(None)?;
         self.read_timeout = None;
         Ok(())
+    }
+
+    /// The connection ended: it no longer holds its session's lease (the last one to close
+    /// starts the grace period of the client's slabs).
+    fn release_lease(&mut self) {
+        if std::mem::take(&mut self.claimed) {
+            self.shared.leases.release(self.client_id, self.session, Instant::now());
+        }
     }
 
     /// Reads the next handshake frame, which must be of `expected` kind; anything else is refused
@@ -335,6 +399,7 @@ impl Connection {
             Control::Regenerate { slab_id, data_splits, parity_splits, page_bytes, pages, sources } => {
                 let request = regenerate::Request {
                     client_id,
+                    session: self.session,
                     connection: self.number,
                     request_id,
                     slab_id,

@@ -27,6 +27,7 @@
 
 mod connection;
 mod fault;
+pub mod leases;
 mod log_limit;
 pub mod monitor;
 mod peers;
@@ -66,11 +67,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use stream::Stream;
 
 /// How often the acceptor looks at the shutdown flag.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
+/// How often expired leases are looked for: a lease's slabs are freed at most this much after
+/// its grace period ends.
+const LEASE_CHECK_PERIOD: Duration = Duration::from_millis(250);
 /// Smallest slab: one page, so mmap lengths are page multiples.
 pub const MIN_SLAB_SIZE_BYTES: u64 = 4096;
 /// Largest slab: 4 GiB keeps the slot count of the smallest splits (64 bytes) well inside u32.
@@ -102,6 +106,9 @@ pub struct NodeConfig {
     /// `docs/SHM.md`). A stale socket file at the path is replaced; the file is removed when the
     /// node stops.
     pub unix_socket: Option<PathBuf>,
+    /// How long the slabs of a client whose lease lapsed (its last connection closed, or its
+    /// host stopped answering TCP keepalive) are kept for it to re-attach (`leases`).
+    pub lease_grace: Duration,
 }
 
 /// A bound, not yet serving, memory node.
@@ -147,6 +154,11 @@ impl NodeHandle {
     /// Pre-allocated slabs waiting for a `MapSlab`.
     pub fn pooled_slabs(&self) -> u32 {
         self.shared.table.stats().pooled_slabs
+    }
+
+    /// Slabs freed since start because their client's lease expired (`leases`).
+    pub fn slabs_freed_by_lease_expiry(&self) -> u64 {
+        self.shared.slabs_freed_by_expiry.load(Ordering::Relaxed)
     }
 }
 
@@ -234,6 +246,8 @@ impl Node {
                 activity_answers: monitor::ActivityAnswers::default(),
                 max_connections: config.max_connections,
                 buffer_budget: connection::BufferBudget::new(CONNECTION_BUFFER_BUDGET_BYTES),
+                leases: leases::Leases::new(config.lease_grace),
+                slabs_freed_by_expiry: AtomicU64::new(0),
             }),
         })
     }
@@ -258,9 +272,14 @@ impl Node {
         };
         let mut threads: Vec<JoinHandle<()>> = Vec::new();
         let mut next_connection = 0u64;
+        let mut leases_checked = Instant::now();
         let result = loop {
             if shutdown.load(Ordering::Relaxed) {
                 break Ok(());
+            }
+            if leases_checked.elapsed() >= LEASE_CHECK_PERIOD {
+                leases_checked = Instant::now();
+                self.shared.expire_leases(leases_checked);
             }
             threads.retain(|thread| !thread.is_finished());
             let unix_fd = self.unix_listener.as_ref().map(|(listener, _)| listener.as_raw_fd());
@@ -273,7 +292,10 @@ impl Node {
                 match self.listener.accept() {
                     Ok((stream, peer)) => {
                         next_connection += 1;
-                        let prepared = stream.set_nodelay(true).map(|()| Stream::Tcp(stream));
+                        let prepared = stream
+                            .set_nodelay(true)
+                            .and_then(|()| connection::keepalive(&stream))
+                            .map(|()| Stream::Tcp(stream));
                         if let Some(thread) =
                             self.start_connection(next_connection, prepared, peer.to_string())
                         {

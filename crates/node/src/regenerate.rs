@@ -62,6 +62,9 @@ const SOURCE_IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// A `Regenerate` as the connection received it.
 pub struct Request {
     pub client_id: u64,
+    /// The requester's session: the rebuild reads the sources under the same claim, so a
+    /// session fenced off at a source cannot rebuild from it (`leases`).
+    pub session: u64,
     /// The requesting connection, which gets `RegenerationDone`.
     pub connection: u64,
     pub request_id: u64,
@@ -354,7 +357,12 @@ impl Source {
         stream.set_read_timeout(Some(SOURCE_IO_TIMEOUT))?;
         stream.set_write_timeout(Some(SOURCE_IO_TIMEOUT))?;
         job.shared.regenerations.register_stream(job.id, &stream);
-        blocking::handshake(&mut stream, &job.shared.secret, job.request.client_id)?;
+        blocking::handshake_session(
+            &mut stream,
+            &job.shared.secret,
+            job.request.client_id,
+            job.request.session,
+        )?;
         self.stream = Some(stream);
         self.next_request_id = 2;
         Ok(())

@@ -13,6 +13,7 @@
 //! the slab.
 
 use crate::fault::Faults;
+use crate::leases::Leases;
 use crate::monitor::ActivityAnswers;
 use crate::peers::Peers;
 use crate::regenerate::Regenerations;
@@ -41,6 +42,10 @@ pub struct Shared {
     pub max_connections: usize,
     /// Connection buffers beyond the small ones, node-wide (`connection::buffers`).
     pub buffer_budget: crate::connection::BufferBudget,
+    /// Which session holds each client id, and the grace periods of those that left.
+    pub leases: Leases,
+    /// Slabs freed because their client's lease expired, since start.
+    pub slabs_freed_by_expiry: AtomicU64,
 }
 
 impl Shared {
@@ -55,7 +60,14 @@ impl Shared {
             Some(budget_bytes) => capacity_free_bytes.min(stats.pooled_bytes.saturating_add(budget_bytes)),
             None => capacity_free_bytes,
         };
+        let leases = self.leases.counts();
+        let in_grace = self.leases.in_grace();
+        let slabs_in_grace =
+            in_grace.iter().map(|&client_id| self.table.owned_by(client_id).len() as u32).sum();
         NodeInfo {
+            clients_live: leases.live,
+            clients_in_grace: leases.in_grace,
+            slabs_in_grace,
             node_id: self.node_id,
             capacity_bytes: self.capacity_bytes,
             free_bytes,
@@ -68,6 +80,24 @@ impl Shared {
             regeneration_pages_total: progress.pages_total,
             failure_domain: self.failure_domain.clone(),
         }
+    }
+
+    /// Frees the slabs of every client whose lease lapsed more than the grace period ago.
+    /// Nobody is connected as those clients (session 0 tools aside), so nobody is told.
+    pub fn expire_leases(&self, now: std::time::Instant) {
+        let grace = self.leases.grace();
+        let has_slabs = |client_id| !self.table.owned_by(client_id).is_empty();
+        self.leases.expire(now, has_slabs, |client_id| {
+            let slabs = self.table.owned_by(client_id);
+            let freed = slabs.iter().filter(|&&slab_id| self.table.evict(slab_id).is_ok()).count();
+            self.slabs_freed_by_expiry.fetch_add(freed as u64, Ordering::Relaxed);
+            tracing::warn!(
+                client_id,
+                slabs = freed,
+                grace_secs = grace.as_secs_f64(),
+                "client lease expired: its slabs are freed (no process re-attached within the grace period)"
+            );
+        });
     }
 
     /// Evicts slab `slab_id`, whoever owns it: first sends `SlabEvicted` to every connection of

@@ -479,6 +479,12 @@ impl SlabTable {
         Ok(slab.label)
     }
 
+    /// The ids of the slabs `client_id` owns.
+    pub fn owned_by(&self, client_id: u64) -> Vec<u32> {
+        let inner = self.lock();
+        inner.slabs.iter().filter(|(_, slab)| slab.owner_client_id == client_id).map(|(&id, _)| id).collect()
+    }
+
     /// The slab `slab_id`, whoever owns it (for eviction, which tells the owner first).
     pub fn get_any(&self, slab_id: u32) -> Result<Arc<Slab>, SlabError> {
         let inner = self.lock();

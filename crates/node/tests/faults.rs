@@ -148,6 +148,7 @@ fn node_handle_evicts_without_a_client_request() {
         fault_injection: false,
         resource_monitor: None,
         unix_socket: None,
+        lease_grace: remem_node::leases::DEFAULT_LEASE_GRACE,
     })
     .unwrap();
     let handle = node.handle();

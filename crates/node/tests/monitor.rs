@@ -82,6 +82,7 @@ impl MonitoredNode {
             max_connections: 16,
             fault_injection: false,
             unix_socket: None,
+            lease_grace: remem_node::leases::DEFAULT_LEASE_GRACE,
             resource_monitor: Some(ResourceMonitorConfig {
                 period,
                 filesystem_root: root.to_owned(),

@@ -33,7 +33,8 @@ fn handshake_with_wrong_secret_is_rejected_on_both_sides() {
     // The node refuses a client that does not prove the secret.
     let mut stream = node.connect_raw();
     let client_nonce = [3u8; 32];
-    blocking::write_control(&mut stream, 1, &Control::Hello { client_id: 1, client_nonce }).unwrap();
+    blocking::write_control(&mut stream, 1, &Control::Hello { client_id: 1, client_nonce, session: 0 })
+        .unwrap();
     let mut body = Vec::new();
     let Control::Challenge { node_nonce, .. } = blocking::read_control(&mut stream, &mut body).unwrap().1
     else {
@@ -57,7 +58,12 @@ fn requests_before_auth_get_not_authenticated() {
 
     // Hello, then something other than Auth.
     let mut stream = node.connect_raw();
-    blocking::write_control(&mut stream, 1, &Control::Hello { client_id: 1, client_nonce: [0; 32] }).unwrap();
+    blocking::write_control(
+        &mut stream,
+        1,
+        &Control::Hello { client_id: 1, client_nonce: [0; 32], session: 0 },
+    )
+    .unwrap();
     let mut body = Vec::new();
     blocking::read_control(&mut stream, &mut body).unwrap();
     blocking::write_control(&mut stream, 2, &Control::Ping).unwrap();
@@ -421,6 +427,7 @@ fn bind_rejects_invalid_configs() {
             fault_injection: false,
             resource_monitor: None,
             unix_socket: None,
+            lease_grace: remem_node::leases::DEFAULT_LEASE_GRACE,
         };
     for bad in [
         config(1000, "a", 1),

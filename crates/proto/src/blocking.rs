@@ -73,18 +73,32 @@ pub fn read_control(r: &mut impl Read, body: &mut Vec<u8>) -> Result<(FrameHeade
     Ok((header, control))
 }
 
-/// The client side of the handshake: Hello, check the node's proof, Auth, AuthOk.
-/// Returns the node id. Uses request ids 0 and 1.
-///
-/// Errors: [`HandshakeError::NodeProofMismatch`] if the node does not hold `secret` (no proof of
-/// ours is sent then), [`HandshakeError::Rejected`] if the node refuses ours.
+/// The handshake of a tool acting for `client_id` without claiming it (session 0): it reaches
+/// the slabs of whichever session holds the id, and never keeps their lease alive.
 pub fn handshake(
     stream: &mut (impl Read + Write),
     secret: &Secret,
     client_id: u64,
 ) -> Result<u64, HandshakeError> {
+    handshake_session(stream, secret, client_id, 0)
+}
+
+/// The client side of the handshake: Hello, check the node's proof, Auth, AuthOk.
+/// Returns the node id. Uses request ids 0 and 1. A nonzero `session` claims `client_id` on the
+/// node (`Control::Hello`).
+///
+/// Errors: [`HandshakeError::NodeProofMismatch`] if the node does not hold `secret` (no proof of
+/// ours is sent then), [`HandshakeError::Rejected`] if the node refuses ours or another live
+/// session holds the id (`ErrorCode::ClientIdInUse`).
+pub fn handshake_session(
+    stream: &mut (impl Read + Write),
+    secret: &Secret,
+    client_id: u64,
+    session: u64,
+) -> Result<u64, HandshakeError> {
     let client_nonce: [u8; 32] = rand::random();
-    write_control(stream, 0, &Control::Hello { client_id, client_nonce }).map_err(FrameError::from)?;
+    write_control(stream, 0, &Control::Hello { client_id, client_nonce, session })
+        .map_err(FrameError::from)?;
     let mut body = Vec::with_capacity(128);
     let node_nonce = match read_control(stream, &mut body)?.1 {
         Control::Challenge { node_nonce, node_proof } => {

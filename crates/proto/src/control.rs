@@ -62,6 +62,12 @@ pub struct NodeInfo {
     pub regeneration_pages_done: u64,
     /// Pages to handle by the rebuilds running now, summed.
     pub regeneration_pages_total: u64,
+    /// Client ids whose lease is live (a session with a connection open).
+    pub clients_live: u32,
+    /// Client ids whose lease lapsed and whose slabs are kept until their grace period ends.
+    pub clients_in_grace: u32,
+    /// Slabs of the clients in grace.
+    pub slabs_in_grace: u32,
     /// At most [`MAX_FAILURE_DOMAIN_BYTES`] bytes of UTF-8.
     pub failure_domain: String,
 }
@@ -72,6 +78,11 @@ pub enum Control {
     Hello {
         client_id: u64,
         client_nonce: [u8; 32],
+        /// The claiming process's session (random, fixed for its lifetime). A node lets one
+        /// session at a time hold a client id and its slabs: the holder's lease lives while it
+        /// has a connection open; another session is refused (`ClientIdInUse`) until then, and
+        /// takes over after. 0 claims nothing: a tool acting for whoever holds the id.
+        session: u64,
     },
     Challenge {
         node_nonce: [u8; 32],
@@ -233,9 +244,10 @@ impl Control {
         out.extend_from_slice(&[0u8; HEADER_BYTES]);
         let body_at = out.len();
         match self {
-            Control::Hello { client_id, client_nonce } => {
+            Control::Hello { client_id, client_nonce, session } => {
                 out.extend_from_slice(&client_id.to_le_bytes());
                 out.extend_from_slice(client_nonce);
+                out.extend_from_slice(&session.to_le_bytes());
             }
             Control::Challenge { node_nonce, node_proof } => {
                 out.extend_from_slice(node_nonce);
@@ -267,13 +279,15 @@ impl Control {
                 out.extend_from_slice(&info.free_bytes.to_le_bytes());
                 out.extend_from_slice(&info.slab_size_bytes.to_le_bytes());
                 out.extend_from_slice(&info.slabs_mapped.to_le_bytes());
-                out.extend_from_slice(&0u32.to_le_bytes());
+                out.extend_from_slice(&info.clients_live.to_le_bytes());
                 out.extend_from_slice(&info.metadata_bytes.to_le_bytes());
                 out.extend_from_slice(&info.requests_served.to_le_bytes());
                 out.extend_from_slice(&info.regenerating_slabs.to_le_bytes());
-                out.extend_from_slice(&0u32.to_le_bytes());
+                out.extend_from_slice(&info.clients_in_grace.to_le_bytes());
                 out.extend_from_slice(&info.regeneration_pages_done.to_le_bytes());
                 out.extend_from_slice(&info.regeneration_pages_total.to_le_bytes());
+                out.extend_from_slice(&info.slabs_in_grace.to_le_bytes());
+                out.extend_from_slice(&0u32.to_le_bytes());
                 out.push(info.failure_domain.len() as u8);
                 out.extend_from_slice(info.failure_domain.as_bytes());
             }
@@ -390,7 +404,11 @@ impl Control {
         kind.check_body_len(body_len)?;
         let mut reader = Reader { kind, bytes: body };
         let control = match kind {
-            Kind::Hello => Control::Hello { client_id: reader.u64(), client_nonce: reader.array() },
+            Kind::Hello => Control::Hello {
+                client_id: reader.u64(),
+                client_nonce: reader.array(),
+                session: reader.u64(),
+            },
             Kind::Challenge => Control::Challenge { node_nonce: reader.array(), node_proof: reader.array() },
             Kind::Auth => Control::Auth { client_proof: reader.array() },
             Kind::AuthOk => Control::AuthOk { node_id: reader.u64() },
@@ -418,13 +436,15 @@ impl Control {
                 let free_bytes = reader.u64();
                 let slab_size_bytes = reader.u64();
                 let slabs_mapped = reader.u32();
-                reader.reserved::<4>()?;
+                let clients_live = reader.u32();
                 let metadata_bytes = reader.u64();
                 let requests_served = reader.u64();
                 let regenerating_slabs = reader.u32();
-                reader.reserved::<4>()?;
+                let clients_in_grace = reader.u32();
                 let regeneration_pages_done = reader.u64();
                 let regeneration_pages_total = reader.u64();
+                let slabs_in_grace = reader.u32();
+                reader.reserved::<4>()?;
                 let domain_len = reader.u8();
                 debug_assert_eq!(body.len() - reader.bytes.len(), NODE_INFO_FIXED_BYTES as usize);
                 let failure_domain = reader.text("domain_len", usize::from(domain_len))?;
@@ -439,6 +459,9 @@ impl Control {
                     regenerating_slabs,
                     regeneration_pages_done,
                     regeneration_pages_total,
+                    clients_live,
+                    clients_in_grace,
+                    slabs_in_grace,
                     failure_domain,
                 })
             }

@@ -53,10 +53,13 @@ pub enum ErrorCode {
     BadSplitSize = 8,
     Unsupported = 9,
     Internal = 10,
+    /// The client id is held by another session whose lease is live (`Hello::session`): the
+    /// newcomer is fenced off and must stop, never write.
+    ClientIdInUse = 11,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 10] = [
+    pub const ALL: [ErrorCode; 11] = [
         ErrorCode::Malformed,
         ErrorCode::NotAuthenticated,
         ErrorCode::AuthFailed,
@@ -67,6 +70,7 @@ impl ErrorCode {
         ErrorCode::BadSplitSize,
         ErrorCode::Unsupported,
         ErrorCode::Internal,
+        ErrorCode::ClientIdInUse,
     ];
 
     /// The code for a wire value, or `None` for a value this version does not define.

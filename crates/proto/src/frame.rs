@@ -131,7 +131,7 @@ impl Kind {
     /// The body lengths this kind admits (`docs/PROTOCOL.md`, "Kinds").
     pub fn length_rule(self) -> LengthRule {
         match self {
-            Kind::Hello => LengthRule::Exact(8 + 32),
+            Kind::Hello => LengthRule::Exact(8 + 32 + 8),
             Kind::Challenge => LengthRule::Exact(32 + 32),
             Kind::Auth => LengthRule::Exact(32),
             Kind::AuthOk => LengthRule::Exact(8),

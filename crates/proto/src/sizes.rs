@@ -9,7 +9,7 @@
 //! hold: one split of the largest size, with its prefix, always fits in one frame.
 
 /// The protocol version carried in every frame header; anything else is rejected.
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
 /// Size of the fixed frame header.
 pub const HEADER_BYTES: usize = 16;
 /// Largest `body_len` any frame may declare: one 1 MiB split plus its prefix, with slack.
@@ -30,7 +30,7 @@ pub const REGENERATION_SOURCE_BYTES: usize = 1 + 3 + 4 + 16 + 2 + 2;
 pub const MAX_FRACTION_PPM: u32 = 1_000_000;
 
 /// Fixed part of the NodeInfoReply body, up to and including `domain_len`.
-pub(crate) const NODE_INFO_FIXED_BYTES: u32 = 8 * 4 + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 8 + 1;
+pub(crate) const NODE_INFO_FIXED_BYTES: u32 = 8 * 4 + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 8 + 4 + 4 + 1;
 /// Fixed part of the Regenerate body, before its source entries.
 pub(crate) const REGENERATE_FIXED_BYTES: u32 = 4 + 1 + 1 + 1 + 1 + 4 + 4;
 /// Fixed part of the Error body: code u16 and message_len u16.

@@ -29,8 +29,9 @@ fn regeneration_source() -> impl Strategy<Value = RegenerationSource> {
 
 fn control() -> impl Strategy<Value = Control> {
     prop_oneof![
-        (any::<u64>(), any::<[u8; 32]>())
-            .prop_map(|(client_id, client_nonce)| Control::Hello { client_id, client_nonce }),
+        (any::<u64>(), any::<[u8; 32]>(), any::<u64>()).prop_map(|(client_id, client_nonce, session)| {
+            Control::Hello { client_id, client_nonce, session }
+        }),
         (any::<[u8; 32]>(), any::<[u8; 32]>())
             .prop_map(|(node_nonce, node_proof)| { Control::Challenge { node_nonce, node_proof } }),
         any::<[u8; 32]>().prop_map(|client_proof| Control::Auth { client_proof }),
@@ -49,7 +50,7 @@ fn control() -> impl Strategy<Value = Control> {
         Just(Control::NodeInfo),
         (
             any::<[u64; 8]>(),
-            any::<[u32; 2]>(),
+            any::<[u32; 5]>(),
             proptest::string::string_regex("[a-zé0-9/-]{0,64}").expect("valid regex")
         )
             .prop_filter("failure domain fits", |(_, _, domain)| domain.len() <= MAX_FAILURE_DOMAIN_BYTES)
@@ -65,6 +66,9 @@ fn control() -> impl Strategy<Value = Control> {
                     regenerating_slabs: m[1],
                     regeneration_pages_done: n[6],
                     regeneration_pages_total: n[7],
+                    clients_live: m[2],
+                    clients_in_grace: m[3],
+                    slabs_in_grace: m[4],
                     failure_domain,
                 })
             }),
@@ -269,8 +273,8 @@ fn header_rejects_bad_magic_version_kind_and_lengths() {
     bad[0] = b'X';
     assert!(matches!(FrameHeader::decode(&bad), Err(DecodeError::BadMagic { .. })));
     let mut bad = good;
-    bad[2] = 2;
-    assert_eq!(FrameHeader::decode(&bad), Err(DecodeError::BadVersion { found: 2 }));
+    bad[2] = PROTOCOL_VERSION - 1;
+    assert_eq!(FrameHeader::decode(&bad), Err(DecodeError::BadVersion { found: PROTOCOL_VERSION - 1 }));
     let mut bad = good;
     bad[3] = 23;
     assert_eq!(FrameHeader::decode(&bad), Err(DecodeError::UnknownKind { found: 23 }));

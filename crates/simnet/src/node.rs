@@ -294,6 +294,9 @@ impl SimNode {
             regenerating_slabs: self.regenerations_running,
             regeneration_pages_done: self.regeneration_pages_done,
             regeneration_pages_total: self.regeneration_pages_total,
+            clients_live: 0,
+            clients_in_grace: 0,
+            slabs_in_grace: 0,
             failure_domain: self.failure_domain.clone(),
         }
     }

@@ -256,6 +256,7 @@ impl RememKvOnCluster {
         let capacity_bytes = (per_node * 2).next_multiple_of(slab_bytes) + 16 * slab_bytes;
         let label = name.replace(' ', "-");
         let options = ClusterOptions {
+            lease_grace: None,
             nodes: args.nodes,
             capacity_bytes,
             slab_size_bytes: slab_bytes,

@@ -54,6 +54,7 @@ impl Target {
         require_remem_kv();
         let dir = test_dir(name);
         let options = ClusterOptions {
+            lease_grace: None,
             nodes: NODES,
             capacity_bytes: SLABS_PER_NODE * SLAB_BYTES,
             slab_size_bytes: SLAB_BYTES,

@@ -18,6 +18,7 @@ pub fn start_cluster(suite: &str, name: &str, nodes: usize, unix_sockets: UnixSo
     let dir = std::env::temp_dir().join(format!("remem-{suite}-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let options = ClusterOptions {
+        lease_grace: None,
         nodes,
         capacity_bytes: 16 * SLAB_BYTES,
         slab_size_bytes: SLAB_BYTES,

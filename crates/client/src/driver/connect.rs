@@ -9,7 +9,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use remem_proto::auth::Secret;
-use remem_proto::{Control, NodeInfo};
+use remem_proto::blocking::HandshakeError;
+use remem_proto::{Control, ErrorCode, NodeInfo};
 
 use super::NodeAddress;
 use crate::error::ConnectError;
@@ -42,13 +43,18 @@ impl Write for BlockingStream {
     }
 }
 
-/// Connects (over the Unix socket `unix` if given, else TCP), authenticates as `client_id` and
-/// asks the node for its info, each step bounded by `timeout`.
+/// Who a connection claims to be: the client id, and the session that claims it (0 claims
+/// nothing: see `Control::Hello`).
+pub(crate) type Claim = (u64, u64);
+
+/// Connects (over the Unix socket `unix` if given, else TCP), authenticates as `claim` and
+/// asks the node for its info, each step bounded by `timeout`. Another live session holding the
+/// client id is [`ConnectError::ClientIdInUse`].
 pub(crate) fn connect_node(
     address: SocketAddr,
     unix: Option<&Path>,
     secret: &Secret,
-    client_id: u64,
+    (client_id, session): Claim,
     timeout: Duration,
 ) -> Result<(BlockingStream, NodeInfo), ConnectError> {
     let io_error = |source| ConnectError::Io { address, source };
@@ -67,8 +73,14 @@ pub(crate) fn connect_node(
             BlockingStream::Tcp(stream)
         }
     };
-    remem_proto::blocking::handshake(&mut stream, secret, client_id)
-        .map_err(|source| ConnectError::Handshake { address, message: source.to_string() })?;
+    remem_proto::blocking::handshake_session(&mut stream, secret, client_id, session).map_err(|source| {
+        match source {
+            HandshakeError::Rejected { code: ErrorCode::ClientIdInUse, message } => {
+                ConnectError::ClientIdInUse { address, client_id, message }
+            }
+            source => ConnectError::Handshake { address, message: source.to_string() },
+        }
+    })?;
     match blocking_control(&mut stream, 1, &Control::NodeInfo, address)? {
         Control::NodeInfoReply(info) => Ok((stream, info)),
         other => Err(unexpected(address, &other)),
@@ -86,12 +98,12 @@ pub(crate) fn connect_all(
     nodes: &[NodeAddress],
     shared_memory: bool,
     secret: &Secret,
-    client_id: u64,
+    claim: Claim,
     timeout: Duration,
 ) -> Vec<Connected> {
     let connect = |node: &NodeAddress| {
         let unix = node.unix_socket.as_deref().filter(|_| shared_memory);
-        connect_node(node.address, unix, secret, client_id, timeout)
+        connect_node(node.address, unix, secret, claim, timeout)
     };
     let connect = &connect;
     std::thread::scope(|scope| {
@@ -115,14 +127,14 @@ pub(crate) fn connect_all(
     })
 }
 
-/// Asks one node for its status: connects, authenticates with a random client id (a fresh
-/// session that maps nothing) and disconnects. For `remem status`; the data path never uses it.
+/// Asks one node for its status: connects, authenticates with a random client id and session 0
+/// (claims nothing, maps nothing) and disconnects. For `remem status`; the data path never uses it.
 pub fn query_node(
     address: SocketAddr,
     secret: &Secret,
     timeout: Duration,
 ) -> Result<crate::NodeStatus, ConnectError> {
-    let (_stream, info) = connect_node(address, None, secret, rand::random(), timeout)?;
+    let (_stream, info) = connect_node(address, None, secret, (rand::random(), 0), timeout)?;
     Ok(info.into())
 }
 

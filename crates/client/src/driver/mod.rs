@@ -60,9 +60,18 @@ pub struct Client {
     /// Failed nodes with a probe under way, and where the probes report.
     probing: Vec<NodeId>,
     probe_results: ProbeChannel,
+    /// This client's claim on `config.client_id` at the nodes (`Control::Hello::session`):
+    /// random, never 0, fixed for the client's life.
+    session: u64,
 }
 
 type ProbeResult = (NodeId, connect::Connected);
+
+/// How long a starting client retries a node where another session still holds its client id
+/// (`ConnectError::ClientIdInUse`) before giving up: long enough for a node to notice that the
+/// process it replaces died (its sockets close at once), short enough to fail fast when that
+/// process is alive.
+const FENCE_WAIT: Duration = Duration::from_secs(3);
 type ProbeChannel = (std::sync::mpsc::Sender<ProbeResult>, std::sync::mpsc::Receiver<ProbeResult>);
 
 impl Client {
@@ -129,6 +138,7 @@ impl Client {
             last_socket_check: Instant::now(),
             probing: Vec::new(),
             probe_results: std::sync::mpsc::channel(),
+            session: rand::random::<u64>() | 1,
             config,
         })
     }
@@ -140,7 +150,7 @@ impl Client {
             node.address,
             unix,
             &self.secret,
-            self.config.client_id,
+            (self.config.client_id, self.session),
             self.config.connect_timeout,
         );
         let (stream, info) = connected?;
@@ -164,9 +174,28 @@ impl Client {
     /// and adds them in order: those that answered connected, the others unreachable (failed:
     /// probed, their slabs lost until readmitted). Returns the unreachable ones and why.
     fn join_all(&mut self, nodes: &[NodeAddress]) -> Result<Vec<UnreachableNode>, ConnectError> {
-        let (shared_memory, client_id) = (self.config.shared_memory, self.config.client_id);
+        let (shared_memory, claim) = (self.config.shared_memory, (self.config.client_id, self.session));
         let timeout = self.config.connect_timeout;
-        let results = connect::connect_all(nodes, shared_memory, &self.secret, client_id, timeout);
+        let mut results = connect::connect_all(nodes, shared_memory, &self.secret, claim, timeout);
+        // A node where another live process holds the client id fences this one off: it must not
+        // start at all (two owners of one slab map), not count that node as merely down. A
+        // predecessor that just died may still hold it for a moment (its node has not yet seen
+        // its connections close), so the claim is retried for `FENCE_WAIT` first.
+        let deadline = Instant::now() + FENCE_WAIT;
+        let in_use = |result: &connect::Connected| matches!(result, Err(ConnectError::ClientIdInUse { .. }));
+        while results.iter().any(in_use) {
+            if Instant::now() >= deadline {
+                let fenced = results.into_iter().find(in_use).expect("one is in use");
+                return Err(fenced.err().expect("an error"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            let retry: Vec<usize> = (0..nodes.len()).filter(|&index| in_use(&results[index])).collect();
+            let retried: Vec<NodeAddress> = retry.iter().map(|&index| nodes[index].clone()).collect();
+            let again = connect::connect_all(&retried, shared_memory, &self.secret, claim, timeout);
+            for (index, result) in retry.into_iter().zip(again) {
+                results[index] = result;
+            }
+        }
         let mut unreachable = Vec::new();
         for (node, result) in nodes.iter().zip(results) {
             match result {
@@ -363,11 +392,11 @@ impl Client {
         let entry = self.engine.node(node);
         let address = entry.address;
         let unix = entry.unix_socket.clone().filter(|_| self.config.shared_memory);
-        let (secret, client_id) = (self.secret.clone(), self.config.client_id);
+        let (secret, claim) = (self.secret.clone(), (self.config.client_id, self.session));
         let timeout = PROBE_CONNECT_TIMEOUT.min(self.config.connect_timeout);
         let results = self.probe_results.0.clone();
         let spawned = std::thread::Builder::new().name(format!("remem-probe-{node}")).spawn(move || {
-            let result = connect_node(address, unix.as_deref(), &secret, client_id, timeout);
+            let result = connect_node(address, unix.as_deref(), &secret, claim, timeout);
             let _ = results.send((node, result));
         });
         match spawned {
@@ -383,6 +412,12 @@ impl Client {
             let address = self.engine.node(node).address;
             let (stream, info) = match result {
                 Ok(connected) => connected,
+                Err(error @ ConnectError::ClientIdInUse { .. }) => {
+                    // Another process took this client id over at that node while this one was
+                    // cut off from it: the node stays failed here, never written again.
+                    tracing::error!(node = %address, %error, "fenced off at a node: another process holds this client id");
+                    continue;
+                }
                 Err(error) => {
                     tracing::debug!(node = %address, %error, "failed node still unreachable");
                     continue;

@@ -13,6 +13,16 @@ use crate::core::Shape;
 use crate::engine::{BesideError, NodeId, RegionInfo, SlabRef};
 use crate::error::ConnectError;
 
+/// Where a new region's ranges go: their shape, split size and first page and range.
+#[derive(Clone, Copy)]
+struct RangeGeometry {
+    shape: Shape,
+    split_bytes: usize,
+    pages_per_range: u64,
+    first_page: u64,
+    first_range: u64,
+}
+
 impl Client {
     /// Adds a region of `bytes` coded with `shape` (none: r=0; rep(n): k=1, r=n-1; EC(k,r)) to
     /// this client's page space, placed like the first one. Its pages are
@@ -97,7 +107,6 @@ impl Client {
         pinned: Option<Vec<NodeId>>,
     ) -> Result<RegionInfo, ConnectError> {
         let (split_bytes, pages_per_range) = self.range_geometry(shape)?;
-        let slab_size = pages_per_range * split_bytes as u64;
         let page_count = bytes / self.config.page_bytes as u64;
         if page_count == 0 {
             return Err(ConnectError::EmptyAddressSpace { bytes });
@@ -123,11 +132,36 @@ impl Client {
             })
             .collect();
         let mut ranges = Vec::with_capacity(range_count as usize);
+        let geometry = RangeGeometry { shape, split_bytes, pages_per_range, first_page, first_range };
+        let mapped = self.map_ranges(&geometry, range_count, pinned.as_deref(), &mut loads, &mut ranges);
+        if let Err(error) = mapped {
+            // Release what this region mapped so far: nothing leaks on a failed start.
+            for slab in ranges.iter().flatten() {
+                let SlabRef { node, slab_id } = *slab;
+                let _ = self.control(node, &Control::UnmapSlab { slab_id });
+            }
+            return Err(error);
+        }
+        Ok(self.engine.add_region(shape, page_count, pages_per_range, ranges, true))
+    }
+
+    /// Maps the slabs of `range_count` ranges, pushing each range (and each slab as it is mapped)
+    /// onto `ranges`, so that on an error the caller knows every slab to release.
+    fn map_ranges(
+        &mut self,
+        geometry: &RangeGeometry,
+        range_count: u64,
+        pinned: Option<&[NodeId]>,
+        loads: &mut [NodeLoad],
+        ranges: &mut Vec<Vec<SlabRef>>,
+    ) -> Result<(), ConnectError> {
+        let RangeGeometry { shape, split_bytes, pages_per_range, first_page, first_range } = *geometry;
+        let slab_size = pages_per_range * split_bytes as u64;
         for local_range in 0..range_count {
-            let nodes = match &pinned {
+            let nodes = match pinned {
                 Some(pinned) => vec![pinned[local_range as usize]],
                 None => {
-                    let placed = self.engine.placement_mut().place(&loads, shape.total_splits())?;
+                    let placed = self.engine.placement_mut().place(loads, shape.total_splits())?;
                     if !placed.distinct_domains {
                         tracing::warn!(
                             range = first_range + local_range,
@@ -137,7 +171,7 @@ impl Client {
                     placed.nodes
                 }
             };
-            let mut slabs = Vec::with_capacity(shape.total_splits());
+            ranges.push(Vec::with_capacity(shape.total_splits()));
             for (split, &node) in nodes.iter().enumerate() {
                 let map = Control::MapSlab {
                     split_bytes: split_bytes as u32,
@@ -152,7 +186,7 @@ impl Client {
                 });
                 match reply {
                     Ok(Control::SlabMapped { slab_id, slots }) if u64::from(slots) == pages_per_range => {
-                        slabs.push(SlabRef { node, slab_id });
+                        ranges.last_mut().expect("pushed above").push(SlabRef { node, slab_id });
                     }
                     Ok(Control::SlabMapped { slots, .. }) => {
                         return Err(ConnectError::SlabSizeMismatch {
@@ -162,23 +196,15 @@ impl Client {
                         })
                     }
                     Ok(other) => return Err(connect::unexpected(address, &other)),
-                    Err(error) => {
-                        // Release what this region mapped so far: nothing leaks on a failed start.
-                        for slab in ranges.iter().flatten().chain(slabs.iter()) {
-                            let SlabRef { node, slab_id } = *slab;
-                            let _ = self.control(node, &Control::UnmapSlab { slab_id });
-                        }
-                        return Err(error);
-                    }
+                    Err(error) => return Err(error),
                 }
                 if let Some(load) = loads.iter_mut().find(|load| load.node_index == node) {
                     load.slabs_mapped += 1;
                     load.slabs_free = load.slabs_free.saturating_sub(1);
                 }
             }
-            ranges.push(slabs);
         }
-        Ok(self.engine.add_region(shape, page_count, pages_per_range, ranges, true))
+        Ok(())
     }
 
     /// The node holding split `split` of the range of `page` (where writes of that split go),

@@ -60,6 +60,7 @@ impl TestNode {
             fault_injection,
             resource_monitor: None,
             unix_socket: None,
+            lease_grace: remem_node::leases::DEFAULT_LEASE_GRACE,
         })
         .unwrap();
         let addr = node.local_addr();

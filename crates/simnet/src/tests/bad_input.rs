@@ -34,7 +34,7 @@ fn valid_frames(slab_id: u32) -> Vec<Vec<u8>> {
                 })
                 .collect(),
         },
-        Control::Hello { client_id: 1, client_nonce: [0; 32] },
+        Control::Hello { client_id: 1, client_nonce: [0; 32], session: 0 },
         Control::SlabMapped { slab_id, slots: 4 },
         Control::Error { code: ErrorCode::Internal, message: "x".to_owned() },
     ];

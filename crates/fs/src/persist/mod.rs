@@ -1,0 +1,419 @@
+//! The metadata on local disk, so that a restarted `remem fs` finds its files (docs/FS.md).
+//!
+//! A state directory holds `lock` (flock: one `remem fs` at a time), `slabmap.json` (where the
+//! remem pages live, saved by the caller), `snapshot` (the whole metadata, [`snapshot`]) and
+//! `journal` (every metadata change since the snapshot, [`record`]).
+//!
+//! Fault model: the process may be SIGKILLed at any instruction and the host may crash. Every
+//! metadata change is appended to the journal (one `write(2)`) before the reply that makes it
+//! visible, so a SIGKILL loses nothing a caller saw; `fdatasync` on fsync, fsyncdir, unmount
+//! and every `SYNC_INTERVAL` bounds what a host crash loses. Compaction writes a new snapshot
+//! to a temporary file, fsyncs and renames it, fsyncs the directory, and only then empties the
+//! journal; records are numbered, so a journal left behind by a crash between the two is
+//! recognised (its records are already in the snapshot) and skipped. Everything read back is
+//! input: checked before it is used, and an error (never a panic, never served) when it does
+//! not hold, except a torn last record, which a crash mid-append leaves and which is dropped
+//! and reported.
+
+pub mod codec;
+pub mod record;
+mod replay;
+pub mod snapshot;
+
+#[cfg(test)]
+mod tests;
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::filesystem::FileSystem;
+use crate::namespace::{Creator, FileKind, Namespace};
+use crate::store::PageStore;
+use record::{decode_journal, JournalError, Record, TornTail};
+
+/// How often the journal is fdatasync'ed (and lazily kept times journaled) when idle.
+pub const SYNC_INTERVAL: Duration = Duration::from_secs(1);
+/// A journal larger than this is compacted into a new snapshot.
+pub const COMPACT_AT_BYTES: u64 = 8 << 20;
+
+pub const LOCK_FILE: &str = "lock";
+pub const SLAB_MAP_FILE: &str = "slabmap.json";
+pub const SNAPSHOT_FILE: &str = "snapshot";
+pub const JOURNAL_FILE: &str = "journal";
+
+/// Why the saved metadata cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("state directory {path} is in use by another remem fs (pid {holder}); stop it first")]
+    Locked { path: PathBuf, holder: String },
+    #[error("snapshot {path}: {source}")]
+    Snapshot { path: PathBuf, source: snapshot::SnapshotError },
+    #[error("journal {path}: {source}")]
+    Journal { path: PathBuf, source: JournalError },
+    #[error("journal {path}: record {seq} at byte {offset} cannot be applied: {reason}")]
+    Replay { path: PathBuf, seq: u64, offset: u64, reason: String },
+    #[error(
+        "journal {path}: record at byte {offset} has number {seq}, {expected} expected (records missing)"
+    )]
+    Sequence { path: PathBuf, offset: u64, seq: u64, expected: u64 },
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> PersistError + '_ {
+    move |source| PersistError::Io { path: path.to_owned(), source }
+}
+
+/// A state directory, locked for this process for as long as this value lives.
+pub struct StateDir {
+    path: PathBuf,
+    _lock: File,
+}
+
+impl StateDir {
+    /// Creates (0700) and locks the directory. Errors: I/O, or `Locked` when another process
+    /// holds it.
+    pub fn open(path: &Path) -> Result<StateDir, PersistError> {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path).map_err(io_error(path))?;
+        let lock_path = path.join(LOCK_FILE);
+        let mut lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&lock_path)
+            .map_err(io_error(&lock_path))?;
+        // SAFETY: flock on a descriptor we own; no memory is passed.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let error = std::io::Error::last_os_error();
+            if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                let mut holder = String::new();
+                let _ = lock.read_to_string(&mut holder);
+                let holder = holder.trim().chars().take(20).collect();
+                return Err(PersistError::Locked { path: path.to_owned(), holder });
+            }
+            return Err(PersistError::Io { path: lock_path, source: error });
+        }
+        lock.set_len(0).map_err(io_error(&lock_path))?;
+        let _ = write!(lock, "{}", std::process::id());
+        Ok(StateDir { path: path.to_owned(), _lock: lock })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn slab_map_path(&self) -> PathBuf {
+        self.path.join(SLAB_MAP_FILE)
+    }
+
+    pub fn snapshot_path(&self) -> PathBuf {
+        self.path.join(SNAPSHOT_FILE)
+    }
+
+    pub fn journal_path(&self) -> PathBuf {
+        self.path.join(JOURNAL_FILE)
+    }
+
+    /// Whether a snapshot or a journal is here.
+    pub fn has_metadata(&self) -> bool {
+        self.snapshot_path().exists() || self.journal_path().exists()
+    }
+
+    /// Removes the slab map, the snapshot and the journal (`--fresh`).
+    pub fn clear(&self) -> Result<(), PersistError> {
+        for path in [self.slab_map_path(), self.snapshot_path(), self.journal_path()] {
+            match std::fs::remove_file(&path) {
+                Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(PersistError::Io { path, source: error })
+                }
+                _ => {}
+            }
+        }
+        sync_directory(&self.path)
+    }
+}
+
+fn sync_directory(path: &Path) -> Result<(), PersistError> {
+    File::open(path).and_then(|directory| directory.sync_all()).map_err(io_error(path))
+}
+
+/// Writes `bytes` to `path` atomically and durably: temporary file, fsync, rename, fsync of
+/// the directory.
+pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), PersistError> {
+    let temporary = path.with_extension("tmp");
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&temporary)
+        .map_err(io_error(&temporary))?;
+    file.write_all(bytes).and_then(|()| file.sync_all()).map_err(io_error(&temporary))?;
+    std::fs::rename(&temporary, path).map_err(io_error(path))?;
+    sync_directory(path.parent().unwrap_or(Path::new(".")))
+}
+
+/// The journal being appended to.
+pub struct Journal {
+    file: File,
+    path: PathBuf,
+    snapshot_path: PathBuf,
+    bytes: u64,
+    next_seq: u64,
+    unsynced: bool,
+    last_sync: Instant,
+    buffer: Vec<u8>,
+    /// Set after a failed append: the journal no longer matches memory, so every later
+    /// change is refused (EIO) rather than acknowledged and lost at the next restart.
+    failed: bool,
+    pub compact_at_bytes: u64,
+}
+
+impl Journal {
+    /// Appends records with one `write(2)`: in the page cache, so a SIGKILL keeps them.
+    pub fn append(&mut self, records: &[Record]) -> std::io::Result<()> {
+        if self.failed {
+            return Err(std::io::Error::other("an earlier journal append failed"));
+        }
+        self.buffer.clear();
+        for record in records {
+            record.encode(self.next_seq, &mut self.buffer);
+            self.next_seq += 1;
+        }
+        if let Err(error) = self.file.write_all(&self.buffer) {
+            self.failed = true;
+            return Err(error);
+        }
+        self.bytes += self.buffer.len() as u64;
+        self.unsynced = true;
+        Ok(())
+    }
+
+    /// fdatasync if anything was appended since the last one.
+    pub fn sync(&mut self) -> std::io::Result<()> {
+        self.last_sync = Instant::now();
+        if self.unsynced {
+            self.file.sync_data()?;
+            self.unsynced = false;
+        }
+        Ok(())
+    }
+
+    pub fn sync_due(&self) -> bool {
+        self.unsynced && self.last_sync.elapsed() >= SYNC_INTERVAL
+    }
+
+    pub fn wants_compaction(&self) -> bool {
+        self.bytes >= self.compact_at_bytes && !self.failed
+    }
+
+    /// The number of the last record appended (0: none ever).
+    pub fn last_seq(&self) -> u64 {
+        self.next_seq - 1
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Replaces the snapshot with `snapshot_bytes` (which must include every record appended
+    /// so far), then empties the journal.
+    pub fn compact(&mut self, snapshot_bytes: &[u8]) -> Result<(), PersistError> {
+        write_durably(&self.snapshot_path, snapshot_bytes)?;
+        self.file.set_len(0).and_then(|()| self.file.sync_all()).map_err(io_error(&self.path))?;
+        self.bytes = 0;
+        self.unsynced = false;
+        Ok(())
+    }
+}
+
+/// What opening the saved metadata found.
+#[derive(Debug)]
+pub struct OpenReport {
+    /// Inodes other than the root.
+    pub files: u64,
+    pub records_replayed: u64,
+    pub torn_tail: Option<TornTail>,
+    /// Files that had no name left and were open when the previous process stopped: freed.
+    pub orphans_freed: u64,
+}
+
+fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, PersistError> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(error) => Err(PersistError::Io { path: path.to_owned(), source: error }),
+    }
+}
+
+impl<S: PageStore> FileSystem<S> {
+    /// Opens the file system saved in `state` over `store` (whose slab map the caller reopened),
+    /// or an empty one owned by `owner` when nothing is saved. The state is replayed, files
+    /// that were open but unlinked are freed, every page no file holds is discarded (reads
+    /// as zeros), and a new snapshot is written with the journal emptied.
+    pub fn open_saved(
+        store: S,
+        owner: Creator,
+        state: &StateDir,
+    ) -> Result<(FileSystem<S>, OpenReport), PersistError> {
+        let mut fs = FileSystem::new(store, owner);
+        let snapshot_path = state.snapshot_path();
+        let journal_path = state.journal_path();
+        let mut last_seq = 0;
+        if let Some(bytes) = read_optional(&snapshot_path)? {
+            let restored = snapshot::decode(&bytes, fs.page_bytes, fs.store.page_count())
+                .map_err(|source| PersistError::Snapshot { path: snapshot_path.clone(), source })?;
+            fs.namespace = restored.namespace;
+            fs.allocator = restored.allocator;
+            fs.unwritten = restored.unwritten;
+            last_seq = restored.last_seq;
+        }
+        let mut report = OpenReport { files: 0, records_replayed: 0, torn_tail: None, orphans_freed: 0 };
+        if let Some(bytes) = read_optional(&journal_path)? {
+            let scan = decode_journal(&bytes)
+                .map_err(|source| PersistError::Journal { path: journal_path.clone(), source })?;
+            fs.namespace.keep_orphans = true;
+            let mut expected = None;
+            for (offset, seq, record) in &scan.records {
+                if let Some(expected) = expected {
+                    if *seq != expected {
+                        return Err(PersistError::Sequence {
+                            path: journal_path,
+                            offset: *offset,
+                            seq: *seq,
+                            expected,
+                        });
+                    }
+                }
+                expected = Some(seq + 1);
+                if *seq <= last_seq {
+                    continue; // Already in the snapshot (a crash between snapshot and truncate).
+                }
+                if *seq != last_seq + 1 {
+                    return Err(PersistError::Sequence {
+                        path: journal_path,
+                        offset: *offset,
+                        seq: *seq,
+                        expected: last_seq + 1,
+                    });
+                }
+                fs.apply(record).map_err(|reason| PersistError::Replay {
+                    path: journal_path.clone(),
+                    seq: *seq,
+                    offset: *offset,
+                    reason,
+                })?;
+                last_seq = *seq;
+                report.records_replayed += 1;
+            }
+            fs.namespace.keep_orphans = false;
+            report.torn_tail = scan.torn_tail;
+        }
+        for orphan in fs.namespace.take_orphans() {
+            report.orphans_freed += 1;
+            fs.drop_inode_pages(orphan);
+        }
+        // A restarted client knows no page's version: pages no file holds, and pages mapped
+        // but never written, must read as zeros, not as what they held before.
+        let runs: Vec<(u64, u64)> = fs.allocator.free_runs().chain(fs.unwritten.runs()).collect();
+        for (start, len) in runs {
+            for page in start..start + len {
+                // Only fails for a page outside the address space, which the snapshot checks.
+                let _ = fs.store.discard_page(page);
+            }
+        }
+        report.files = fs.namespace.inode_count() - 1;
+        let journal_file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&journal_path)
+            .map_err(io_error(&journal_path))?;
+        let mut journal = Journal {
+            file: journal_file,
+            path: journal_path,
+            snapshot_path,
+            bytes: 0,
+            next_seq: last_seq + 1,
+            unsynced: false,
+            last_sync: Instant::now(),
+            buffer: Vec::new(),
+            failed: false,
+            compact_at_bytes: COMPACT_AT_BYTES,
+        };
+        journal.compact(&fs.snapshot_bytes(last_seq))?;
+        fs.journal = Some(journal);
+        Ok((fs, report))
+    }
+
+    /// The snapshot of the current metadata, including journal records up to `last_seq`.
+    pub(crate) fn snapshot_bytes(&self, last_seq: u64) -> Vec<u8> {
+        snapshot::encode(last_seq, self.page_bytes, &self.namespace, &self.allocator, &self.unwritten)
+    }
+
+    /// Journals lazily kept times and fdatasyncs the journal (fsync, fsyncdir, unmount).
+    pub fn sync(&mut self) -> std::io::Result<()> {
+        self.flush_times().map_err(|error| std::io::Error::other(error.to_string()))?;
+        match &mut self.journal {
+            Some(journal) => journal.sync(),
+            None => Ok(()),
+        }
+    }
+
+    /// Periodic work between requests: sync when due, compact when the journal is large.
+    pub fn maintain(&mut self) {
+        let Some(journal) = &self.journal else { return };
+        if journal.sync_due()
+            || (!self.dirty_times.is_empty() && journal.last_sync.elapsed() >= SYNC_INTERVAL)
+        {
+            if let Err(error) = self.sync() {
+                tracing::warn!(%error, "cannot sync the metadata journal");
+            }
+        }
+        if self.journal.as_ref().is_some_and(Journal::wants_compaction) {
+            if let Err(error) = self.compact() {
+                tracing::warn!(%error, "cannot compact the metadata journal; will retry");
+            }
+        }
+    }
+
+    /// Writes a new snapshot and empties the journal.
+    pub fn compact(&mut self) -> Result<(), PersistError> {
+        let Some(mut journal) = self.journal.take() else { return Ok(()) };
+        let result = journal.compact(&self.snapshot_bytes(journal.last_seq()));
+        if result.is_ok() {
+            self.dirty_times.clear();
+        }
+        self.journal = Some(journal);
+        result
+    }
+
+    /// The journal, if this file system has one (tests and reports).
+    pub fn journal(&self) -> Option<&Journal> {
+        self.journal.as_ref()
+    }
+
+    /// Files (inodes other than the root) by kind: (files, directories, symlinks).
+    pub fn count_by_kind(&self) -> (u64, u64, u64) {
+        count_by_kind(&self.namespace)
+    }
+}
+
+fn count_by_kind(namespace: &Namespace) -> (u64, u64, u64) {
+    let mut counts = (0, 0, 0);
+    for (_, inode) in namespace.iter() {
+        match inode.attributes.kind {
+            FileKind::File => counts.0 += 1,
+            FileKind::Directory => counts.1 += 1,
+            FileKind::Symlink => counts.2 += 1,
+        }
+    }
+    counts.1 -= 1; // the root
+    counts
+}
