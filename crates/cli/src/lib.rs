@@ -23,6 +23,7 @@ pub mod manpage;
 pub mod memory_hog;
 pub mod metrics;
 pub mod nbd_command;
+pub mod nbd_metrics;
 pub mod node;
 pub mod pattern;
 pub mod placement_arg;

@@ -76,6 +76,34 @@ fn answer(mut stream: TcpStream, render: &impl Fn() -> String) -> std::io::Resul
     stream.write_all(body.as_bytes())
 }
 
+/// Upper bounds of the latency buckets, in seconds: 10 us to 1 s.
+pub const LATENCY_BUCKETS_SECONDS: [f64; 15] =
+    [1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0];
+
+/// A latency histogram over [`LATENCY_BUCKETS_SECONDS`]: fixed size, `observe` allocates nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Histogram {
+    /// Observations per bucket (not cumulative); those above the last bound only in `count`.
+    buckets: [u64; 15],
+    count: u64,
+    sum_seconds: f64,
+}
+
+impl Histogram {
+    pub fn observe(&mut self, latency: std::time::Duration) {
+        let seconds = latency.as_secs_f64();
+        if let Some(bucket) = LATENCY_BUCKETS_SECONDS.iter().position(|&bound| seconds <= bound) {
+            self.buckets[bucket] += 1;
+        }
+        self.count += 1;
+        self.sum_seconds += seconds;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+}
+
 /// Builds the exposition text: `# HELP`, `# TYPE` and one sample per metric.
 #[derive(Default)]
 pub struct Exposition {
@@ -94,6 +122,31 @@ impl Exposition {
     fn metric(&mut self, name: &str, help: &str, kind: &str, value: f64) -> &mut Self {
         use std::fmt::Write as _;
         let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+        self
+    }
+
+    /// One histogram metric with a series per value of `label` (e.g. `op="read"`).
+    pub fn histograms(
+        &mut self,
+        name: &str,
+        help: &str,
+        label: &str,
+        series: &[(&str, &Histogram)],
+    ) -> &mut Self {
+        use std::fmt::Write as _;
+        let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (value, histogram) in series {
+            let mut cumulative = 0;
+            for (bound, count) in LATENCY_BUCKETS_SECONDS.iter().zip(histogram.buckets) {
+                cumulative += count;
+                let _ =
+                    writeln!(self.text, "{name}_bucket{{{label}=\"{value}\",le=\"{bound}\"}} {cumulative}");
+            }
+            let _ =
+                writeln!(self.text, "{name}_bucket{{{label}=\"{value}\",le=\"+Inf\"}} {}", histogram.count);
+            let _ = writeln!(self.text, "{name}_sum{{{label}=\"{value}\"}} {}", histogram.sum_seconds);
+            let _ = writeln!(self.text, "{name}_count{{{label}=\"{value}\"}} {}", histogram.count);
+        }
         self
     }
 

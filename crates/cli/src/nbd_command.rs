@@ -88,6 +88,10 @@ pub struct NbdArgs {
     /// Start an empty export: the slabs of a saved one (`--state`) are unmapped first.
     #[arg(long)]
     pub fresh: bool,
+    /// Serve Prometheus metrics at http://ADDRESS/metrics (e.g. 127.0.0.1:9102): page reads
+    /// and writes, errors, latency histograms, ranges healthy/degraded/rebuilding/lost.
+    #[arg(long, value_name = "ADDRESS")]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// The export's client: the saved one reopened (its pages as they were), or a new one whose map
@@ -213,7 +217,16 @@ pub fn run(args: NbdArgs) -> Result<()> {
         args.code.parity_splits,
         cluster.nodes.len()
     );
-    let store = Mutex::new(WatchedClient::new(client, cluster_path.clone(), &cluster, state_path));
+    let snapshot = Arc::new(Mutex::new(String::new()));
+    if let Some(address) = args.metrics {
+        let served = Arc::clone(&snapshot);
+        let render = move || served.lock().map(|text| text.clone()).unwrap_or_default();
+        let bound = crate::metrics::serve(address, Arc::clone(&stop), render)?;
+        eprintln!("metrics at http://{bound}/metrics");
+    }
+    let mut watched = WatchedClient::new(client, cluster_path.clone(), &cluster, state_path);
+    watched.metrics = args.metrics.map(|_| crate::nbd_metrics::NbdMetrics::new(snapshot));
+    let store = Mutex::new(watched);
     let result = remem_nbd::serve(&listener, &store, &server_config, &stop);
     if let Some(path) = &args.unix {
         let _ = std::fs::remove_file(path);
@@ -272,6 +285,8 @@ struct WatchedClient {
     rebuilds_saved: u64,
     /// The client's region health for `remem status`.
     reporter: crate::client_report::ClientReporter,
+    /// Counted only with `--metrics`.
+    metrics: Option<crate::nbd_metrics::NbdMetrics>,
 }
 
 impl WatchedClient {
@@ -292,6 +307,7 @@ impl WatchedClient {
             state_path,
             rebuilds_saved,
             reporter,
+            metrics: None,
         }
     }
 
@@ -336,7 +352,16 @@ impl remem_nbd::PageStore for WatchedClient {
         ops: &mut [remem_client::PageOp<'_>],
         on_done: &mut dyn FnMut(remem_client::OpDone),
     ) {
-        self.client.execute(ops, on_done)
+        match &mut self.metrics {
+            Some(metrics) => {
+                metrics.start_batch(ops);
+                self.client.execute(ops, &mut |done| {
+                    metrics.op_done(&done);
+                    on_done(done)
+                })
+            }
+            None => self.client.execute(ops, on_done),
+        }
     }
 
     fn discard_page(&mut self, page: u64) -> Result<(), remem_client::PageError> {
@@ -349,5 +374,8 @@ impl remem_nbd::PageStore for WatchedClient {
         self.client.poll_background(Duration::ZERO);
         let client = &self.client;
         self.reporter.publish(|| client.region_health());
+        if let Some(metrics) = &mut self.metrics {
+            metrics.render(client);
+        }
     }
 }

@@ -157,3 +157,66 @@ fn node_and_cache_metrics_pass_promtool_and_a_prometheus_server_scrapes_them() {
         }
     }
 }
+
+/// `remem nbd --metrics`: the page ops an NBD client's copy became, with their latency
+/// histograms and the ranges' health, in a form promtool accepts.
+#[test]
+fn nbd_metrics_count_page_ops_with_latency_histograms() {
+    let dir = kv_support::test_dir("nbd-metrics");
+    let options = remem::launcher::ClusterOptions {
+        lease_grace: None,
+        nodes: 10,
+        capacity_bytes: 16 << 20,
+        slab_size_bytes: 1 << 20,
+        nodes_per_domain: 1,
+        dir: dir.join("cluster"),
+        fault_injection: false,
+        monitor_args: None,
+        unix_sockets: remem::launcher::UnixSockets::None,
+    };
+    let cluster =
+        remem::launcher::LocalCluster::start(kv_support::binary(), &options).expect("cluster starts");
+    let port = free_port();
+    let mut command = Command::new(kv_support::binary());
+    command
+        .args(["nbd", "--cluster"])
+        .arg(&cluster.cluster_file_path)
+        .args(["--size", "8MiB", "--export", "m", "--listen", "127.0.0.1:0"])
+        .args(["--metrics", &format!("127.0.0.1:{port}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = command.spawn().expect("remem nbd starts");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line)
+        .unwrap();
+    let _nbd = Guard(child);
+    let address = line.trim().strip_prefix("listening ").expect("listening line").to_owned();
+    let image = dir.join("image");
+    std::fs::write(&image, vec![0x5a; 4 << 20]).unwrap();
+    let uri = format!("nbd://{address}/m");
+    for (from, to) in [(image.to_str().unwrap(), uri.as_str()), (uri.as_str(), image.to_str().unwrap())] {
+        let status = Command::new("nbdcopy").args([from, to]).status().expect("nbdcopy runs");
+        assert!(status.success());
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = scrape(port);
+        if text.contains("remem_nbd_page_writes_total")
+            && value_of(&text, "remem_nbd_page_reads_total") >= 1024.0
+        {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "the export's metrics never showed the copy:\n{text}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    promtool_accepts(&text);
+    assert!(value_of(&text, "remem_nbd_page_writes_total") >= 1024.0, "{text}");
+    assert_eq!(
+        value_of(&text, "remem_nbd_page_op_seconds_count{op=\"read\"}"),
+        value_of(&text, "remem_nbd_page_reads_total")
+    );
+    assert_eq!(value_of(&text, "remem_nbd_page_read_errors_total"), 0.0);
+    assert_eq!(value_of(&text, "remem_nbd_ranges_healthy"), value_of(&text, "remem_nbd_ranges"));
+    assert!(text.contains("remem_nbd_page_op_seconds_bucket{op=\"write\",le=\"+Inf\"}"), "{text}");
+}
