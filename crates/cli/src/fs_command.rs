@@ -125,13 +125,10 @@ fn open_client(
         if map_path.exists() {
             match SlabMapFile::load(&map_path) {
                 Ok(map) => {
-                    let mut old = config.clone();
-                    old.release_on_drop = true;
-                    match Client::reopen(&map, secret, old) {
-                        Ok(client) => drop(client),
-                        Err(error) => eprintln!(
+                    if let Err(error) = Client::release_saved(&map, secret, config.clone()) {
+                        eprintln!(
                             "warning: cannot reach the saved file system's slabs to unmap them: {error}"
-                        ),
+                        );
                     }
                 }
                 Err(error) => eprintln!("warning: {error}; its slabs are not unmapped"),
@@ -141,9 +138,7 @@ fn open_client(
     } else if map_path.exists() {
         let map = SlabMapFile::load(&map_path)?;
         let shape = &config.shape;
-        if map.address_space_bytes != args.size
-            || (map.data_splits, map.parity_splits) != (shape.data_splits, shape.parity_splits)
-        {
+        if !map.fits(args.size, shape) {
             bail!(
                 "{dir} holds a file system of {} at ({},{}), not {} at ({},{}): pass its --size, -k and -r, \
                  another --state or --name, or --fresh to drop it and start empty",

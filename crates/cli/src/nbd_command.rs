@@ -107,18 +107,13 @@ fn open_export(
     if state_path.exists() {
         let map = SlabMapFile::load(state_path)?;
         if args.fresh {
-            let mut old = config.clone();
-            old.release_on_drop = true;
-            match Client::reopen(&map, secret, old) {
-                Ok(client) => drop(client),
-                Err(error) => tracing::warn!(%error, "cannot reach the saved export to unmap its slabs"),
+            if let Err(error) = Client::release_saved(&map, secret, config.clone()) {
+                tracing::warn!(%error, "cannot reach the saved export to unmap its slabs");
             }
             std::fs::remove_file(state_path).with_context(|| format!("removing {}", state_path.display()))?;
         } else {
             let shape = &config.shape;
-            if map.address_space_bytes != args.size
-                || (map.data_splits, map.parity_splits) != (shape.data_splits, shape.parity_splits)
-            {
+            if !map.fits(args.size, shape) {
                 bail!(
                     "{} holds an export of {} at ({},{}), not {} at ({},{}): pass its --size, -k and -r, \
                      or --fresh to drop it and start empty",

@@ -357,7 +357,7 @@ fn run(seconds: u32, program: &str, args: &[&str]) -> Output {
 fn fill_export(cluster: &LocalCluster, server: &NbdServer) -> (PathBuf, Vec<u8>) {
     let dir = cluster.cluster_file_path.parent().unwrap().to_owned();
     let source = dir.join("source.img");
-    let data = pseudo_random(8 << 20, seed());
+    let data = common::pseudo_random(8 << 20, seed());
     std::fs::write(&source, &data).unwrap();
     let copied = run(60, "nbdcopy", &[source.to_str().unwrap(), &server.uri]);
     assert!(copied.status.success(), "nbdcopy in: {}", String::from_utf8_lossy(&copied.stderr));
@@ -376,19 +376,6 @@ fn check_export(server: &NbdServer, dir: &std::path::Path, data: &[u8], when: &s
     );
     assert!(std::fs::read(&back).unwrap() == data, "the export read back different bytes");
 }
-
-fn pseudo_random(bytes: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed | 1;
-    let mut data = vec![0u8; bytes];
-    for chunk in data.chunks_exact_mut(8) {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        chunk.copy_from_slice(&state.to_le_bytes());
-    }
-    data
-}
-
 /// The same through the NBD front end, which has no idle call of its own: an export nobody uses
 /// for 12 s after two nodes die must have rebuilt their slabs, so that two more deaths still
 /// leave every page readable (no EIO, byte-identical).

@@ -111,19 +111,6 @@ fn slab_counts(cluster: &LocalCluster) -> Vec<(u64, u64, u64, u64)> {
         })
         .collect()
 }
-
-fn pseudo_random(bytes: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed | 1;
-    (0..bytes)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
-}
-
 fn copy(from: &str, to: &str) {
     run_ok(60, "nbdcopy", &[from, to]);
 }
@@ -132,7 +119,7 @@ fn copy(from: &str, to: &str) {
 fn a_sigkilled_clients_slabs_wait_out_the_grace_period_then_are_freed() {
     let dir = test_dir("expiry");
     let cluster = start_cluster(&dir, Some(Duration::from_secs(4)));
-    let data = pseudo_random(4 << 20, 11);
+    let data = common::pseudo_random(4 << 20, 11);
     let source = dir.join("source.img");
     std::fs::write(&source, &data).unwrap();
 
@@ -186,7 +173,7 @@ fn a_sigkilled_clients_slabs_wait_out_the_grace_period_then_are_freed() {
 fn a_second_process_claiming_a_live_clients_slab_map_is_refused() {
     let dir = test_dir("fence");
     let cluster = start_cluster(&dir, None);
-    let data = pseudo_random(2 << 20, 12);
+    let data = common::pseudo_random(2 << 20, 12);
     let source = dir.join("source.img");
     std::fs::write(&source, &data).unwrap();
     let first = Nbd::start(&cluster, &dir, "shared", "16MiB");

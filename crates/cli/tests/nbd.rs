@@ -122,19 +122,6 @@ impl Drop for NbdServer {
         let _ = self.child.wait();
     }
 }
-
-fn pseudo_random(bytes: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed | 1;
-    let mut data = vec![0u8; bytes];
-    for chunk in data.chunks_exact_mut(8) {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        chunk.copy_from_slice(&state.to_le_bytes());
-    }
-    data
-}
-
 #[test]
 fn qemu_io_writes_read_back_through_nbdcopy_and_nbdinfo_ec82() {
     let dir = test_dir("interop");
@@ -187,7 +174,7 @@ fn copy_in_and_out_is_byte_exact_1gib_ec82() {
     let mut server = NbdServer::start(&cluster, &dir, "1GiB", ["8", "2", "1"], None);
     let uri = server.uri();
     let source = dir.join("source.img");
-    let data = pseudo_random(1 << 30, 42);
+    let data = common::pseudo_random(1 << 30, 42);
     std::fs::write(&source, &data).unwrap();
     let started = Instant::now();
     run_ok(240, "nbdcopy", &[source.to_str().unwrap(), &uri]);
@@ -243,7 +230,7 @@ fn ext4_made_used_and_checked_through_the_export() {
     let uri = server.uri();
     let tree = dir.join("tree");
     std::fs::create_dir_all(tree.join("sub")).unwrap();
-    let blob = pseudo_random(3 << 20, 7);
+    let blob = common::pseudo_random(3 << 20, 7);
     std::fs::write(tree.join("blob.bin"), &blob).unwrap();
     std::fs::write(tree.join("sub/hello.txt"), b"hello from remem\n").unwrap();
     let image = dir.join("fs.img");
@@ -424,7 +411,7 @@ fn unix_socket_export_rep2_serves_qemu_io_and_nbdcopy() {
 fn export_survives_a_sigkilled_server_and_fresh_starts_empty_ec82() {
     let dir = test_dir("restart");
     let cluster = start_cluster(&dir);
-    let data = pseudo_random(8 << 20, 7);
+    let data = common::pseudo_random(8 << 20, 7);
     let source = dir.join("source.img");
     std::fs::write(&source, &data).unwrap();
     {

@@ -151,3 +151,17 @@ pub fn spawn_with_first_line(
     let line = receiver.recv_timeout(std::time::Duration::from_secs(30)).unwrap_or_default();
     (child, line)
 }
+
+/// `bytes` of xorshift noise from `seed`: data no codec or page pattern could fake.
+#[allow(dead_code)]
+pub fn pseudo_random(bytes: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    let mut data = vec![0u8; bytes];
+    for chunk in data.chunks_exact_mut(8) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        chunk.copy_from_slice(&state.to_le_bytes());
+    }
+    data
+}

@@ -93,6 +93,13 @@ impl SlabMapFile {
         Ok(())
     }
 
+    /// Whether this map is of an address space of `address_space_bytes` with `shape`'s k and r
+    /// (what a front end asked for must match what it reopens).
+    pub fn fits(&self, address_space_bytes: u64, shape: &Shape) -> bool {
+        self.address_space_bytes == address_space_bytes
+            && (self.data_splits, self.parity_splits) == (shape.data_splits, shape.parity_splits)
+    }
+
     pub fn save(&self, path: &Path) -> Result<(), SlabMapError> {
         let error = |source| SlabMapError::Write { path: path.to_owned(), source };
         let text = serde_json::to_string_pretty(self).expect("slab map serializes");
@@ -128,6 +135,18 @@ impl Client {
     /// Writes the slab map atomically to `path`.
     pub fn save_map(&self, path: &Path) -> Result<(), SlabMapError> {
         self.slab_map().save(path)
+    }
+
+    /// Unmaps every slab of a saved map (a front end's `--fresh`): reopens it as its owner and
+    /// drops it with `release_on_drop`. Errors if the cluster cannot be reached; the slabs then
+    /// go when the nodes' lease grace period ends.
+    pub fn release_saved(
+        map: &SlabMapFile,
+        secret: &Secret,
+        mut config: ClientConfig,
+    ) -> Result<(), ConnectError> {
+        config.release_on_drop = true;
+        Client::reopen(map, secret, config).map(drop)
     }
 
     /// Reconnects to the slabs of a saved map as the same client id (their owner), without
