@@ -18,6 +18,8 @@ packages=(
   python3 util-linux                                                   # jobs, losetup/mkswap/swapon of `remem run`, `remem bench apps` (tests/run.rs)
   iproute2                                                             # ip netns, bridge, veth and tc netem of crates/cli/tests/netns.rs
   groff-base                                                           # groff checks `remem man`'s pages (crates/cli/tests/operations.rs)
+  etcd-server etcd-client protobuf-compiler                            # etcd for membership and slab maps (crates/cli/tests/etcd.rs); protoc builds etcd-client's API
+  redis-server redis-tools                                             # redis-server and redis-benchmark for `remem bench apps`
 )
 
 missing=()
@@ -36,9 +38,13 @@ if ((${#missing[@]})); then
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   # Debian starts memcached as a service on 11211 where an init system runs. The tests and
   # `remem bench kv` start their own on ephemeral ports; a stray daemon would only take memory.
-  # The same for prometheus (and its node exporter): tests start their own.
-  for service in memcached prometheus prometheus-node-exporter; do
-    if [[ " ${missing[*]} " == *" ${service%%-node-exporter} "* ]]; then
+  # The same for prometheus (and its node exporter), etcd and redis: tests start their own.
+  # Each entry is SERVICE:PACKAGE; a service is stopped only when this run installed its package.
+  for entry in memcached:memcached prometheus:prometheus prometheus-node-exporter:prometheus \
+    etcd:etcd-server redis-server:redis-server; do
+    service="${entry%%:*}"
+    package="${entry##*:}"
+    if [[ " ${missing[*]} " == *" $package "* ]]; then
       if [ -d /run/systemd/system ]; then
         $sudo systemctl disable --now "$service.service" >/dev/null 2>&1 || true
       elif command -v service >/dev/null 2>&1; then
