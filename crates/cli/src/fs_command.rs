@@ -5,7 +5,7 @@
 //! system (slab map, snapshot, journal) or connect a new client, optionally lock memory, mount,
 //! print `mounted MOUNTPOINT` as the first stdout line (tests, scripts and `remem swap on` wait
 //! for it), and unmount on a signal. The file system lives in crates/fs; the semantics and the
-//! state directory in docs/FS.md.
+//! state directory in docs/FS.md. Its metrics and region report are in `crate::fs_metrics`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -19,6 +19,7 @@ use remem_client::{Client, ClientConfig, SlabMapFile};
 use remem_fs::{Creator, FileSystem, MountOptions, SavedMapClient, StateDir};
 
 use crate::code_args::CodeArgs;
+use crate::fs_metrics::{FsMetrics, ReportingStore};
 use crate::placement_arg::PlacementArgs;
 use crate::units::{format_bytes, parse_bytes};
 
@@ -73,6 +74,11 @@ pub struct FsArgs {
     /// its slabs back to the nodes when it exits instead of keeping them for a restart.
     #[arg(long)]
     pub ephemeral: bool,
+    /// Serve Prometheus metrics at http://ADDRESS/metrics (e.g. 127.0.0.1:9103): file requests
+    /// and bytes by kind, errors, read/write/fsync latency histograms, page reads and writes,
+    /// decoded reads, and the ranges healthy, degraded, rebuilding and lost (docs/FS.md).
+    #[arg(long, value_name = "ADDRESS")]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// `fs-NAME` for a mount point: its path without the leading `/`, each `/` a `-`, other
@@ -195,6 +201,14 @@ pub fn run(args: FsArgs) -> Result<()> {
     config.release_on_drop = args.ephemeral;
     let state_path = state_path(&args, &cluster_path, &mountpoint)?;
     let state = StateDir::open(&state_path)?;
+    // Bound before the client connects: a busy or bad address fails without touching the nodes.
+    let stop = Arc::new(AtomicBool::new(false));
+    let metrics = args.metrics.map(|_| Arc::new(FsMetrics::default()));
+    if let (Some(address), Some(metrics)) = (args.metrics, &metrics) {
+        let metrics = Arc::clone(metrics);
+        let bound = crate::metrics::serve(address, Arc::clone(&stop), move || metrics.render())?;
+        eprintln!("metrics at http://{bound}/metrics");
+    }
     let (client, reopened) = open_client(&args, &state, config, &cluster, &cluster_path, &secret)?;
     if let Some(value) = args.oom_score_adj {
         // A warning, not an error: lowering the score needs CAP_SYS_RESOURCE, which root in a
@@ -210,7 +224,9 @@ pub fn run(args: FsArgs) -> Result<()> {
 
     // SAFETY: getuid and getgid have no preconditions and cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let (filesystem, report) = FileSystem::open_saved(client, Creator { uid, gid, mode: 0o755 }, &state)
+    let store =
+        ReportingStore::new(client, metrics.clone(), &cluster_path, &mountpoint.display().to_string());
+    let (filesystem, report) = FileSystem::open_saved(store, Creator { uid, gid, mode: 0o755 }, &state)
         .with_context(|| format!("opening the file system saved in {}", state_path.display()))?;
     if let Some(torn) = &report.torn_tail {
         eprintln!(
@@ -225,8 +241,8 @@ pub fn run(args: FsArgs) -> Result<()> {
     if reopened {
         eprintln!("reopened {} files from {} (--fresh to start empty)", report.files, state_path.display());
     }
-    let options = MountOptions { allow_other: args.allow_other, source_name: "remem".to_owned() };
-    let stop = Arc::new(AtomicBool::new(false));
+    let observer = metrics.map(|metrics| metrics as Arc<dyn remem_fs::FileOpObserver>);
+    let options = MountOptions { allow_other: args.allow_other, source_name: "remem".to_owned(), observer };
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
     let mounted = remem_fs::mount(filesystem, &mountpoint, &options)

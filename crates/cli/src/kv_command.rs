@@ -6,7 +6,7 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,6 +81,26 @@ pub struct KvArgs {
     /// A split not answered in this time counts as failed.
     #[arg(long, default_value_t = 2000)]
     pub request_timeout_ms: u64,
+    /// Name of this server's state directory `kv-NAME/` beside the cluster file (several
+    /// servers on one cluster need different names).
+    #[arg(long, default_value = "default")]
+    pub name: String,
+    /// State directory (default: `kv-NAME/` beside the cluster file): the slab map and the backup
+    /// region every acknowledged item is recorded in, so a restarted server (after SIGKILL, a
+    /// crash or a clean stop) serves every item it acknowledged. docs/KV.md "Restarts".
+    #[arg(long, conflicts_with = "ephemeral")]
+    pub state: Option<PathBuf>,
+    /// Drop the saved items and their slabs, and start empty.
+    #[arg(long, conflicts_with = "ephemeral")]
+    pub fresh: bool,
+    /// Keep nothing: no state directory, and the slabs go back to the nodes at exit (a plain
+    /// cache that starts empty, as memcached).
+    #[arg(long)]
+    pub ephemeral: bool,
+    /// Size of the backup region (a sparse file: only records written take memory). Default:
+    /// 2.5 x --memory-limit + 16 MiB, room for every item the limit allows.
+    #[arg(long, value_parser = parse_bytes)]
+    pub backup_size: Option<u64>,
     /// Slab placement: least-loaded, p2c-slab or ec-cache. The CodingSets policies form their
     /// groups for one range width, and the kv's regions have several (1 to k+r).
     #[arg(long, default_value = "least-loaded")]
@@ -145,8 +165,7 @@ pub fn run(args: KvArgs) -> Result<()> {
     let shape = remem_kv::region_shape(Scheme::Ec, ec);
     let mut config = ClientConfig::new(shape, region_bytes);
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
-    let client = Client::connect(&cluster.addresses(), &secret, config, placement)
-        .with_context(|| format!("connecting to the cluster of {}", cluster_path.display()))?;
+    config.release_on_drop = args.ephemeral;
     let cache_config = CacheConfig {
         memory_limit_bytes: args.memory_limit,
         max_item_bytes: args.max_item_size as usize,
@@ -155,7 +174,65 @@ pub fn run(args: KvArgs) -> Result<()> {
         bypass: !args.no_bypass,
         max_background_transitions: 8,
     };
-    let cache = remem_kv::build_cache(client, cache_config, region_bytes).context("creating the regions")?;
+    let state = if args.ephemeral {
+        None
+    } else {
+        let dir = match &args.state {
+            Some(dir) => dir.clone(),
+            None => {
+                let name = &args.name;
+                if name.is_empty() || name.contains('/') || name == "." || name == ".." || name.len() > 200 {
+                    bail!("--name {name:?} must be a plain file name");
+                }
+                cluster_path.parent().unwrap_or(Path::new(".")).join(format!("kv-{}", args.name))
+            }
+        };
+        Some(crate::kv_state::KvState::lock(&dir)?)
+    };
+    if let (Some(state), true) = (&state, args.fresh) {
+        state.drop_saved(&secret, &config)?;
+    }
+    let reopened = match &state {
+        Some(state) => state.reopen(&secret, config.clone(), cache_config.clone())?,
+        None => None,
+    };
+    let cache = match reopened {
+        Some((cache, report)) => {
+            eprintln!(
+                "reopened {}: {} items restored ({} superseded, {} expired, {} refused; {} damaged and \
+                 {} invalid records dropped); --fresh starts empty",
+                state.as_ref().expect("reopened from a state").dir.display(),
+                report.restored,
+                report.superseded,
+                report.expired,
+                report.refused,
+                report.scan.damaged,
+                report.scan.invalid
+            );
+            if report.refused + report.scan.damaged + report.scan.invalid > 0 {
+                tracing::warn!(?report, "the backup region held records that were not restored");
+            }
+            cache
+        }
+        None => {
+            let client = Client::connect(&cluster.addresses(), &secret, config, placement)
+                .with_context(|| format!("connecting to the cluster of {}", cluster_path.display()))?;
+            let mut cache =
+                remem_kv::build_cache(client, cache_config, region_bytes).context("creating the regions")?;
+            if let Some(state) = &state {
+                let bytes =
+                    args.backup_size.unwrap_or(crate::kv_state::default_backup_bytes(args.memory_limit));
+                cache.backup = Some(state.create_backup(bytes)?);
+                let map_path = state.map_path();
+                cache
+                    .client
+                    .client()
+                    .save_map(&map_path)
+                    .with_context(|| format!("saving the slab map to {}", map_path.display()))?;
+            }
+            cache
+        }
+    };
     let limits = remem_memcache::Limits { max_item_bytes: args.max_item_size as usize, ..Default::default() };
     let server_config = ServerConfig {
         listen: Some(args.listen),
@@ -195,6 +272,8 @@ pub fn run(args: KvArgs) -> Result<()> {
     let publish = args.metrics.is_some();
     let mut watch = crate::cluster_watch::ClusterWatch::new(cluster_path.clone(), &cluster);
     let mut reporter = None;
+    let map_path = state.as_ref().map(|state| state.map_path());
+    let mut rebuilds_saved = server.cache.client.client().regeneration_status().done;
     let name = args.listen.to_string();
     server.on_housekeeping = Some(Box::new(move |cache: &mut remem_kv::Cache| {
         let client = cache.client.client();
@@ -206,6 +285,16 @@ pub fn run(args: KvArgs) -> Result<()> {
             let text = remem_kv::report::prometheus(cache);
             if let Ok(mut shared) = snapshot.lock() {
                 *shared = text;
+            }
+        }
+        // The slab map follows rebuilds, so a restart finds the slabs where they are now.
+        if let Some(map_path) = &map_path {
+            let done = cache.client.client().regeneration_status().done;
+            if done != rebuilds_saved {
+                match cache.client.client().save_map(map_path) {
+                    Ok(()) => rebuilds_saved = done,
+                    Err(error) => tracing::warn!(%error, "cannot save the slab map after a rebuild"),
+                }
             }
         }
         for node in watch.new_nodes() {

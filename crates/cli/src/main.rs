@@ -104,10 +104,11 @@ enum BenchCommand {
     /// (ratios to memcached), naive vs EOR transitions to EC(8,2), and reads racing a write with
     /// and without the work table's bypassing. Starts its own cluster and servers.
     Kv(remem::kv_bench::KvBenchArgs),
-    /// An unmodified application (PageRank in python3 on a generated power-law graph) with
-    /// 100%, 75% and 50% of its measured peak memory local and the rest in swap on remem EC(8,2)
-    /// or in a swap file on the local disk: time as throughput ratios to the all-in-memory run.
-    /// Needs root and no swap on; --quick for a small run.
+    /// Unmodified applications (PageRank, sqlite, memcached ETC/SYS, redis) with 100%, 75% and
+    /// 50% of their measured peak memory local and the rest in swap on remem EC(8,2), remem
+    /// rep(2) or a swap file on the local disk, and with a memory node SIGKILLed mid-run:
+    /// throughput and p50/p99 as ratios to the all-in-memory run, every run verified. Needs
+    /// root and no swap on; --quick for a small run (docs/APPS.md).
     Apps(remem::apps_bench::AppsBenchArgs),
 }
 

@@ -102,6 +102,12 @@ impl Histogram {
     pub fn count(&self) -> u64 {
         self.count
     }
+
+    /// A histogram from counts kept elsewhere (e.g. in atomics): `buckets` per bucket, not
+    /// cumulative, as [`Histogram::observe`] keeps them.
+    pub fn from_counts(buckets: [u64; 15], count: u64, sum_seconds: f64) -> Histogram {
+        Histogram { buckets, count, sum_seconds }
+    }
 }
 
 /// Builds the exposition text: `# HELP`, `# TYPE` and one sample per metric.
@@ -122,6 +128,16 @@ impl Exposition {
     fn metric(&mut self, name: &str, help: &str, kind: &str, value: f64) -> &mut Self {
         use std::fmt::Write as _;
         let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+        self
+    }
+
+    /// One counter metric with a sample per value of `label` (e.g. `op="read"`).
+    pub fn counters(&mut self, name: &str, help: &str, label: &str, series: &[(&str, f64)]) -> &mut Self {
+        use std::fmt::Write as _;
+        let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (value, count) in series {
+            let _ = writeln!(self.text, "{name}{{{label}=\"{value}\"}} {count}");
+        }
         self
     }
 

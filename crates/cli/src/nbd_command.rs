@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::code_args::CodeArgs;
+use crate::etcd_cluster::{ExportHome, FileHome};
 use crate::placement_arg::PlacementArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -25,8 +26,15 @@ use crate::units::{format_bytes, parse_bytes};
 #[derive(Args, Debug)]
 pub struct NbdArgs {
     /// Cluster file written by `remem up` (default: the `remem up` default directory).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "etcd")]
     pub cluster: Option<PathBuf>,
+    /// etcd (`--etcd`, `--etcd-prefix`) instead of a cluster file: the nodes registered there,
+    /// the slab map kept there under the export's name (docs/ETCD.md).
+    #[command(flatten)]
+    pub etcd: crate::etcd_cluster::EtcdArgs,
+    /// File holding the cluster secret, with --etcd (a cluster file names its own).
+    #[arg(long, requires = "etcd")]
+    pub secret_file: Option<PathBuf>,
     /// Size of the export (a multiple of 4 KiB). The whole address space is mapped on the
     /// nodes at start: (k+r)/k times this size of node memory.
     #[arg(long, value_parser = parse_bytes)]
@@ -82,8 +90,9 @@ pub struct NbdArgs {
     /// Where the export's slab map is kept, so a restarted `remem nbd` (after a crash, SIGKILL
     /// or a clean stop) reopens the same pages instead of an empty export (default:
     /// `nbd-EXPORT.slabmap` beside the cluster file). The export's slabs stay on the nodes
-    /// after it stops; `--fresh` gives them back and starts empty.
-    #[arg(long)]
+    /// after it stops; `--fresh` gives them back and starts empty. With --etcd the map is kept
+    /// in etcd instead.
+    #[arg(long, conflicts_with = "etcd")]
     pub state: Option<PathBuf>,
     /// Start an empty export: the slabs of a saved one (`--state`) are unmapped first.
     #[arg(long)]
@@ -145,17 +154,42 @@ pub fn run(args: NbdArgs) -> Result<()> {
         bail!("--size {} is not a positive multiple of 4096 bytes", args.size);
     }
     let shape = args.code.shape()?;
-    let (cluster_path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
     let mut config = ClientConfig::new(shape, args.size);
     config.max_in_flight = args.queue_depth.max(1);
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
     // The slabs outlive the process: a restart reopens them (the state file names them).
     config.release_on_drop = false;
-    let state_path = args.state.clone().unwrap_or_else(|| {
-        let directory = cluster_path.parent().map(Path::to_path_buf).unwrap_or_default();
-        directory.join(format!("nbd-{}.slabmap", args.export))
-    });
-    let client = open_export(&args, &cluster, &cluster_path, &secret, config, &state_path)?;
+    // The report for `remem status` goes beside a cluster file, named after the state file.
+    type Opened = (Client, Box<dyn ExportHome>, Option<(PathBuf, String)>);
+    let (client, home, report_to): Opened = match args.etcd.connect()? {
+        Some(etcd) => {
+            let secret = remem_client::Secret::load(args.secret_file.as_deref())
+                .context("loading the cluster secret")?;
+            let request = crate::etcd_cluster::EtcdExportRequest {
+                etcd,
+                export: &args.export,
+                secret: &secret,
+                config,
+                fresh: args.fresh,
+                placement: args.placement.build(rand::random()),
+            };
+            let (client, home) = crate::etcd_cluster::open_export(request)?;
+            eprintln!("export {:?} kept in {}", args.export, home.describe());
+            (client, Box::new(home), None)
+        }
+        None => {
+            let (cluster_path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
+            let state_path = args.state.clone().unwrap_or_else(|| {
+                let directory = cluster_path.parent().map(Path::to_path_buf).unwrap_or_default();
+                directory.join(format!("nbd-{}.slabmap", args.export))
+            });
+            let client = open_export(&args, &cluster, &cluster_path, &secret, config, &state_path)?;
+            let watch = crate::cluster_watch::ClusterWatch::new(cluster_path.clone(), &cluster);
+            let report_name =
+                state_path.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
+            (client, Box::new(FileHome { watch, state_path }), Some((cluster_path, report_name)))
+        }
+    };
     let page_bytes = client.page_bytes() as u32;
 
     if let Some(value) = args.oom_score_adj {
@@ -210,7 +244,7 @@ pub fn run(args: NbdArgs) -> Result<()> {
         format_bytes(args.size),
         args.code.data_splits,
         args.code.parity_splits,
-        cluster.nodes.len()
+        client.slab_map().nodes.len()
     );
     let snapshot = Arc::new(Mutex::new(String::new()));
     if let Some(address) = args.metrics {
@@ -219,14 +253,18 @@ pub fn run(args: NbdArgs) -> Result<()> {
         let bound = crate::metrics::serve(address, Arc::clone(&stop), render)?;
         eprintln!("metrics at http://{bound}/metrics");
     }
-    let mut watched = WatchedClient::new(client, cluster_path.clone(), &cluster, state_path);
+    let mut watched = WatchedClient::new(client, report_to, home, Arc::clone(&stop));
     watched.metrics = args.metrics.map(|_| crate::nbd_metrics::NbdMetrics::new(snapshot));
     let store = Mutex::new(watched);
     let result = remem_nbd::serve(&listener, &store, &server_config, &stop);
     if let Some(path) = &args.unix {
         let _ = std::fs::remove_file(path);
     }
-    result.context("serving NBD")
+    result.context("serving NBD")?;
+    match store.lock().ok().and_then(|store| store.home.fenced()) {
+        Some(reason) => bail!("stopped: {reason}"),
+        None => Ok(()),
+    }
 }
 
 fn parse_mode(text: &str) -> Result<u32, String> {
@@ -274,12 +312,14 @@ fn bind_unix(path: &std::path::Path, mode: u32, group: Option<&str>) -> Result<U
 /// server's background work, at most once a second.
 struct WatchedClient {
     client: Client,
-    watch: crate::cluster_watch::ClusterWatch,
-    /// Where the slab map is saved, and how many rebuilds it reflects.
-    state_path: PathBuf,
+    /// Where the nodes come from and the slab map goes (cluster file or etcd).
+    home: Box<dyn ExportHome>,
+    /// How many rebuilds the saved slab map reflects.
     rebuilds_saved: u64,
-    /// The client's region health for `remem status`.
-    reporter: crate::client_report::ClientReporter,
+    /// Raised when `home` says another process owns the export now.
+    stop: Arc<AtomicBool>,
+    /// The client's region health for `remem status`, beside a cluster file.
+    reporter: Option<crate::client_report::ClientReporter>,
     /// Counted only with `--metrics`.
     metrics: Option<crate::nbd_metrics::NbdMetrics>,
 }
@@ -287,30 +327,22 @@ struct WatchedClient {
 impl WatchedClient {
     fn new(
         client: Client,
-        cluster_path: PathBuf,
-        cluster: &ClusterFile,
-        state_path: PathBuf,
+        report_to: Option<(PathBuf, String)>,
+        home: Box<dyn ExportHome>,
+        stop: Arc<AtomicBool>,
     ) -> WatchedClient {
         let rebuilds_saved = client.regeneration_status().done;
-        let export =
-            state_path.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
-        let reporter =
-            crate::client_report::ClientReporter::new(&cluster_path, "nbd", &export, client.client_id());
-        WatchedClient {
-            client,
-            watch: crate::cluster_watch::ClusterWatch::new(cluster_path, cluster),
-            state_path,
-            rebuilds_saved,
-            reporter,
-            metrics: None,
-        }
+        let reporter = report_to.map(|(cluster_path, name)| {
+            crate::client_report::ClientReporter::new(&cluster_path, "nbd", &name, client.client_id())
+        });
+        WatchedClient { client, home, rebuilds_saved, stop, reporter, metrics: None }
     }
 
     /// A rebuild moved slabs: save the map again, so a restart finds them where they are now.
     fn save_map_after_rebuilds(&mut self) {
         let done = self.client.regeneration_status().done;
         if done != self.rebuilds_saved {
-            match self.client.save_map(&self.state_path) {
+            match self.home.save_map(&self.client.slab_map()) {
                 Ok(()) => self.rebuilds_saved = done,
                 Err(error) => tracing::warn!(%error, "cannot save the slab map after a rebuild"),
             }
@@ -318,11 +350,11 @@ impl WatchedClient {
     }
 
     fn follow_cluster_file(&mut self) {
-        for node in self.watch.new_nodes() {
+        for node in self.home.new_nodes() {
             let address = node.address;
             match self.client.apply(&remem_client::MembershipChange::Added(node)) {
                 Ok(()) => {
-                    self.watch.joined(address);
+                    self.home.joined(address);
                     eprintln!("node {address} joined the export's client");
                 }
                 Err(error) => {
@@ -364,11 +396,19 @@ impl remem_nbd::PageStore for WatchedClient {
     }
 
     fn background(&mut self) {
+        if let Some(reason) = self.home.fenced() {
+            if !self.stop.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                eprintln!("fenced: {reason}; stopping");
+            }
+            return;
+        }
         self.follow_cluster_file();
         self.save_map_after_rebuilds();
         self.client.poll_background(Duration::ZERO);
         let client = &self.client;
-        self.reporter.publish(|| client.region_health());
+        if let Some(reporter) = &mut self.reporter {
+            reporter.publish(|| client.region_health());
+        }
         if let Some(metrics) = &mut self.metrics {
             metrics.render(client);
         }

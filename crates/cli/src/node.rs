@@ -85,6 +85,8 @@ pub struct NodeArgs {
     /// MemTotal), or with --no-monitor more than 80% of what it has available.
     #[arg(long)]
     pub force: bool,
+    #[command(flatten)]
+    pub etcd: crate::etcd_cluster::EtcdArgs,
 }
 
 impl NodeArgs {
@@ -123,6 +125,8 @@ pub fn run(args: NodeArgs) -> Result<()> {
         monitor.validate().map_err(|message| anyhow::anyhow!("resource monitor: {message}"))?;
     }
     let secret = Secret::load(args.secret_file.as_deref()).context("loading the cluster secret")?;
+    let etcd = args.etcd.connect()?;
+    let unix_socket = args.unix.clone();
     let config = NodeConfig {
         listen: args.listen,
         capacity_bytes: args.capacity,
@@ -137,6 +141,13 @@ pub fn run(args: NodeArgs) -> Result<()> {
         lease_grace: args.lease_grace,
     };
     let node = Node::bind(config).with_context(|| format!("binding {}", args.listen))?;
+    // Registered while it serves; dropped after `run`, which revokes the lease.
+    let _registration = match &etcd {
+        Some(etcd) => {
+            Some(crate::etcd_cluster::register_node(etcd, node.handle(), node.local_addr(), unix_socket)?)
+        }
+        None => None,
+    };
     let shutdown = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&shutdown))?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&shutdown))?;

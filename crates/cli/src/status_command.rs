@@ -19,8 +19,11 @@ use crate::units::format_bytes;
 #[derive(Args, Debug)]
 pub struct StatusArgs {
     /// Cluster file (default: the `remem up` default directory's).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "etcd")]
     pub cluster: Option<PathBuf>,
+    /// List the nodes registered in etcd (`--etcd URLS`), as each last wrote its record.
+    #[command(flatten)]
+    pub etcd: crate::etcd_cluster::EtcdArgs,
     /// Print one JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -70,6 +73,9 @@ pub struct ClusterStatus {
 }
 
 pub fn collect(args: &StatusArgs) -> Result<ClusterStatus> {
+    if let Some(etcd) = args.etcd.connect()? {
+        return crate::etcd_cluster::status(&etcd);
+    }
     let (path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
     let timeout = Duration::from_millis(args.timeout_ms);
     let mut nodes = Vec::new();

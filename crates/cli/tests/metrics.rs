@@ -220,3 +220,140 @@ fn nbd_metrics_count_page_ops_with_latency_histograms() {
     assert_eq!(value_of(&text, "remem_nbd_ranges_healthy"), value_of(&text, "remem_nbd_ranges"));
     assert!(text.contains("remem_nbd_page_op_seconds_bucket{op=\"write\",le=\"+Inf\"}"), "{text}");
 }
+
+/// A `remem fs` mount, unmounted and stopped on drop: SIGTERM by PID, then a lazy
+/// `fusermount3 -u -z` in case the process could not unmount.
+struct FsGuard {
+    child: Child,
+    mountpoint: std::path::PathBuf,
+}
+
+impl Drop for FsGuard {
+    fn drop(&mut self) {
+        // SAFETY: kill with the PID of a child this test spawned and has not reaped.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(8);
+        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&self.mountpoint).status();
+    }
+}
+
+/// `remem fs --metrics`: file requests by kind with bytes, errors and latency histograms, the
+/// page ops they became, and the ranges' health, in a form promtool accepts; and `remem status`
+/// shows the file system's own region report.
+#[test]
+fn fs_metrics_count_file_ops_and_status_shows_its_regions() {
+    use std::os::unix::fs::OpenOptionsExt;
+    assert!(std::path::Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test needs FUSE");
+    let dir = kv_support::test_dir("fs-metrics");
+    let options = remem::launcher::ClusterOptions {
+        lease_grace: None,
+        nodes: 10,
+        capacity_bytes: 16 << 20,
+        slab_size_bytes: 1 << 20,
+        nodes_per_domain: 1,
+        dir: dir.join("cluster"),
+        fault_injection: false,
+        monitor_args: None,
+        unix_sockets: remem::launcher::UnixSockets::None,
+    };
+    let cluster =
+        remem::launcher::LocalCluster::start(kv_support::binary(), &options).expect("cluster starts");
+    let mountpoint = dir.join("mnt");
+    std::fs::create_dir_all(&mountpoint).expect("mount point");
+    let port = free_port();
+    let mut child = Command::new(kv_support::binary())
+        .arg("fs")
+        .arg(&mountpoint)
+        .arg("--cluster")
+        .arg(&cluster.cluster_file_path)
+        .args(["--size", "8MiB", "-k", "8", "-r", "2", "--fresh"])
+        .args(["--metrics", &format!("127.0.0.1:{port}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("remem fs starts");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let fs = FsGuard { child, mountpoint: mountpoint.clone() };
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("first line");
+    assert!(line.starts_with("mounted "), "remem fs did not mount: {line:?}");
+
+    let data: Vec<u8> =
+        (0..1u32 << 20).map(|index| (index.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    let file_path = mountpoint.join("data");
+    let mut file = std::fs::File::create(&file_path).expect("create");
+    file.write_all(&data).expect("write 1 MiB");
+    file.sync_all().expect("fsync");
+    drop(file);
+    // O_DIRECT: the reads reach the file system instead of the kernel's page cache.
+    let mut direct =
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&file_path).expect("open");
+    let layout = std::alloc::Layout::from_size_align(1 << 20, 4096).expect("layout");
+    // SAFETY: the layout has a non-zero size; the buffer is freed below with the same layout.
+    let buffer = unsafe { std::alloc::alloc_zeroed(layout) };
+    assert!(!buffer.is_null(), "allocation");
+    // SAFETY: `buffer` is 1 MiB, valid and zeroed, and owned by this test until dealloc.
+    let slice = unsafe { std::slice::from_raw_parts_mut(buffer, 1 << 20) };
+    direct.read_exact(slice).expect("O_DIRECT read");
+    let equal = slice == &data[..];
+    // SAFETY: allocated above with this layout, not used after.
+    unsafe { std::alloc::dealloc(buffer, layout) };
+    assert!(equal, "the file read back wrong");
+    // Closed before the unmount below: a file still open holds the mount (and the report) up.
+    drop(direct);
+    std::fs::rename(&file_path, mountpoint.join("renamed")).expect("rename");
+    assert!(std::fs::metadata(mountpoint.join("missing")).is_err(), "a lookup that fails");
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let text = loop {
+        let text = scrape(port);
+        // The range gauges come from the healer, about once a second.
+        if text.contains("remem_fs_ranges ") && value_of(&text, "remem_fs_ranges") > 0.0 {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "the file system's metrics never showed its ranges:\n{text}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    promtool_accepts(&text);
+    assert_eq!(value_of(&text, "remem_fs_bytes_total{op=\"write\"}"), (1 << 20) as f64, "{text}");
+    assert!(value_of(&text, "remem_fs_bytes_total{op=\"read\"}") >= (1 << 20) as f64, "{text}");
+    assert!(value_of(&text, "remem_fs_ops_total{op=\"create\"}") >= 1.0, "{text}");
+    assert!(value_of(&text, "remem_fs_ops_total{op=\"fsync\"}") >= 1.0, "{text}");
+    assert!(value_of(&text, "remem_fs_ops_total{op=\"rename\"}") >= 1.0, "{text}");
+    assert!(value_of(&text, "remem_fs_op_errors_total{op=\"lookup\"}") >= 1.0, "{text}");
+    assert_eq!(value_of(&text, "remem_fs_op_errors_total{op=\"write\"}"), 0.0);
+    assert_eq!(
+        value_of(&text, "remem_fs_op_seconds_count{op=\"write\"}"),
+        value_of(&text, "remem_fs_ops_total{op=\"write\"}")
+    );
+    assert!(value_of(&text, "remem_fs_page_writes_total") >= 256.0, "1 MiB is 256 pages: {text}");
+    assert!(value_of(&text, "remem_fs_page_reads_total") >= 256.0, "{text}");
+    assert_eq!(value_of(&text, "remem_fs_page_read_errors_total"), 0.0);
+    assert_eq!(value_of(&text, "remem_fs_ranges_healthy"), value_of(&text, "remem_fs_ranges"));
+    assert_eq!(value_of(&text, "remem_fs_ranges_lost"), 0.0);
+
+    // `remem status` shows the file system's client and its region, from its own report.
+    let output = Command::new(kv_support::binary())
+        .args(["status", "--timeout-ms", "2000", "--cluster"])
+        .arg(&cluster.cluster_file_path)
+        .output()
+        .expect("remem status runs");
+    let status = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{status}{}", String::from_utf8_lossy(&output.stderr));
+    let mount_name = mountpoint.canonicalize().expect("mount point").display().to_string();
+    assert!(status.contains(&format!("  fs {mount_name} (pid {}", fs.child.id())), "{status}");
+    assert!(status.contains("    region 0 EC(8,2): 1 ranges, 1 healthy, 0 degraded"), "{status}");
+    drop(fs);
+    let reports = dir.join("cluster").join("clients");
+    let left: Vec<_> =
+        std::fs::read_dir(&reports).map(|entries| entries.flatten().collect()).unwrap_or_default();
+    assert!(left.is_empty(), "a cleanly stopped file system removes its report: {left:?}");
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -27,7 +27,7 @@ mod status;
 pub use crate::core::Shape;
 pub use crate::driver::{
     query_node, Client, ClientConfig, MembershipChange, MemoryReport, NodeAddress, PageOp, PollClient,
-    SlabMapError, SlabMapFile,
+    RegionMap, SlabMapError, SlabMapFile,
 };
 pub use crate::engine::{
     BesideError, NodeId, NodeStats, OpDone, Range, RegenerationStatus, RegionInfo, SlabRef, Submit,

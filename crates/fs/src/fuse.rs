@@ -8,11 +8,14 @@
 //!
 //! One lock holds the whole file system: fuser runs one request at a time on its thread, and the
 //! healer thread takes the lock between requests for the client's background work.
+//!
+//! With an observer (`crate::observe`) each answered request is reported once, after its work
+//! and before its reply; without one the clock is not read.
 
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
@@ -23,6 +26,7 @@ use fuser::{
 use crate::error::FsError;
 use crate::filesystem::{FileSystem, SetAttributes};
 use crate::namespace::{Attributes, Creator, FileKind};
+use crate::observe::{FileOp, FileOpObserver};
 use crate::store::PageStore;
 
 /// How long the kernel may cache attributes and names. Every change goes through this process,
@@ -33,6 +37,7 @@ pub const MAX_WRITE_BYTES: u32 = 1 << 20;
 
 pub struct Fuse<S: PageStore> {
     pub(crate) inner: Arc<Mutex<FileSystem<S>>>,
+    pub(crate) observer: Option<Arc<dyn FileOpObserver>>,
 }
 
 fn errno(error: &FsError) -> Errno {
@@ -100,6 +105,18 @@ impl<S: PageStore> Fuse<S> {
         self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// When a request began, if anyone is told of it.
+    fn start(&self) -> Option<Instant> {
+        self.observer.as_ref().map(|_| Instant::now())
+    }
+
+    /// Reports a request begun at `started` (see [`Fuse::start`]).
+    fn done(&self, op: FileOp, started: Option<Instant>, bytes: u64, failed: bool) {
+        if let (Some(observer), Some(started)) = (&self.observer, started) {
+            observer.file_op(op, bytes, started.elapsed(), failed);
+        }
+    }
+
     fn reply_entry(&self, result: Result<Attributes, FsError>, page_bytes: usize, reply: ReplyEntry) {
         match result {
             Ok(attributes) => reply.entry(&TTL, &file_attr(&attributes, page_bytes), Generation(0)),
@@ -142,13 +159,19 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
     }
 
     fn lookup(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let started = self.start();
         let fs = self.lock();
-        self.reply_entry(fs.lookup(parent.0, name), fs.page_bytes(), reply);
+        let result = fs.lookup(parent.0, name);
+        self.done(FileOp::Lookup, started, 0, result.is_err());
+        self.reply_entry(result, fs.page_bytes(), reply);
     }
 
     fn getattr(&self, _request: &Request, inode: INodeNo, _handle: Option<FileHandle>, reply: ReplyAttr) {
+        let started = self.start();
         let fs = self.lock();
-        match fs.getattr(inode.0) {
+        let result = fs.getattr(inode.0);
+        self.done(FileOp::Getattr, started, 0, result.is_err());
+        match result {
             Ok(attributes) => reply.attr(&TTL, &file_attr(&attributes, fs.page_bytes())),
             Err(error) => reply.error(errno(&error)),
         }
@@ -172,6 +195,7 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let started = self.start();
         let changes = SetAttributes {
             mode: mode.map(|mode| (mode & 0o7777) as u16),
             uid,
@@ -181,15 +205,20 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
             mtime: mtime.map(time),
         };
         let mut fs = self.lock();
-        match fs.setattr(inode.0, changes) {
+        let result = fs.setattr(inode.0, changes);
+        self.done(FileOp::Setattr, started, 0, result.is_err());
+        match result {
             Ok(attributes) => reply.attr(&TTL, &file_attr(&attributes, fs.page_bytes())),
             Err(error) => reply.error(errno(&error)),
         }
     }
 
     fn readlink(&self, _request: &Request, inode: INodeNo, reply: ReplyData) {
+        let started = self.start();
         let fs = self.lock();
-        match fs.readlink(inode.0) {
+        let result = fs.readlink(inode.0);
+        self.done(FileOp::Readlink, started, 0, result.is_err());
+        match result {
             Ok(target) => reply.data(target.as_encoded_bytes()),
             Err(error) => reply.error(errno(&error)),
         }
@@ -205,12 +234,15 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
+        let started = self.start();
         if mode & libc::S_IFMT != libc::S_IFREG {
+            self.done(FileOp::Create, started, 0, true);
             reply.error(Errno::from_i32(libc::EPERM));
             return;
         }
         let mut fs = self.lock();
         let result = fs.create_file(parent.0, name, creator(request, mode, umask));
+        self.done(FileOp::Create, started, 0, result.is_err());
         self.reply_entry(result, fs.page_bytes(), reply);
     }
 
@@ -223,17 +255,25 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        let started = self.start();
         let mut fs = self.lock();
         let result = fs.mkdir(parent.0, name, creator(request, mode, umask));
+        self.done(FileOp::Mkdir, started, 0, result.is_err());
         self.reply_entry(result, fs.page_bytes(), reply);
     }
 
     fn unlink(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(self.lock().unlink(parent.0, name), reply);
+        let started = self.start();
+        let result = self.lock().unlink(parent.0, name);
+        self.done(FileOp::Unlink, started, 0, result.is_err());
+        empty(result, reply);
     }
 
     fn rmdir(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(self.lock().rmdir(parent.0, name), reply);
+        let started = self.start();
+        let result = self.lock().rmdir(parent.0, name);
+        self.done(FileOp::Rmdir, started, 0, result.is_err());
+        empty(result, reply);
     }
 
     fn symlink(
@@ -244,8 +284,10 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        let started = self.start();
         let mut fs = self.lock();
         let result = fs.symlink(parent.0, link_name, target.as_os_str(), creator(request, 0o777, 0));
+        self.done(FileOp::Symlink, started, 0, result.is_err());
         self.reply_entry(result, fs.page_bytes(), reply);
     }
 
@@ -259,17 +301,20 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        if flags.contains(RenameFlags::RENAME_WHITEOUT) || !RenameFlags::all().contains(flags) {
-            reply.error(Errno::from_i32(libc::EINVAL));
-            return;
-        }
+        let started = self.start();
         let no_replace = flags.contains(RenameFlags::RENAME_NOREPLACE);
         let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
-        if no_replace && exchange {
+        if flags.contains(RenameFlags::RENAME_WHITEOUT)
+            || !RenameFlags::all().contains(flags)
+            || (no_replace && exchange)
+        {
+            self.done(FileOp::Rename, started, 0, true);
             reply.error(Errno::from_i32(libc::EINVAL));
             return;
         }
-        empty(self.lock().rename(parent.0, name, new_parent.0, new_name, no_replace, exchange), reply);
+        let result = self.lock().rename(parent.0, name, new_parent.0, new_name, no_replace, exchange);
+        self.done(FileOp::Rename, started, 0, result.is_err());
+        empty(result, reply);
     }
 
     fn link(
@@ -280,21 +325,31 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         new_name: &OsStr,
         reply: ReplyEntry,
     ) {
+        let started = self.start();
         let mut fs = self.lock();
         let result = fs.link(inode.0, new_parent.0, new_name);
+        self.done(FileOp::Link, started, 0, result.is_err());
         self.reply_entry(result, fs.page_bytes(), reply);
     }
 
     fn open(&self, _request: &Request, inode: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let started = self.start();
         let opened = self.lock().open(inode.0);
         match opened {
-            Ok(FileKind::File) => reply.opened(FileHandle(inode.0), open_flags(flags.0)),
+            Ok(FileKind::File) => {
+                self.done(FileOp::Open, started, 0, false);
+                reply.opened(FileHandle(inode.0), open_flags(flags.0))
+            }
             Ok(_) => {
                 // Not a regular file: undo the handle count.
                 let _ = self.lock().release(inode.0);
+                self.done(FileOp::Open, started, 0, true);
                 reply.error(Errno::from_i32(libc::EISDIR));
             }
-            Err(error) => reply.error(errno(&error)),
+            Err(error) => {
+                self.done(FileOp::Open, started, 0, true);
+                reply.error(errno(&error))
+            }
         }
     }
 
@@ -309,10 +364,17 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let started = self.start();
         let mut fs = self.lock();
         match fs.read(inode.0, offset, size as usize) {
-            Ok(bytes) => reply.data(bytes),
-            Err(error) => reply.error(errno(&error)),
+            Ok(bytes) => {
+                self.done(FileOp::Read, started, bytes.len() as u64, false);
+                reply.data(bytes)
+            }
+            Err(error) => {
+                self.done(FileOp::Read, started, 0, true);
+                reply.error(errno(&error))
+            }
         }
     }
 
@@ -328,7 +390,11 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.lock().write(inode.0, offset, data) {
+        let started = self.start();
+        let result = self.lock().write(inode.0, offset, data);
+        let written = result.as_ref().map_or(0, |&written| u64::from(written));
+        self.done(FileOp::Write, started, written, result.is_err());
+        match result {
             Ok(written) => reply.written(written),
             Err(error) => reply.error(errno(&error)),
         }
@@ -355,7 +421,10 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        empty(self.lock().release(inode.0), reply);
+        let started = self.start();
+        let result = self.lock().release(inode.0);
+        self.done(FileOp::Release, started, 0, result.is_err());
+        empty(result, reply);
     }
 
     /// Data is on the nodes when a write returns (docs/FS.md, SEMANTICS); what fsync adds is
@@ -368,7 +437,10 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        sync_reply(self.lock().sync(), reply);
+        let started = self.start();
+        let result = self.lock().sync();
+        self.done(FileOp::Fsync, started, 0, result.is_err());
+        sync_reply(result, reply);
     }
 
     fn readdir(
@@ -379,10 +451,12 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let started = self.start();
         let fs = self.lock();
         let result = fs.readdir(inode.0, offset, |entry, cookie, kind, name| {
             reply.add(INodeNo(entry), cookie, file_type(kind), name)
         });
+        self.done(FileOp::Readdir, started, 0, result.is_err());
         match result {
             Ok(()) => reply.ok(),
             Err(error) => reply.error(errno(&error)),
@@ -397,12 +471,17 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        sync_reply(self.lock().sync(), reply);
+        let started = self.start();
+        let result = self.lock().sync();
+        self.done(FileOp::Fsync, started, 0, result.is_err());
+        sync_reply(result, reply);
     }
 
     fn statfs(&self, _request: &Request, _inode: INodeNo, reply: ReplyStatfs) {
+        let started = self.start();
         let fs = self.lock();
         let usage = fs.usage();
+        self.done(FileOp::Statfs, started, 0, false);
         let page_bytes = fs.page_bytes() as u32;
         let free_inodes = u64::from(u32::MAX).saturating_sub(usage.inodes);
         reply.statfs(
@@ -419,7 +498,10 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
 
     /// Permissions are checked by the kernel (`default_permissions`).
     fn access(&self, _request: &Request, inode: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        empty(self.lock().getattr(inode.0).map(|_| ()), reply);
+        let started = self.start();
+        let result = self.lock().getattr(inode.0).map(|_| ());
+        self.done(FileOp::Access, started, 0, result.is_err());
+        empty(result, reply);
     }
 
     fn create(
@@ -432,13 +514,17 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let started = self.start();
         if mode & libc::S_IFMT != libc::S_IFREG && mode & libc::S_IFMT != 0 {
+            self.done(FileOp::Create, started, 0, true);
             reply.error(Errno::from_i32(libc::EPERM));
             return;
         }
         let mut fs = self.lock();
         let created = fs.create_file(parent.0, name, creator(request, mode, umask));
-        match created.and_then(|attributes| fs.open(attributes.inode).map(|_| attributes)) {
+        let result = created.and_then(|attributes| fs.open(attributes.inode).map(|_| attributes));
+        self.done(FileOp::Create, started, 0, result.is_err());
+        match result {
             Ok(attributes) => reply.created(
                 &TTL,
                 &file_attr(&attributes, fs.page_bytes()),
@@ -460,7 +546,10 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        empty(self.lock().fallocate(inode.0, offset, length, mode), reply);
+        let started = self.start();
+        let result = self.lock().fallocate(inode.0, offset, length, mode);
+        self.done(FileOp::Fallocate, started, 0, result.is_err());
+        empty(result, reply);
     }
 
     // No extended attributes. ENOSYS (not ENOTSUP) makes the kernel stop asking for good;

@@ -7,6 +7,7 @@
 //!   restart finds every file.
 //! - [`filesystem`] and `data`: the operations, over a [`PageStore`] (the remem client).
 //! - `fuse`: the kernel's requests, checked, and their replies; [`error`] maps errors to errno.
+//! - [`observe`]: the hook a metrics exporter hangs on the requests (the crate counts nothing).
 //!
 //! Architecture Invariant: the crate uses only the remem client API, never the wire protocol.
 //! Every value from the kernel is checked before it sizes a buffer or addresses a page. A
@@ -18,6 +19,7 @@ pub mod extents;
 pub mod filesystem;
 mod fuse;
 pub mod namespace;
+pub mod observe;
 pub mod persist;
 pub mod store;
 
@@ -33,6 +35,7 @@ use std::time::{Duration, Instant};
 pub use error::{FsError, FsResult};
 pub use filesystem::{FileSystem, MAX_FILE_BYTES};
 pub use namespace::Creator;
+pub use observe::{FileOp, FileOpObserver};
 pub use persist::{OpenReport, PersistError, StateDir};
 pub use store::{PageStore, SavedMapClient};
 
@@ -47,6 +50,8 @@ pub struct MountOptions {
     pub allow_other: bool,
     /// The source name shown in /proc/mounts.
     pub source_name: String,
+    /// Told of every request answered (`remem fs --metrics`); `None` costs the requests nothing.
+    pub observer: Option<Arc<dyn FileOpObserver>>,
 }
 
 /// A mounted file system: requests are served on a thread of their own until [`Mounted::unmount`].
@@ -77,7 +82,11 @@ pub fn mount<S: PageStore + 'static>(
         fuser::MountOption::NoSuid,
     ];
     config.acl = if options.allow_other { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
-    let mut session = fuser::Session::new(fuse::Fuse { inner: Arc::clone(&inner) }, mountpoint, &config)?;
+    let mut session = fuser::Session::new(
+        fuse::Fuse { inner: Arc::clone(&inner), observer: options.observer.clone() },
+        mountpoint,
+        &config,
+    )?;
     let unmounter = session.unmount_callable();
     let session = std::thread::Builder::new().name("remem-fs".to_owned()).spawn(move || session.run())?;
     let stop = Arc::new(AtomicBool::new(false));

@@ -123,6 +123,9 @@ pub struct Store {
     pub after: Vec<Waiter>,
     /// The store is a transition's rewrite: the entry is switched by the transition.
     pub transition: Option<TaskId>,
+    /// Flags, expiry and cas the item had when this write arrived (for its backup record if
+    /// a newer write of the key is still in flight when this one completes).
+    pub fields: (u32, u64, u64),
 }
 
 #[derive(Debug)]
@@ -183,6 +186,9 @@ pub struct Cache {
     pub flush_at: Option<u64>,
     pub started: Instant,
     done_buffer: Vec<IoDone>,
+    /// Where acknowledged items are recorded for a restart (`crate::durability`); none with
+    /// `remem kv --ephemeral`.
+    pub backup: Option<crate::backup::Backup>,
 }
 
 impl Cache {
@@ -208,6 +214,7 @@ impl Cache {
             flush_at: None,
             started: Instant::now(),
             done_buffer: Vec::new(),
+            backup: None,
         }
     }
 
@@ -224,6 +231,11 @@ impl Cache {
     pub fn next_cas(&mut self) -> u64 {
         self.next_cas += 1;
         self.next_cas
+    }
+
+    /// Cas values given later are above `cas` (a restored item's).
+    pub fn raise_cas(&mut self, cas: u64) {
+        self.next_cas = self.next_cas.max(cas);
     }
 
     pub fn reply(&mut self, conn: ConnRef, seq: u64, bytes: Vec<u8>) {
@@ -249,7 +261,11 @@ impl Cache {
 
     pub fn remove_entry(&mut self, id: EntryId) {
         let mut released = Released::new();
-        self.index.remove(id, &mut released);
+        let entry = self.index.remove(id, &mut released);
+        // The record goes first: its pages are free only once nothing names them.
+        if let Some(recorded) = entry.recorded {
+            self.unrecord(recorded);
+        }
         self.free(released);
     }
 
@@ -417,10 +433,21 @@ impl Cache {
         if fetch.shared {
             self.fetch_of_location.remove(&fetch.location);
         }
-        let value: Result<Rc<[u8]>, String> = match fetch.error {
+        let mut value: Result<Rc<[u8]>, String> = match fetch.error {
             None => Ok(Rc::from(fetch.value)),
             Some(error) => Err(error),
         };
+        let place = self.index.location(fetch.location);
+        if let (Ok(bytes), true) = (&value, place.verify) {
+            // The first read of a restored value: its bytes must be the ones its record names.
+            if crate::durability::item_crc(&fetch.key, bytes) == place.value_crc {
+                self.index.mark_verified(fetch.location);
+            } else {
+                self.stats.restored_mismatches += 1;
+                tracing::warn!(key = %String::from_utf8_lossy(&fetch.key), "a restored value does not match its record's checksum: dropped");
+                value = Err("the value read does not match the checksum of its restored record".into());
+            }
+        }
         if value.is_err() {
             self.stats.lost_reads += 1;
             // The value is gone (more failures than its scheme survives): the entry goes, so

@@ -170,6 +170,7 @@ fn get_one(
                 cache.index.entry_mut(id).expires_at = 1;
             }
         }
+        cache.rerecord(id);
     }
     cache.stats.get_hits += 1;
     let entry = cache.index.entry(id);
@@ -477,7 +478,10 @@ pub fn delete(cache: &mut Cache, key: &[u8], now: u64) -> bool {
 pub fn touch(cache: &mut Cache, key: &[u8], exptime: i64, now: u64) -> bool {
     let Some(id) = cache.live(key, now) else { return false };
     match deadline(exptime, now) {
-        Ok(at) => cache.index.entry_mut(id).expires_at = at,
+        Ok(at) => {
+            cache.index.entry_mut(id).expires_at = at;
+            cache.rerecord(id);
+        }
         Err(AlreadyExpired) => cache.remove_entry(id),
     }
     true

@@ -26,7 +26,19 @@ pub struct Location {
     pub scheme: Scheme,
     pub extent: Extent,
     pub value_bytes: usize,
+    /// CRC32C of the value (what its backup record holds).
+    pub value_crc: u32,
+    /// Restored from the backup region and not read since: the first read checks `value_crc`.
+    pub verify: bool,
     refs: u32,
+}
+
+/// An entry's record in the backup region: its slot and the location it names. The record
+/// holds a reference on that location, so its pages are not reused while it names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    pub slot: crate::backup::Slot,
+    pub location: LocationId,
 }
 
 #[derive(Debug)]
@@ -42,6 +54,12 @@ pub struct Entry {
     pub pending: Option<u64>,
     /// The client or a prefix rule chose the scheme: hotness leaves it alone.
     pub pinned: bool,
+    /// The newest acknowledged value of the key in the backup region, when there is one (it
+    /// may be older than `location` while a write is in flight).
+    pub recorded: Option<Recorded>,
+    /// The first location of this key since it was last absent: completions of older writes
+    /// (before a delete) are not recorded.
+    pub floor: LocationId,
     /// Reads since `window_start` (unix seconds), for the hotness policy.
     pub reads_in_window: u32,
     pub window_start: u64,
@@ -95,11 +113,30 @@ impl Index {
     }
 
     /// A new location holding one reference (the caller's).
-    pub fn new_location(&mut self, scheme: Scheme, extent: Extent, value_bytes: usize) -> LocationId {
+    pub fn new_location(
+        &mut self,
+        scheme: Scheme,
+        extent: Extent,
+        value_bytes: usize,
+        value_crc: u32,
+    ) -> LocationId {
         let id = self.next_location;
         self.next_location += 1;
-        self.locations.insert(id, Location { scheme, extent, value_bytes, refs: 1 });
+        self.locations
+            .insert(id, Location { scheme, extent, value_bytes, value_crc, verify: false, refs: 1 });
         id
+    }
+
+    /// The value at `id` was read and matched its checksum (or is no longer restored).
+    pub fn mark_verified(&mut self, id: LocationId) {
+        if let Some(location) = self.locations.get_mut(&id) {
+            location.verify = false;
+        }
+    }
+
+    /// A location restored from the backup region: its first read checks the value's checksum.
+    pub fn mark_restored(&mut self, id: LocationId) {
+        self.locations.get_mut(&id).expect("referenced location").verify = true;
     }
 
     pub fn location(&self, id: LocationId) -> &Location {
@@ -130,7 +167,10 @@ impl Index {
         if let Some(old) = self.find(&entry.key) {
             let old_entry = self.remove(old, released);
             entry.fetched = false;
-            drop(old_entry);
+            // The key's lineage goes on: its acknowledged record stays until the new value's
+            // replaces it.
+            entry.recorded = old_entry.recorded;
+            entry.floor = old_entry.floor;
         }
         self.bytes_used += item_bytes(entry.key.len(), entry.value_bytes);
         let id = match self.free.pop() {
@@ -239,6 +279,8 @@ impl Entry {
             location,
             pending: None,
             pinned: false,
+            recorded: None,
+            floor: location,
             reads_in_window: 0,
             window_start: 0,
             last_access: 0,
@@ -259,7 +301,7 @@ mod tests {
     use super::*;
 
     fn insert(index: &mut Index, key: &str, released: &mut Released) -> EntryId {
-        let location = index.new_location(Scheme::Rep2, Extent::default(), 10);
+        let location = index.new_location(Scheme::Rep2, Extent::default(), 10, 0);
         index.upsert(Entry::new(key.as_bytes(), 0, 0, 1, 10, location), released)
     }
 

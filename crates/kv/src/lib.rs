@@ -18,10 +18,13 @@
 //! `remem_memcache::parse` first. See docs/KV.md.
 
 pub mod auth;
+pub mod backup;
 pub mod cache;
 mod chunks;
 pub mod commands;
+pub mod durability;
 pub mod index;
+pub mod latency;
 pub mod meta;
 pub mod pageio;
 pub mod report;
@@ -87,28 +90,67 @@ pub fn build_cache(
     region_bytes: u64,
 ) -> Result<Cache, ConnectError> {
     let needed = schemes_needed(&config.policy);
-    let mut space = space::Space::new();
     let ec_region = client.regions()[0];
-    space.add_region(space::RegionKind::Ec, ec_region.first_page, ec_region.page_count);
     for scheme in [Scheme::None, Scheme::Rep2, Scheme::Rep3] {
         if needed.contains(&scheme) {
-            let region = client.create_region(region_shape(scheme, config.ec), region_bytes)?;
-            space.add_region(space::RegionKind::of(scheme), region.first_page, region.page_count);
+            client.create_region(region_shape(scheme, config.ec), region_bytes)?;
         }
     }
-    let main_first_page = if needed.contains(&Scheme::Eor) {
+    if needed.contains(&Scheme::Eor) {
         let none = region_shape(Scheme::None, config.ec);
-        let main = client.create_region_beside(
-            none,
-            ec_region.page_count * 4096,
-            &ec_region,
-            config.ec.data_splits,
-        )?;
-        Some(main.first_page)
-    } else {
-        None
+        client.create_region_beside(none, ec_region.page_count * 4096, &ec_region, config.ec.data_splits)?;
+    }
+    cache_over_regions(client, config).map_err(|message| unreachable!("regions made just now: {message}"))
+}
+
+/// The cache over a client that has its regions already (a reopened slab map): the EC region,
+/// then none, rep2 and rep3 when the policy needs them, then EOR's main copies beside the EC
+/// region, in the order [`build_cache`] makes them. Errors when the client's regions are not
+/// those (a map saved with other schemes or another shape).
+pub fn cache_over_regions(mut client: Client, config: CacheConfig) -> Result<Cache, String> {
+    let needed = schemes_needed(&config.policy);
+    let regions = client.regions();
+    let mut expected = vec![(Some(space::RegionKind::Ec), region_shape(Scheme::Ec, config.ec))];
+    for (scheme, kind) in [
+        (Scheme::None, space::RegionKind::None),
+        (Scheme::Rep2, space::RegionKind::Rep2),
+        (Scheme::Rep3, space::RegionKind::Rep3),
+    ] {
+        if needed.contains(&scheme) {
+            expected.push((Some(kind), region_shape(scheme, config.ec)));
+        }
+    }
+    if needed.contains(&Scheme::Eor) {
+        expected.push((None, region_shape(Scheme::None, config.ec)));
+    }
+    let shapes = |shapes: Vec<Shape>| {
+        shapes
+            .iter()
+            .map(|shape| format!("({},{})", shape.data_splits, shape.parity_splits))
+            .collect::<Vec<_>>()
     };
+    let have: Vec<Shape> = regions.iter().map(|region| region.shape).collect();
+    let want: Vec<Shape> = expected.iter().map(|(_, shape)| *shape).collect();
+    let same = have.len() == want.len()
+        && have
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| (a.data_splits, a.parity_splits) == (b.data_splits, b.parity_splits));
+    if !same {
+        return Err(format!(
+            "the saved regions have shapes {:?}, these flags need {:?}",
+            shapes(have),
+            shapes(want)
+        ));
+    }
+    let mut space = space::Space::new();
+    let mut main_first_page = None;
+    for (region, (kind, _)) in regions.iter().zip(&expected) {
+        match kind {
+            Some(kind) => space.add_region(*kind, region.first_page, region.page_count),
+            None => main_first_page = Some(region.first_page),
+        }
+    }
     client.set_max_in_flight(PAGE_OPS_IN_FLIGHT);
-    let cache = Cache::new(PollClient::new(client), space, config, main_first_page);
-    Ok(cache)
+    Ok(Cache::new(PollClient::new(client), space, config, main_first_page))
 }

@@ -179,6 +179,7 @@ fn meta_get(cache: &mut Cache, conn: ConnRef, seq: u64, key: &[u8], flags: &Meta
             Ok(at) => cache.index.entry_mut(id).expires_at = at,
             Err(commands::AlreadyExpired) => cache.index.entry_mut(id).expires_at = 1,
         }
+        cache.rerecord(id);
     }
     let item = if flags.exptime.is_some() {
         MetaItem { ttl_seconds: item_of(cache, id, now).ttl_seconds, ..item }

@@ -102,6 +102,9 @@ fn general(cache: &mut Cache, out: &mut Vec<u8>) {
     response::stat(out, "remem_lost_reads", stats.lost_reads);
     response::stat(out, "remem_read_repairs", stats.repairs);
     response::stat(out, "remem_failed_writes", stats.failed_writes);
+    response::stat(out, "remem_backup_records_written", stats.backup_records_written);
+    response::stat(out, "remem_backup_failures", stats.backup_failures);
+    response::stat(out, "remem_restored_mismatches", stats.restored_mismatches);
     response::stat(out, "remem_bypassed_gets", stats.bypassed_gets);
     response::stat(out, "remem_shared_fetches", stats.shared_fetches);
     response::stat(out, "remem_remote_bytes_read", stats.bytes_read_remote);
@@ -241,6 +244,32 @@ pub fn prometheus(cache: &mut Cache) -> String {
         &plain(stats.lost_reads),
     );
     metric("failed_writes_total", "counter", "Writes remote memory refused.", &plain(stats.failed_writes));
+    metric(
+        "backup_records_written_total",
+        "counter",
+        "Item records written to the backup region (docs/KV.md Restarts).",
+        &plain(stats.backup_records_written),
+    );
+    metric(
+        "backup_failures_total",
+        "counter",
+        "Items the backup region could not record (full): answered with an error.",
+        &plain(stats.backup_failures),
+    );
+    metric(
+        "restored_mismatches_total",
+        "counter",
+        "Restored values whose bytes did not match their record's checksum (dropped).",
+        &plain(stats.restored_mismatches),
+    );
+    let (chunks_used, chunks) = cache.backup.as_ref().map(|backup| backup.chunks_used()).unwrap_or((0, 0));
+    metric(
+        "backup_chunks_used",
+        "gauge",
+        "1 MiB chunks of the backup region in use.",
+        &plain(u64::from(chunks_used)),
+    );
+    metric("backup_chunks", "gauge", "1 MiB chunks of the backup region.", &plain(u64::from(chunks)));
     metric("read_repairs_total", "counter", "EOR halves written back after a read.", &plain(stats.repairs));
     metric(
         "bypassed_gets_total",
@@ -288,5 +317,6 @@ pub fn prometheus(cache: &mut Cache) -> String {
     };
     metric("nodes", "gauge", "Memory nodes the cache's client knows.", &plain(nodes));
     metric("nodes_connected", "gauge", "Memory nodes connected now.", &plain(connected));
+    cache.stats.latency.render(&mut out);
     out
 }

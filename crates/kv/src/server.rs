@@ -102,6 +102,8 @@ struct Connection {
     paused: bool,
     /// Passed memcached's ASCII authentication (always, without `--auth-file`).
     authenticated: bool,
+    /// Requests whose first reply is not out yet: (its seq, kind, parse time), for latency.
+    started: std::collections::VecDeque<(u64, crate::latency::Kind, std::time::Instant)>,
 }
 
 pub struct Server {
@@ -304,6 +306,7 @@ impl Server {
             dead: false,
             paused: false,
             authenticated: self.config.auth.is_none(),
+            started: std::collections::VecDeque::new(),
         });
         self.cache.stats.curr_connections += 1;
         self.cache.stats.total_connections += 1;
@@ -398,10 +401,15 @@ impl Server {
                         connection.closing |= close;
                         continue;
                     }
+                    let (first, kind) = (connection.next_seq, crate::latency::Kind::of(&request));
+                    let parsed = std::time::Instant::now();
                     if commands::execute(&mut self.cache, conn, &mut connection.next_seq, request)
                         == After::Close
                     {
                         connection.closing = true;
+                    }
+                    if connection.next_seq > first {
+                        connection.started.push_back((first, kind, parsed));
                     }
                 }
                 Parse::Invalid { error, consumed, swallow, close, noreply } => {
@@ -437,6 +445,12 @@ impl Server {
             };
             if connection.generation != out.conn.generation {
                 continue;
+            }
+            // Pending requests are few (replies go out in order); the one this reply starts is
+            // usually at the front.
+            if let Some(position) = connection.started.iter().position(|&(seq, _, _)| seq == out.seq) {
+                let (_, kind, started) = connection.started.remove(position).expect("found above");
+                self.cache.stats.latency.record(kind, started.elapsed());
             }
             connection.replies.insert(out.seq, out.bytes);
             if !touched.contains(&out.conn.index) {

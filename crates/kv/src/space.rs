@@ -287,6 +287,56 @@ impl Space {
         }
     }
 
+    /// Marks a restored value's pages and chunk as taken (a restart: `crate::durability`). The
+    /// caller has checked that they are inside the scheme's region and that no two values
+    /// share a page or a chunk slot. Call [`Space::finish_restore`] after the last one.
+    pub fn take(&mut self, scheme: Scheme, extent: &Extent) {
+        let kind = RegionKind::of(scheme) as usize;
+        let Some(region) = self.regions[kind].as_mut() else { return };
+        for &page in extent.pages.iter().chain(extent.tail.as_ref().map(|chunk| &chunk.page)) {
+            let offset = page - region.first_page;
+            region.next_unused = region.next_unused.max(offset + 1);
+        }
+        // Taken pages are collected in `free` for now (finish_restore turns it around).
+        region.free.extend(&extent.pages);
+        self.pages_in_use[kind] += extent.pages.len() as u64;
+        if let Some(chunk) = extent.tail {
+            let page = self.chunk_pages.entry(chunk.page).or_insert_with(|| {
+                self.pages_in_use[kind] += 1;
+                ChunkPage { scheme, class: chunk.class, used: 0 }
+            });
+            page.used |= 1 << chunk.slot;
+        }
+    }
+
+    /// Ends a restore: every page below the highest taken one that no value holds is free, and
+    /// chunk pages with a free slot take new chunks.
+    pub fn finish_restore(&mut self) {
+        for region in self.regions.iter_mut().flatten() {
+            let mut taken: std::collections::HashSet<u64> = region.free.drain(..).collect();
+            taken.extend(
+                self.chunk_pages.keys().filter(|&&page| {
+                    page >= region.first_page && page - region.first_page < region.page_count
+                }),
+            );
+            region.free = (0..region.next_unused)
+                .rev()
+                .map(|offset| region.first_page + offset)
+                .filter(|page| !taken.contains(page))
+                .collect();
+        }
+        let mut partial: Vec<(u64, Scheme, u8)> = self
+            .chunk_pages
+            .iter()
+            .filter(|(_, page)| page.used.count_ones() < u32::from(slots_of(page.class)))
+            .map(|(&number, page)| (number, page.scheme, page.class))
+            .collect();
+        partial.sort_unstable();
+        for (page, scheme, class) in partial {
+            self.classes[Self::class_index(scheme, class)].partial.push(page);
+        }
+    }
+
     /// Whether a chunk page holds live chunks other than `except`.
     pub fn chunk_page_shared(&self, page: u64, except: Chunk) -> bool {
         self.chunk_pages.get(&page).is_some_and(|chunk_page| chunk_page.used & !(1 << except.slot) != 0)

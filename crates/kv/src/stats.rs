@@ -38,6 +38,14 @@ pub struct Stats {
     /// EOR pages whose lost half was written back after a read.
     pub repairs: u64,
     pub failed_writes: u64,
+    /// Request latency by kind (`remem_kv_request_seconds`).
+    pub latency: crate::latency::Latencies,
+    /// Item records written to the backup region (docs/KV.md "Restarts").
+    pub backup_records_written: u64,
+    /// Records the backup region could not take (full): those items would not survive a restart.
+    pub backup_failures: u64,
+    /// Restored values whose bytes did not match their record's checksum (dropped, not served).
+    pub restored_mismatches: u64,
     /// Gets answered from a write in flight (data bypassing) and gets that shared a fetch.
     pub bypassed_gets: u64,
     pub shared_fetches: u64,

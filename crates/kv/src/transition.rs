@@ -212,7 +212,8 @@ pub fn fetched(cache: &mut Cache, task: TaskId, value: Result<Rc<[u8]>, String>)
             return finish(cache, task);
         }
     };
-    let location = cache.index.new_location(to, extent, value.len());
+    let value_crc = cache.value_crc(&key, &value);
+    let location = cache.index.new_location(to, extent, value.len(), value_crc);
     let written = match to {
         Scheme::Eor => 2 * pages * PAGE_BYTES as u64,
         _ => pages * cache.io_bytes(IoKind::Write, to) as u64,
@@ -230,6 +231,7 @@ pub fn fetched(cache: &mut Cache, task: TaskId, value: Result<Rc<[u8]>, String>)
         acks: Vec::<Ack>::new(),
         after: Vec::new(),
         transition: Some(task),
+        fields: (0, 0, 0),
     };
     cache.tasks.insert(store_task, Task::Store(store));
     cache.write_location(store_task, location, fresh);
@@ -251,6 +253,7 @@ pub fn rewritten(cache: &mut Cache, task: TaskId, store: Store) {
                 entry.location = store.location;
                 entry.moving = false;
                 cache.index.release(from, &mut released);
+                cache.rerecord(id);
                 true
             } else {
                 false
@@ -287,6 +290,11 @@ fn finish(cache: &mut Cache, task: TaskId) {
             // Only while the pages still are the entry's: a write that arrived meanwhile won.
             if transition.in_place && cache.index.location(transition.from).scheme == transition.from_scheme {
                 cache.index.set_scheme(transition.from, transition.to);
+                if let Some(id) = cache.index.find(&transition.key) {
+                    if cache.index.entry(id).location == transition.from {
+                        cache.rerecord(id);
+                    }
+                }
             }
         }
         cache.index.release(transition.from, &mut released);

@@ -88,7 +88,8 @@ impl Cache {
         }
         self.make_room(crate::index::item_bytes(key.len(), value.len()));
         let (extent, fresh) = self.allocate(scheme, value.len())?;
-        let location = self.index.new_location(scheme, extent, value.len());
+        let value_crc = self.value_crc(key, &value);
+        let location = self.index.new_location(scheme, extent, value.len(), value_crc);
         self.index.retain(location); // the store task's reference
         let cas = cas.unwrap_or_else(|| self.next_cas());
         let task = self.new_task_id();
@@ -110,6 +111,7 @@ impl Cache {
             acks,
             after: Vec::new(),
             transition: None,
+            fields: (flags, expires_at, cas),
         };
         self.tasks.insert(task, Task::Store(store));
         self.write_location(task, location, fresh);
@@ -277,8 +279,29 @@ impl Cache {
             crate::transition::rewritten(self, transition, store);
             return;
         }
-        let current =
-            self.index.find(&store.key).filter(|&id| self.index.entry(id).location == store.location);
+        let mut store = store;
+        let of_key = self.index.find(&store.key);
+        let current = of_key.filter(|&id| self.index.entry(id).location == store.location);
+        if store.error.is_none() {
+            if let Some(id) = of_key {
+                // Recorded before the reply (docs/KV.md "Restarts"): the current entry's own
+                // fields, or this write's when a newer write of the key is in flight.
+                let fields = match current {
+                    Some(id) => {
+                        let entry = self.index.entry(id);
+                        (entry.flags, entry.expires_at, entry.cas)
+                    }
+                    None => store.fields,
+                };
+                if let Err(error) = self.record(id, store.location, fields) {
+                    self.stats.backup_failures += 1;
+                    tracing::error!(%error, "an item could not be recorded for restarts");
+                    if current.is_some() {
+                        store.error = Some(error.to_string());
+                    }
+                }
+            }
+        }
         if let Some(id) = current {
             if store.error.is_some() {
                 self.stats.failed_writes += 1;

@@ -37,7 +37,7 @@ pub(crate) use connect::connect_node;
 pub use connect::query_node;
 pub use membership::MembershipChange;
 pub use poll::PollClient;
-pub use slab_map::{SlabMapError, SlabMapFile};
+pub use slab_map::{RegionMap, SlabMapError, SlabMapFile};
 pub(crate) use transport::Transport;
 
 /// With shared-memory slabs a batch may finish without touching a socket; the sockets (eviction

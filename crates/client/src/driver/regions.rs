@@ -128,7 +128,8 @@ impl Client {
                 node_index: index,
                 failure_domain: node.info.failure_domain.clone(),
                 slabs_mapped: node.info.slabs_mapped as u64,
-                slabs_free: node.info.free_bytes / node.info.slab_size_bytes.max(1),
+                slabs_free: node.info.free_bytes
+                    / crate::engine::slab_footprint_bytes(node.info.slab_size_bytes, split_bytes),
             })
             .collect();
         let mut ranges = Vec::with_capacity(range_count as usize);
@@ -202,6 +203,7 @@ impl Client {
                     load.slabs_mapped += 1;
                     load.slabs_free = load.slabs_free.saturating_sub(1);
                 }
+                self.engine.count_mapped_slab(node, split_bytes);
             }
         }
         Ok(())

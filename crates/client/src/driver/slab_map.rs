@@ -39,6 +39,21 @@ pub struct SlabMapFile {
     /// restart); empty in maps written before there were any.
     #[serde(default)]
     pub unix_sockets: Vec<Option<PathBuf>>,
+    /// The regions after the first, in the order they were created (a front end with several
+    /// regions, such as `remem kv`); empty for one region.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_regions: Vec<RegionMap>,
+}
+
+/// One more region of a slab map: its shape, size and, per range, per split, (node index, slab id).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionMap {
+    pub data_splits: usize,
+    pub parity_splits: usize,
+    pub extra_reads: usize,
+    pub page_count: u64,
+    pub pages_per_range: u64,
+    pub ranges: Vec<Vec<(usize, u32)>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,8 +76,9 @@ impl SlabMapFile {
         Ok(map)
     }
 
-    /// A hand-edited or truncated map must not make the client index out of bounds.
-    fn validate(&self) -> Result<(), String> {
+    /// A hand-edited or truncated map must not make the client index out of bounds (also
+    /// called on maps read from elsewhere, such as etcd).
+    pub fn validate(&self) -> Result<(), String> {
         let width = self.data_splits + self.parity_splits;
         if self.pages_per_range == 0 || self.page_bytes == 0 {
             return Err("pages_per_range and page_bytes must be positive".into());
@@ -90,6 +106,11 @@ impl SlabMapFile {
                 return Err(format!("range {index} names node {node}, only {} listed", self.nodes.len()));
             }
         }
+        for (number, region) in self.more_regions.iter().enumerate() {
+            region
+                .validate(self.page_bytes, self.nodes.len())
+                .map_err(|message| format!("region {}: {message}", number + 1))?;
+        }
         Ok(())
     }
 
@@ -106,6 +127,40 @@ impl SlabMapFile {
         let temporary = path.with_extension("tmp");
         std::fs::write(&temporary, text).map_err(error)?;
         std::fs::rename(&temporary, path).map_err(error)
+    }
+}
+
+impl RegionMap {
+    fn validate(&self, page_bytes: usize, nodes: usize) -> Result<(), String> {
+        let width = self.data_splits + self.parity_splits;
+        if self.pages_per_range == 0 || self.page_count == 0 {
+            return Err("page_count and pages_per_range must be positive".into());
+        }
+        if width == 0 || width > crate::engine::MAX_SPLITS || self.extra_reads > self.parity_splits {
+            return Err(format!(
+                "shape k={} r={} delta={} is not valid",
+                self.data_splits, self.parity_splits, self.extra_reads
+            ));
+        }
+        CodecParams::new(self.data_splits, self.parity_splits, page_bytes)
+            .map_err(|error| error.to_string())?;
+        if self.page_count.div_ceil(self.pages_per_range) != self.ranges.len() as u64 {
+            return Err(format!(
+                "{} ranges listed, {} pages need {}",
+                self.ranges.len(),
+                self.page_count,
+                self.page_count.div_ceil(self.pages_per_range)
+            ));
+        }
+        for (index, range) in self.ranges.iter().enumerate() {
+            if range.len() != width {
+                return Err(format!("range {index} lists {} slabs, k+r = {width}", range.len()));
+            }
+            if let Some((node, _)) = range.iter().find(|(node, _)| *node >= nodes) {
+                return Err(format!("range {index} names node {node}, only {nodes} listed"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -128,6 +183,23 @@ impl Client {
                 .iter()
                 .filter(|range| range.region == 0)
                 .map(|range| range.slabs.iter().map(|slab| (slab.node, slab.slab_id)).collect())
+                .collect(),
+            more_regions: self
+                .engine
+                .regions()
+                .skip(1)
+                .map(|region| RegionMap {
+                    data_splits: region.shape.data_splits,
+                    parity_splits: region.shape.parity_splits,
+                    extra_reads: region.shape.extra_reads,
+                    page_count: region.page_count,
+                    pages_per_range: region.pages_per_range,
+                    ranges: ranges
+                        .iter()
+                        .filter(|range| range.region == region.index)
+                        .map(|range| range.slabs.iter().map(|slab| (slab.node, slab.slab_id)).collect())
+                        .collect(),
+                })
                 .collect(),
         }
     }
@@ -193,6 +265,19 @@ impl Client {
         let page_count = map.address_space_bytes / map.page_bytes as u64;
         let shape = client.config.shape;
         client.engine.add_region(shape, page_count, map.pages_per_range, ranges, false);
+        for region in &map.more_regions {
+            let shape = Shape {
+                data_splits: region.data_splits,
+                parity_splits: region.parity_splits,
+                extra_reads: region.extra_reads,
+            };
+            let ranges = region
+                .ranges
+                .iter()
+                .map(|slabs| slabs.iter().map(|&(node, slab_id)| SlabRef { node, slab_id }).collect())
+                .collect();
+            client.engine.add_region(shape, region.page_count, region.pages_per_range, ranges, false);
+        }
         client.engine.fail_unreachable_nodes(Instant::now());
         client.export_slabs();
         client.volunteer_for_activity();

@@ -230,19 +230,26 @@ impl Transport {
             }
             return;
         }
-        // Collect first: reading needs &mut self while the events borrow self.poll_events.
-        let mut ready: [(usize, bool, bool); 64] = [(0, false, false); 64];
-        let mut count = 0;
-        for event in self.poll_events.iter() {
-            if count == ready.len() {
+        // Collect first: reading needs &mut self while the events borrow self.poll_events. In
+        // chunks, and every event serviced: readiness is edge-triggered, so an event skipped
+        // here would leave its socket's bytes unread until the node sent more (with over 64
+        // nodes answering at once, heartbeats went unread and live nodes were declared failed).
+        let mut serviced = 0;
+        loop {
+            let mut ready: [(usize, bool, bool); 64] = [(0, false, false); 64];
+            let mut count = 0;
+            for event in self.poll_events.iter().skip(serviced).take(ready.len()) {
+                let readable = event.is_readable() || event.is_read_closed() || event.is_error();
+                ready[count] = (event.token().0, readable, event.is_writable());
+                count += 1;
+            }
+            for &(token, readable, writable) in &ready[..count] {
+                self.service(engine, token, readable, writable, buffers);
+            }
+            serviced += count;
+            if count < ready.len() {
                 break;
             }
-            let readable = event.is_readable() || event.is_read_closed() || event.is_error();
-            ready[count] = (event.token().0, readable, event.is_writable());
-            count += 1;
-        }
-        for &(token, readable, writable) in &ready[..count] {
-            self.service(engine, token, readable, writable, buffers);
         }
     }
 

@@ -332,13 +332,14 @@ impl Engine {
         self.nodes[node].info = info;
     }
 
-    /// Candidates for a new slab: connected members, with their loads.
-    pub(super) fn placement_candidates(&self) -> Vec<NodeLoad> {
+    /// Candidates for a new slab of splits of `split_bytes`: connected members, with their
+    /// loads.
+    pub(super) fn placement_candidates(&self, split_bytes: usize) -> Vec<NodeLoad> {
         self.nodes
             .iter()
             .enumerate()
             .filter(|(_, node)| node.connected && node.membership == Membership::Member)
-            .map(|(index, node)| node.load(index))
+            .map(|(index, node)| node.load(index, split_bytes))
             .collect()
     }
 }

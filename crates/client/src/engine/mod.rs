@@ -240,14 +240,26 @@ impl NodeEntry {
         }
     }
 
-    fn load(&self, node_index: NodeId) -> NodeLoad {
+    /// The node's load for placing a slab of splits of `split_bytes`.
+    fn load(&self, node_index: NodeId, split_bytes: usize) -> NodeLoad {
         NodeLoad {
             node_index,
             failure_domain: self.info.failure_domain.clone(),
             slabs_mapped: self.info.slabs_mapped as u64,
-            slabs_free: self.info.free_bytes / self.info.slab_size_bytes.max(1),
+            slabs_free: self.info.free_bytes / slab_footprint_bytes(self.info.slab_size_bytes, split_bytes),
         }
     }
+}
+
+/// What one slab of splits of `split_bytes` takes of a node's capacity: the slab and its
+/// metadata (a version and a checksum per split, page-rounded), as the node counts it. Placement
+/// counting the slab alone would see one slab more on a node whose capacity is a multiple of the
+/// slab size, and have its map refused.
+pub fn slab_footprint_bytes(slab_size_bytes: u64, split_bytes: usize) -> u64 {
+    let layout = u32::try_from(split_bytes)
+        .ok()
+        .and_then(|split| remem_proto::shm::ShmLayout::new(slab_size_bytes, split));
+    layout.map_or(slab_size_bytes, |layout| layout.total_bytes).max(1)
 }
 
 /// What the engine asks its driver to do besides sending bytes.

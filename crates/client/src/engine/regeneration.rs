@@ -176,7 +176,9 @@ impl Engine {
             }
             in_range.extend(task.target.map(|target| target.node));
         }
-        let candidates = self.placement_candidates();
+        let region = &self.regions[self.ranges[range].region];
+        let split_bytes = region.split_bytes;
+        let candidates = self.placement_candidates(split_bytes);
         let Ok(node) = self.placement.replace(&candidates, &in_range) else {
             tracing::warn!(range, split, "no node can take the rebuilt slab yet; retrying");
             return self.requeue(index);
@@ -190,9 +192,7 @@ impl Engine {
         };
         let request_id = self.send_control(node, &message).expect("candidates are connected");
         // Count the slab now so that two rebuilds do not pile onto one node.
-        let info = &mut self.nodes[node].info;
-        info.slabs_mapped += 1;
-        info.free_bytes = info.free_bytes.saturating_sub(info.slab_size_bytes);
+        self.count_mapped_slab(node, split_bytes);
         self.regenerations[index].state = State::Mapping { node, request_id };
     }
 

@@ -225,6 +225,16 @@ impl Engine {
         self.placement.as_mut()
     }
 
+    /// Counts a slab the driver mapped on `node` for a new region, as a rebuild counts its
+    /// own: later placements (rebuilds above all) then see the node's load as it is, not as it
+    /// was at connect, and do not try full nodes one after another.
+    pub fn count_mapped_slab(&mut self, node: NodeId, split_bytes: usize) {
+        let info = &mut self.nodes[node].info;
+        info.slabs_mapped += 1;
+        let footprint = super::slab_footprint_bytes(info.slab_size_bytes, split_bytes);
+        info.free_bytes = info.free_bytes.saturating_sub(footprint);
+    }
+
     pub fn shape_of_range(&self, range: usize) -> Shape {
         self.regions[self.ranges[range].region].shape
     }

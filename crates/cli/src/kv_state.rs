@@ -1,0 +1,146 @@
+//! `remem kv`'s state directory: what a restarted server needs to find its items again
+//! (docs/KV.md "Restarts").
+//!
+//! `kv-NAME/` beside the cluster file (or `--state DIR`), mode 0700, holds `lock` (flock: one
+//! server at a time), `slabmap.json` (the regions' slabs, every region) and `backup` (the
+//! backup region the server records every acknowledged item in, `remem_kv::backup`).
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use remem_client::{Client, ClientConfig, SlabMapFile};
+use remem_kv::backup::Backup;
+use remem_kv::cache::CacheConfig;
+use remem_kv::durability::RestoreReport;
+use remem_kv::Cache;
+
+pub const SLAB_MAP_FILE: &str = "slabmap.json";
+pub const BACKUP_FILE: &str = "backup";
+
+/// A locked state directory.
+pub struct KvState {
+    pub dir: PathBuf,
+    _lock: File,
+}
+
+impl KvState {
+    /// Creates (0700) and locks `dir`; errors when another process holds it.
+    pub fn lock(dir: &Path) -> Result<KvState> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating the state directory {}", dir.display()))?;
+        let lock_path = dir.join("lock");
+        let mut lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&lock_path)
+            .with_context(|| format!("opening {}", lock_path.display()))?;
+        // SAFETY: flock on a descriptor we own; no memory is passed.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let holder = std::fs::read_to_string(&lock_path).unwrap_or_default();
+            bail!(
+                "state directory {} is in use by another remem kv (pid {}); stop it first, or give this \
+                 one another --name",
+                dir.display(),
+                holder.trim()
+            );
+        }
+        use std::io::Write;
+        lock.set_len(0)?;
+        write!(lock, "{}", std::process::id())?;
+        Ok(KvState { dir: dir.to_owned(), _lock: lock })
+    }
+
+    pub fn map_path(&self) -> PathBuf {
+        self.dir.join(SLAB_MAP_FILE)
+    }
+
+    pub fn backup_path(&self) -> PathBuf {
+        self.dir.join(BACKUP_FILE)
+    }
+
+    /// Gives back a saved server's slabs and forgets its items (`--fresh`).
+    pub fn drop_saved(&self, secret: &remem_client::Secret, config: &ClientConfig) -> Result<()> {
+        let map_path = self.map_path();
+        if map_path.exists() {
+            match SlabMapFile::load(&map_path) {
+                Ok(map) => {
+                    if let Err(error) = Client::release_saved(&map, secret, config.clone()) {
+                        tracing::warn!(%error, "cannot reach the saved server's slabs to unmap them");
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "ignoring an unreadable saved slab map"),
+            }
+            std::fs::remove_file(&map_path).with_context(|| format!("removing {}", map_path.display()))?;
+        }
+        let backup = self.backup_path();
+        if backup.exists() {
+            std::fs::remove_file(&backup).with_context(|| format!("removing {}", backup.display()))?;
+        }
+        Ok(())
+    }
+
+    /// The saved server, reopened: its client (every region), its cache with every item its
+    /// backup region holds. None when nothing is saved.
+    pub fn reopen(
+        &self,
+        secret: &remem_client::Secret,
+        config: ClientConfig,
+        cache_config: CacheConfig,
+    ) -> Result<Option<(Cache, RestoreReport)>> {
+        let map_path = self.map_path();
+        if !map_path.exists() {
+            return Ok(None);
+        }
+        let map = SlabMapFile::load(&map_path)?;
+        if !map.fits(config.address_space_bytes, &config.shape) {
+            bail!(
+                "{} holds a server of {} at EC({},{}), not {} at EC({},{}): pass its -m, -k and -r, or \
+                 --fresh to drop its items and start empty",
+                map_path.display(),
+                crate::units::format_bytes(map.address_space_bytes),
+                map.data_splits,
+                map.parity_splits,
+                crate::units::format_bytes(config.address_space_bytes),
+                config.shape.data_splits,
+                config.shape.parity_splits
+            );
+        }
+        let client = Client::reopen(&map, secret, config)
+            .with_context(|| format!("reopening the slabs saved in {}", map_path.display()))?;
+        let mut cache = remem_kv::cache_over_regions(client, cache_config).map_err(|message| {
+            anyhow::anyhow!(
+                "{}: {message}; start with the flags it was saved with (--scheme, --prefix-scheme, \
+                 --small-scheme, --large-scheme, -k, -r), or --fresh",
+                map_path.display()
+            )
+        })?;
+        let backup_path = self.backup_path();
+        let (backup, records, scan) = Backup::open(&backup_path).context(
+            "the slab map is saved but its backup region is not readable; --fresh starts empty (the \
+             items are lost either way)",
+        )?;
+        cache.backup = Some(backup);
+        let report = cache.restore(records, scan, remem_kv::now_unix());
+        Ok(Some((cache, report)))
+    }
+
+    /// A new backup region of `bytes`, for a server that starts empty.
+    pub fn create_backup(&self, bytes: u64) -> Result<Backup> {
+        Ok(Backup::create(&self.backup_path(), bytes)?)
+    }
+}
+
+/// The default backup region size: room for every item a memory limit allows (a record is at
+/// most about twice the bytes its item counts), plus a chunk per size class.
+pub fn default_backup_bytes(memory_limit: u64) -> u64 {
+    memory_limit.saturating_mul(5) / 2 + (16 << 20)
+}
