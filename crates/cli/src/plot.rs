@@ -83,3 +83,58 @@ pub fn latency_cdf(path: &Path, title: &str, series: &[Series<'_>]) -> Result<()
     root.present().with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
+
+/// One series of `points_plot`: its points, joined by a line or drawn as markers only.
+pub struct PointSeries {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+    pub joined: bool,
+}
+
+/// Draws each series over x in `x_range` and y from 0 to a little above the largest y (at
+/// least `y_floor`), each point marked with a circle.
+pub fn points_plot(
+    path: &Path,
+    title: &str,
+    (x_desc, y_desc): (&str, &str),
+    x_range: std::ops::Range<f64>,
+    y_floor: f64,
+    series: &[PointSeries],
+) -> Result<()> {
+    load_font()?;
+    let y_max = series
+        .iter()
+        .flat_map(|line| line.points.iter().map(|&(_, y)| y))
+        .filter(|y| y.is_finite())
+        .fold(y_floor, f64::max)
+        * 1.1;
+    let root = BitMapBackend::new(path, (1000, 640)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(56)
+        .build_cartesian_2d(x_range, 0f64..y_max)?;
+    chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).label_style(("sans-serif", 15)).draw()?;
+    for (index, line) in series.iter().enumerate() {
+        let color = Palette99::pick(index).to_rgba();
+        let points: Vec<(f64, f64)> = line.points.iter().copied().filter(|(_, y)| y.is_finite()).collect();
+        if line.joined {
+            chart.draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?;
+        }
+        chart
+            .draw_series(points.iter().map(|&point| Circle::new(point, 5, color.filled())))?
+            .label(line.name.as_str())
+            .legend(move |(x, y)| Circle::new((x + 10, y), 5, color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 15))
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()?;
+    root.present().with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}

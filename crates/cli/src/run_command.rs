@@ -164,62 +164,123 @@ fn run_limited(args: &RunArgs) -> Result<i32> {
 /// Runs `command` once in a fresh memory cgroup, limited to `limit_bytes` if given, with its
 /// stdout to `stdout`. Errors when the cgroup cannot be made or removed or the command not run.
 pub fn run_once(command: &[String], limit_bytes: Option<u64>, stdout: Stdio) -> Result<RunReport> {
-    assert!(!command.is_empty(), "clap requires a command");
-    let cgroup = MemoryCgroup::create(limit_bytes)?;
-    let procs = CString::new(cgroup.dir.join("cgroup.procs").into_os_string().into_encoded_bytes())
-        .context("cgroup path has a NUL byte")?;
-    let swap_in_before = vmstat("pswpin");
-    let swap_out_before = vmstat("pswpout");
-    let started = Instant::now();
-    let mut child_command = Command::new(&command[0]);
-    child_command.args(&command[1..]).stdout(stdout);
-    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe functions
-    // (signal, getpid, open, write, close) on memory prepared before the fork.
-    unsafe {
-        child_command.pre_exec(move || {
-            libc::signal(libc::SIGINT, libc::SIG_DFL);
-            let mut digits = [0u8; 20];
-            let mut position = digits.len();
-            let mut pid = libc::getpid() as u64;
-            loop {
-                position -= 1;
-                digits[position] = b'0' + (pid % 10) as u8;
-                pid /= 10;
-                if pid == 0 {
-                    break;
+    LimitedChild::spawn(command, limit_bytes, stdout)?.wait()
+}
+
+/// A command started in a fresh memory cgroup and not yet waited for: `run_once` is spawn and
+/// wait; `remem bench apps` starts servers this way and drives them from outside the cgroup.
+/// Dropped without `wait`/`stop`, the command is SIGKILLed and the cgroup removed.
+pub struct LimitedChild {
+    child: std::process::Child,
+    cgroup: MemoryCgroup,
+    limit_bytes: Option<u64>,
+    started: Instant,
+    swap_in_before: u64,
+    swap_out_before: u64,
+}
+
+impl LimitedChild {
+    /// Starts `command` in the cgroup (it joins between fork and exec, so every page it touches
+    /// is charged there). Errors when the cgroup cannot be made or the command not started.
+    pub fn spawn(command: &[String], limit_bytes: Option<u64>, stdout: Stdio) -> Result<LimitedChild> {
+        assert!(!command.is_empty(), "callers pass a command");
+        let cgroup = MemoryCgroup::create(limit_bytes)?;
+        let procs = CString::new(cgroup.dir.join("cgroup.procs").into_os_string().into_encoded_bytes())
+            .context("cgroup path has a NUL byte")?;
+        let swap_in_before = vmstat("pswpin");
+        let swap_out_before = vmstat("pswpout");
+        let started = Instant::now();
+        let mut child_command = Command::new(&command[0]);
+        child_command.args(&command[1..]).stdout(stdout);
+        // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
+        // functions (signal, getpid, open, write, close) on memory prepared before the fork.
+        unsafe {
+            child_command.pre_exec(move || {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                let mut digits = [0u8; 20];
+                let mut position = digits.len();
+                let mut pid = libc::getpid() as u64;
+                loop {
+                    position -= 1;
+                    digits[position] = b'0' + (pid % 10) as u8;
+                    pid /= 10;
+                    if pid == 0 {
+                        break;
+                    }
                 }
-            }
-            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let length = digits.len() - position;
-            let written = libc::write(fd, digits[position..].as_ptr().cast(), length);
-            let error = std::io::Error::last_os_error();
-            libc::close(fd);
-            if written != length as isize {
-                return Err(error);
-            }
-            Ok(())
-        });
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let length = digits.len() - position;
+                let written = libc::write(fd, digits[position..].as_ptr().cast(), length);
+                let error = std::io::Error::last_os_error();
+                libc::close(fd);
+                if written != length as isize {
+                    return Err(error);
+                }
+                Ok(())
+            });
+        }
+        let child = child_command
+            .spawn()
+            .with_context(|| format!("running {:?} in cgroup {}", command[0], cgroup.dir.display()))?;
+        Ok(LimitedChild { child, cgroup, limit_bytes, started, swap_in_before, swap_out_before })
     }
-    let status = child_command
-        .status()
-        .with_context(|| format!("running {:?} in cgroup {}", command[0], cgroup.dir.display()))?;
-    let wall = started.elapsed();
-    let exit_code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
-    let peak_bytes = cgroup.peak_bytes();
-    let report = RunReport {
-        limit_bytes,
-        peak_bytes,
-        swap_in_pages: vmstat("pswpin").saturating_sub(swap_in_before),
-        swap_out_pages: vmstat("pswpout").saturating_sub(swap_out_before),
-        wall,
-        exit_code,
-        cgroup: cgroup.dir.clone(),
-    };
-    cgroup.remove()?;
-    Ok(report)
+
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The exit code (128 + signal) if the command has exited.
+    pub fn try_wait(&mut self) -> Result<Option<i32>> {
+        Ok(self.child.try_wait().context("waiting for the command")?.map(exit_code))
+    }
+
+    /// Waits for the command to exit, then reports and removes the cgroup.
+    pub fn wait(mut self) -> Result<RunReport> {
+        let status = self.child.wait().context("waiting for the command")?;
+        self.finish(exit_code(status))
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`; then reports and removes the cgroup (a server's end).
+    pub fn stop(mut self, grace: Duration) -> Result<RunReport> {
+        // SAFETY: kill with the PID of our child, not yet reaped.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + grace;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().context("waiting for the command")? {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                break self.child.wait().context("waiting for the command")?;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.finish(exit_code(status))
+    }
+
+    fn finish(self, exit_code: i32) -> Result<RunReport> {
+        let report = RunReport {
+            limit_bytes: self.limit_bytes,
+            peak_bytes: self.cgroup.peak_bytes(),
+            swap_in_pages: vmstat("pswpin").saturating_sub(self.swap_in_before),
+            swap_out_pages: vmstat("pswpout").saturating_sub(self.swap_out_before),
+            wall: self.started.elapsed(),
+            exit_code,
+            cgroup: self.cgroup.dir.clone(),
+        };
+        let LimitedChild { mut child, cgroup, .. } = self;
+        // Reaped already; kill of an exited child is a no-op error.
+        let _ = child.kill();
+        cgroup.remove()?;
+        Ok(report)
+    }
+}
+
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
 /// A fresh memory cgroup, removed (its processes killed first) by `remove` or on drop.

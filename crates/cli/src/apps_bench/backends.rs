@@ -1,0 +1,263 @@
+//! The swap backends an application pages to: remem EC(8,2) and remem rep(2) (k=1, r=1), each
+//! on a fresh local 10-node cluster over TCP through `remem swap on`, and a swap file on the
+//! local disk (the seed's "SSD backup"). One is on at a time; guards turn it off, also on error.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use crate::code_args::CodeArgs;
+use crate::launcher::{ClusterOptions, LocalCluster, UnixSockets};
+use crate::run_command::{RememSwap, RememSwapOptions};
+
+const MIB: u64 = 1 << 20;
+pub const SLAB_BYTES: u64 = 4 * MIB;
+const NODES: usize = 10;
+/// The node a failure run SIGKILLs.
+const VICTIM_NODE: usize = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    RememEc,
+    RememRep,
+    DiskFile,
+}
+
+impl Backend {
+    pub const ALL: [Backend; 3] = [Backend::RememEc, Backend::RememRep, Backend::DiskFile];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::RememEc => "remem EC(8,2)",
+            Backend::RememRep => "remem rep(2)",
+            Backend::DiskFile => "local disk file",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Backend, String> {
+        match text.trim() {
+            "ec" => Ok(Backend::RememEc),
+            "rep" => Ok(Backend::RememRep),
+            "disk" => Ok(Backend::DiskFile),
+            other => Err(format!("{other:?}: a backend is ec, rep or disk")),
+        }
+    }
+
+    pub fn is_remem(self) -> bool {
+        self != Backend::DiskFile
+    }
+
+    fn code(self) -> Option<CodeArgs> {
+        match self {
+            Backend::RememEc => Some(CodeArgs { data_splits: 8, parity_splits: 2, delta: 1 }),
+            // Both replicas are read only when the first is slow or gone: no extra reads.
+            Backend::RememRep => Some(CodeArgs { data_splits: 1, parity_splits: 1, delta: 0 }),
+            Backend::DiskFile => None,
+        }
+    }
+}
+
+/// A backend's swap area, on until dropped (the swap first, then the cluster).
+pub struct SwapOn {
+    // Field order is drop order: swap off before the nodes stop.
+    remem_swap: Option<RememSwap>,
+    cluster: Option<LocalCluster>,
+    _disk: Option<DiskSwap>,
+}
+
+impl SwapOn {
+    /// Turns on `swap_bytes` of swap on `backend`, its files under `work_dir`.
+    pub fn start(binary: &Path, backend: Backend, swap_bytes: u64, work_dir: &Path) -> Result<SwapOn> {
+        let Some(code) = backend.code() else {
+            let disk = DiskSwap::on(&work_dir.join("disk-swapfile"), swap_bytes)?;
+            return Ok(SwapOn { remem_swap: None, cluster: None, _disk: Some(disk) });
+        };
+        // Each node holds its share of (k+r)/k times the swap, with room for the share of a
+        // node killed by a failure run (its slabs' replacements land on the other nodes).
+        let stored = swap_bytes * (code.data_splits + code.parity_splits) as u64 / code.data_splits as u64;
+        let capacity_bytes = (stored / (NODES as u64 - 2) + 8 * SLAB_BYTES).div_ceil(SLAB_BYTES) * SLAB_BYTES;
+        let options = ClusterOptions {
+            lease_grace: None,
+            nodes: NODES,
+            capacity_bytes,
+            slab_size_bytes: SLAB_BYTES,
+            nodes_per_domain: 1,
+            dir: work_dir.join("cluster"),
+            fault_injection: false,
+            monitor_args: None,
+            unix_sockets: UnixSockets::None,
+        };
+        let cluster = LocalCluster::start(binary, &options).context("starting the local cluster")?;
+        let swap_options = RememSwapOptions {
+            size_bytes: swap_bytes,
+            priority: 100,
+            cluster: Some(cluster.cluster_file_path.clone()),
+            code,
+            runtime_dir: work_dir.join("remem-swap"),
+        };
+        let remem_swap = RememSwap::on(binary, &swap_options)?;
+        Ok(SwapOn { remem_swap: Some(remem_swap), cluster: Some(cluster), _disk: None })
+    }
+
+    /// The block device counters of the swap area that is on (the loop device of remem swap,
+    /// the disk under the swap file), if /proc/swaps and sysfs tell them.
+    pub fn device_stat(&self) -> Option<DeviceStat> {
+        let swaps = std::fs::read_to_string("/proc/swaps").ok()?;
+        let area = swaps.lines().nth(1)?.split_whitespace().next()?;
+        let stat_path = match area.strip_prefix("/dev/") {
+            Some(device) => PathBuf::from(format!("/sys/block/{device}/stat")),
+            None => {
+                let device = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(area).ok()?);
+                PathBuf::from(format!("/sys/dev/block/{}:{}/stat", libc::major(device), libc::minor(device)))
+            }
+        };
+        DeviceStat::parse(&std::fs::read_to_string(stat_path).ok()?)
+    }
+
+    /// The PID of the memory node a failure run kills (remem backends only).
+    pub fn victim_pid(&self) -> Option<u32> {
+        self.cluster.as_ref()?.pid(VICTIM_NODE)
+    }
+}
+
+impl Drop for SwapOn {
+    fn drop(&mut self) {
+        drop(self.remem_swap.take());
+        if let Some(mut cluster) = self.cluster.take() {
+            cluster.stop(Duration::from_secs(5));
+        }
+    }
+}
+
+/// A block device's I/O counters (`/sys/block/DEV/stat`): requests completed and the
+/// milliseconds they spent from submission to completion, summed over requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DeviceStat {
+    pub reads: u64,
+    pub read_sectors: u64,
+    pub read_ms: u64,
+    pub writes: u64,
+    pub write_sectors: u64,
+    pub write_ms: u64,
+}
+
+impl DeviceStat {
+    /// Parses the stat file's fields 1-8; None when they are not numbers.
+    pub fn parse(text: &str) -> Option<DeviceStat> {
+        let fields: Vec<u64> =
+            text.split_whitespace().take(8).map(str::parse).collect::<Result<_, _>>().ok()?;
+        let &[reads, _, read_sectors, read_ms, writes, _, write_sectors, write_ms] = fields.as_slice() else {
+            return None;
+        };
+        Some(DeviceStat { reads, read_sectors, read_ms, writes, write_sectors, write_ms })
+    }
+
+    /// What happened between `earlier` and `self` (counters only grow; a reset reads as 0).
+    pub fn since(&self, earlier: &DeviceStat) -> DeviceStat {
+        DeviceStat {
+            reads: self.reads.saturating_sub(earlier.reads),
+            read_sectors: self.read_sectors.saturating_sub(earlier.read_sectors),
+            read_ms: self.read_ms.saturating_sub(earlier.read_ms),
+            writes: self.writes.saturating_sub(earlier.writes),
+            write_sectors: self.write_sectors.saturating_sub(earlier.write_sectors),
+            write_ms: self.write_ms.saturating_sub(earlier.write_ms),
+        }
+    }
+}
+
+/// A swap file on the local disk; swapoff and removed on drop.
+struct DiskSwap {
+    path: PathBuf,
+    on: bool,
+}
+
+impl DiskSwap {
+    fn on(path: &Path, size_bytes: u64) -> Result<DiskSwap> {
+        let mut swap = DiskSwap { path: path.to_owned(), on: false };
+        let path_text = path.to_str().context("work directory is not UTF-8")?;
+        tool("fallocate", &["-l", &size_bytes.to_string(), path_text])?;
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+        tool("mkswap", &[path_text])?;
+        tool("swapon", &[path_text]).context(
+            "the local-disk baseline needs --dir on a disk file system that takes swap files (ext4, xfs; \
+             not tmpfs or overlayfs)",
+        )?;
+        swap.on = true;
+        Ok(swap)
+    }
+}
+
+impl Drop for DiskSwap {
+    fn drop(&mut self) {
+        if self.on {
+            if let Err(error) = tool("swapoff", &[&self.path.to_string_lossy()]) {
+                eprintln!("bench apps: {error:#}: run swapoff {} yourself", self.path.display());
+                return;
+            }
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Removes a directory tree on drop, unless something is still mounted under it.
+pub struct RemoveOnDrop(pub PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let prefix = self.0.to_string_lossy().into_owned();
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        if mounts
+            .lines()
+            .any(|line| line.split_whitespace().nth(4).is_some_and(|point| point.starts_with(&prefix)))
+        {
+            eprintln!("bench apps: something is still mounted under {prefix}; left in place");
+            return;
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs a system tool (under `timeout`), failing with its stderr.
+fn tool(program: &str, args: &[&str]) -> Result<()> {
+    let output = Command::new("timeout")
+        .args(["-k", "5", "120", program])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {program}"))?;
+    if !output.status.success() {
+        bail!("{program} {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr).trim());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_stat_parses_sysfs_lines_and_refuses_garbage() {
+        let stat =
+            DeviceStat::parse("  1200 3 9600 450 800 0 6400 900 0 1000 1350 0 0 0 0\n").expect("a stat line");
+        assert_eq!(
+            stat,
+            DeviceStat {
+                reads: 1200,
+                read_sectors: 9600,
+                read_ms: 450,
+                writes: 800,
+                write_sectors: 6400,
+                write_ms: 900
+            }
+        );
+        let later = DeviceStat { reads: 1300, read_ms: 500, ..stat };
+        assert_eq!(later.since(&stat).reads, 100);
+        assert_eq!(stat.since(&later).reads, 0);
+        assert!(DeviceStat::parse("1 2 3").is_none());
+        assert!(DeviceStat::parse("a b c d e f g h").is_none());
+        assert_eq!(Backend::parse("rep"), Ok(Backend::RememRep));
+        assert!(Backend::parse("nbd").is_err());
+    }
+}

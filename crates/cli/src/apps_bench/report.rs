@@ -1,0 +1,165 @@
+//! The bench's output: a table per application (each run's throughput and p50/p99 latency as
+//! ratios to the all-in-memory baseline, swap traffic, verification), and a PNG per
+//! application of the throughput ratio against local memory, one line per backend and the
+//! failure runs as separate points.
+
+use std::path::Path;
+
+use anyhow::Result;
+
+use super::{AppReport, AppRun};
+use crate::plot::{points_plot, PointSeries};
+use crate::units::format_bytes;
+
+fn ratio(value: Option<f64>) -> String {
+    value.map_or("-".to_owned(), |ratio| format!("{ratio:.2}x"))
+}
+
+fn micros(value: Option<f64>) -> String {
+    value.map_or("-".to_owned(), |us| format!("{us:.0} us"))
+}
+
+fn milliseconds(value: Option<f64>) -> String {
+    value.map_or("-".to_owned(), |ms| format!("{ms:.2}"))
+}
+
+fn verdict(run: &AppRun) -> String {
+    match (run.verified, run.exit_code) {
+        (true, _) => "yes".to_owned(),
+        (false, 137) => "killed".to_owned(),
+        (false, _) => "NO".to_owned(),
+    }
+}
+
+fn local(run: &AppRun) -> String {
+    if run.failure_run {
+        format!("{:.0}%+kill", run.local_percent)
+    } else {
+        format!("{:.0}%", run.local_percent)
+    }
+}
+
+/// One line per run, for progress on stderr.
+pub fn row_line(run: &AppRun) -> String {
+    format!(
+        "{} {} {:.1} ops/s ({}), p50 {}, p99 {}, {} s, swap-outs {} swap-ins {}, verified {}{}",
+        run.backend,
+        local(run),
+        run.ops_per_second,
+        ratio(Some(run.throughput_ratio)),
+        micros(run.latency_p50_us),
+        micros(run.latency_p99_us),
+        format_args!("{:.1}", run.wall_seconds),
+        run.swap_out_pages,
+        run.swap_in_pages,
+        verdict(run),
+        run.problem.as_ref().map_or(String::new(), |problem| format!(": {problem}"))
+    )
+}
+
+pub fn print_table(report: &AppReport) {
+    println!("== {}: {}", report.application, report.description);
+    println!(
+        "baseline (no limit, no swap): peak {}, {:.1} {}, p50 {}, p99 {}, {:.1} s",
+        format_bytes(report.baseline_peak_bytes),
+        report.baseline_ops_per_second,
+        report.throughput_unit,
+        micros(report.baseline_latency_p50_us),
+        micros(report.baseline_latency_p99_us),
+        report.baseline_wall_seconds
+    );
+    println!(
+        "{:<16} {:>9} {:>11} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8}",
+        "swap backend",
+        "local",
+        "limit",
+        "throughput",
+        "p50",
+        "p99",
+        "time s",
+        "swap-outs",
+        "swap-ins",
+        "verified"
+    );
+    for run in &report.runs {
+        println!(
+            "{:<16} {:>9} {:>11} {:>10} {:>9} {:>9} {:>9.1} {:>9} {:>10} {:>8} {:>8} {:>8}",
+            run.backend,
+            local(run),
+            format_bytes(run.limit_bytes),
+            ratio(Some(run.throughput_ratio)),
+            ratio(run.p50_ratio),
+            ratio(run.p99_ratio),
+            run.wall_seconds,
+            run.swap_out_pages,
+            run.swap_in_pages,
+            verdict(run),
+            milliseconds(run.swap_device.as_ref().and_then(|device| device.read_ms_mean)),
+            milliseconds(run.swap_device.as_ref().and_then(|device| device.write_ms_mean)),
+        );
+    }
+    for run in report.runs.iter().filter(|run| run.problem.is_some() || run.failure_run) {
+        let killed = match (run.failure_run, run.node_killed_after_seconds) {
+            (true, Some(after)) => format!("node SIGKILLed {after:.1} s into the timed phase"),
+            (true, None) => "the timed phase ended before the node kill was due".to_owned(),
+            (false, _) => String::new(),
+        };
+        println!(
+            "  {} {}: {killed}{}{}",
+            run.backend,
+            local(run),
+            if killed.is_empty() || run.problem.is_none() { "" } else { "; " },
+            run.problem.as_deref().unwrap_or("")
+        );
+    }
+    println!(
+        "throughput, p50, p99: this run's over the baseline's (throughput 1.00x = as fast as all in memory; \
+         latency above 1.00x = slower); verified: checks passed and result equal to the baseline's, \
+         killed (SIGKILL: the cgroup's OOM killer), or NO; read/write ms: mean time of a request in \
+         the swap device (remem: loop -> FUSE -> remem fs -> engine -> nodes; disk: the whole partition)"
+    );
+    for run in
+        report.runs.iter().filter(|run| run.swap_device.as_ref().is_some_and(|device| device.reads > 0))
+    {
+        let device = run.swap_device.as_ref().expect("filtered");
+        println!(
+            "  {} {}: {} swap reads ({:.1} KiB each, {:.1} pages swapped in per read), {:.2} s in the device \
+             summed over reads; run {:.1} s vs baseline {:.1} s",
+            run.backend,
+            local(run),
+            device.reads,
+            device.read_kib as f64 / device.reads as f64,
+            run.swap_in_pages as f64 / device.reads as f64,
+            device.read_seconds_total,
+            run.wall_seconds,
+            report.baseline_wall_seconds
+        );
+    }
+    println!();
+}
+
+/// Throughput ratio against local memory %, one line per backend, failure runs as points.
+pub fn plot_throughput(path: &Path, report: &AppReport) -> Result<()> {
+    let mut series: Vec<PointSeries> = Vec::new();
+    for run in &report.runs {
+        let name =
+            if run.failure_run { format!("{}, a node SIGKILLed", run.backend) } else { run.backend.clone() };
+        let point = (run.local_percent, run.throughput_ratio);
+        match series.iter_mut().find(|line| line.name == name) {
+            Some(line) => line.points.push(point),
+            None => series.push(PointSeries { name, points: vec![point], joined: !run.failure_run }),
+        }
+    }
+    for line in &mut series {
+        line.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    let x_min = report.runs.iter().map(|run| run.local_percent).fold(100.0, f64::min);
+    points_plot(
+        path,
+        &format!("{}: throughput vs local memory (1.0 = all in memory)", report.application),
+        ("local memory (% of the peak)", "throughput ratio"),
+        (x_min - 5.0).max(0.0)..105.0,
+        1.0,
+        &series,
+    )
+}
