@@ -18,7 +18,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::backup::{BackupError, ItemRecord, ScanReport, Slot};
+use crate::backup::{BackupError, ItemRecord, RecordView, ScanReport, Slot};
 use crate::cache::Cache;
 use crate::index::{Entry, EntryId, LocationId, Recorded, Released};
 use crate::space::RegionKind;
@@ -66,7 +66,7 @@ impl Cache {
             return Ok(());
         }
         let place = self.index.location(location);
-        let record = ItemRecord {
+        let record = RecordView {
             seq: backup.next_seq(),
             cas,
             expires_at,
@@ -75,8 +75,8 @@ impl Cache {
             value_crc: place.value_crc,
             scheme: place.scheme,
             pinned: entry.pinned,
-            extent: place.extent.clone(),
-            key: entry.key.clone(),
+            extent: &place.extent,
+            key: &entry.key,
         };
         let slot = backup.put(&record)?;
         self.stats.backup_records_written += 1;

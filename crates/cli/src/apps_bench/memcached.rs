@@ -11,7 +11,6 @@
 //! sized well above the data set, so a miss is an error (an eviction would make it one too).
 
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -22,9 +21,8 @@ use rand::{Rng, SeedableRng};
 
 use super::failure::{Failure, KillTimer};
 use super::kv_client::{each_client, load, verify, KvConnection, Memcache};
-use super::workload::{check_value, connect, fill_value, free_port, percentiles_us, ValueSizes, Zipf};
-use super::Measurement;
-use crate::run_command::LimitedChild;
+use super::workload::{check_value, fill_value, free_port, percentiles_us, ValueSizes, Zipf};
+use super::{Driven, Measurement};
 
 pub struct Memcached {
     pub sizes: ValueSizes,
@@ -79,23 +77,7 @@ impl Memcached {
         .iter()
         .map(|arg| arg.to_string())
         .collect();
-        let mut server = LimitedChild::spawn(&command, limit_bytes, Stdio::null())?;
-        let outcome =
-            connect(&mut server, port, Duration::from_secs(10)).and_then(|_| self.drive(port, failure));
-        let report = server.stop(Duration::from_secs(10))?;
-        let mut measurement = Measurement::failed(report, String::new());
-        match outcome {
-            Ok(driven) => {
-                measurement.ops_per_second = driven.operations as f64 / driven.seconds.max(1e-9);
-                measurement.phase_seconds = driven.seconds;
-                (measurement.latency_p50_us, measurement.latency_p99_us) = driven.percentiles;
-                measurement.node_killed_after = driven.node_killed_after;
-                measurement.result = format!("{} keys read back exact", self.keys);
-                measurement.check = Ok(());
-            }
-            Err(error) => measurement.check = Err(format!("{error:#}")),
-        }
-        Ok(measurement)
+        super::run_server(&command, limit_bytes, port, self.keys, || self.drive(port, failure))
     }
 
     fn drive(&self, port: u16, failure: Option<Failure>) -> Result<Driven> {
@@ -117,10 +99,12 @@ impl Memcached {
         let node_killed_after = timer.finish();
         verify::<Memcache>(port, self.keys, self.sizes, &versions, self.clients)?;
         let mut nanos = latencies.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (p50_us, p99_us) = percentiles_us(&mut nanos);
         Ok(Driven {
-            operations: operations.into_inner(),
+            ops_per_second: operations.into_inner() as f64 / seconds.max(1e-9),
             seconds,
-            percentiles: percentiles_us(&mut nanos),
+            p50_us,
+            p99_us,
             node_killed_after,
         })
     }
@@ -167,11 +151,4 @@ impl Memcached {
         }
         Ok((nanos.len() as u64, nanos))
     }
-}
-
-struct Driven {
-    operations: u64,
-    seconds: f64,
-    percentiles: (Option<f64>, Option<f64>),
-    node_killed_after: Option<Duration>,
 }

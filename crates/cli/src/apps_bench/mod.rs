@@ -121,6 +121,46 @@ pub struct Measurement {
     pub node_killed_after: Option<Duration>,
 }
 
+/// What driving a server measured (memcached, redis): its timed phase, and whether every key
+/// read back exact (an error otherwise).
+pub struct Driven {
+    pub ops_per_second: f64,
+    pub seconds: f64,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub node_killed_after: Option<Duration>,
+}
+
+/// Runs `command`, a server listening on `port`, in the memory cgroup (`limit_bytes`), drives it
+/// from outside with `drive` once it accepts connections, and stops it: the measurement of a
+/// server application. `keys` is what `drive` verified.
+pub fn run_server(
+    command: &[String],
+    limit_bytes: Option<u64>,
+    port: u16,
+    keys: u64,
+    drive: impl FnOnce() -> Result<Driven>,
+) -> Result<Measurement> {
+    let mut server =
+        crate::run_command::LimitedChild::spawn(command, limit_bytes, std::process::Stdio::null())?;
+    let outcome = workload::connect(&mut server, port, Duration::from_secs(10)).and_then(|_| drive());
+    let report = server.stop(Duration::from_secs(10))?;
+    let mut measurement = Measurement::failed(report, String::new());
+    match outcome {
+        Ok(driven) => {
+            measurement.ops_per_second = driven.ops_per_second;
+            measurement.phase_seconds = driven.seconds;
+            measurement.latency_p50_us = driven.p50_us;
+            measurement.latency_p99_us = driven.p99_us;
+            measurement.node_killed_after = driven.node_killed_after;
+            measurement.result = format!("{keys} keys read back exact");
+            measurement.check = Ok(());
+        }
+        Err(error) => measurement.check = Err(format!("{error:#}")),
+    }
+    Ok(measurement)
+}
+
 impl Measurement {
     /// A run that measured nothing (yet): `check` says why.
     fn failed(process: RunReport, why: String) -> Measurement {

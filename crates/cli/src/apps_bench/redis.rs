@@ -10,15 +10,14 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
 use super::failure::{Failure, KillTimer};
 use super::kv_client::{load, verify, Redis as RedisConnection};
-use super::workload::{connect, free_port, ValueSizes};
-use super::Measurement;
-use crate::run_command::LimitedChild;
+use super::workload::{free_port, ValueSizes};
+use super::{Driven, Measurement};
 
 pub struct Redis {
     pub keys: u64,
@@ -65,24 +64,7 @@ impl Redis {
         .iter()
         .map(|arg| arg.to_string())
         .collect();
-        let mut server = LimitedChild::spawn(&command, limit_bytes, Stdio::null())?;
-        let outcome =
-            connect(&mut server, port, Duration::from_secs(10)).and_then(|_| self.drive(port, failure));
-        let report = server.stop(Duration::from_secs(10))?;
-        let mut measurement = Measurement::failed(report, String::new());
-        match outcome {
-            Ok(driven) => {
-                measurement.ops_per_second = driven.ops_per_second;
-                measurement.phase_seconds = driven.seconds;
-                measurement.latency_p50_us = Some(driven.p50_us);
-                measurement.latency_p99_us = Some(driven.p99_us);
-                measurement.node_killed_after = driven.node_killed_after;
-                measurement.result = format!("{} keys read back exact", self.keys);
-                measurement.check = Ok(());
-            }
-            Err(error) => measurement.check = Err(format!("{error:#}")),
-        }
-        Ok(measurement)
+        super::run_server(&command, limit_bytes, port, self.keys, || self.drive(port, failure))
     }
 
     fn drive(&self, port: u16, failure: Option<Failure>) -> Result<Driven> {
@@ -106,19 +88,11 @@ impl Redis {
         Ok(Driven {
             ops_per_second: requests / busy_seconds,
             seconds,
-            p50_us: gets.p50_ms.max(sets.p50_ms) * 1000.0,
-            p99_us: gets.p99_ms.max(sets.p99_ms) * 1000.0,
+            p50_us: Some(gets.p50_ms.max(sets.p50_ms) * 1000.0),
+            p99_us: Some(gets.p99_ms.max(sets.p99_ms) * 1000.0),
             node_killed_after,
         })
     }
-}
-
-struct Driven {
-    ops_per_second: f64,
-    seconds: f64,
-    p50_us: f64,
-    p99_us: f64,
-    node_killed_after: Option<Duration>,
 }
 
 /// One test's row of redis-benchmark's `--csv` output.

@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use memmap2::MmapMut;
-pub use record::ItemRecord;
+pub use record::{ItemRecord, RecordView};
 
 pub const MAGIC: &[u8; 8] = b"REMEMKVB";
 pub const VERSION: u32 = 1;
@@ -269,7 +269,7 @@ impl Backup {
     }
 
     /// Writes `record` into a free slot: payload, length and checksum, then the state word.
-    pub fn put(&mut self, record: &ItemRecord) -> Result<Slot, BackupError> {
+    pub fn put(&mut self, record: &RecordView) -> Result<Slot, BackupError> {
         let len = record.encoded_len();
         let class = (0..CLASS_COUNT)
             .find(|&class| class_bytes(class) >= len + SLOT_HEADER_BYTES)

@@ -78,13 +78,45 @@ fn runs(pages: &[u64]) -> impl Iterator<Item = (u64, u32)> + '_ {
     })
 }
 
+/// A record to write, borrowing the item's key and place (no allocation per store).
+#[derive(Clone, Copy, Debug)]
+pub struct RecordView<'a> {
+    pub seq: u64,
+    pub cas: u64,
+    pub expires_at: u64,
+    pub flags: u32,
+    pub value_bytes: usize,
+    pub value_crc: u32,
+    pub scheme: Scheme,
+    pub pinned: bool,
+    pub extent: &'a Extent,
+    pub key: &'a [u8],
+}
+
 impl ItemRecord {
+    pub fn view(&self) -> RecordView<'_> {
+        RecordView {
+            seq: self.seq,
+            cas: self.cas,
+            expires_at: self.expires_at,
+            flags: self.flags,
+            value_bytes: self.value_bytes,
+            value_crc: self.value_crc,
+            scheme: self.scheme,
+            pinned: self.pinned,
+            extent: &self.extent,
+            key: &self.key,
+        }
+    }
+}
+
+impl RecordView<'_> {
     /// Payload bytes of this record.
     pub fn encoded_len(&self) -> usize {
         FIXED_BYTES + runs(&self.extent.pages).count() * RUN_BYTES + self.key.len()
     }
 
-    /// Writes the payload into `out`, which is exactly [`ItemRecord::encoded_len`] bytes.
+    /// Writes the payload into `out`, which is exactly [`RecordView::encoded_len`] bytes.
     pub fn encode_into(&self, out: &mut [u8]) {
         let mut at = 0;
         let mut put = |bytes: &[u8]| {
@@ -111,10 +143,12 @@ impl ItemRecord {
             put(&first.to_le_bytes());
             put(&len.to_le_bytes());
         }
-        put(&self.key);
+        put(self.key);
         debug_assert_eq!(at, out.len());
     }
+}
 
+impl ItemRecord {
     /// Decodes and checks a payload (see the module docs).
     pub fn decode(bytes: &[u8]) -> Result<ItemRecord, RecordError> {
         if bytes.len() < FIXED_BYTES {
@@ -219,8 +253,8 @@ mod tests {
     }
 
     fn encode(record: &ItemRecord) -> Vec<u8> {
-        let mut bytes = vec![0; record.encoded_len()];
-        record.encode_into(&mut bytes);
+        let mut bytes = vec![0; record.view().encoded_len()];
+        record.view().encode_into(&mut bytes);
         bytes
     }
 

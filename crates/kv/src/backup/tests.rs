@@ -46,11 +46,11 @@ fn records_put_are_found_again_and_freed_ones_are_not() {
     let a = item(1, "a", vec![1, 2, 3]);
     let b = item(2, "b", vec![]);
     let big = item(3, &"k".repeat(250), (0..2000).map(|page| page * 2).collect());
-    let slot_a = backup.put(&a).unwrap();
-    let slot_b = backup.put(&b).unwrap();
-    backup.put(&big).unwrap();
+    let slot_a = backup.put(&a.view()).unwrap();
+    let slot_b = backup.put(&b.view()).unwrap();
+    backup.put(&big.view()).unwrap();
     let c = item(4, "c", vec![9]);
-    assert_eq!(backup.put(&c).unwrap().class, slot_a.class, "small records share a class");
+    assert_eq!(backup.put(&c.view()).unwrap().class, slot_a.class, "small records share a class");
     backup.free(slot_b);
     drop(backup);
     let (mut reopened, records, report) = Backup::open(&path).unwrap();
@@ -64,8 +64,8 @@ fn records_put_are_found_again_and_freed_ones_are_not() {
 fn a_damaged_or_torn_slot_is_counted_and_never_returned() {
     let path = temporary("backup");
     let mut backup = Backup::create(&path, 16 << 20).unwrap();
-    let slot = backup.put(&item(1, "a", vec![1])).unwrap();
-    backup.put(&item(2, "b", vec![2])).unwrap();
+    let slot = backup.put(&item(1, "a", vec![1]).view()).unwrap();
+    backup.put(&item(2, "b", vec![2]).view()).unwrap();
     drop(backup);
     // One payload byte changed under a live state word: a write cut short, or damage.
     let mut bytes = std::fs::read(&path).unwrap();
@@ -83,7 +83,7 @@ fn a_damaged_or_torn_slot_is_counted_and_never_returned() {
 fn a_checksummed_record_that_does_not_decode_is_invalid() {
     let path = temporary("backup");
     let mut backup = Backup::create(&path, 16 << 20).unwrap();
-    let slot = backup.put(&item(1, "a", vec![1])).unwrap();
+    let slot = backup.put(&item(1, "a", vec![1]).view()).unwrap();
     drop(backup);
     let mut bytes = std::fs::read(&path).unwrap();
     let at = slot.offset as usize;
@@ -125,7 +125,7 @@ fn a_full_region_says_so() {
     assert_eq!(chunks as usize, CLASS_COUNT);
     let mut stored = 0;
     let error = loop {
-        match backup.put(&item(stored + 1, "a", vec![])) {
+        match backup.put(&item(stored + 1, "a", vec![]).view()) {
             Ok(_) => stored += 1,
             Err(error) => break error,
         }
