@@ -97,6 +97,22 @@ pub struct KvArgs {
     /// cache that starts empty, as memcached).
     #[arg(long)]
     pub ephemeral: bool,
+    /// Stand by for the running `remem kv` of the same state directory (same cluster and --name
+    /// or --state, same -m, -k, -r and schemes): lend it a backup region in this process's
+    /// memory, and take over its address with every item it acknowledged when it dies.
+    /// docs/KV.md "Standby".
+    #[arg(long, conflicts_with_all = ["ephemeral", "fresh"])]
+    pub standby: bool,
+    /// How a standby's region is kept (this server's, when a standby attaches): one-sided (this
+    /// server stores into the standby's memory; the standby's CPU idles), rpc (each change sent,
+    /// replies wait for the standby's acknowledgement) or log (a ring the standby drains by
+    /// polling; replies do not wait).
+    #[arg(long, default_value = "one-sided", value_parser = ["one-sided", "rpc", "log"])]
+    pub replication: String,
+    /// How a new standby's region is filled while this server serves: adaptive (whole chunks
+    /// where they are dense, record by record where sparse), bulk or per-item.
+    #[arg(long, default_value = "adaptive", value_parser = ["adaptive", "bulk", "per-item"])]
+    pub sync: String,
     /// Size of the backup region (a sparse file: only records written take memory). Default:
     /// 2.5 x --memory-limit + 16 MiB, room for every item the limit allows.
     #[arg(long, value_parser = parse_bytes)]
@@ -174,6 +190,7 @@ pub fn run(args: KvArgs) -> Result<()> {
         bypass: !args.no_bypass,
         max_background_transitions: 8,
     };
+    let mut takeover = None;
     let state = if args.ephemeral {
         None
     } else {
@@ -187,7 +204,15 @@ pub fn run(args: KvArgs) -> Result<()> {
                 cluster_path.parent().unwrap_or(Path::new(".")).join(format!("kv-{}", args.name))
             }
         };
-        Some(crate::kv_state::KvState::lock(&dir)?)
+        if args.standby {
+            takeover = Some(crate::kv_standby::stand_by(&dir)?);
+            // The primary's process is gone once its lock is free.
+            let state = crate::kv_state::KvState::lock_waiting(&dir, Duration::from_secs(10))?;
+            crate::kv_standby::adopt_region(&dir, &state.backup_path())?;
+            Some(state)
+        } else {
+            Some(crate::kv_state::KvState::lock(&dir)?)
+        }
     };
     if let (Some(state), true) = (&state, args.fresh) {
         state.drop_saved(&secret, &config)?;
@@ -196,6 +221,9 @@ pub fn run(args: KvArgs) -> Result<()> {
         Some(state) => state.reopen(&secret, config.clone(), cache_config.clone())?,
         None => None,
     };
+    if takeover.is_some() && reopened.is_none() {
+        bail!("the primary saved no slab map: nothing to take over");
+    }
     let cache = match reopened {
         Some((cache, report)) => {
             eprintln!(
@@ -234,19 +262,39 @@ pub fn run(args: KvArgs) -> Result<()> {
         }
     };
     let limits = remem_memcache::Limits { max_item_bytes: args.max_item_size as usize, ..Default::default() };
+    let (listen, unix) = match &takeover {
+        Some(takeover) => (takeover.listen, takeover.unix.clone().or(args.unix.clone())),
+        None => (args.listen, args.unix.clone()),
+    };
     let server_config = ServerConfig {
-        listen: Some(args.listen),
-        unix: args.unix.clone(),
+        listen: Some(listen),
+        unix: unix.clone(),
         max_connections: args.max_connections,
         limits,
         auth,
     };
-    let mut server =
-        Server::bind(cache, server_config).with_context(|| format!("binding {}", args.listen))?;
+    let mut server = Server::bind(cache, server_config).with_context(|| format!("binding {listen}"))?;
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
     let address = server.local_addr().expect("a TCP listener");
+    if let Some(state) = &state {
+        let mode = remem_kv::backup::wire::Mode::parse(&args.replication).expect("checked by clap");
+        let policy = remem_kv::backup::SyncPolicy::parse(&args.sync).expect("checked by clap");
+        let unix_text = unix.as_ref().map(|path| path.display().to_string()).unwrap_or_default();
+        let port =
+            remem_kv::standby::StandbyPort::bind(&state.dir, mode, policy, address.to_string(), unix_text)
+                .context("listening for a standby")?;
+        server.serve_standbys(port).context("listening for a standby")?;
+    }
+    if let Some(takeover) = &takeover {
+        eprintln!(
+            "took over from the primary{}, found dead because {}: serving {} ms after",
+            takeover.primary_pid.map(|pid| format!(" (pid {pid})")).unwrap_or_default(),
+            takeover.how,
+            takeover.detected_at.elapsed().as_millis()
+        );
+    }
     println!("listening {address}");
     std::io::stdout().flush()?;
     eprintln!(
@@ -309,7 +357,7 @@ pub fn run(args: KvArgs) -> Result<()> {
         }
     }));
     let result = server.run(&stop);
-    if let Some(path) = &args.unix {
+    if let Some(path) = &unix {
         let _ = std::fs::remove_file(path);
     }
     result.context("serving")

@@ -31,6 +31,7 @@ pub mod report;
 pub mod scheme;
 pub mod server;
 pub mod space;
+pub mod standby;
 pub mod stats;
 pub mod transition;
 mod writes;

@@ -24,6 +24,7 @@ use crate::commands::{self, After};
 const TCP: Token = Token(0);
 const UNIX: Token = Token(1);
 const CLIENT: Token = Token(2);
+const STANDBY: Token = Token(3);
 const FIRST_CONNECTION: usize = 16;
 pub const MAX_PENDING_REPLIES: usize = 4096;
 pub const MAX_OUTPUT_BYTES: usize = 64 << 20;
@@ -116,6 +117,8 @@ pub struct Server {
     config: ServerConfig,
     /// Called once a second from the event loop (the CLI follows the cluster file with it).
     pub on_housekeeping: Option<Housekeeping>,
+    /// Where a standby attaches (`crate::standby`), when this server keeps a backup region.
+    standby: Option<crate::standby::StandbyPort>,
 }
 
 impl Server {
@@ -153,7 +156,19 @@ impl Server {
             cache,
             config,
             on_housekeeping: None,
+            standby: None,
         })
+    }
+
+    /// Takes standbys at `port` from now on.
+    pub fn serve_standbys(&mut self, port: crate::standby::StandbyPort) -> io::Result<()> {
+        self.poll.registry().register(&mut mio::unix::SourceFd(&port.fd()), STANDBY, Interest::READABLE)?;
+        self.standby = Some(port);
+        Ok(())
+    }
+
+    pub fn standby_port(&self) -> Option<&crate::standby::StandbyPort> {
+        self.standby.as_ref()
     }
 
     pub fn local_addr(&self) -> Option<SocketAddr> {
@@ -171,7 +186,10 @@ impl Server {
             if let Some(deadline) = self.cache.next_deadline() {
                 timeout = timeout.min(deadline.saturating_duration_since(now));
             }
-            if self.cache.io.waiting() > 0 || self.cache.io.unflushed {
+            if self.cache.io.waiting() > 0
+                || self.cache.io.unflushed
+                || self.standby.as_ref().is_some_and(|port| port.busy())
+            {
                 timeout = Duration::ZERO;
             }
             match self.poll.poll(&mut events, Some(timeout)) {
@@ -185,6 +203,11 @@ impl Server {
                     TCP => self.accept_tcp(),
                     UNIX => self.accept_unix(),
                     CLIENT => client_readable = true,
+                    STANDBY => {
+                        if let Some(port) = self.standby.as_mut() {
+                            port.accept(&mut self.cache);
+                        }
+                    }
                     Token(token) => {
                         let index = token - FIRST_CONNECTION;
                         if event.is_readable() || event.is_read_closed() {
@@ -214,6 +237,9 @@ impl Server {
                     hook(&mut self.cache);
                 }
                 next_housekeeping = Instant::now() + Duration::from_secs(1);
+            }
+            if let Some(port) = self.standby.as_mut() {
+                port.step(&mut self.cache);
             }
             self.dispatch();
         }
@@ -437,6 +463,13 @@ impl Server {
 
     /// Puts finished replies in their connections' order and writes what is due.
     fn dispatch(&mut self) {
+        if self.cache.outbox.is_empty() {
+            return;
+        }
+        // No reply leaves before the standby's copy holds the records it acknowledges.
+        if let Some(backup) = self.cache.backup.as_mut() {
+            backup.barrier();
+        }
         let outs = std::mem::take(&mut self.cache.outbox);
         let mut touched = Vec::new();
         for out in outs {

@@ -93,6 +93,21 @@ impl ServerProcess {
         log_path: &Path,
         name: &str,
     ) -> Result<ServerProcess> {
+        let (mut server, first_line) =
+            ServerProcess::spawn_remem_kv(binary, cluster_file, args, log_path, name)?;
+        server.wait_listening(&first_line, Duration::from_secs(30))?;
+        Ok(server)
+    }
+
+    /// Starts `remem kv` without waiting for it to listen (a standby listens only once it took
+    /// over): the receiver gets its first stdout line.
+    pub fn spawn_remem_kv(
+        binary: &Path,
+        cluster_file: &Path,
+        args: &[String],
+        log_path: &Path,
+        name: &str,
+    ) -> Result<(ServerProcess, mpsc::Receiver<String>)> {
         let log =
             std::fs::File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?;
         let mut child = Command::new(binary)
@@ -107,7 +122,7 @@ impl ServerProcess {
             .spawn()
             .with_context(|| format!("starting {} kv", binary.display()))?;
         let stdout = child.stdout.take().expect("stdout is piped");
-        let mut server = ServerProcess {
+        let server = ServerProcess {
             child,
             address: SocketAddr::from(([127, 0, 0, 1], 0)),
             name: name.to_owned(),
@@ -125,14 +140,19 @@ impl ServerProcess {
                 sink.clear();
             }
         });
-        let line = receiver.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+        Ok((server, receiver))
+    }
+
+    /// Waits up to `timeout` for the `listening ADDRESS` line and takes its address.
+    pub fn wait_listening(&mut self, first_line: &mpsc::Receiver<String>, timeout: Duration) -> Result<()> {
+        let line = first_line.recv_timeout(timeout).unwrap_or_default();
         let Some(address) = line.trim().strip_prefix("listening ") else {
             // The guard stops the process.
-            bail!("remem kv ({name}) did not start: first line {line:?}; log: {}", server.log());
+            bail!("remem kv ({}) did not start: first line {line:?}; log: {}", self.name, self.log());
         };
-        server.address =
+        self.address =
             address.parse().with_context(|| format!("remem kv printed a bad address {address:?}"))?;
-        Ok(server)
+        Ok(())
     }
 
     pub fn pid(&self) -> u32 {

@@ -24,6 +24,9 @@
 //! its location). A slot whose CRC does not hold is a write cut short or damage: never served.
 
 pub mod record;
+pub mod replica;
+mod sync;
+pub mod wire;
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
@@ -32,6 +35,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use memmap2::MmapMut;
 pub use record::{ItemRecord, RecordView};
+pub use replica::{Change, Replica};
+pub use sync::{SyncPolicy, SyncProgress};
 
 pub const MAGIC: &[u8; 8] = b"REMEMKVB";
 pub const VERSION: u32 = 1;
@@ -94,6 +99,11 @@ pub struct Backup {
     free: Vec<Vec<u64>>,
     next_chunk: u32,
     next_seq: u64,
+    /// The standby's copy, kept equal to this region from the moment it attaches.
+    replica: Option<Replica>,
+    /// The copy of what the region held when the standby attached, made a few chunks at a
+    /// time while the primary serves.
+    sync: Option<sync::Cursor>,
 }
 
 fn header_bytes(chunk_count: u32) -> usize {
@@ -129,6 +139,8 @@ impl Backup {
             free: vec![Vec::new(); CLASS_COUNT],
             next_chunk: 0,
             next_seq: 1,
+            replica: None,
+            sync: None,
         })
     }
 
@@ -172,6 +184,8 @@ impl Backup {
             free: vec![Vec::new(); CLASS_COUNT],
             next_chunk: 0,
             next_seq: 1,
+            replica: None,
+            sync: None,
         };
         let (records, report) = backup.scan();
         Ok((backup, records, report))
@@ -234,6 +248,9 @@ impl Backup {
         // mapping is alive in this process while it is stored.
         let word = unsafe { AtomicU32::from_ptr(self.map.as_mut_ptr().add(offset as usize) as *mut u32) };
         word.store(state, Ordering::Release);
+        if let Some(replica) = self.replica.as_mut() {
+            replica.state(offset, state);
+        }
     }
 
     fn read_slot(&self, slot: Slot) -> SlotContent {
@@ -284,6 +301,10 @@ impl Backup {
         let crc = crc32c::crc32c_append(crc32c::crc32c(&(len as u32).to_le_bytes()), payload);
         self.map[at + 4..at + 8].copy_from_slice(&(len as u32).to_le_bytes());
         self.map[at + 8..at + 12].copy_from_slice(&crc.to_le_bytes());
+        if let Some(replica) = self.replica.as_mut() {
+            // Length, checksum and record: one contiguous write, before the state word.
+            replica.write(offset + 4, &self.map[at + 4..at + SLOT_HEADER_BYTES + len]);
+        }
         self.set_state(offset, LIVE);
         Ok(Slot { offset, class: class as u8 })
     }
@@ -294,7 +315,11 @@ impl Backup {
         }
         let chunk = self.next_chunk;
         self.next_chunk += 1;
-        self.map[HEADER_FIXED_BYTES + chunk as usize] = class as u8 + 1;
+        let class_at = HEADER_FIXED_BYTES + chunk as usize;
+        self.map[class_at] = class as u8 + 1;
+        if let Some(replica) = self.replica.as_mut() {
+            replica.write(class_at as u64, &self.map[class_at..class_at + 1]);
+        }
         let start = self.chunk_offset(chunk);
         let size = class_bytes(class) as u64;
         let slots = (CHUNK_BYTES / class_bytes(class)) as u64;
@@ -315,6 +340,11 @@ impl Backup {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The region's size, header included (a standby's region has the same).
+    pub fn file_bytes(&self) -> u64 {
+        self.map.len() as u64
     }
 
     /// Chunks assigned to a class, of all.

@@ -133,3 +133,150 @@ fn a_full_region_says_so() {
     assert!(matches!(error, BackupError::Full { .. }), "{error}");
     assert_eq!(stored as usize, CLASS_COUNT * (CHUNK_BYTES / 128));
 }
+
+/// The standby's side for a test: applies what arrives on `stream` (RPC) or in the ring (log)
+/// to the region at `path`, until the stream closes.
+fn standby_side(
+    mode: wire::Mode,
+    (path, chunks): (PathBuf, u32),
+    ring_path: PathBuf,
+    stream: std::os::unix::net::UnixStream,
+    ready: std::sync::mpsc::Sender<()>,
+) {
+    // As the standby does: a new region of the primary's chunk count (never scanned while
+    // the primary stores into it).
+    let mut region = Backup::create(&path, chunks as u64 * CHUNK_BYTES as u64).unwrap();
+    let mut ring = (mode == wire::Mode::Log).then(|| replica::RingReader::create(&ring_path).unwrap());
+    ready.send(()).unwrap();
+    let mut stream = stream;
+    stream.set_read_timeout(Some(std::time::Duration::from_millis(1))).unwrap();
+    let mut reader = wire::FrameReader::default();
+    let mut out = Vec::new();
+    loop {
+        if let Some(ring) = ring.as_mut() {
+            ring.drain(|change| region.apply(change)).unwrap();
+        }
+        match reader.fill(&mut stream) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(error) if error.kind() == std::io::ErrorKind::TimedOut => continue,
+            Err(error) => panic!("{error}"),
+        }
+        while let Some(frame) = reader.next_frame().unwrap() {
+            match wire::decode(frame).unwrap() {
+                wire::Message::Write { offset, bytes } => {
+                    region.apply(Change::Write { offset, bytes }).unwrap()
+                }
+                wire::Message::State { offset, state } => {
+                    region.apply(Change::State { offset, state }).unwrap()
+                }
+                wire::Message::Barrier { seq } => {
+                    out.clear();
+                    wire::encode(&wire::Message::Ack { seq }, &mut out);
+                    std::io::Write::write_all(&mut stream, &out).unwrap();
+                }
+                _ => {}
+            }
+        }
+    }
+    if let Some(ring) = ring.as_mut() {
+        ring.drain(|change| region.apply(change)).unwrap();
+    }
+}
+
+#[test]
+fn a_standby_region_kept_in_each_mode_equals_the_primary_s() {
+    for (mode, policy) in [
+        (wire::Mode::OneSided, SyncPolicy::Adaptive),
+        (wire::Mode::Rpc, SyncPolicy::Bulk),
+        (wire::Mode::Log, SyncPolicy::PerItem),
+        (wire::Mode::Log, SyncPolicy::Adaptive),
+    ] {
+        let path = temporary("primary");
+        let standby_path = path.with_file_name("standby");
+        let ring_path = path.with_file_name("ring");
+        let mut primary = Backup::create(&path, 32 << 20).unwrap();
+        let mut slots = Vec::new();
+        // Before the standby: a dense class (many small records) and a sparse one.
+        for seq in 1..12_000u64 {
+            slots.push(primary.put(&item(seq, &format!("k{seq}"), vec![seq]).view()).unwrap());
+        }
+        for seq in 12_000..12_010u64 {
+            primary
+                .put(&item(seq, &format!("{seq}{}", "big".repeat(60)), (0..300).collect()).view())
+                .unwrap();
+        }
+        for slot in slots.drain(..1000) {
+            primary.free(slot);
+        }
+        let (here, there) = std::os::unix::net::UnixStream::pair().unwrap();
+        let region = (standby_path.clone(), primary.chunks_used().1);
+        let ring_for_standby = ring_path.clone();
+        let (ready, is_ready) = std::sync::mpsc::channel();
+        let standby = std::thread::spawn(move || standby_side(mode, region, ring_for_standby, there, ready));
+        is_ready.recv().unwrap();
+        let replica = Replica::attach(mode, here, &standby_path, primary.file_bytes(), &ring_path).unwrap();
+        primary.attach_replica(replica, policy);
+        // Changes while the sync runs, and after.
+        let mut steps = 0;
+        loop {
+            let progress = primary.sync_step(std::time::Duration::from_micros(50)).unwrap();
+            let seq = 100_000 + steps;
+            slots.push(primary.put(&item(seq, &format!("during{seq}"), vec![seq]).view()).unwrap());
+            primary.free(slots.remove(0));
+            primary.barrier();
+            steps += 1;
+            if progress.done {
+                assert!(progress.records >= 11_000, "{progress:?}");
+                match policy {
+                    SyncPolicy::Bulk => assert_eq!(progress.item_chunks, 0, "{progress:?}"),
+                    SyncPolicy::PerItem => assert_eq!(progress.bulk_chunks, 0, "{progress:?}"),
+                    SyncPolicy::Adaptive => {
+                        assert!(progress.bulk_chunks >= 1 && progress.item_chunks >= 1, "{progress:?}")
+                    }
+                }
+                break;
+            }
+        }
+        for seq in 200_000..200_100u64 {
+            slots.push(primary.put(&item(seq, &format!("after{seq}"), vec![seq]).view()).unwrap());
+            primary.free(slots.remove(0));
+        }
+        primary.barrier();
+        assert!(primary.replica_mut().unwrap().lost.is_none());
+        drop(primary.detach_replica());
+        standby.join().unwrap();
+        drop(primary);
+        let (_, expected, primary_report) = Backup::open(&path).unwrap();
+        assert_eq!(primary_report.damaged + primary_report.invalid, 0, "{mode:?}: the primary's own region");
+        let (_, got, report) = Backup::open(&standby_path).unwrap();
+        assert_eq!(report.damaged + report.invalid, 0, "{mode:?}");
+        assert_eq!(sorted(got), sorted(expected), "{mode:?} {policy:?} after {steps} sync steps");
+    }
+}
+
+#[test]
+fn a_hostile_log_ring_or_change_is_refused_not_applied() {
+    let path = temporary("standby");
+    let (mut region, _, _) = {
+        drop(Backup::create(&path, 16 << 20).unwrap());
+        Backup::open(&path).unwrap()
+    };
+    let length = region.file_bytes();
+    assert!(region.apply(Change::Write { offset: length - 2, bytes: &[1, 2, 3] }).is_err());
+    assert!(region.apply(Change::Write { offset: 0, bytes: b"XXXX" }).is_err(), "the magic is the standby's");
+    assert!(region.apply(Change::Write { offset: u64::MAX, bytes: b"X" }).is_err());
+    assert!(region.apply(Change::State { offset: 8192 + 4, state: LIVE }).is_err());
+    assert!(region.apply(Change::State { offset: length, state: LIVE }).is_err());
+    let ring_path = path.with_file_name("ring");
+    let mut ring = replica::RingReader::create(&ring_path).unwrap();
+    // A head far beyond the tail, then an entry with a length that runs off the ring.
+    let file = std::fs::OpenOptions::new().write(true).open(&ring_path).unwrap();
+    use std::os::unix::fs::FileExt;
+    file.write_all_at(&(1u64 << 40).to_le_bytes(), 0).unwrap();
+    assert!(ring.drain(|change| region.apply(change)).is_err());
+    file.write_all_at(&64u64.to_le_bytes(), 0).unwrap();
+    file.write_all_at(&u32::MAX.to_le_bytes(), 128).unwrap();
+    assert!(ring.drain(|change| region.apply(change)).is_err());
+}

@@ -1,0 +1,216 @@
+//! `remem kv --standby`: a second `remem kv` that lends the running one (the primary of the
+//! same state directory) a backup region in its own memory, waits, and takes over when the
+//! primary dies (seed 004, MacR; docs/KV.md "Standby").
+//!
+//! While the primary lives, the standby's CPU does what the replication mode asks of it and
+//! nothing else: one-sided, only heartbeats arrive (the primary stores into the region itself);
+//! RPC, it applies each change and acknowledges it; log, it drains the ring by polling.
+//!
+//! The primary is dead when its socket closes (the kernel closes it when the process dies, so a
+//! SIGKILL is seen at once) or when no heartbeat came for [`LEASE`] (a hung primary: the
+//! standby SIGKILLs it, by the PID the kernel gives for the socket's peer, before it goes on;
+//! the state directory's lock then tells when it is really gone). Then the standby, if its copy
+//! was complete, makes its region the state directory's backup region, and the caller restarts
+//! from it as any `remem kv` restarts: slab map reopened, records scanned and checked, index
+//! rebuilt, on the primary's address.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use remem_kv::backup::replica::{Change, RingReader};
+use remem_kv::backup::wire::{self, FrameReader, Message, Mode, PROTOCOL_VERSION};
+use remem_kv::backup::{Backup, CHUNK_BYTES};
+use remem_kv::standby::{read_frame, send, REGION_FILE, RING_FILE, SOCKET_FILE};
+
+/// A primary silent this long is taken for dead (it heartbeats every 250 ms).
+pub const LEASE: Duration = Duration::from_secs(2);
+/// How long a standby waits for a primary to appear at its socket.
+const CONNECT_WAIT: Duration = Duration::from_secs(10);
+
+/// What the standby learned, for the takeover.
+pub struct Takeover {
+    pub listen: SocketAddr,
+    pub unix: Option<PathBuf>,
+    pub primary_pid: Option<u32>,
+    /// When the primary was found dead.
+    pub detected_at: Instant,
+    pub how: &'static str,
+}
+
+fn connect(dir: &Path) -> Result<UnixStream> {
+    let path = dir.join(SOCKET_FILE);
+    let deadline = Instant::now() + CONNECT_WAIT;
+    loop {
+        match UnixStream::connect(&path) {
+            Ok(stream) => return Ok(stream),
+            Err(error) if Instant::now() < deadline => {
+                tracing::debug!(%error, "waiting for the primary's standby socket");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(error) => bail!(
+                "no primary remem kv serves {} ({}: {error}); start the primary first, with the same \
+                 cluster, --name or --state",
+                dir.display(),
+                path.display()
+            ),
+        }
+    }
+}
+
+fn peer_pid(stream: &UnixStream) -> Option<u32> {
+    let mut credentials = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED fills a ucred of the size passed; both point to live locals.
+    let result = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut credentials as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (result == 0 && credentials.pid > 0).then_some(credentials.pid as u32)
+}
+
+/// Attaches to the primary of `dir` and stands by until it dies; returns where to serve. Errors
+/// if the primary refuses, or dies before the standby's copy is complete (nothing to take
+/// over from: a plain restart of `remem kv` restores from the primary's own region).
+pub fn stand_by(dir: &Path) -> Result<Takeover> {
+    let mut stream = connect(dir)?;
+    let primary_pid = peer_pid(&stream);
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    send(&mut stream, &Message::Hello { version: PROTOCOL_VERSION })?;
+    let mut buffer = Vec::new();
+    let frame = read_frame(&mut stream, &mut buffer).context("waiting for the primary's welcome")?;
+    let (mode, chunk_count, listen, unix) = match wire::decode(frame) {
+        Ok(Message::Welcome { version: PROTOCOL_VERSION, mode, chunk_count, listen, unix }) => {
+            (mode, chunk_count, listen.to_owned(), unix.to_owned())
+        }
+        Ok(Message::Refused { reason }) => bail!("the primary refused this standby: {reason}"),
+        other => bail!("the primary answered the hello with {other:?}"),
+    };
+    let listen: SocketAddr =
+        listen.parse().with_context(|| format!("the primary's address {listen:?} is not one"))?;
+    let unix = (!unix.is_empty()).then(|| PathBuf::from(unix));
+    let region_path = dir.join(REGION_FILE);
+    let mut region = Backup::create(&region_path, chunk_count as u64 * CHUNK_BYTES as u64)?;
+    if region.chunks_used().1 != chunk_count {
+        bail!("the primary's region has {chunk_count} chunks, more than a region may have");
+    }
+    let mut ring = match mode {
+        Mode::Log => Some(RingReader::create(&dir.join(RING_FILE))?),
+        _ => None,
+    };
+    send(&mut stream, &Message::Ready)?;
+    eprintln!(
+        "standing by for the primary{} of {} ({} replication, {} chunks of backup region); syncing",
+        primary_pid.map(|pid| format!(" (pid {pid})")).unwrap_or_default(),
+        dir.display(),
+        mode.name(),
+        chunk_count
+    );
+
+    stream.set_nonblocking(true)?;
+    let mut reader = FrameReader::default();
+    let mut last_heard = Instant::now();
+    let mut synced = false;
+    let mut out = Vec::new();
+    let poll_timeout = if mode == Mode::Log { 0 } else { 100 };
+    let how = loop {
+        if let Some(ring) = ring.as_mut() {
+            let applied = ring.drain(|change| region.apply(change)).map_err(anyhow::Error::msg)?;
+            if applied == 0 {
+                // The log baseline polls: a short sleep when the ring is empty.
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        let mut poll = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd, a live local.
+        unsafe { libc::poll(&mut poll, 1, poll_timeout) };
+        match reader.fill(&mut stream) {
+            Ok(0) => break "its socket closed",
+            Ok(_) => last_heard = Instant::now(),
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break "its socket failed",
+        }
+        while let Some(frame) = reader.next_frame().map_err(anyhow::Error::msg)? {
+            match wire::decode(frame).map_err(anyhow::Error::msg)? {
+                Message::Heartbeat => {}
+                Message::Progress { done, total } => eprintln!("standby sync: {done} of {total} chunks"),
+                Message::Synced { records, micros } => {
+                    synced = true;
+                    eprintln!("standby synced: {records} records copied in {:.3} s", micros as f64 / 1e6);
+                }
+                Message::Write { offset, bytes } => {
+                    region.apply(Change::Write { offset, bytes }).map_err(anyhow::Error::msg)?
+                }
+                Message::State { offset, state } => {
+                    region.apply(Change::State { offset, state }).map_err(anyhow::Error::msg)?
+                }
+                Message::Barrier { seq } => {
+                    out.clear();
+                    wire::encode(&Message::Ack { seq }, &mut out);
+                    write_all_nonblocking(&mut stream, &out)?;
+                }
+                other => bail!("unexpected message from the primary: {other:?}"),
+            }
+        }
+        if last_heard.elapsed() > LEASE {
+            if let Some(pid) = primary_pid {
+                eprintln!(
+                    "the primary (pid {pid}) sent nothing for {LEASE:?}: killing it before taking over"
+                );
+                // SAFETY: kill with the PID the kernel named as the socket's peer.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            }
+            break "its heartbeats stopped";
+        }
+    };
+    let detected_at = Instant::now();
+    // What the primary appended before it died is in the ring (the standby's memory).
+    if let Some(ring) = ring.as_mut() {
+        ring.drain(|change| region.apply(change)).map_err(anyhow::Error::msg)?;
+    }
+    drop(region);
+    if !synced {
+        bail!(
+            "the primary died ({how}) before this standby's copy was complete: not taking over. A plain \
+             `remem kv` on the same state directory restores from the primary's own backup region"
+        );
+    }
+    eprintln!("the primary is gone ({how}); taking over on {listen}");
+    Ok(Takeover { listen, unix, primary_pid, detected_at, how })
+}
+
+/// The standby's region becomes the state directory's backup region (call with the directory
+/// locked: the primary is gone).
+pub fn adopt_region(dir: &Path, backup_path: &Path) -> Result<()> {
+    let region = dir.join(REGION_FILE);
+    std::fs::rename(&region, backup_path)
+        .with_context(|| format!("making {} the backup region", region.display()))?;
+    let _ = std::fs::remove_file(dir.join(RING_FILE));
+    Ok(())
+}
+
+fn write_all_nonblocking(stream: &mut UnixStream, mut bytes: &[u8]) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !bytes.is_empty() {
+        match io::Write::write(stream, bytes) {
+            Ok(0) => bail!("the primary's socket closed"),
+            Ok(written) => bytes = &bytes[written..],
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_micros(20))
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,149 @@
+//! `remem kv --standby` (docs/KV.md "Standby", seed 004): a primary serves a write-heavy load
+//! (sets of every size and deletes) with a standby attached; the primary is SIGKILLed at a
+//! random moment; the standby takes over its address from its own copy of the backup region;
+//! every acknowledged write is there byte for byte, no deleted key comes back, nothing else is
+//! served. A new standby attaches to the new primary (synced while it serves) and the next
+//! round kills that one, for each replication mode. A standby whose region is damaged (while its
+//! primary hangs, found by the lapsed heartbeat) drops what does not check, never serves it.
+//! Real node processes and real `remem kv` processes, stopped by PID when the guards drop.
+
+#[path = "common/kv_crash.rs"]
+mod kv_crash;
+#[path = "common/kv.rs"]
+mod kv_support;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use kv_crash::{damage, settle, sigkill, verify, write_until_killed};
+use kv_support::{binary, Target};
+use remem::kv_bench::ServerProcess;
+
+const ROUNDS: u64 = 5;
+
+fn args(mode: &str) -> Vec<String> {
+    ["--scheme", "auto", "-m", "16MiB", "--replication", mode].iter().map(|arg| arg.to_string()).collect()
+}
+
+fn state_dir(target: &Target) -> PathBuf {
+    target.dir.join("cluster").join("kv-default")
+}
+
+/// Starts `remem kv --standby` for the target's primary.
+fn spawn_standby(target: &Target, mode: &str, log: &str) -> (ServerProcess, Receiver<String>) {
+    let mut args = args(mode);
+    args.push("--standby".into());
+    let cluster = target.cluster.as_ref().expect("a remem cluster");
+    ServerProcess::spawn_remem_kv(
+        binary(),
+        &cluster.cluster_file_path,
+        &args,
+        &target.dir.join(log),
+        "standby",
+    )
+    .unwrap_or_else(|error| panic!("{error:#}"))
+}
+
+/// Starts a standby for the target's primary and waits until its copy is complete.
+fn standby(target: &Target, mode: &str, log: &str) -> (ServerProcess, Receiver<String>) {
+    let (mut process, first_line) = spawn_standby(target, mode, log);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !process.log().contains("standby synced") {
+        assert!(process.exited().is_none(), "the standby exited: {}", process.log());
+        assert!(Instant::now() < deadline, "the standby never synced: {}", process.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (process, first_line)
+}
+
+fn primary_and_standby_rounds(mode: &str) {
+    let mut target = Target::remem_kv(&format!("standby-{mode}"), "auto", "16MiB", &["--replication", mode]);
+    let mut known = HashMap::new();
+    let mut generation = 1;
+    for round in 0..ROUNDS {
+        let (mut standby, first_line) = standby(&target, mode, &format!("standby-{round}.log"));
+        let address = target.server.address;
+        let seed = 0x51a7_db1e_u64 ^ ((round + 1) << 8) ^ mode.len() as u64;
+        let before = known.clone();
+        let writer = std::thread::spawn(move || write_until_killed(address, before, seed, generation));
+        std::thread::sleep(Duration::from_millis(300 + seed % 700));
+        sigkill(&mut target.server);
+        let killed = Instant::now();
+        let (after, in_flight, acknowledged) = writer.join().expect("the writer");
+        known = after;
+        generation += 1_000_000;
+        assert!(acknowledged > 20, "the writer made progress: {acknowledged}");
+        standby
+            .wait_listening(&first_line, Duration::from_secs(30))
+            .unwrap_or_else(|error| panic!("{error:#}"));
+        let failover = killed.elapsed();
+        assert_eq!(standby.address, address, "the standby serves on the primary's address");
+        let log = standby.log();
+        assert!(log.contains("took over") && log.contains("items restored"), "{log}");
+        assert!(log.contains("0 damaged and 0 invalid"), "{log}");
+        target.server = standby;
+        let (present, missing, _) = verify(&mut target.client(), &known, in_flight, true);
+        eprintln!(
+            "{mode} round {round}: {acknowledged} writes acknowledged before SIGKILL, failover in {:.0} ms; \
+             {present} keys present, {missing} absent, as acknowledged",
+            failover.as_secs_f64() * 1e3
+        );
+        settle(&mut target.client(), &mut known, in_flight);
+    }
+    // One standby at a time.
+    let (_standby, _) = standby(&target, mode, "standby-last.log");
+    let (mut second, _) = spawn_standby(&target, mode, "second.log");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while second.exited().is_none() {
+        assert!(Instant::now() < deadline, "a second standby was not refused: {}", second.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(second.log().contains("has a standby already"), "{}", second.log());
+    target.assert_running();
+}
+
+#[test]
+fn one_sided_every_acknowledged_write_survives_failover_to_the_standby() {
+    primary_and_standby_rounds("one-sided");
+}
+
+#[test]
+fn rpc_every_acknowledged_write_survives_failover_to_the_standby() {
+    primary_and_standby_rounds("rpc");
+}
+
+#[test]
+fn log_shipping_every_acknowledged_write_survives_failover_to_the_standby() {
+    primary_and_standby_rounds("log");
+}
+
+#[test]
+fn a_hung_primary_is_killed_and_a_damaged_standby_region_is_never_served() {
+    let mut target = Target::remem_kv("standby-damaged", "auto", "16MiB", &[]);
+    let (mut standby, first_line) = standby(&target, "one-sided", "standby.log");
+    let address = target.server.address;
+    let writer = std::thread::spawn(move || write_until_killed(address, HashMap::new(), 0xdead_beef, 1));
+    std::thread::sleep(Duration::from_millis(800));
+    // The primary hangs: its heartbeats stop, and nothing changes the region while it is damaged.
+    // SAFETY: kill with the PID of a child the test spawned and has not reaped.
+    unsafe { libc::kill(target.server.pid() as libc::pid_t, libc::SIGSTOP) };
+    let region = state_dir(&target).join("standby-backup");
+    let forged = damage(&region, 20);
+    let (known, in_flight, acknowledged) = writer.join().expect("the writer");
+    standby.wait_listening(&first_line, Duration::from_secs(30)).unwrap_or_else(|error| panic!("{error:#}"));
+    let log = standby.log();
+    assert!(log.contains("heartbeats stopped") && log.contains("killing it"), "{log}");
+    assert!(log.contains("20 damaged"), "{log}");
+    assert!(target.server.exited().is_some(), "the hung primary was killed");
+    target.server = standby;
+    let (present, missing, refused) = verify(&mut target.client(), &known, in_flight, false);
+    eprintln!(
+        "{acknowledged} writes acknowledged; after damage: {present} keys served as acknowledged, {missing} \
+         absent, {refused} refused; forged {forged:?}"
+    );
+    assert!(present > 0);
+    assert!(refused >= 1 || forged.is_empty(), "a forged record's value must not be served");
+    target.assert_running();
+}

@@ -1,0 +1,236 @@
+//! The primary's door for a standby (seed 004, MacR; docs/KV.md "Standby"): a Unix socket in
+//! the state directory, `kv-NAME/standby.sock` (0600). A standby connects, says hello, is told
+//! the mode and the region's size, creates its region (and ring) in the state directory, and
+//! says it is ready; the primary then mirrors every change of its backup region into the
+//! standby's, copies what the region held a step at a time while it serves, and tells the
+//! standby when the copy is complete. One standby at a time; a lost standby (its socket
+//! closed, no acknowledgement or no room in its ring for [`STANDBY_TIMEOUT`]) is dropped and
+//! the primary serves on.
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::backup::replica::STANDBY_TIMEOUT;
+use crate::backup::wire::{self, Message, Mode, PROTOCOL_VERSION};
+use crate::backup::{Replica, SyncPolicy};
+use crate::cache::Cache;
+
+pub const SOCKET_FILE: &str = "standby.sock";
+pub const REGION_FILE: &str = "standby-backup";
+pub const RING_FILE: &str = "standby-ring";
+/// How often the primary tells an attached standby it is alive.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(250);
+/// How long the sync copies per pass of the event loop (requests are served between passes).
+const SYNC_STEP: Duration = Duration::from_millis(2);
+
+pub struct StandbyPort {
+    listener: UnixListener,
+    dir: PathBuf,
+    mode: Mode,
+    policy: SyncPolicy,
+    listen: String,
+    unix: String,
+    attached: bool,
+    syncing: bool,
+    last_heartbeat: Instant,
+    last_progress: Instant,
+    /// Standbys attached, syncs completed (for the stats).
+    pub attached_total: u64,
+    pub syncs_completed: u64,
+}
+
+/// Reads one frame (blocking, under the stream's timeouts) into `buffer`; returns its message
+/// bytes (tag and body).
+pub fn read_frame<'a>(stream: &mut UnixStream, buffer: &'a mut Vec<u8>) -> io::Result<&'a [u8]> {
+    let mut header = [0u8; 4];
+    stream.read_exact(&mut header)?;
+    let len = wire::frame_len(&header)
+        .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?
+        .expect("a whole header")
+        - 4;
+    buffer.resize(len, 0);
+    stream.read_exact(buffer)?;
+    Ok(buffer)
+}
+
+pub fn send(stream: &mut UnixStream, message: &Message) -> io::Result<()> {
+    let mut out = Vec::new();
+    wire::encode(message, &mut out);
+    stream.write_all(&out)
+}
+
+impl StandbyPort {
+    /// Listens on `dir/standby.sock` (a stale socket there is replaced: the state directory is
+    /// locked by this server).
+    pub fn bind(
+        dir: &Path,
+        mode: Mode,
+        policy: SyncPolicy,
+        listen: String,
+        unix: String,
+    ) -> io::Result<StandbyPort> {
+        let path = dir.join(SOCKET_FILE);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            Err(error) => return Err(error),
+        }
+        let listener = UnixListener::bind(&path)?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        listener.set_nonblocking(true)?;
+        Ok(StandbyPort {
+            listener,
+            dir: dir.to_owned(),
+            mode,
+            policy,
+            listen,
+            unix,
+            attached: false,
+            syncing: false,
+            last_heartbeat: Instant::now(),
+            last_progress: Instant::now(),
+            attached_total: 0,
+            syncs_completed: 0,
+        })
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.listener.as_raw_fd()
+    }
+
+    /// A sync is copying: the event loop should not sleep.
+    pub fn busy(&self) -> bool {
+        self.syncing
+    }
+
+    /// Takes the standbys waiting at the socket.
+    pub fn accept(&mut self, cache: &mut Cache) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    if let Err(error) = self.handshake(stream, cache) {
+                        tracing::warn!(%error, "a standby could not attach");
+                    }
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => {
+                    tracing::warn!(%error, "accepting a standby failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn handshake(&mut self, mut stream: UnixStream, cache: &mut Cache) -> io::Result<()> {
+        stream.set_nonblocking(false)?;
+        stream.set_read_timeout(Some(STANDBY_TIMEOUT))?;
+        stream.set_write_timeout(Some(STANDBY_TIMEOUT))?;
+        let mut buffer = Vec::new();
+        let frame = read_frame(&mut stream, &mut buffer)?;
+        let refuse = |stream: &mut UnixStream, reason: String| {
+            let _ = send(stream, &Message::Refused { reason: &reason });
+            Err(io::Error::other(reason))
+        };
+        match wire::decode(frame) {
+            Ok(Message::Hello { version: PROTOCOL_VERSION }) => {}
+            Ok(Message::Hello { version }) => {
+                return refuse(
+                    &mut stream,
+                    format!("protocol version {version}, this primary speaks {PROTOCOL_VERSION}"),
+                )
+            }
+            other => return refuse(&mut stream, format!("expected a hello, got {other:?}")),
+        }
+        if self.attached {
+            return refuse(&mut stream, "this primary has a standby already".into());
+        }
+        let Some(backup) = cache.backup.as_mut() else {
+            return refuse(&mut stream, "this primary keeps no backup region (--ephemeral)".into());
+        };
+        let (_, chunk_count) = backup.chunks_used();
+        let region_bytes = backup.file_bytes();
+        send(
+            &mut stream,
+            &Message::Welcome {
+                version: PROTOCOL_VERSION,
+                mode: self.mode,
+                chunk_count,
+                listen: &self.listen,
+                unix: &self.unix,
+            },
+        )?;
+        let frame = read_frame(&mut stream, &mut buffer)?;
+        if wire::decode(frame) != Ok(Message::Ready) {
+            return Err(io::Error::other("the standby did not say it was ready"));
+        }
+        let replica = Replica::attach(
+            self.mode,
+            stream,
+            &self.dir.join(REGION_FILE),
+            region_bytes,
+            &self.dir.join(RING_FILE),
+        )
+        .map_err(io::Error::other)?;
+        backup.attach_replica(replica, self.policy);
+        self.attached = true;
+        self.syncing = true;
+        self.attached_total += 1;
+        self.last_progress = Instant::now();
+        eprintln!("a standby attached ({} replication); syncing its backup region", self.mode.name());
+        Ok(())
+    }
+
+    /// Once per pass of the event loop: a step of the sync, heartbeats, a lost standby dropped.
+    pub fn step(&mut self, cache: &mut Cache) {
+        if !self.attached {
+            return;
+        }
+        let Some(backup) = cache.backup.as_mut() else { return };
+        if let Some(progress) = backup.sync_step(SYNC_STEP) {
+            let replica = backup.replica_mut().expect("a sync runs with a replica");
+            if progress.done {
+                self.syncing = false;
+                self.syncs_completed += 1;
+                replica.tell(&Message::Synced {
+                    records: progress.records,
+                    micros: progress.elapsed.as_micros() as u64,
+                });
+                eprintln!(
+                    "standby synced: {} records in {} chunks ({} copied whole, {} slot by slot) in {:.3} s",
+                    progress.records,
+                    progress.chunks_total,
+                    progress.bulk_chunks,
+                    progress.item_chunks,
+                    progress.elapsed.as_secs_f64()
+                );
+            } else if self.last_progress.elapsed() >= Duration::from_secs(1) {
+                self.last_progress = Instant::now();
+                replica.tell(&Message::Progress { done: progress.chunks_done, total: progress.chunks_total });
+                eprintln!(
+                    "standby sync: {} of {} chunks ({:.0}%), {} records so far",
+                    progress.chunks_done,
+                    progress.chunks_total,
+                    100.0 * progress.chunks_done as f64 / progress.chunks_total.max(1) as f64,
+                    progress.records
+                );
+            }
+        }
+        if self.last_heartbeat.elapsed() >= HEARTBEAT_INTERVAL {
+            self.last_heartbeat = Instant::now();
+            if let Some(replica) = backup.replica_mut() {
+                replica.tell(&Message::Heartbeat);
+            }
+        }
+        if backup.replica_mut().is_some_and(|replica| replica.lost.is_some()) {
+            let replica = backup.detach_replica().expect("checked above");
+            eprintln!("the standby is gone ({}); serving without one", replica.lost.unwrap_or_default());
+            self.attached = false;
+            self.syncing = false;
+        }
+    }
+}
