@@ -20,6 +20,7 @@ pub mod fs_metrics;
 pub mod host_memory;
 pub mod kv_bench;
 pub mod kv_command;
+pub mod kv_ha_bench;
 pub mod kv_standby;
 pub mod kv_state;
 pub mod launcher;

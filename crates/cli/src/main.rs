@@ -104,6 +104,12 @@ enum BenchCommand {
     /// (ratios to memcached), naive vs EOR transitions to EC(8,2), and reads racing a write with
     /// and without the work table's bypassing. Starts its own cluster and servers.
     Kv(remem::kv_bench::KvBenchArgs),
+    /// `remem kv`'s high availability (docs/KV.md "Standby"): throughput and p50/p99 of a
+    /// YCSB-like mix (Zipfian keys, 20/50/100% sets) with no standby, one-sided replication,
+    /// synchronous RPC and log shipping (ratios to no standby) and the standby's CPU per million
+    /// writes; for 1M and 10M items the restart, the sync of a new standby (whole chunks, per
+    /// item, adaptive) and the failover time. Starts its own clusters.
+    KvHa(remem::kv_ha_bench::KvHaBenchArgs),
     /// Unmodified applications (PageRank, sqlite, memcached ETC/SYS, redis) with 100%, 75% and
     /// 50% of their measured peak memory local and the rest in swap on remem EC(8,2), remem
     /// rep(2) or a swap file on the local disk, and with a memory node SIGKILLed mid-run:
@@ -231,22 +237,12 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Bench(BenchCommand::Pages(args)) => {
             let json = args.json;
-            let report = remem::bench::run(args, &binary)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                remem::bench::print_table(&report);
-            }
-            Ok(())
+            print_report(json, &remem::bench::run(args, &binary)?, remem::bench::print_table)
         }
         Command::Bench(BenchCommand::Regen(args)) => {
             let json = args.json;
             let report = remem::regen_bench::run(args, &binary)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                remem::regen_bench::print(&report);
-            }
+            print_report(json, &report, remem::regen_bench::print)?;
             if report.read_mismatches > 0 {
                 anyhow::bail!("{} pages read back wrong", report.read_mismatches);
             }
@@ -254,13 +250,11 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Bench(BenchCommand::Kv(args)) => {
             let json = args.json;
-            let report = remem::kv_bench::run(args, &binary)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                remem::kv_bench::print_table(&report);
-            }
-            Ok(())
+            print_report(json, &remem::kv_bench::run(args, &binary)?, remem::kv_bench::print_table)
+        }
+        Command::Bench(BenchCommand::KvHa(args)) => {
+            let json = args.json;
+            print_report(json, &remem::kv_ha_bench::run(args, &binary)?, remem::kv_ha_bench::print_table)
         }
         Command::Bench(BenchCommand::Apps(args)) => remem::apps_bench::run(args, &binary).map(drop),
         Command::Bench(BenchCommand::Codec(args)) => remem::codec_bench::run(
@@ -354,5 +348,15 @@ fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
     }
     eprintln!("stopping {} nodes ...", cluster.file.nodes.len());
     cluster.stop(Duration::from_secs(5));
+    Ok(())
+}
+
+/// A bench's report: one JSON document with `--json`, else its tables.
+fn print_report<T: serde::Serialize>(json: bool, report: &T, table: fn(&T)) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        table(report);
+    }
     Ok(())
 }

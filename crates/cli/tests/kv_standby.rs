@@ -147,3 +147,37 @@ fn a_hung_primary_is_killed_and_a_damaged_standby_region_is_never_served() {
     assert!(refused >= 1 || forged.is_empty(), "a forged record's value must not be served");
     target.assert_running();
 }
+
+#[test]
+fn the_high_availability_bench_runs_every_mode_and_checks_what_it_reads() {
+    kv_support::require_remem_kv();
+    let output = kv_support::run_bounded(
+        240,
+        binary().to_str().expect("a UTF-8 path"),
+        &["bench", "kv-ha", "--quick", "--json"],
+        None,
+    );
+    assert!(output.status.success(), "{}", kv_support::text(&output));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("one JSON document");
+    let mixes = report["mixes"].as_array().expect("mixes");
+    assert_eq!(mixes.len(), 15, "5 modes x 3 write ratios");
+    for row in mixes {
+        assert!(row["ops_per_second"].as_f64().unwrap() > 0.0, "{row}");
+        let standby = !matches!(row["mode"].as_str().unwrap(), "ephemeral" | "none");
+        assert_eq!(row["standby_cpu_seconds_per_million_writes"].is_number(), standby, "{row}");
+        assert!(row["ops_ratio_to_none"].is_number(), "{row}");
+    }
+    let syncs = report["syncs"].as_array().expect("syncs");
+    assert_eq!(syncs.len(), 3);
+    for row in syncs {
+        assert_eq!(row["records"].as_u64(), Some(5000), "{row}");
+        match row["policy"].as_str().unwrap() {
+            "bulk" => assert_eq!(row["chunks_by_slot"].as_u64(), Some(0), "{row}"),
+            "per-item" => assert_eq!(row["chunks_whole"].as_u64(), Some(0), "{row}"),
+            _ => {}
+        }
+    }
+    let failovers = report["failovers"].as_array().expect("failovers");
+    assert_eq!(failovers.len(), 1);
+    assert_eq!(failovers[0]["keys_checked"].as_u64(), Some(1000));
+}

@@ -23,7 +23,7 @@ mod pagerank;
 mod redis;
 mod report;
 mod sqlite;
-mod workload;
+pub(crate) mod workload;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -172,6 +172,11 @@ impl ServerProcess {
         text[start..].to_owned()
     }
 
+    /// The process's whole stderr so far.
+    pub fn log_full(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
     /// Resident memory of the process (from /proc), in bytes.
     pub fn resident_bytes(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
