@@ -225,7 +225,7 @@ pub fn run(args: KvArgs) -> Result<()> {
         bail!("the primary saved no slab map: nothing to take over");
     }
     let cache = match reopened {
-        Some((cache, report)) => {
+        Some((cache, report, times)) => {
             eprintln!(
                 "reopened {}: {} items restored ({} superseded, {} expired, {} refused; {} damaged and \
                  {} invalid records dropped); --fresh starts empty",
@@ -236,6 +236,13 @@ pub fn run(args: KvArgs) -> Result<()> {
                 report.refused,
                 report.scan.damaged,
                 report.scan.invalid
+            );
+            eprintln!(
+                "reopening took {:.3} s: slabs {:.3} s, region scan {:.3} s, index rebuilt {:.3} s",
+                (times.slabs + times.scan + times.restore).as_secs_f64(),
+                times.slabs.as_secs_f64(),
+                times.scan.as_secs_f64(),
+                times.restore.as_secs_f64()
             );
             if report.refused + report.scan.damaged + report.scan.invalid > 0 {
                 tracing::warn!(?report, "the backup region held records that were not restored");

@@ -23,6 +23,12 @@ use crate::cache::Cache;
 use crate::index::{Entry, EntryId, LocationId, Recorded, Released};
 use crate::space::RegionKind;
 
+/// foldhash, randomly seeded: the region is this server's own, and a hostile one is bounded by
+/// its size.
+type Fast = foldhash::fast::RandomState;
+/// Chunk page -> (region, class, slots taken).
+type ChunkPages = HashMap<u64, (RegionKind, u8, u64), Fast>;
+
 /// What a restore did with the records it was given.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct RestoreReport {
@@ -127,37 +133,54 @@ impl Cache {
     pub fn restore(&mut self, records: Vec<(Slot, ItemRecord)>, scan: ScanReport, now: u64) -> RestoreReport {
         let mut report = RestoreReport { scan, ..RestoreReport::default() };
         let mut records = records;
-        records.sort_by_key(|(_, record)| std::cmp::Reverse(record.seq));
-        let mut keys: HashSet<Box<[u8]>> = HashSet::new();
-        let mut whole_pages: HashSet<u64> = HashSet::new();
-        // Chunk page -> (region, class, slots taken).
-        let mut chunk_pages: HashMap<u64, (RegionKind, u8, u64)> = HashMap::new();
-        let mut kept = Vec::new();
-        for (slot, record) in records {
-            let verdict = if keys.contains(&record.key) {
-                Err(&mut report.superseded)
-            } else if record.expires_at != 0 && record.expires_at <= now {
-                Err(&mut report.expired)
-            } else if !self.fits(&record, &whole_pages, &chunk_pages) {
-                Err(&mut report.refused)
-            } else {
-                Ok(())
-            };
-            if let Err(counter) = verdict {
-                *counter += 1;
-                if let Some(backup) = self.backup.as_mut() {
-                    backup.free(slot);
-                }
-                continue;
+        records.sort_unstable_by_key(|(_, record)| std::cmp::Reverse(record.seq));
+        // Verdicts first, over borrowed records (no key is copied), in tables sized once.
+        let keep: Vec<bool> = {
+            let count = records.len();
+            let mut keys: HashSet<&[u8], Fast> = HashSet::with_capacity_and_hasher(count, Fast::default());
+            let mut whole_pages: HashSet<u64, Fast> = HashSet::default();
+            // Chunk page -> (region, class, slots taken).
+            let mut chunk_pages: ChunkPages = HashMap::default();
+            let (mut superseded, mut expired, mut refused) = (0, 0, 0);
+            let keep: Vec<bool> = records
+                .iter()
+                .map(|(_, record)| {
+                    // The newest record of a key decides: an older one never comes back, even
+                    // when the newest is expired or refused.
+                    if !keys.insert(&record.key) {
+                        superseded += 1;
+                        return false;
+                    }
+                    if record.expires_at != 0 && record.expires_at <= now {
+                        expired += 1;
+                        return false;
+                    }
+                    if !self.fits(record, &whole_pages, &chunk_pages) {
+                        refused += 1;
+                        return false;
+                    }
+                    whole_pages.extend(record.extent.pages.iter().copied());
+                    if let Some(chunk) = record.extent.tail {
+                        let kind = RegionKind::of(record.scheme);
+                        chunk_pages.entry(chunk.page).or_insert((kind, chunk.class, 0)).2 |= 1 << chunk.slot;
+                    }
+                    true
+                })
+                .collect();
+            report.superseded = superseded;
+            report.expired = expired;
+            report.refused = refused;
+            keep
+        };
+        let mut kept = Vec::with_capacity(keep.iter().filter(|&&keep| keep).count());
+        for ((slot, record), keep) in records.into_iter().zip(keep) {
+            if keep {
+                kept.push((slot, record));
+            } else if let Some(backup) = self.backup.as_mut() {
+                backup.free(slot);
             }
-            keys.insert(record.key.clone());
-            whole_pages.extend(record.extent.pages.iter().copied());
-            if let Some(chunk) = record.extent.tail {
-                let kind = RegionKind::of(record.scheme);
-                chunk_pages.entry(chunk.page).or_insert((kind, chunk.class, 0)).2 |= 1 << chunk.slot;
-            }
-            kept.push((slot, record));
         }
+        self.index.reserve(kept.len());
         // Oldest first, so the LRU order is the records' order.
         kept.reverse();
         for (_, record) in &kept {
@@ -192,12 +215,7 @@ impl Cache {
 
     /// Whether a record's pages are inside its scheme's region and free of every record kept
     /// so far.
-    fn fits(
-        &self,
-        record: &ItemRecord,
-        whole_pages: &HashSet<u64>,
-        chunk_pages: &HashMap<u64, (RegionKind, u8, u64)>,
-    ) -> bool {
+    fn fits(&self, record: &ItemRecord, whole_pages: &HashSet<u64, Fast>, chunk_pages: &ChunkPages) -> bool {
         let kind = RegionKind::of(record.scheme);
         let Some((first, count)) = self.space.region_pages(kind) else { return false };
         let inside = |page: u64| page >= first && page - first < count;

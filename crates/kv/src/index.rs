@@ -79,7 +79,7 @@ pub struct Index {
     free: Vec<EntryId>,
     head: Option<EntryId>,
     tail: Option<EntryId>,
-    locations: HashMap<LocationId, Location>,
+    locations: HashMap<LocationId, Location, foldhash::fast::RandomState>,
     next_location: LocationId,
     pub bytes_used: u64,
 }
@@ -94,6 +94,14 @@ impl Index {
 
     pub fn len(&self) -> usize {
         self.map.len()
+    }
+
+    /// Room for `additional` more entries and locations (a restore knows how many come: the
+    /// tables grow once instead of rehashing all the way up).
+    pub fn reserve(&mut self, additional: usize) {
+        self.map.reserve(additional);
+        self.entries.reserve(additional);
+        self.locations.reserve(additional);
     }
 
     pub fn is_empty(&self) -> bool {
