@@ -13,7 +13,7 @@ use super::{FailoverRow, KvHaBenchArgs, KvHaReport, MixRow, SyncRow, CLIENT_TIME
 use crate::apps_bench::workload::Zipf;
 use crate::kv_bench::{value_for, ServerProcess, StoreOutcome, TextClient};
 use crate::launcher::{ClusterOptions, LocalCluster, UnixSockets};
-use crate::stats::Samples;
+use crate::stats::{Samples, Summary};
 
 /// Value size of the failover measurement's items.
 const ITEM_BYTES: usize = 32;
@@ -125,52 +125,116 @@ pub(super) fn measure(args: &KvHaBenchArgs, binary: &Path, dir: &Path) -> Result
     let mut report = KvHaReport { mixes: Vec::new(), syncs: Vec::new(), failovers: Vec::new() };
     let memory_limit =
         ((args.keys * (args.value_size + 120)) as u64 * 2).max(64 << 20).next_multiple_of(1 << 20);
-    for mode in &args.modes {
-        let extra: Vec<&str> = match mode.as_str() {
-            "ephemeral" => vec!["--ephemeral"],
-            "none" => vec![],
-            replication => vec!["--replication", replication],
-        };
-        let mut setup = Setup::start(binary, args, dir, &format!("mix-{mode}"), memory_limit, &extra)?;
-        if !matches!(mode.as_str(), "ephemeral" | "none") {
-            setup.attach_standby(binary, &format!("mix-{mode}"))?;
-        }
-        fill(setup.primary.address, args.keys, args.value_size, 2)?;
-        for &percent in &args.write_ratios {
-            let cpu_before = setup.standby.as_ref().map(|standby| cpu_seconds(standby.pid())).transpose()?;
-            let (mut samples, writes, elapsed) = mix(args, setup.primary.address, percent)?;
-            let cpu = match (cpu_before, setup.standby.as_ref()) {
-                (Some(before), Some(standby)) => Some(cpu_seconds(standby.pid())? - before),
-                _ => None,
-            };
-            let latency = samples.summarize();
-            let row = MixRow {
-                mode: mode.clone(),
-                write_percent: percent,
-                ops_per_second: latency.count as f64 / elapsed.as_secs_f64(),
-                latency,
-                writes,
-                standby_cpu_seconds_per_million_writes: cpu.map(|cpu| cpu / (writes.max(1) as f64 / 1e6)),
-                ops_ratio_to_none: None,
-                p50_ratio_to_none: None,
-                p99_ratio_to_none: None,
-            };
-            eprintln!(
-                "{mode:<10} {percent:>3}% sets: {:.0} ops/s, p50 {:.1} us, p99 {:.1} us{}",
-                row.ops_per_second,
-                row.latency.p50_us,
-                row.latency.p99_us,
-                row.standby_cpu_seconds_per_million_writes
-                    .map(|cpu| format!(", standby {cpu:.2} CPU s per million writes"))
-                    .unwrap_or_default()
-            );
-            report.mixes.push(row);
+    let mut rows = Vec::new();
+    for round in 0..args.rounds {
+        // Each round starts at another mode, so a drift of the machine is spread over all.
+        let mut modes = args.modes.clone();
+        let first = round % modes.len().max(1);
+        modes.rotate_left(first);
+        for mode in &modes {
+            mix_round(args, binary, dir, mode, round, memory_limit, &mut rows)?;
         }
     }
+    report.mixes = medians(&args.modes, &args.write_ratios, rows);
     for &items in &args.failover_items {
         failover(args, binary, dir, items, &mut report)?;
     }
     Ok(report)
+}
+
+/// Per mode and write percentage, the median of the rounds' ops/s, p50, p99 and standby CPU.
+fn medians(modes: &[String], percents: &[u32], rows: Vec<MixRow>) -> Vec<MixRow> {
+    let median = |mut values: Vec<f64>| -> f64 {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let mut merged = Vec::new();
+    for mode in modes {
+        for &percent in percents {
+            let of: Vec<&MixRow> =
+                rows.iter().filter(|row| &row.mode == mode && row.write_percent == percent).collect();
+            if of.is_empty() {
+                continue;
+            }
+            let pick = |field: fn(&MixRow) -> f64| median(of.iter().map(|row| field(row)).collect());
+            let cpu: Vec<f64> =
+                of.iter().filter_map(|row| row.standby_cpu_seconds_per_million_writes).collect();
+            merged.push(MixRow {
+                mode: mode.clone(),
+                write_percent: percent,
+                rounds: of.len(),
+                ops_per_second: pick(|row| row.ops_per_second),
+                latency: Summary {
+                    count: of.iter().map(|row| row.latency.count).sum(),
+                    p50_us: pick(|row| row.latency.p50_us),
+                    p99_us: pick(|row| row.latency.p99_us),
+                    p999_us: pick(|row| row.latency.p999_us),
+                    mean_us: pick(|row| row.latency.mean_us),
+                },
+                writes: of.iter().map(|row| row.writes).sum(),
+                standby_cpu_seconds_per_million_writes: (!cpu.is_empty()).then(|| median(cpu)),
+                ops_ratio_to_none: None,
+                p50_ratio_to_none: None,
+                p99_ratio_to_none: None,
+            });
+        }
+    }
+    merged
+}
+
+/// One round of one mode: a cluster, a primary (and a standby), filled, every write percentage.
+fn mix_round(
+    args: &KvHaBenchArgs,
+    binary: &Path,
+    dir: &Path,
+    mode: &str,
+    round: usize,
+    memory_limit: u64,
+    rows: &mut Vec<MixRow>,
+) -> Result<()> {
+    let label = format!("mix-{mode}-{round}");
+    let extra: Vec<&str> = match mode {
+        "ephemeral" => vec!["--ephemeral"],
+        "none" => vec![],
+        replication => vec!["--replication", replication],
+    };
+    let mut setup = Setup::start(binary, args, dir, &label, memory_limit, &extra)?;
+    if !matches!(mode, "ephemeral" | "none") {
+        setup.attach_standby(binary, &label)?;
+    }
+    fill(setup.primary.address, args.keys, args.value_size, 2)?;
+    for &percent in &args.write_ratios {
+        let cpu_before = setup.standby.as_ref().map(|standby| cpu_seconds(standby.pid())).transpose()?;
+        let (mut samples, writes, elapsed) = mix(args, setup.primary.address, percent)?;
+        let cpu = match (cpu_before, setup.standby.as_ref()) {
+            (Some(before), Some(standby)) => Some(cpu_seconds(standby.pid())? - before),
+            _ => None,
+        };
+        let latency = samples.summarize();
+        let row = MixRow {
+            mode: mode.to_owned(),
+            write_percent: percent,
+            rounds: 1,
+            ops_per_second: latency.count as f64 / elapsed.as_secs_f64(),
+            latency,
+            writes,
+            standby_cpu_seconds_per_million_writes: cpu.map(|cpu| cpu / (writes.max(1) as f64 / 1e6)),
+            ops_ratio_to_none: None,
+            p50_ratio_to_none: None,
+            p99_ratio_to_none: None,
+        };
+        eprintln!(
+            "{mode:<10} {percent:>3}% sets: {:.0} ops/s, p50 {:.1} us, p99 {:.1} us{}",
+            row.ops_per_second,
+            row.latency.p50_us,
+            row.latency.p99_us,
+            row.standby_cpu_seconds_per_million_writes
+                .map(|cpu| format!(", standby {cpu:.2} CPU s per million writes"))
+                .unwrap_or_default()
+        );
+        rows.push(row);
+    }
+    Ok(())
 }
 
 /// Loads `items`, syncs a new standby per policy (restarting the primary with each `--sync`),

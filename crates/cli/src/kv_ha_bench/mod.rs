@@ -43,6 +43,10 @@ pub struct KvHaBenchArgs {
     /// Length of one throughput series, in seconds.
     #[arg(long, default_value_t = 5.0)]
     pub seconds: f64,
+    /// Rounds of the mixes (each mode's set-up started afresh each round); medians are
+    /// reported.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
     /// Zipf exponent of key popularity (YCSB's default 0.99).
     #[arg(long, default_value_t = 0.99)]
     pub zipf: f64,
@@ -68,6 +72,8 @@ pub struct KvHaBenchArgs {
 pub struct MixRow {
     pub mode: String,
     pub write_percent: u32,
+    /// Rounds this row is the median of.
+    pub rounds: usize,
     pub ops_per_second: f64,
     pub latency: Summary,
     pub writes: u64,
@@ -124,6 +130,9 @@ pub fn run(mut args: KvHaBenchArgs, binary: &Path) -> Result<KvHaReport> {
     if args.keys == 0 || args.connections == 0 || args.value_size == 0 || args.value_size > 1 << 20 {
         bail!("--keys and --connections must be positive, --value-size 1 byte to 1 MiB");
     }
+    if args.rounds == 0 || args.rounds > 100 {
+        bail!("--rounds must be 1 to 100");
+    }
     if args.seconds <= 0.0 || args.zipf < 0.0 || args.failover_items.contains(&0) || args.nodes < 10 {
         bail!(
             "--seconds must be positive, --zipf at least 0, --failover-items positive, --nodes at least 10"
@@ -134,6 +143,7 @@ pub fn run(mut args: KvHaBenchArgs, binary: &Path) -> Result<KvHaReport> {
         args.connections = 2;
         args.seconds = 0.5;
         args.failover_items = vec![5000];
+        args.rounds = 1;
     }
     let dir = match &args.dir {
         Some(dir) => dir.clone(),
@@ -170,7 +180,11 @@ fn ratios(rows: &mut [MixRow]) {
 
 pub fn print_table(report: &KvHaReport) {
     let ratio = |value: Option<f64>| value.map(|value| format!("{value:.2}")).unwrap_or_else(|| "-".into());
-    println!("YCSB-like mix, Zipfian keys: ratios to `none` (backup region, no standby) at the same write %");
+    println!(
+        "YCSB-like mix, Zipfian keys, medians of {} rounds: ratios to `none` (backup region, no standby) at the \
+         same write %",
+        report.mixes.first().map(|row| row.rounds).unwrap_or(0)
+    );
     println!(
         "{:<10} {:>6} {:>10} {:>6} {:>9} {:>6} {:>9} {:>6} {:>22}",
         "mode", "sets%", "ops/s", "ratio", "p50 us", "ratio", "p99 us", "ratio", "standby CPU s/M writes"
