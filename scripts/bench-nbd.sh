@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # NBD benchmark: the same fio nbd-engine jobs (4 KiB random read and write, queue depth 1 and
-# 32, time-based) against remem EC(8,2), remem rep(2) (k=1 r=1), remem none (k=1 r=0), and
+# 32, time-based) against remem EC(8,2), remem rep(2) (k=1 r=1), remem none (k=1 r=0), each
+# over TCP to the nodes, EC(8,2) and rep(2) again over shared memory (`--transport shm`), and
 # qemu-nbd serving a RAM-backed file in /dev/shm: the plain NBD a user would otherwise run.
 # Prints p50/p99 completion latency and IOPS, and each remem figure as a ratio to qemu-nbd's
 # from the same run.
@@ -28,17 +29,19 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$remem" up --nodes 10 --capacity 2GiB --slab-size 64MiB --dir "$work/cluster" >"$work/up.log" 2>&1 &
+"$remem" up --nodes 10 --capacity 1GiB --slab-size 64MiB --dir "$work/cluster" >"$work/up.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 200); do [ -f "$work/cluster/cluster.json" ] && break; sleep 0.1; done
 [ -f "$work/cluster/cluster.json" ] || { cat "$work/up.log"; exit 1; }
 
-# name port k r delta
-servers=("ec82 10811 8 2 1" "rep2 10812 1 1 0" "none 10813 1 0 0")
+# name port k r delta transport
+servers=("ec82 10811 8 2 1 tcp" "rep2 10812 1 1 0 tcp" "none 10813 1 0 0 tcp" "ec82shm 10815 8 2 1 shm"
+  "rep2shm 10816 1 1 0 shm")
 for server in "${servers[@]}"; do
-  read -r name port k r delta <<<"$server"
+  read -r name port k r delta transport <<<"$server"
   "$remem" nbd --cluster "$work/cluster/cluster.json" --size 1GiB --export "$name" \
-    --listen "127.0.0.1:$port" -k "$k" -r "$r" --delta "$delta" >"$work/$name.out" 2>"$work/$name.log" &
+    --listen "127.0.0.1:$port" -k "$k" -r "$r" --delta "$delta" --transport "$transport" \
+    >"$work/$name.out" 2>"$work/$name.log" &
   pids+=($!)
 done
 truncate -s 1G /dev/shm/remem-bench-nbd.img
@@ -49,7 +52,7 @@ for server in "${servers[@]}" "qemu 10814"; do
   for _ in $(seq 300); do nbdinfo "nbd://127.0.0.1:$port/$name" >/dev/null 2>&1 && break; sleep 0.1; done
 done
 
-targets=("ec82 10811" "rep2 10812" "none 10813" "qemu 10814")
+targets=("ec82 10811" "rep2 10812" "none 10813" "ec82shm 10815" "rep2shm 10816" "qemu 10814")
 job() { # name port rw depth -> json file
   fio --name="$3-qd$4" --ioengine=nbd --uri="nbd://127.0.0.1:$2/$1" --rw="$3" --bs=4k \
     --size="$region" --iodepth="$4" --time_based --runtime="$runtime" --ramp_time=1 \
@@ -73,9 +76,10 @@ done
 python3 - "$work" <<'EOF'
 import json, sys, os
 work = sys.argv[1]
-names = ["ec82", "rep2", "none", "qemu"]
-labels = {"ec82": "remem EC(8,2)", "rep2": "remem rep(2)", "none": "remem none", "qemu": "qemu-nbd /dev/shm"}
-print(f"{'job':<16}{'server':<20}{'p50 us':>9}{'p99 us':>9}{'IOPS':>10}   {'p50/qemu':>9}{'p99/qemu':>9}{'IOPS/qemu':>10}")
+names = ["ec82", "rep2", "none", "ec82shm", "rep2shm", "qemu"]
+labels = {"ec82": "remem EC(8,2)", "rep2": "remem rep(2)", "none": "remem none",
+          "ec82shm": "remem EC(8,2) shm", "rep2shm": "remem rep(2) shm", "qemu": "qemu-nbd /dev/shm"}
+print(f"{'job':<16}{'server':<22}{'p50 us':>9}{'p99 us':>9}{'IOPS':>10}   {'p50/qemu':>9}{'p99/qemu':>9}{'IOPS/qemu':>10}")
 for rw in ["randread", "randwrite"]:
     for depth in [1, 32]:
         rows = {}
@@ -91,5 +95,5 @@ for rw in ["randread", "randwrite"]:
         for name in names:
             p50, p99, iops = rows[name]
             ratio = "" if name == "qemu" else f"{p50/base[0]:>9.2f}{p99/base[1]:>9.2f}{iops/base[2]:>10.2f}"
-            print(f"{rw + ' qd' + str(depth):<16}{labels[name]:<20}{p50:>9.1f}{p99:>9.1f}{iops:>10.0f}   {ratio}")
+            print(f"{rw + ' qd' + str(depth):<16}{labels[name]:<22}{p50:>9.1f}{p99:>9.1f}{iops:>10.0f}   {ratio}")
 EOF

@@ -77,6 +77,22 @@ pub enum Transport {
     Shm,
 }
 
+/// `--transport shm` needs nodes with a Unix socket: refused, saying so, when none has one.
+pub fn check_transport(
+    transport: Transport,
+    cluster: &remem_client::cluster::ClusterFile,
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    if transport == Transport::Shm && cluster.nodes.iter().all(|node| node.unix_socket.is_none()) {
+        anyhow::bail!(
+            "--transport shm: no node of {} has a Unix socket (nodes started by `remem up` have one; \
+             `remem node --unix PATH` gives one), so there is no shared memory to use",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 #[derive(Debug, Serialize)]
 pub struct StragglerRow {
     pub name: String,

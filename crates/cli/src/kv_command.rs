@@ -81,6 +81,11 @@ pub struct KvArgs {
     /// A split not answered in this time counts as failed.
     #[arg(long, default_value_t = 2000)]
     pub request_timeout_ms: u64,
+    /// How splits reach the nodes: tcp, or shm (nodes on this host with a Unix socket, as `remem
+    /// up` starts them, lend their slabs as shared memory: reads and writes are loads and stores,
+    /// only control goes over the socket; other nodes are reached by TCP).
+    #[arg(long, value_enum, default_value = "tcp")]
+    pub transport: crate::bench::Transport,
     /// Name of this server's state directory `kv-NAME/` beside the cluster file (several
     /// servers on one cluster need different names).
     #[arg(long, default_value = "default")]
@@ -177,10 +182,12 @@ pub fn run(args: KvArgs) -> Result<()> {
         None => bail!("unknown --placement {:?}", args.placement),
     };
     let (cluster_path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
+    crate::bench::check_transport(args.transport, &cluster, &cluster_path)?;
     let region_bytes = args.memory_limit.div_ceil(4096) * 4096;
     let shape = remem_kv::region_shape(Scheme::Ec, ec);
     let mut config = ClientConfig::new(shape, region_bytes);
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
+    config.shared_memory = args.transport == crate::bench::Transport::Shm;
     config.release_on_drop = args.ephemeral;
     let cache_config = CacheConfig {
         memory_limit_bytes: args.memory_limit,

@@ -78,6 +78,11 @@ pub struct NbdArgs {
     /// A split not answered in this time counts as failed.
     #[arg(long, default_value_t = 2000, value_parser = crate::units::parse_positive_ms)]
     pub request_timeout_ms: u64,
+    /// How splits reach the nodes: tcp, or shm (nodes on this host with a Unix socket, as `remem
+    /// up` starts them, lend their slabs as shared memory: reads and writes are loads and stores,
+    /// only control goes over the socket; other nodes are reached by TCP).
+    #[arg(long, value_enum, default_value = "tcp")]
+    pub transport: crate::bench::Transport,
     /// Lock all memory (mlockall): needed when the export backs swap (docs/NBD.md).
     #[arg(long)]
     pub mlock: bool,
@@ -157,6 +162,7 @@ pub fn run(args: NbdArgs) -> Result<()> {
     let mut config = ClientConfig::new(shape, args.size);
     config.max_in_flight = args.queue_depth.max(1);
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
+    config.shared_memory = args.transport == crate::bench::Transport::Shm;
     // The slabs outlive the process: a restart reopens them (the state file names them).
     config.release_on_drop = false;
     // The report for `remem status` goes beside a cluster file, named after the state file.
@@ -179,6 +185,7 @@ pub fn run(args: NbdArgs) -> Result<()> {
         }
         None => {
             let (cluster_path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
+            crate::bench::check_transport(args.transport, &cluster, &cluster_path)?;
             let state_path = args.state.clone().unwrap_or_else(|| {
                 let directory = cluster_path.parent().map(Path::to_path_buf).unwrap_or_default();
                 directory.join(format!("nbd-{}.slabmap", args.export))
