@@ -147,6 +147,30 @@ fn an_evicted_shared_slab_is_revoked_punched_out_and_rebuilt() {
 }
 
 #[test]
+fn bits_flipped_in_a_shared_data_slab_are_caught_and_read_around() {
+    let cluster = cluster("corrupt", 10, UnixSockets::All);
+    let mut client = connect(&cluster);
+    let mut model = Model::default();
+    model.write(&mut client, &all_pages());
+    // The node flips bits in its own memory: the client's mapping sees them at once, on the
+    // path where every data split is shared (reads skip per-split bookkeeping there).
+    let victim = client.ranges()[0].slabs[3];
+    let address = cluster.file.nodes[victim.node].address;
+    inject(
+        address,
+        &cluster.secret,
+        client.client_id(),
+        Fault::Corrupt { slab_id: victim.slab_id, flips: 200, seed: 9 },
+    )
+    .unwrap();
+    // Every page reads back as written: a flipped split fails its checksum and is decoded around.
+    let decoded = model.read(&mut client, &all_pages());
+    assert!(decoded > 0, "pages with a flipped split were decoded from the others");
+    let corrupt: u64 = client.node_stats().iter().map(|stats| stats.corrupt_total).sum();
+    assert!(corrupt > 0, "the flipped splits were counted as corrupt");
+}
+
+#[test]
 fn only_the_owner_may_export_a_slab_and_only_over_a_unix_socket() {
     let cluster = cluster("owner", 1, UnixSockets::All);
     let path = cluster.file.nodes[0].unix_socket.clone().expect("node has a socket");

@@ -111,13 +111,16 @@ fn swap_on_pages_a_limited_cgroup_to_remem_and_off_leaves_nothing_attached() {
     assert_eq!(unsafe { libc::geteuid() }, 0, "remem swap needs root (CI runs as root)");
     assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: remem swap needs FUSE");
     let started = Instant::now();
-    let cluster = common::start_cluster("swap", "on-off", 10, UnixSockets::None);
+    // Over shared memory (the nodes' Unix sockets): the file system daemon's fastest path; the
+    // swap of `remem run`'s tests goes over TCP.
+    let cluster = common::start_cluster("swap", "on-off", 10, UnixSockets::All);
     let runtime_dir = std::env::temp_dir().join(format!("remem-swap-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&runtime_dir);
     let runtime_arg = runtime_dir.to_str().expect("utf-8").to_owned();
     let guard = SwapGuard { runtime_dir: runtime_dir.clone() };
     let cluster_arg = cluster.cluster_file_path.to_str().expect("utf-8");
-    let on = ["swap", "on", "--size", "64MiB", "--priority", "7", "--cluster", cluster_arg];
+    let on =
+        ["swap", "on", "--size", "64MiB", "--priority", "7", "--transport", "shm", "--cluster", cluster_arg];
     let output = remem(&[&on[..], &["--runtime-dir", &runtime_arg]].concat());
     assert!(
         output.status.success(),

@@ -200,7 +200,11 @@ impl Engine {
                             Some(Ok(()))
                         } else {
                             let version = self.versions[page as usize];
-                            self.start_read(tag, page, Some(version)).err().map(Err)
+                            if self.read_shared_data_splits(page, version, buffers.read_buffer(tag)) {
+                                Some(Ok(()))
+                            } else {
+                                self.start_read(tag, page, Some(version)).err().map(Err)
+                            }
                         }
                     }
                 }

@@ -2,7 +2,9 @@
 //! engine with loads and stores (`crate::shm`, docs/SHM.md). The mappings are memory the engine
 //! holds, not I/O: mapping and unmapping them is the driver's job.
 
-use super::{Engine, MAX_SPLITS};
+use remem_proto::{judge_split, SplitVerdict};
+
+use super::{Engine, MAX_SPLITS, PAGE_UNREADABLE};
 use crate::core::SplitMask;
 use crate::shm::ShmSlab;
 
@@ -61,5 +63,45 @@ impl Engine {
                 mapping.prefetch(slot_in_range);
             }
         }
+    }
+
+    /// Reads page `page` at `version` straight from the shared-memory slabs of its k data
+    /// splits, when all of them are mapped and available: one loop of copies and checks, no
+    /// per-split event or state-machine step (an EC(8,2) read is eight of them). False when
+    /// anything is not as expected (a split unmapped or unavailable, a write overlapping a copy,
+    /// another version, a checksum that fails, an unreadable page): the caller then reads the
+    /// page the general way, which copies the splits again and accounts for what it finds. So
+    /// this path decides nothing the general path would decide otherwise; it only skips its
+    /// bookkeeping when every data split is what a read at this version would accept.
+    pub(super) fn read_shared_data_splits(&mut self, page: u64, version: u8, target: &mut [u8]) -> bool {
+        if !self.shm_in_use || self.page_flags[page as usize] & PAGE_UNREADABLE != 0 {
+            return false;
+        }
+        let Some(region_index) = self.region_of(page) else { return false };
+        let (shape, split_bytes) = (self.regions[region_index].shape, self.regions[region_index].split_bytes);
+        let (range_index, slot_in_range) = self.locate(region_index, page);
+        let range = &self.ranges[range_index];
+        let data = shape.data_mask();
+        if range.unavailable & !range.previous & data != 0
+            || self.shared_memory_splits(range_index) & data != data
+            || target.len() != shape.data_splits * split_bytes
+        {
+            return false;
+        }
+        self.prefetch_shm(range_index, slot_in_range, data);
+        for (split, target) in target.chunks_exact_mut(split_bytes).enumerate() {
+            let mapping = self.live_shm(range_index, split).expect("every data split is mapped (checked)");
+            let Some(meta) = mapping.read_split(slot_in_range, target) else { return false };
+            match judge_split(target, meta, page, split as u8) {
+                SplitVerdict::Valid { version: found } if found == version => {}
+                _ => return false,
+            }
+        }
+        for split in 0..shape.data_splits {
+            let node = self.live_shm(range_index, split).expect("mapped").node;
+            self.record_split_read(node);
+        }
+        self.range_accesses[range_index] = self.range_accesses[range_index].wrapping_add(1);
+        true
     }
 }
