@@ -119,6 +119,7 @@ pub fn run(args: RunArgs, binary: &Path) -> Result<i32> {
                 cluster: args.cluster.clone(),
                 code: args.code.clone(),
                 runtime_dir,
+                shared_memory: false,
             };
             Some(RememSwap::on(binary, &options)?)
         }
@@ -372,6 +373,8 @@ pub struct RememSwapOptions {
     pub cluster: Option<PathBuf>,
     pub code: CodeArgs,
     pub runtime_dir: PathBuf,
+    /// Shared memory to the nodes' slabs instead of TCP (`remem swap on --transport shm`).
+    pub shared_memory: bool,
 }
 
 /// A remem swap area turned on for one run and off when dropped, through `remem swap on/off`
@@ -392,6 +395,7 @@ impl RememSwap {
             .args(["swap", "on", "--size", &size.to_string(), "--priority", &args.priority.to_string()])
             .args(["-k", &args.code.data_splits.to_string(), "-r", &args.code.parity_splits.to_string()])
             .args(["--delta", &args.code.delta.to_string()])
+            .args(["--transport", if args.shared_memory { "shm" } else { "tcp" }])
             .arg("--runtime-dir")
             .arg(&guard.runtime_dir);
         if let Some(cluster) = &args.cluster {

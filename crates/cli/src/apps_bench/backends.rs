@@ -1,6 +1,7 @@
 //! The swap backends an application pages to: remem EC(8,2) and remem rep(2) (k=1, r=1), each
-//! on a fresh local 10-node cluster over TCP through `remem swap on`, and a swap file on the
-//! local disk (the seed's "SSD backup"). One is on at a time; guards turn it off, also on error.
+//! on a fresh local 10-node cluster over TCP through `remem swap on`, remem EC(8,2) over shared
+//! memory (`--transport shm`: the same-host case), and a swap file on the local disk (the seed's
+//! "SSD backup"). One is on at a time; guards turn it off, also on error.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -21,16 +22,19 @@ const VICTIM_NODE: usize = 3;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
     RememEc,
+    RememEcShm,
     RememRep,
     DiskFile,
 }
 
 impl Backend {
-    pub const ALL: [Backend; 3] = [Backend::RememEc, Backend::RememRep, Backend::DiskFile];
+    pub const ALL: [Backend; 4] =
+        [Backend::RememEc, Backend::RememEcShm, Backend::RememRep, Backend::DiskFile];
 
     pub fn name(self) -> &'static str {
         match self {
             Backend::RememEc => "remem EC(8,2)",
+            Backend::RememEcShm => "remem EC(8,2) shm",
             Backend::RememRep => "remem rep(2)",
             Backend::DiskFile => "local disk file",
         }
@@ -39,9 +43,10 @@ impl Backend {
     pub fn parse(text: &str) -> Result<Backend, String> {
         match text.trim() {
             "ec" => Ok(Backend::RememEc),
+            "ec-shm" => Ok(Backend::RememEcShm),
             "rep" => Ok(Backend::RememRep),
             "disk" => Ok(Backend::DiskFile),
-            other => Err(format!("{other:?}: a backend is ec, rep or disk")),
+            other => Err(format!("{other:?}: a backend is ec, ec-shm, rep or disk")),
         }
     }
 
@@ -51,7 +56,9 @@ impl Backend {
 
     fn code(self) -> Option<CodeArgs> {
         match self {
-            Backend::RememEc => Some(CodeArgs { data_splits: 8, parity_splits: 2, delta: 1 }),
+            Backend::RememEc | Backend::RememEcShm => {
+                Some(CodeArgs { data_splits: 8, parity_splits: 2, delta: 1 })
+            }
             // Both replicas are read only when the first is slow or gone: no extra reads.
             Backend::RememRep => Some(CodeArgs { data_splits: 1, parity_splits: 1, delta: 0 }),
             Backend::DiskFile => None,
@@ -87,7 +94,7 @@ impl SwapOn {
             dir: work_dir.join("cluster"),
             fault_injection: false,
             monitor_args: None,
-            unix_sockets: UnixSockets::None,
+            unix_sockets: if backend == Backend::RememEcShm { UnixSockets::All } else { UnixSockets::None },
         };
         let cluster = LocalCluster::start(binary, &options).context("starting the local cluster")?;
         let swap_options = RememSwapOptions {
@@ -96,6 +103,7 @@ impl SwapOn {
             cluster: Some(cluster.cluster_file_path.clone()),
             code,
             runtime_dir: work_dir.join("remem-swap"),
+            shared_memory: backend == Backend::RememEcShm,
         };
         let remem_swap = RememSwap::on(binary, &swap_options)?;
         Ok(SwapOn { remem_swap: Some(remem_swap), cluster: Some(cluster), _disk: None })

@@ -49,8 +49,8 @@ pub struct AppsBenchArgs {
     /// Applications to run, of pagerank, sqlite, memcached-etc, memcached-sys, redis (default all).
     #[arg(long, value_delimiter = ',')]
     pub apps: Vec<String>,
-    /// Swap backends, of ec (remem EC(8,2)), rep (remem rep(2)), disk (a local disk swap file);
-    /// default all.
+    /// Swap backends, of ec (remem EC(8,2)), ec-shm (remem EC(8,2) over shared memory), rep
+    /// (remem rep(2)), disk (a local disk swap file); default all.
     #[arg(long, value_delimiter = ',', value_parser = Backend::parse)]
     pub backends: Vec<Backend>,
     /// Local memory as percentages of the measured peak (default 100,75,50; 100,50 with --quick).
