@@ -306,7 +306,17 @@ fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
         }
     });
     while !stop.load(Ordering::Relaxed) {
-        if let Ok(line) = received.recv_timeout(Duration::from_millis(200)) {
+        let line = match received.recv_timeout(Duration::from_millis(200)) {
+            Ok(line) => Some(line),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
+            // Standard input is closed (a service, `< /dev/null`, a background job): no commands
+            // come, and the loop only watches the nodes, at the same pace.
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                std::thread::sleep(Duration::from_millis(200));
+                None
+            }
+        };
+        if let Some(line) = line {
             let words: Vec<&str> = line.split_whitespace().collect();
             let result = match words.as_slice() {
                 ["add"] => cluster.add_node(binary, &options).map(|index| {
