@@ -228,11 +228,14 @@ impl<S: PageStore> FileSystem<S> {
                         zero_in_page(store, page_buffer, remote, cut, page_bytes as usize)?;
                     }
                 }
-                extents.unmap_range(size_bytes.div_ceil(page_bytes), u64::MAX, |remote, len| {
-                    runs.push((remote, len))
-                });
-                attributes.mapped_pages = extents.mapped_pages();
             }
+            // Whatever the old size: pages past the new end go, those fallocated past the old
+            // end with FALLOC_FL_KEEP_SIZE too (as Linux file systems drop blocks past EOF on
+            // truncate). The journal's replay of this record does exactly this.
+            extents.unmap_range(size_bytes.div_ceil(page_bytes), u64::MAX, |remote, len| {
+                runs.push((remote, len))
+            });
+            attributes.mapped_pages = extents.mapped_pages();
             let now = SystemTime::now();
             attributes.size_bytes = size_bytes;
             attributes.mtime = now;
