@@ -5,9 +5,6 @@
 //! server at a time), `slabmap.json` (the regions' slabs, every region) and `backup` (the
 //! backup region the server records every acknowledged item in, `remem_kv::backup`).
 
-use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -33,40 +30,22 @@ pub struct ReopenTimes {
 /// A locked state directory.
 pub struct KvState {
     pub dir: PathBuf,
-    _lock: File,
+    _lock: remem_fs::persist::StateDir,
 }
 
 impl KvState {
-    /// Creates (0700) and locks `dir`; errors when another process holds it.
+    /// Creates (0700) and locks `dir` (the lock `remem fs` state directories use); errors when
+    /// another process holds it.
     pub fn lock(dir: &Path) -> Result<KvState> {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .with_context(|| format!("creating the state directory {}", dir.display()))?;
-        let lock_path = dir.join("lock");
-        let mut lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&lock_path)
-            .with_context(|| format!("opening {}", lock_path.display()))?;
-        // SAFETY: flock on a descriptor we own; no memory is passed.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let holder = std::fs::read_to_string(&lock_path).unwrap_or_default();
-            bail!(
-                "state directory {} is in use by another remem kv (pid {}); stop it first, or give this \
-                 one another --name",
-                dir.display(),
-                holder.trim()
-            );
+        match remem_fs::persist::StateDir::open(dir) {
+            Ok(lock) => Ok(KvState { dir: dir.to_owned(), _lock: lock }),
+            Err(remem_fs::persist::PersistError::Locked { holder, .. }) => bail!(
+                "state directory {} is in use by another remem kv (pid {holder}); stop it first, or give \
+                 this one another --name",
+                dir.display()
+            ),
+            Err(error) => Err(error.into()),
         }
-        use std::io::Write;
-        lock.set_len(0)?;
-        write!(lock, "{}", std::process::id())?;
-        Ok(KvState { dir: dir.to_owned(), _lock: lock })
     }
 
     /// As [`KvState::lock`], waiting up to `wait` for the holder to let go (a primary that was

@@ -47,6 +47,22 @@ impl Samples {
     }
 }
 
+/// CPU seconds (user + system) process `pid` has used so far, from /proc.
+pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    use anyhow::Context;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(") ").context("a /proc stat line")?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let field = |index: usize| -> anyhow::Result<f64> {
+        Ok(fields.get(index).context("a short /proc stat line")?.parse::<f64>()?)
+    };
+    // utime and stime are fields 14 and 15 of the line, 12th and 13th after the command name.
+    let ticks = field(11)? + field(12)?;
+    // SAFETY: sysconf reads a constant of the system.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks / per_second)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -90,10 +90,15 @@ fn save(runtime_dir: &Path, state: &SwapState) -> Result<()> {
     crate::launcher::write_private_file(&state_path(runtime_dir), &text)
 }
 
-/// Runs a system tool (under `timeout`), failing with its stderr.
+/// Runs a system tool (under `timeout`), failing with its stderr; returns its stdout.
 fn tool(program: &str, args: &[&str]) -> Result<String> {
+    tool_within(60, program, args)
+}
+
+/// [`tool`] with a time limit of `seconds`.
+pub(crate) fn tool_within(seconds: u32, program: &str, args: &[&str]) -> Result<String> {
     let output = Command::new("timeout")
-        .args(["-k", "5", "60", program])
+        .args(["-k", "5", &seconds.to_string(), program])
         .args(args)
         .stdin(Stdio::null())
         .output()

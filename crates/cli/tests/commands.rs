@@ -97,15 +97,6 @@ fn bench_pages_reports_every_scheme_floor_and_ratio() {
     assert_eq!(&png[1..4], b"PNG");
 }
 
-/// CPU seconds (user + system) process `pid` has used.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the process's stat");
-    let fields: Vec<&str> = stat.rsplit_once(") ").expect("a stat line").1.split_whitespace().collect();
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    // SAFETY: sysconf reads a constant of the system.
-    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
-}
-
 #[test]
 fn up_starts_a_cluster_idles_with_stdin_closed_and_stops_it_on_sigterm() {
     let dir = std::env::temp_dir().join(format!("remem-test-up-{}", std::process::id()));
@@ -128,9 +119,9 @@ fn up_starts_a_cluster_idles_with_stdin_closed_and_stops_it_on_sigterm() {
     let cluster = remem_client::cluster::ClusterFile::load(&cluster_file).unwrap();
     assert_eq!(cluster.nodes.len(), 3);
     // Watching three idle nodes takes next to no CPU (it once spun on the closed input).
-    let before = cpu_seconds(child.id());
+    let before = remem::stats::cpu_seconds(child.id()).expect("remem up's CPU time");
     std::thread::sleep(Duration::from_secs(2));
-    let used = cpu_seconds(child.id()) - before;
+    let used = remem::stats::cpu_seconds(child.id()).expect("remem up's CPU time") - before;
     if used >= 0.5 {
         // SAFETY: signalling the child we spawned; its nodes die with it.
         unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };

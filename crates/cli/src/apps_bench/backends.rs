@@ -4,10 +4,9 @@
 //! "SSD backup"). One is on at a time; guards turn it off, also on error.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 use crate::code_args::CodeArgs;
 use crate::launcher::{ClusterOptions, LocalCluster, UnixSockets};
@@ -227,18 +226,9 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-/// Runs a system tool (under `timeout`), failing with its stderr.
+/// Runs a system tool (under `timeout`, 120 s: a swap file is large), failing with its stderr.
 fn tool(program: &str, args: &[&str]) -> Result<()> {
-    let output = Command::new("timeout")
-        .args(["-k", "5", "120", program])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("running {program}"))?;
-    if !output.status.success() {
-        bail!("{program} {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr).trim());
-    }
-    Ok(())
+    crate::swap_command::tool_within(120, program, args).map(drop)
 }
 
 #[cfg(test)]

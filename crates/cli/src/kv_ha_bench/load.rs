@@ -13,7 +13,7 @@ use super::{FailoverRow, KvHaBenchArgs, KvHaReport, MixRow, SyncRow, CLIENT_TIME
 use crate::apps_bench::workload::Zipf;
 use crate::kv_bench::{value_for, ServerProcess, StoreOutcome, TextClient};
 use crate::launcher::{ClusterOptions, LocalCluster, UnixSockets};
-use crate::stats::{Samples, Summary};
+use crate::stats::{cpu_seconds, Samples, Summary};
 
 /// Value size of the failover measurement's items.
 const ITEM_BYTES: usize = 32;
@@ -342,17 +342,6 @@ fn last_sync_line(log: &str) -> Result<(u64, u64, u64, f64)> {
         }
         _ => bail!("cannot read {line:?}"),
     }
-}
-
-/// CPU seconds (user + system) of process `pid` so far.
-fn cpu_seconds(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit_once(") ").context("a /proc stat line")?.1;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
-    // SAFETY: sysconf reads a constant of the system.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Ok(ticks / per_second)
 }
 
 /// Sets keys `f0 .. f(items-1)` to `value_for(index, 0, value_bytes)`, pipelined with noreply

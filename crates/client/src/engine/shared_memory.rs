@@ -82,23 +82,21 @@ impl Engine {
         let (range_index, slot_in_range) = self.locate(region_index, page);
         let range = &self.ranges[range_index];
         let data = shape.data_mask();
-        if range.unavailable & !range.previous & data != 0
-            || self.shared_memory_splits(range_index) & data != data
-            || target.len() != shape.data_splits * split_bytes
+        if range.unavailable & !range.previous & data != 0 || target.len() != shape.data_splits * split_bytes
         {
             return false;
         }
         self.prefetch_shm(range_index, slot_in_range, data);
+        let mut nodes = [0; MAX_SPLITS];
         for (split, target) in target.chunks_exact_mut(split_bytes).enumerate() {
-            let mapping = self.live_shm(range_index, split).expect("every data split is mapped (checked)");
+            let Some(mapping) = self.live_shm(range_index, split) else { return false };
             let Some(meta) = mapping.read_split(slot_in_range, target) else { return false };
             match judge_split(target, meta, page, split as u8) {
-                SplitVerdict::Valid { version: found } if found == version => {}
+                SplitVerdict::Valid { version: found } if found == version => nodes[split] = mapping.node,
                 _ => return false,
             }
         }
-        for split in 0..shape.data_splits {
-            let node = self.live_shm(range_index, split).expect("mapped").node;
+        for &node in &nodes[..shape.data_splits] {
             self.record_split_read(node);
         }
         self.range_accesses[range_index] = self.range_accesses[range_index].wrapping_add(1);

@@ -130,18 +130,24 @@ impl Backup {
         map[12..16].copy_from_slice(&chunk_count.to_le_bytes());
         let crc = crc32c::crc32c(&map[..16]);
         map[16..20].copy_from_slice(&crc.to_le_bytes());
-        Ok(Backup {
+        Ok(Backup::mapped(path, file, map, chunk_count))
+    }
+
+    /// A mapped region of `chunk_count` chunks with nothing assigned yet (its allocator state is
+    /// found by `scan`, or starts empty).
+    fn mapped(path: &Path, file: File, map: MmapMut, chunk_count: u32) -> Backup {
+        Backup {
             path: path.to_owned(),
             _file: file,
             map,
             chunk_count,
-            header_bytes: header,
+            header_bytes: header_bytes(chunk_count),
             free: vec![Vec::new(); CLASS_COUNT],
             next_chunk: 0,
             next_seq: 1,
             replica: None,
             sync: None,
-        })
+        }
     }
 
     /// Maps an existing region and scans it: every live record that checks out, with its slot,
@@ -175,18 +181,7 @@ impl Backup {
         {
             return Err(invalid(format!("{chunk_count} chunks do not match a file of {length} bytes")));
         }
-        let mut backup = Backup {
-            path: path.to_owned(),
-            _file: file,
-            map,
-            chunk_count,
-            header_bytes: header,
-            free: vec![Vec::new(); CLASS_COUNT],
-            next_chunk: 0,
-            next_seq: 1,
-            replica: None,
-            sync: None,
-        };
+        let mut backup = Backup::mapped(path, file, map, chunk_count);
         let (records, report) = backup.scan();
         Ok((backup, records, report))
     }
