@@ -178,13 +178,7 @@ pub struct LimitedChild {
     started: Instant,
     swap_in_before: u64,
     swap_out_before: u64,
-    /// Since when the cgroup has waited for memory, as last seen.
-    under_oom_since: Option<Instant>,
 }
-
-/// How long a command may wait for memory (swap-out not keeping up) before it is taken to be
-/// out of memory and killed, as the kernel's OOM killer would have.
-pub const OOM_PATIENCE: Duration = Duration::from_secs(30);
 
 impl LimitedChild {
     /// Starts `command` in the cgroup (it joins between fork and exec, so every page it touches
@@ -232,56 +226,22 @@ impl LimitedChild {
         let child = child_command
             .spawn()
             .with_context(|| format!("running {:?} in cgroup {}", command[0], cgroup.dir.display()))?;
-        Ok(LimitedChild {
-            child,
-            cgroup,
-            limit_bytes,
-            started,
-            swap_in_before,
-            swap_out_before,
-            under_oom_since: None,
-        })
+        Ok(LimitedChild { child, cgroup, limit_bytes, started, swap_in_before, swap_out_before })
     }
 
     pub fn id(&self) -> u32 {
         self.child.id()
     }
 
-    /// The exit code (128 + signal) if the command has exited. Kills it if it has waited for
-    /// memory for [`OOM_PATIENCE`].
+    /// The exit code (128 + signal) if the command has exited.
     pub fn try_wait(&mut self) -> Result<Option<i32>> {
-        self.watch();
         Ok(self.child.try_wait().context("waiting for the command")?.map(exit_code))
     }
 
     /// Waits for the command to exit, then reports and removes the cgroup.
     pub fn wait(mut self) -> Result<RunReport> {
-        let status = loop {
-            self.watch();
-            if let Some(status) = self.child.try_wait().context("waiting for the command")? {
-                break status;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = self.child.wait().context("waiting for the command")?;
         self.finish(exit_code(status))
-    }
-
-    /// The OOM killer's job, done patiently: a cgroup that has waited for memory for
-    /// [`OOM_PATIENCE`] is out of memory, and its command is SIGKILLed (exit status 137).
-    fn watch(&mut self) {
-        if !self.cgroup.under_oom() {
-            self.under_oom_since = None;
-            return;
-        }
-        let since = *self.under_oom_since.get_or_insert_with(Instant::now);
-        if since.elapsed() >= OOM_PATIENCE {
-            eprintln!(
-                "remem run: the command waited {OOM_PATIENCE:?} for memory that swap did not free: out of \
-                 memory, killed"
-            );
-            let _ = self.child.kill();
-            self.under_oom_since = None;
-        }
     }
 
     /// SIGTERM, then SIGKILL after `grace`; then reports and removes the cgroup (a server's end).
@@ -360,30 +320,8 @@ impl MemoryCgroup {
         if let Some(limit) = limit_bytes {
             std::fs::write(cgroup.dir.join(limit_file), limit.to_string())
                 .with_context(|| format!("setting {limit_file} of {}", cgroup.dir.display()))?;
-            if version == 1 {
-                // v1's OOM killer fires after a few rounds of reclaim that freed nothing, which
-                // is what reclaim looks like while swap-out pages are still being written: it
-                // killed processes that swap would have made room for. Off, a charge that
-                // cannot be met waits until pages are uncharged (swap-out completes); a wait
-                // that lasts [`OOM_PATIENCE`] is a real out-of-memory, and the command is
-                // killed then (`LimitedChild::watch`).
-                let control = cgroup.dir.join("memory.oom_control");
-                if let Err(error) = std::fs::write(&control, "1") {
-                    eprintln!(
-                        "remem run: cannot set {}: {error}; the kernel's OOM killer stays on",
-                        control.display()
-                    );
-                }
-            }
         }
         Ok(cgroup)
-    }
-
-    /// Whether the cgroup's processes are waiting for memory (v1 with the OOM killer off).
-    fn under_oom(&self) -> bool {
-        self.version == 1
-            && std::fs::read_to_string(self.dir.join("memory.oom_control"))
-                .is_ok_and(|text| text.lines().any(|line| line.trim() == "under_oom 1"))
     }
 
     fn peak_bytes(&self) -> Option<u64> {
