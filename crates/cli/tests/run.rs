@@ -138,9 +138,11 @@ fn run_pages_a_limited_command_to_remem_swap_and_leaves_nothing_attached() {
 ///
 /// At these small limits the cgroup's OOM killer sometimes stops a process before a slow (debug
 /// build) swap-out frees its memory: a run with exit status 137, which the bench counts as not
-/// verified. Such a bench is run once more; any other failure, and a second OOM kill, fail.
+/// verified. Such a bench is run again, up to three attempts in all (one CI run saw two in a
+/// row); any other failure, and a third OOM kill, fail.
 fn bench_apps_quick(name: &str, args: &[&str]) -> Vec<serde_json::Value> {
-    for attempt in 1..=2 {
+    const ATTEMPTS: usize = 3;
+    for attempt in 1..=ATTEMPTS {
         let (success, reports, text) = bench_apps_quick_once(name, args);
         if success {
             return reports;
@@ -148,10 +150,10 @@ fn bench_apps_quick(name: &str, args: &[&str]) -> Vec<serde_json::Value> {
         let unverified: Vec<&serde_json::Value> =
             reports.iter().flat_map(runs).filter(|run| run["verified"] != true).collect();
         let only_oom_kills = !unverified.is_empty() && unverified.iter().all(|run| run["exit_code"] == 137);
-        assert!(only_oom_kills && attempt == 1, "bench apps failed (attempt {attempt}): {text}");
+        assert!(only_oom_kills && attempt < ATTEMPTS, "bench apps failed (attempt {attempt}): {text}");
         eprintln!("bench apps: the OOM killer stopped a run ({unverified:?}); once more");
     }
-    unreachable!("the second attempt returns or panics")
+    unreachable!("the last attempt returns or panics")
 }
 
 fn bench_apps_quick_once(name: &str, args: &[&str]) -> (bool, Vec<serde_json::Value>, String) {
