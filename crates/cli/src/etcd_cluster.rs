@@ -282,6 +282,8 @@ pub fn status(etcd: &Etcd) -> Result<crate::status_command::ClusterStatus> {
             requests_served: 0,
             rebuilds_running: node.rebuilds_running,
             rebuild_percent: None,
+            rebuild_pages_per_second: None,
+            rebuild_eta_seconds: None,
             clients: node.clients_live,
             clients_in_grace: 0,
             slabs_in_grace: 0,

@@ -18,13 +18,19 @@ use remem_placement::LeastLoaded;
 use serde::Serialize;
 
 use crate::launcher::{ClusterOptions, LocalCluster};
+use crate::stats::{Samples, Summary};
 use crate::units::{format_bytes, parse_bytes};
+use remem_node::FloorSource;
 
 #[derive(Args, Debug)]
 pub struct RegenArgs {
     /// Slab size: the range holds k x this much data, all written before the rebuild.
     #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
     pub slab_size: u64,
+    /// Single-page reads and writes per second served before and during the rebuild (half
+    /// each), whose latencies are reported.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub ops_per_second: u32,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -35,6 +41,17 @@ pub struct RegenReport {
     pub slab_bytes: u64,
     pub seconds: f64,
     pub mib_per_second: f64,
+    /// The fastest of two floor reads (before the rebuild and after it): seconds to read the k
+    /// source slabs in the rebuild's batches and pipeline depth, without judging or decoding.
+    pub floor_seconds: f64,
+    pub floor_runs: Vec<f64>,
+    pub floor_mib_per_second: f64,
+    /// Rebuild speed over floor speed (1.0: the rebuild is as fast as reading its sources).
+    pub rebuild_over_floor: f64,
+    pub ops_per_second: u32,
+    /// Single-page read and write latencies served before the rebuild and during it.
+    pub before: ServedSummary,
+    pub during: ServedSummary,
     pub reads_during_rebuild: u64,
     pub read_mismatches: u64,
     pub pages_verified_after: u64,
@@ -87,7 +104,47 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
     }
     eprintln!();
 
-    let victim = client.ranges()[0].slabs[0];
+    let mut scratch = vec![0u8; 4096];
+    let rate = args.ops_per_second;
+    let (op_buffer, rest) = buffers.split_first_mut().expect("buffers");
+    let mut work =
+        Work { rng: StdRng::seed_from_u64(SEED), pages, buffer: op_buffer, scratch: &mut rest[0], rate };
+    eprintln!("serving {rate} single-page reads and writes per second for 2 s (before) ...");
+    let mut before = Served::default();
+    let serving = Instant::now();
+    while serving.elapsed() < Duration::from_secs(2) {
+        before.one_op(&mut client, &mut work)?;
+    }
+
+    // The floor: the k sources the rebuild will read, read the same way and dropped.
+    let k = shape.data_splits;
+    let slabs = client.ranges()[0].slabs.clone();
+    let floor_sources: Vec<FloorSource> = slabs[1..]
+        .iter()
+        .enumerate()
+        .map(|(offset, slab)| FloorSource {
+            split_index: offset as u8 + 1,
+            slab_id: slab.slab_id,
+            address: cluster.file.nodes[slab.node].address,
+        })
+        .collect();
+    let slots = u32::try_from(pages).context("too many pages for one slab")?;
+    let split_bytes = (4096 / k) as u32;
+    let mut floors = Vec::new();
+    eprintln!("floor: reading the {k} source slabs in the rebuild's batches, without decoding ...");
+    let mut floor_load = [Served::default(), Served::default()];
+    floors.push(floor(
+        &cluster,
+        &mut client,
+        &mut floor_load[0],
+        &mut work,
+        &floor_sources,
+        k,
+        slots,
+        split_bytes,
+    )?);
+
+    let victim = slabs[0];
     let address = cluster.file.nodes[victim.node].address;
     eprintln!("evicting slab {} of split 0 on {address} ...", victim.slab_id);
     let evicted = Instant::now();
@@ -97,24 +154,16 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
         client.client_id(),
         crate::faults::Fault::Evict { slab_id: victim.slab_id },
     )?;
-    let mut rng = StdRng::seed_from_u64(SEED);
-    let mut reads = 0u64;
-    let mut mismatches = 0u64;
-    let mut scratch = vec![0u8; 4096];
+    // Reads and writes go on while the slab is rebuilt, at the same rate, each read checked.
+    let mut during = Served::default();
     let mut last_progress = Instant::now();
-    // Reads go on while the slab is rebuilt: 64 random pages per round, each checked.
     loop {
-        let batch: Vec<u64> = (0..64).map(|_| rng.gen_range(0..pages)).collect();
-        let mut ops: Vec<PageOp<'_>> =
-            batch.iter().zip(buffers.iter_mut()).map(|(&page, buf)| PageOp::Read { page, buf }).collect();
-        client.execute_all(&mut ops).context("a read during the rebuild failed")?;
-        for (page, buffer) in batch.iter().zip(&buffers) {
-            reads += 1;
-            if !crate::pattern::check(buffer, *page, 1, SEED, &mut scratch) {
-                mismatches += 1;
-            }
+        // A read and a write each round, so even a rebuild over in a moment has both timed.
+        during.one_op(&mut client, &mut work)?;
+        during.one_op(&mut client, &mut work)?;
+        if during.ops.is_multiple_of(16) {
+            client.poll_background(Duration::ZERO);
         }
-        client.poll_background(Duration::from_millis(1));
         let status = client.regeneration_status();
         if status.in_flight == 0 && status.done > 0 {
             break;
@@ -136,6 +185,20 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
     if client.ranges()[0].slabs[0].node == victim.node {
         bail!("split 0 still points at the evicting node after the rebuild");
     }
+    eprintln!("floor again, after the rebuild ...");
+    floors.push(floor(
+        &cluster,
+        &mut client,
+        &mut floor_load[1],
+        &mut work,
+        &floor_sources,
+        k,
+        slots,
+        split_bytes,
+    )?);
+    let floor_seconds = floors.iter().copied().fold(f64::INFINITY, f64::min);
+    let load_mismatches: u64 = floor_load.iter().map(|served| served.mismatches).sum();
+    let mut mismatches = before.mismatches + during.mismatches + load_mismatches;
 
     // Full redundancy is back: lose two other slabs and check every page.
     let others: Vec<usize> = client.ranges()[0].slabs[1..3].iter().map(|slab| slab.node).collect();
@@ -163,14 +226,108 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
     // The client first: its slabs are released while the nodes still run.
     drop(client);
     drop(cluster);
+    let mib = args.slab_size as f64 / (1 << 20) as f64;
     Ok(RegenReport {
         slab_bytes: args.slab_size,
         seconds,
-        mib_per_second: args.slab_size as f64 / (1 << 20) as f64 / seconds,
-        reads_during_rebuild: reads,
+        mib_per_second: mib / seconds,
+        floor_seconds,
+        floor_runs: floors,
+        floor_mib_per_second: mib / floor_seconds,
+        rebuild_over_floor: floor_seconds / seconds,
+        ops_per_second: rate,
+        before: before.summarize(),
+        during: during.summarize(),
+        reads_during_rebuild: during.reads.nanos.len() as u64,
         read_mismatches: mismatches,
         pages_verified_after: verified,
     })
+}
+
+/// What a served op needs: the page picker, the range's size, buffers and the rate.
+struct Work<'a> {
+    rng: StdRng,
+    pages: u64,
+    buffer: &'a mut [u8],
+    scratch: &'a mut [u8],
+    rate: u32,
+}
+
+/// Single-page ops served at a fixed rate, alternately a read (checked against the pattern) and a
+/// write (the same bytes again, at a new version), with their latencies.
+#[derive(Default)]
+struct Served {
+    ops: u64,
+    started: Option<Instant>,
+    reads: Samples,
+    writes: Samples,
+    mismatches: u64,
+}
+
+impl Served {
+    fn one_op(&mut self, client: &mut Client, work: &mut Work<'_>) -> Result<()> {
+        let Work { rng, pages, buffer, scratch, rate } = work;
+        let (pages, rate) = (*pages, *rate);
+        let started = *self.started.get_or_insert_with(Instant::now);
+        // Paced, so the load is the same before and during the rebuild whatever its speed.
+        let due = started + Duration::from_secs_f64(self.ops as f64 / f64::from(rate.max(1)));
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        let page = rng.gen_range(0..pages);
+        let op_started = Instant::now();
+        if self.ops.is_multiple_of(2) {
+            client.execute_all(&mut [PageOp::Read { page, buf: buffer }]).context("a read failed")?;
+            self.reads.push(op_started.elapsed());
+            if !crate::pattern::check(buffer, page, 1, SEED, &mut scratch[..]) {
+                self.mismatches += 1;
+            }
+        } else {
+            crate::pattern::fill(buffer, page, 1, SEED);
+            client.execute_all(&mut [PageOp::Write { page, data: buffer }]).context("a write failed")?;
+            self.writes.push(op_started.elapsed());
+        }
+        self.ops += 1;
+        Ok(())
+    }
+
+    fn summarize(&mut self) -> ServedSummary {
+        ServedSummary { reads: self.reads.summarize(), writes: self.writes.summarize() }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ServedSummary {
+    pub reads: Summary,
+    pub writes: Summary,
+}
+
+/// Reads the floor on its own thread while this one serves ops at the rebuild's rate, so the
+/// floor and the rebuild run under the same load; returns the floor's seconds.
+#[allow(clippy::too_many_arguments)]
+fn floor(
+    cluster: &LocalCluster,
+    client: &mut Client,
+    served: &mut Served,
+    work: &mut Work<'_>,
+    sources: &[FloorSource],
+    k: usize,
+    slots: u32,
+    split_bytes: u32,
+) -> Result<f64> {
+    let (secret, client_id, sources) = (cluster.secret.clone(), client.client_id(), sources.to_vec());
+    let reader = std::thread::Builder::new()
+        .name("remem-floor".to_owned())
+        .spawn(move || remem_node::read_floor(&secret, client_id, &sources, k, slots, split_bytes))
+        .context("starting the floor reader")?;
+    while !reader.is_finished() {
+        served.one_op(client, work)?;
+    }
+    let elapsed = reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("the floor reader panicked"))?
+        .map_err(|error| anyhow::anyhow!("the floor read failed: {error}"))?;
+    Ok(elapsed.as_secs_f64())
 }
 
 fn node_progress(client: &mut Client) -> (u64, u64) {
@@ -180,26 +337,47 @@ fn node_progress(client: &mut Client) -> (u64, u64) {
 }
 
 fn progress(what: &str, done: u64, total: u64, started: Instant) {
-    let fraction = done as f64 / total.max(1) as f64;
+    let fraction = (done as f64 / total.max(1) as f64).min(1.0);
     let filled = (fraction * 40.0) as usize;
+    let elapsed = started.elapsed().as_secs_f64();
+    let eta = if fraction > 0.0 && fraction < 1.0 {
+        format!(" ETA {:.1} s", elapsed * (1.0 - fraction) / fraction)
+    } else {
+        String::new()
+    };
     eprint!(
-        "\r{what:<11} [{}{}] {:>5.1}% {:>6.1} s",
+        "\r{what:<11} [{}{}] {:>5.1}% {elapsed:>6.1} s{eta:<14}",
         "#".repeat(filled),
         ".".repeat(40 - filled),
         fraction * 100.0,
-        started.elapsed().as_secs_f64()
     );
     let _ = std::io::stderr().flush();
 }
 
 pub fn print(report: &RegenReport) {
     println!(
-        "rebuilt a {} slab in {:.2} s: {:.1} MiB/s; {} reads served and checked during the rebuild, {} pages verified after losing two more slabs, {} mismatches",
+        "rebuilt a {} slab in {:.2} s: {:.1} MiB/s",
         format_bytes(report.slab_bytes),
         report.seconds,
-        report.mib_per_second,
-        report.reads_during_rebuild,
-        report.pages_verified_after,
-        report.read_mismatches
+        report.mib_per_second
+    );
+    println!(
+        "floor (the k source slabs read in the same batches and depth, no decoding): {:.2} s, {:.1} MiB/s of slab",
+        report.floor_seconds, report.floor_mib_per_second
+    );
+    println!("rebuild speed / floor speed: {:.2} (target >= 0.70)", report.rebuild_over_floor);
+    println!("served at {} single-page ops/s, latency in us:", report.ops_per_second);
+    println!("  {:<16} {:>8} {:>8} {:>8}", "", "ops", "p50", "p99");
+    for (label, summary) in [
+        ("reads before", &report.before.reads),
+        ("reads during", &report.during.reads),
+        ("writes before", &report.before.writes),
+        ("writes during", &report.during.writes),
+    ] {
+        println!("  {label:<16} {:>8} {:>8.1} {:>8.1}", summary.count, summary.p50_us, summary.p99_us);
+    }
+    println!(
+        "{} reads checked during the rebuild, {} pages verified after losing two more slabs, {} mismatches",
+        report.reads_during_rebuild, report.pages_verified_after, report.read_mismatches
     );
 }

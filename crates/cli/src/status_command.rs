@@ -1,7 +1,9 @@
 //! `remem status`: every node of a cluster file, as the node reports itself (up or down,
 //! failure domain, capacity, memory used and free, slabs, rebuilds running with their
-//! progress), as a table or JSON, once or every `--watch` seconds. Each node is asked on its own
+//! progress, speed and ETA), as a table or JSON, once or every `--watch` seconds. Each node is asked on its own
 //! connection (a fresh session that maps nothing), so a dead node is a row, not an error.
+//! While rebuilds run, the nodes running them are asked twice more, [`RATE_SAMPLE`] apart, for
+//! the speed that gives the ETA: `status` then takes a second longer.
 //!
 //! Clients' own view (regions healthy, degraded, rebuilding, lost) is not here: nodes do not
 //! know it, and clients do not publish it yet (issue 14: metrics).
@@ -53,6 +55,10 @@ pub struct NodeRow {
     pub rebuilds_running: u32,
     /// Progress of the rebuilds running on the node, 0 to 100.
     pub rebuild_percent: Option<f64>,
+    /// Pages the node's rebuilds handled per second, over a second's sample ([`RATE_SAMPLE`]).
+    pub rebuild_pages_per_second: Option<f64>,
+    /// Seconds until the node's running rebuilds end at that rate.
+    pub rebuild_eta_seconds: Option<f64>,
     /// Clients whose lease is live here (a process connected).
     pub clients: u32,
     /// Clients that went away, and their slabs, kept until the node's lease grace period ends.
@@ -94,9 +100,9 @@ pub fn collect(args: &StatusArgs) -> Result<ClusterStatus> {
                 slabs_mapped: status.slabs_mapped,
                 requests_served: status.requests_served,
                 rebuilds_running: status.regenerating_slabs,
-                rebuild_percent: (status.regeneration_pages_total > 0).then(|| {
-                    100.0 * status.regeneration_pages_done as f64 / status.regeneration_pages_total as f64
-                }),
+                rebuild_percent: percent(status.regeneration_pages_done, status.regeneration_pages_total),
+                rebuild_pages_per_second: None,
+                rebuild_eta_seconds: None,
                 clients: status.clients_live,
                 clients_in_grace: status.clients_in_grace,
                 slabs_in_grace: status.slabs_in_grace,
@@ -115,12 +121,17 @@ pub fn collect(args: &StatusArgs) -> Result<ClusterStatus> {
                 requests_served: 0,
                 rebuilds_running: 0,
                 rebuild_percent: None,
+                rebuild_pages_per_second: None,
+                rebuild_eta_seconds: None,
                 clients: 0,
                 clients_in_grace: 0,
                 slabs_in_grace: 0,
             },
         };
         nodes.push(row);
+    }
+    if nodes.iter().any(|node| node.rebuilds_running > 0) {
+        sample_rebuild_rates(&mut nodes, &cluster, &secret, timeout);
     }
     Ok(ClusterStatus {
         cluster_file: path.display().to_string(),
@@ -131,6 +142,49 @@ pub fn collect(args: &StatusArgs) -> Result<ClusterStatus> {
         nodes,
         clients: crate::client_report::read_reports(&path),
     })
+}
+
+/// How long `status` watches running rebuilds to tell their speed and ETA.
+pub const RATE_SAMPLE: Duration = Duration::from_secs(1);
+
+fn percent(done: u64, total: u64) -> Option<f64> {
+    (total > 0).then(|| 100.0 * done as f64 / total as f64)
+}
+
+/// Asks the nodes with rebuilds running again after [`RATE_SAMPLE`] and sets their rate and ETA
+/// from the pages handled meanwhile. A node whose total changed (a rebuild ended or began) gets
+/// its new progress but no rate: the two samples do not count the same rebuilds.
+fn sample_rebuild_rates(
+    nodes: &mut [NodeRow],
+    cluster: &remem_client::cluster::ClusterFile,
+    secret: &remem_proto::auth::Secret,
+    timeout: Duration,
+) {
+    let started = std::time::Instant::now();
+    let before: Vec<(usize, u64, u64)> = nodes
+        .iter()
+        .filter(|node| node.rebuilds_running > 0)
+        .filter_map(|node| {
+            let address = cluster.nodes[node.index].address;
+            let status = remem_client::query_node(address, secret, timeout).ok()?;
+            Some((node.index, status.regeneration_pages_done, status.regeneration_pages_total))
+        })
+        .collect();
+    std::thread::sleep(RATE_SAMPLE.saturating_sub(started.elapsed()));
+    for (index, done_before, total_before) in before {
+        let address = cluster.nodes[index].address;
+        let Ok(status) = remem_client::query_node(address, secret, timeout) else { continue };
+        let elapsed = started.elapsed().as_secs_f64();
+        let node = &mut nodes[index];
+        node.rebuilds_running = status.regenerating_slabs;
+        let (done, total) = (status.regeneration_pages_done, status.regeneration_pages_total);
+        node.rebuild_percent = percent(done, total);
+        if total == total_before && done >= done_before && total > 0 {
+            let rate = (done - done_before) as f64 / elapsed;
+            node.rebuild_pages_per_second = Some(rate);
+            node.rebuild_eta_seconds = (rate > 0.0).then(|| (total - done) as f64 / rate);
+        }
+    }
 }
 
 pub fn print_table(status: &ClusterStatus, out: &mut impl Write) -> std::io::Result<()> {
@@ -146,7 +200,7 @@ pub fn print_table(status: &ClusterStatus, out: &mut impl Write) -> std::io::Res
     )?;
     writeln!(
         out,
-        "{:>4}  {:<22} {:<12} {:<5} {:>12} {:>12} {:>12} {:>6} {:>10} {:>7}  in grace",
+        "{:>4}  {:<22} {:<12} {:<5} {:>12} {:>12} {:>12} {:>6} {:>22} {:>7}  in grace",
         "node", "address", "domain", "state", "capacity", "used", "free", "slabs", "rebuilds", "clients"
     )?;
     for node in &status.nodes {
@@ -162,9 +216,12 @@ pub fn print_table(status: &ClusterStatus, out: &mut impl Write) -> std::io::Res
             )?;
             continue;
         }
-        let rebuilds = match node.rebuild_percent {
-            Some(percent) => format!("{} ({percent:.0}%)", node.rebuilds_running),
-            None => node.rebuilds_running.to_string(),
+        let rebuilds = match (node.rebuild_percent, node.rebuild_eta_seconds) {
+            (Some(percent), Some(eta)) => {
+                format!("{} ({percent:.0}%, ETA {eta:.0} s)", node.rebuilds_running)
+            }
+            (Some(percent), None) => format!("{} ({percent:.0}%)", node.rebuilds_running),
+            (None, _) => node.rebuilds_running.to_string(),
         };
         let in_grace = match node.clients_in_grace {
             0 => "-".to_owned(),
@@ -172,7 +229,7 @@ pub fn print_table(status: &ClusterStatus, out: &mut impl Write) -> std::io::Res
         };
         writeln!(
             out,
-            "{:>4}  {:<22} {:<12} {:<5} {:>12} {:>12} {:>12} {:>6} {:>10} {:>7}  {}",
+            "{:>4}  {:<22} {:<12} {:<5} {:>12} {:>12} {:>12} {:>6} {:>22} {:>7}  {}",
             node.index,
             node.address,
             node.failure_domain,

@@ -193,6 +193,18 @@ fn bench_regen_rebuilds_a_slab_and_verifies_every_page() {
     assert_eq!(report["read_mismatches"], 0);
     assert_eq!(report["pages_verified_after"], 2048);
     assert!(report["mib_per_second"].as_f64().unwrap() > 0.0);
+    // The floor was read twice, and the speed ratio is the floor's time over the rebuild's.
+    assert_eq!(report["floor_runs"].as_array().unwrap().len(), 2);
+    let (floor, seconds) = (report["floor_seconds"].as_f64().unwrap(), report["seconds"].as_f64().unwrap());
+    assert!(floor > 0.0 && (report["rebuild_over_floor"].as_f64().unwrap() - floor / seconds).abs() < 1e-9);
+    // Reads and writes were served, and timed, before the rebuild and during it.
+    for phase in ["before", "during"] {
+        for kind in ["reads", "writes"] {
+            let summary = &report[phase][kind];
+            assert!(summary["count"].as_u64().unwrap() > 0, "{phase} {kind}: {summary}");
+            assert!(summary["p99_us"].as_f64().unwrap() >= summary["p50_us"].as_f64().unwrap());
+        }
+    }
 }
 
 #[test]

@@ -143,3 +143,65 @@ fn status_shows_a_front_ends_regions_healthy_degraded_and_lost() {
     let status = status_json(&file);
     assert_eq!(status["clients"][0]["alive"], false, "a dead front end is shown as gone: {status:#}");
 }
+
+/// A rebuild running on a node shows with its progress, speed and ETA. One source delays every
+/// reply by half a second, so rebuilding a 1 MiB slab of EC(4,2) (four batches) outlasts the
+/// second that `status` watches it for.
+#[test]
+fn status_shows_a_running_rebuild_with_its_speed_and_eta() {
+    use remem::faults::{inject, Fault};
+    use std::time::{Duration, Instant};
+    let cluster = common::start_cluster("status", "eta", 7, UnixSockets::None);
+    let shape = Shape { data_splits: 4, parity_splits: 2, extra_reads: 0 };
+    let mut client = Client::connect(
+        &cluster.addresses(),
+        &cluster.secret,
+        ClientConfig::new(shape, 4 * SLAB_BYTES),
+        Box::new(remem_placement::LeastLoaded::new(
+            <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(2),
+        )),
+    )
+    .expect("client connects");
+    let slabs = client.ranges()[0].slabs.clone();
+    let address = |node: usize| cluster.file.nodes[node].address;
+    let delay = Fault::Delay { delay_us: 500_000, fraction_ppm: 1_000_000, seed: 5 };
+    inject(address(slabs[1].node), &cluster.secret, client.client_id(), delay).expect("delay split 1");
+    inject(
+        address(slabs[0].node),
+        &cluster.secret,
+        client.client_id(),
+        Fault::Evict { slab_id: slabs[0].slab_id },
+    )
+    .expect("evict split 0");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while client.regeneration_status().in_flight == 0 {
+        assert!(Instant::now() < deadline, "the rebuild never started");
+        client.poll_background(Duration::from_millis(20));
+    }
+    let mut status = Command::new(env!("CARGO_BIN_EXE_remem"))
+        .args(["status", "--json", "--timeout-ms", "2000", "--cluster"])
+        .arg(&cluster.cluster_file_path)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("remem status runs");
+    // The client keeps driving its rebuild while `status` watches.
+    while status.try_wait().expect("status").is_none() {
+        assert!(Instant::now() < deadline, "remem status did not finish");
+        client.poll_background(Duration::from_millis(20));
+    }
+    let output = status.wait_with_output().expect("status output");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let rebuilding: Vec<&serde_json::Value> = report["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter(|node| node["rebuilds_running"] == 1)
+        .collect();
+    assert_eq!(rebuilding.len(), 1, "one node rebuilds: {report:#}");
+    let node = rebuilding[0];
+    let rate = node["rebuild_pages_per_second"].as_f64().expect("a speed");
+    let eta = node["rebuild_eta_seconds"].as_f64().expect("an ETA");
+    let percent = node["rebuild_percent"].as_f64().expect("progress");
+    assert!(rate > 0.0 && eta > 0.0 && (0.0..100.0).contains(&percent), "{node:#}");
+    assert!(client.wait_for_regenerations(Duration::from_secs(30)), "the rebuild finishes");
+}

@@ -37,3 +37,20 @@ pub use reference::ReferenceCodec;
 pub fn new_codec(params: CodecParams) -> Box<dyn PageCodec> {
     Box::new(IsalCodec::new(params))
 }
+
+/// Where split `split_index` of a page lives in a decoder's buffers: data splits (`< k`) in
+/// `page`, parity splits in `parity`, `split_bytes` each. Panics if the split is past the buffers.
+pub fn split_buffer_mut<'a>(
+    page: &'a mut [u8],
+    parity: &'a mut [u8],
+    data_splits: usize,
+    split_bytes: usize,
+    split_index: usize,
+) -> &'a mut [u8] {
+    if split_index < data_splits {
+        &mut page[split_index * split_bytes..(split_index + 1) * split_bytes]
+    } else {
+        let parity_index = split_index - data_splits;
+        &mut parity[parity_index * split_bytes..(parity_index + 1) * split_bytes]
+    }
+}

@@ -47,7 +47,9 @@ pub use connection::{
 /// authenticated ones. Each lives at most [`HANDSHAKE_TIMEOUT`] in all.
 pub const MAX_UNAUTHENTICATED_CONNECTIONS: usize = 64;
 pub use monitor::{MemorySource, ResourceMonitorConfig};
-pub use regenerate::{RegenerationReport, MAX_CONCURRENT_REGENERATIONS};
+pub use regenerate::{
+    read_floor, FloorSource, RegenerationReport, MAX_CONCURRENT_REGENERATIONS, PIPELINE_DEPTH,
+};
 pub use slab::METADATA_BYTES_PER_SLOT;
 
 use connection::Connection;

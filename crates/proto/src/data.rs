@@ -156,11 +156,17 @@ pub fn decode_read_splits_count(bytes: &[u8; READ_SPLITS_COUNT_BYTES]) -> Result
 /// Binding the page and split index means a split returned from the wrong slot, slab or node is
 /// detected as corrupt, not silently decoded into the wrong page.
 pub fn split_checksum(payload: &[u8], version: u8, page: u64, split_index: u8) -> u32 {
+    finish_split_checksum(crc32c::crc32c(payload), version, page, split_index)
+}
+
+/// [`split_checksum`] from `crc32c(payload)` computed beforehand (several at once:
+/// [`crate::payload_crcs`]).
+pub fn finish_split_checksum(payload_crc: u32, version: u8, page: u64, split_index: u8) -> u32 {
     let mut trailer = [0u8; 10];
     trailer[0] = version;
     trailer[1..9].copy_from_slice(&page.to_le_bytes());
     trailer[9] = split_index;
-    crc32c::crc32c_append(crc32c::crc32c(payload), &trailer)
+    crc32c::crc32c_append(payload_crc, &trailer)
 }
 
 /// Whether version `candidate` is newer than `than`, in RFC 1982 serial-number arithmetic over the

@@ -18,6 +18,7 @@
 
 pub mod auth;
 pub mod blocking;
+mod checksums;
 mod control;
 mod data;
 mod error;
@@ -27,11 +28,12 @@ pub mod shm;
 mod sizes;
 mod validity;
 
+pub use checksums::payload_crcs;
 pub use control::{Control, FaultKind, NodeInfo, RegenerationSource};
 pub use data::{
     decode_read_splits_count, encode_read_split_reply, encode_read_splits_reply_head, encode_write_split,
-    max_read_splits_count, next_version, read_splits_reply_body_len, split_checksum, version_is_newer,
-    SplitMeta, WriteSplitPrefix,
+    finish_split_checksum, max_read_splits_count, next_version, read_splits_reply_body_len, split_checksum,
+    version_is_newer, SplitMeta, WriteSplitPrefix,
 };
 pub use error::{DecodeError, ErrorCode};
 pub use frame::{FrameHeader, Kind, LengthRule};
@@ -40,4 +42,4 @@ pub use sizes::{
     MAX_REGENERATION_SOURCES, MAX_SPLIT_BYTES, MIN_SPLIT_BYTES, PROTOCOL_VERSION, READ_SPLITS_COUNT_BYTES,
     READ_SPLITS_MAX_COUNT, REGENERATION_SOURCE_BYTES, SPLIT_META_BYTES, WRITE_SPLIT_PREFIX_BYTES,
 };
-pub use validity::{judge_split, newest_with_k, SplitVerdict};
+pub use validity::{judge_split, judge_split_crc, newest_with_k, SplitVerdict};

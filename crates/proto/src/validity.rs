@@ -7,7 +7,7 @@
 //! if its end-to-end checksum matches its bytes, version, page and split index; version 0 with
 //! a nonzero checksum is corrupt.
 
-use crate::data::{split_checksum, version_is_newer, SplitMeta};
+use crate::data::{finish_split_checksum, version_is_newer, SplitMeta};
 
 /// What one split read back from a slab is worth.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,7 +37,15 @@ pub fn judge_split(payload: &[u8], meta: SplitMeta, page: u64, split_index: u8) 
     if meta.version == 0 {
         return if meta.checksum == 0 { SplitVerdict::NeverWritten } else { SplitVerdict::Corrupt };
     }
-    if split_checksum(payload, meta.version, page, split_index) == meta.checksum {
+    judge_split_crc(crc32c::crc32c(payload), meta, page, split_index)
+}
+
+/// [`judge_split`] with `crc32c(payload)` computed beforehand.
+pub fn judge_split_crc(payload_crc: u32, meta: SplitMeta, page: u64, split_index: u8) -> SplitVerdict {
+    if meta.version == 0 {
+        return if meta.checksum == 0 { SplitVerdict::NeverWritten } else { SplitVerdict::Corrupt };
+    }
+    if finish_split_checksum(payload_crc, meta.version, page, split_index) == meta.checksum {
         SplitVerdict::Valid { version: meta.version }
     } else {
         SplitVerdict::Corrupt
@@ -64,6 +72,7 @@ pub fn newest_with_k(versions: impl Iterator<Item = u8> + Clone, k: usize) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::split_checksum;
 
     #[test]
     fn never_written_corrupt_and_valid_are_told_apart() {

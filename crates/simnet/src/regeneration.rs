@@ -343,12 +343,8 @@ fn rebuild_page(
         }
         let split_index = usize::from(job.sources[position].split_index);
         let (_, payload) = source_split(nodes, job, position, slot);
-        let target = if split_index < k {
-            &mut scratch.page[split_index * split_bytes..(split_index + 1) * split_bytes]
-        } else {
-            &mut scratch.parity[(split_index - k) * split_bytes..(split_index - k + 1) * split_bytes]
-        };
-        target.copy_from_slice(payload);
+        remem_codec::split_buffer_mut(&mut scratch.page, &mut scratch.parity, k, split_bytes, split_index)
+            .copy_from_slice(payload);
         present |= 1 << split_index;
     }
     let codec = &mut scratch.codecs[codec];

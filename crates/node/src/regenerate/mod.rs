@@ -3,7 +3,9 @@
 //!
 //! A client that lost a slab maps a new one here and sends `Regenerate` naming the surviving
 //! splits of the range. The node answers `Ok` at once and a rebuild thread then, for each batch of
-//! slots: reads the batch (`ReadSplits`) from k sources, data splits first; judges every split
+//! slots: reads the batch (`ReadSplits`) from k sources, data splits first, each asked a few
+//! batches ahead so they serve the next ones while this one is decoded (`sources`); judges every
+//! split (checksums of a page's splits computed together, `remem_proto::payload_crcs`)
 //! with the protocol's shared rules (`remem_proto::judge_split`: valid at a version, never
 //! written, or corrupt) and keeps, per page, the newest version that k of the splits agree on
 //! (`remem_proto::newest_with_k`, where never written is version 0, older than any write), so a
@@ -38,16 +40,19 @@
 //! Invariant: at most [`MAX_CONCURRENT_REGENERATIONS`] rebuilds run at once, one thread each; the
 //! node stops them (and joins them) before it unmaps its slabs.
 
+mod sources;
+
+pub use sources::{read_floor, FloorSource, PIPELINE_DEPTH};
+
 use crate::shared::Shared;
 use crate::slab::Slab;
-use remem_codec::{new_codec, CodecParams, PageCodec};
-use remem_proto::blocking::{self, FrameError, HandshakeError};
+use remem_codec::{new_codec, split_buffer_mut, CodecParams, PageCodec, MAX_DATA_SPLITS};
 use remem_proto::{
-    judge_split, max_read_splits_count, newest_with_k, read_splits_reply_body_len, split_checksum, Control,
-    ErrorCode, Kind, RegenerationSource, SplitMeta, SplitVerdict, READ_SPLITS_COUNT_BYTES, SPLIT_META_BYTES,
+    judge_split, judge_split_crc, max_read_splits_count, newest_with_k, payload_crcs, split_checksum,
+    Control, ErrorCode, RegenerationSource, SplitMeta, SplitVerdict, SPLIT_META_BYTES,
 };
-use std::io;
-use std::net::{SocketAddr, TcpStream};
+use sources::{fetch_batch, Batch, Claim, Source};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -55,9 +60,6 @@ use std::time::{Duration, Instant};
 
 /// Most rebuilds one node runs at once; a further `Regenerate` gets `Error(NoCapacity)`.
 pub const MAX_CONCURRENT_REGENERATIONS: u32 = 4;
-const SOURCE_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// A source that does not answer a batch within this is treated as failed.
-const SOURCE_IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A `Regenerate` as the connection received it.
 pub struct Request {
@@ -167,6 +169,14 @@ pub struct Job {
 }
 
 impl Job {
+    fn claim(&self) -> Claim<'_> {
+        Claim {
+            secret: &self.shared.secret,
+            client_id: self.request.client_id,
+            session: self.request.session,
+        }
+    }
+
     fn add_done(&mut self, pages: u64) {
         self.pages_done += pages;
         self.shared.regenerations.pages_done.fetch_add(pages, Ordering::Relaxed);
@@ -313,157 +323,6 @@ fn send_report(job: &Job, report: &RegenerationReport) {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-enum SourceError {
-    #[error("cannot connect: {0}")]
-    Connect(#[source] io::Error),
-    #[error("handshake failed: {0}")]
-    Handshake(#[from] HandshakeError),
-    #[error("frame I/O failed: {0}")]
-    Frame(#[from] FrameError),
-    #[error("refused: {code}: {message}")]
-    Refused { code: ErrorCode, message: String },
-    #[error("unexpected reply: {0}")]
-    BadReply(String),
-}
-
-impl From<io::Error> for SourceError {
-    fn from(error: io::Error) -> SourceError {
-        SourceError::Frame(FrameError::Io(error))
-    }
-}
-
-/// One surviving split's slab and the connection to it.
-struct Source {
-    split_index: u8,
-    slab_id: u32,
-    address: SocketAddr,
-    stream: Option<TcpStream>,
-    failed: bool,
-    /// The last `ReadSplitsReply` body, and the batch it holds.
-    body: Vec<u8>,
-    batch_first_slot: Option<u32>,
-    next_request_id: u64,
-}
-
-impl Source {
-    fn connect(&mut self, job: &Job) -> Result<(), SourceError> {
-        if self.stream.is_some() {
-            return Ok(());
-        }
-        let mut stream = TcpStream::connect_timeout(&self.address, SOURCE_CONNECT_TIMEOUT)
-            .map_err(SourceError::Connect)?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(SOURCE_IO_TIMEOUT))?;
-        stream.set_write_timeout(Some(SOURCE_IO_TIMEOUT))?;
-        job.shared.regenerations.register_stream(job.id, &stream);
-        blocking::handshake_session(
-            &mut stream,
-            &job.shared.secret,
-            job.request.client_id,
-            job.request.session,
-        )?;
-        self.stream = Some(stream);
-        self.next_request_id = 2;
-        Ok(())
-    }
-
-    fn stream(&mut self) -> &mut TcpStream {
-        self.stream.as_mut().expect("connected before use")
-    }
-
-    fn request_id(&mut self) -> u64 {
-        self.next_request_id += 1;
-        self.next_request_id
-    }
-
-    fn send_batch(&mut self, first_slot: u32, count: u32) -> Result<u64, SourceError> {
-        let request_id = self.request_id();
-        let message = Control::ReadSplits { slab_id: self.slab_id, first_slot, count };
-        blocking::write_control(self.stream(), request_id, &message)?;
-        Ok(request_id)
-    }
-
-    fn receive_batch(
-        &mut self,
-        request_id: u64,
-        first_slot: u32,
-        count: u32,
-        split_bytes: u32,
-    ) -> Result<(), SourceError> {
-        self.batch_first_slot = None;
-        let stream = self.stream.as_mut().expect("connected before use");
-        let header = blocking::read_frame(stream, &mut self.body)?;
-        check_reply(header, request_id, Kind::ReadSplitsReply, &self.body)?;
-        if Some(header.body_len) != read_splits_reply_body_len(count, split_bytes) {
-            return Err(SourceError::BadReply(format!(
-                "ReadSplitsReply of {} bytes for {count} slots",
-                header.body_len
-            )));
-        }
-        self.batch_first_slot = Some(first_slot);
-        Ok(())
-    }
-
-    /// Metadata and payload of slot `first_slot + index` of the buffered batch. The metadata is
-    /// `None` when its reserved bytes are not zero: such a split is corrupt, and must not pass
-    /// for a slot never written.
-    fn entry(&self, index: usize, split_bytes: usize) -> (Option<SplitMeta>, &[u8]) {
-        let at = READ_SPLITS_COUNT_BYTES + index * (SPLIT_META_BYTES + split_bytes);
-        let meta_bytes = self.body[at..at + SPLIT_META_BYTES].try_into().expect("meta length");
-        let meta = SplitMeta::decode(meta_bytes).ok();
-        (meta, &self.body[at + SPLIT_META_BYTES..at + SPLIT_META_BYTES + split_bytes])
-    }
-
-    /// One slot by `ReadSplit`, for a page the batch sources could not settle; the payload is
-    /// left in `body` after the metadata. The metadata is `None` when its reserved bytes are not
-    /// zero (a corrupt split, as in [`Source::entry`]).
-    fn read_one(
-        &mut self,
-        slot: u32,
-        split_bytes: u32,
-        body: &mut Vec<u8>,
-    ) -> Result<Option<SplitMeta>, SourceError> {
-        let request_id = self.request_id();
-        let message = Control::ReadSplit { slab_id: self.slab_id, slot };
-        blocking::write_control(self.stream(), request_id, &message)?;
-        let header = blocking::read_frame(self.stream(), body)?;
-        check_reply(header, request_id, Kind::ReadSplitReply, body)?;
-        if header.body_len != SPLIT_META_BYTES as u32 + split_bytes {
-            return Err(SourceError::BadReply(format!("ReadSplitReply of {} bytes", header.body_len)));
-        }
-        Ok(SplitMeta::decode(body[..SPLIT_META_BYTES].try_into().expect("meta length")).ok())
-    }
-
-    fn fail(&mut self, error: &SourceError) {
-        tracing::warn!(split_index = self.split_index, address = %self.address, %error, "regeneration source failed");
-        self.failed = true;
-        self.stream = None;
-        self.batch_first_slot = None;
-    }
-}
-
-fn check_reply(
-    header: remem_proto::FrameHeader,
-    request_id: u64,
-    expected: Kind,
-    body: &[u8],
-) -> Result<(), SourceError> {
-    if header.kind == Kind::Error {
-        return match Control::decode_body(Kind::Error, body) {
-            Ok(Control::Error { code, message }) => Err(SourceError::Refused { code, message }),
-            _ => Err(SourceError::BadReply("malformed Error".to_owned())),
-        };
-    }
-    if header.kind != expected || header.request_id != request_id {
-        return Err(SourceError::BadReply(format!(
-            "{:?} for request {}, expected {expected:?} for {request_id}",
-            header.kind, header.request_id
-        )));
-    }
-    Ok(())
-}
-
 /// Per-page work buffers, allocated once per rebuild.
 struct Scratch {
     codec: Box<dyn PageCodec>,
@@ -514,16 +373,7 @@ fn rebuild(job: &mut Job) -> RegenerationReport {
     let mut sources: Vec<Source> = request
         .sources
         .iter()
-        .map(|source| Source {
-            split_index: source.split_index,
-            slab_id: source.slab_id,
-            address: source.address,
-            stream: None,
-            failed: false,
-            body: Vec::new(),
-            batch_first_slot: None,
-            next_request_id: 2,
-        })
+        .map(|source| Source::new(source.split_index, source.slab_id, source.address))
         .collect();
     sources.sort_by_key(|source| source.split_index);
     let mut scratch = Scratch {
@@ -550,7 +400,10 @@ fn rebuild(job: &mut Job) -> RegenerationReport {
         if (first_slot..first_slot + count).all(|slot| job.slab.meta(slot).version != 0) {
             counts.skipped += u64::from(count);
         } else {
-            let active = fetch_batch(job, &mut sources, first_slot, count);
+            let claim = job.claim();
+            let on_connect = |stream: &TcpStream| job.shared.regenerations.register_stream(job.id, stream);
+            let span = Batch { first_slot, batch, end: pages, split_bytes };
+            let active = fetch_batch(&claim, &on_connect, &mut sources, job.params.data_splits, span);
             if active.len() < job.params.data_splits {
                 tracing::error!(
                     slab_id = job.request.slab_id,
@@ -588,63 +441,6 @@ fn rebuild(job: &mut Job) -> RegenerationReport {
     report
 }
 
-/// Makes the batch `first_slot..first_slot + count` available from k working sources (data
-/// splits first), replacing sources that fail. Returns the positions of the sources holding it:
-/// k of them, or fewer if not enough sources are left.
-fn fetch_batch(job: &Job, sources: &mut [Source], first_slot: u32, count: u32) -> Vec<usize> {
-    let k = job.params.data_splits;
-    let split_bytes = job.slab.split_bytes();
-    loop {
-        // The first k sources that have not failed, connecting as needed.
-        let mut active = Vec::with_capacity(k);
-        for (position, source) in sources.iter_mut().enumerate() {
-            if active.len() == k {
-                break;
-            }
-            if source.failed {
-                continue;
-            }
-            match source.connect(job) {
-                Ok(()) => active.push(position),
-                Err(error) => source.fail(&error),
-            }
-        }
-        // Ask all that lack the batch first, so the sources work in parallel, then read.
-        let mut asked = Vec::with_capacity(k);
-        for &position in &active {
-            let source = &mut sources[position];
-            if source.batch_first_slot == Some(first_slot) {
-                continue;
-            }
-            match source.send_batch(first_slot, count) {
-                Ok(request_id) => asked.push((position, request_id)),
-                Err(error) => source.fail(&error),
-            }
-        }
-        for (position, request_id) in asked {
-            let source = &mut sources[position];
-            if source.failed {
-                continue;
-            }
-            if let Err(error) = source.receive_batch(request_id, first_slot, count, split_bytes) {
-                source.fail(&error);
-            }
-        }
-        let holding: Vec<usize> = active
-            .iter()
-            .copied()
-            .filter(|position| sources[*position].batch_first_slot == Some(first_slot))
-            .collect();
-        if holding.len() == active.len() {
-            return holding;
-        }
-        // Some source failed: go round again, a replacement is picked (or too few are left).
-        if sources.iter().filter(|source| !source.failed).count() < k {
-            return holding;
-        }
-    }
-}
-
 /// Rebuilds the page of slot `first_slot + index` from the batch, asking the other sources if
 /// the batch does not settle it, and stores the lost split if the slot is still unwritten. A page
 /// whose newest agreed version is 0 was never written: nothing is stored and it counts as
@@ -668,10 +464,22 @@ fn rebuild_page(
     let page_number = job.slab.label().first_page + u64::from(slot);
     scratch.sound.clear();
     scratch.extra.clear();
-    for &position in active {
+    // The batch's splits of this page, checksummed three at a time (`payload_crcs`): the CRCs
+    // were over a quarter of a rebuild's time one by one.
+    let mut payloads: [&[u8]; MAX_DATA_SPLITS] = [&[]; MAX_DATA_SPLITS];
+    let mut crcs = [0u32; MAX_DATA_SPLITS];
+    let active = &active[..active.len().min(MAX_DATA_SPLITS)];
+    for (payload, &position) in payloads.iter_mut().zip(active) {
+        *payload = sources[position].entry(index as usize, split_bytes).1;
+    }
+    payload_crcs(&payloads[..active.len()], &mut crcs);
+    for (&position, crc) in active.iter().zip(crcs) {
         let source = &sources[position];
-        let (meta, payload) = source.entry(index as usize, split_bytes);
-        if let Some(version) = judge(meta, payload, page_number, source.split_index).version() {
+        let verdict = match source.entry(index as usize, split_bytes).0 {
+            Some(meta) => judge_split_crc(crc, meta, page_number, source.split_index),
+            None => SplitVerdict::Corrupt,
+        };
+        if let Some(version) = verdict.version() {
             scratch.sound.push((position, version));
         }
     }
@@ -682,8 +490,9 @@ fn rebuild_page(
             if active.contains(&position) || source.failed {
                 continue;
             }
+            let on_connect = |stream: &TcpStream| job.shared.regenerations.register_stream(job.id, stream);
             let fetched = source
-                .connect(job)
+                .connect(&job.claim(), &on_connect)
                 .and_then(|()| source.read_one(slot, split_bytes as u32, &mut scratch.single_body));
             match fetched {
                 Ok(meta) => {
@@ -729,12 +538,8 @@ fn rebuild_page(
         .map(|(split_index, _, payload)| (*split_index, payload.as_slice()));
     for (split_index, payload) in batch_splits.chain(extra_splits) {
         let split_index = usize::from(split_index);
-        let target = if split_index < k {
-            &mut scratch.page[split_index * split_bytes..(split_index + 1) * split_bytes]
-        } else {
-            &mut scratch.parity[(split_index - k) * split_bytes..(split_index - k + 1) * split_bytes]
-        };
-        target.copy_from_slice(payload);
+        split_buffer_mut(&mut scratch.page, &mut scratch.parity, k, split_bytes, split_index)
+            .copy_from_slice(payload);
         present |= 1 << split_index;
     }
     if let Err(error) = scratch.codec.decode(&mut scratch.page, &scratch.parity, present) {
