@@ -319,6 +319,12 @@ impl Client {
                     PageOp::Read { page, .. } => Submit::Read { page: *page },
                     PageOp::Probe { probe } => Submit::Probe { probe: *probe },
                 };
+                if self.in_flight_limit > 1 {
+                    // The next op may start at once: over shared memory its lines load meanwhile.
+                    if let Some(PageOp::Read { page, .. }) = batch.0.get(next + 1) {
+                        self.engine.prefetch_read(*page);
+                    }
+                }
                 if !self.engine.submit(Instant::now(), next, submit, &mut batch) {
                     break;
                 }

@@ -2,7 +2,7 @@
 //! engine with loads and stores (`crate::shm`, docs/SHM.md). The mappings are memory the engine
 //! holds, not I/O: mapping and unmapping them is the driver's job.
 
-use remem_proto::{judge_split, SplitVerdict};
+use remem_proto::{judge_split_crc, payload_crcs, SplitMeta, SplitVerdict};
 
 use super::{Engine, MAX_SPLITS, PAGE_UNREADABLE};
 use crate::core::SplitMask;
@@ -65,6 +65,19 @@ impl Engine {
         }
     }
 
+    /// Starts loading the data splits of page `page` from shared memory, for a read the caller
+    /// will submit next: with more than one op allowed in flight, the next op's cache misses
+    /// overlap this one's work.
+    pub fn prefetch_read(&self, page: u64) {
+        if !self.shm_in_use {
+            return;
+        }
+        let Some(region_index) = self.region_of(page) else { return };
+        let data = self.regions[region_index].shape.data_mask();
+        let (range_index, slot_in_range) = self.locate(region_index, page);
+        self.prefetch_shm(range_index, slot_in_range, data);
+    }
+
     /// Reads page `page` at `version` straight from the shared-memory slabs of its k data
     /// splits, when all of them are mapped and available: one loop of copies and checks, no
     /// per-split event or state-machine step (an EC(8,2) read is eight of them). False when
@@ -88,12 +101,26 @@ impl Engine {
         }
         self.prefetch_shm(range_index, slot_in_range, data);
         let mut nodes = [0; MAX_SPLITS];
+        let mut metas = [SplitMeta::default(); MAX_SPLITS];
         for (split, target) in target.chunks_exact_mut(split_bytes).enumerate() {
             let Some(mapping) = self.live_shm(range_index, split) else { return false };
             let Some(meta) = mapping.read_split(slot_in_range, target) else { return false };
-            match judge_split(target, meta, page, split as u8) {
-                SplitVerdict::Valid { version: found } if found == version => nodes[split] = mapping.node,
-                _ => return false,
+            if meta.version != version {
+                return false;
+            }
+            (nodes[split], metas[split]) = (mapping.node, meta);
+        }
+        // The k copies checksummed together, four chains at a time: one by one, the CRCs were
+        // a quarter of an EC(8,2) read.
+        let mut splits: [&[u8]; MAX_SPLITS] = [&[]; MAX_SPLITS];
+        for (slot, split) in splits.iter_mut().zip(target.chunks_exact(split_bytes)) {
+            *slot = split;
+        }
+        let mut crcs = [0u32; MAX_SPLITS];
+        payload_crcs(&splits[..shape.data_splits], &mut crcs);
+        for (split, (crc, meta)) in crcs.iter().zip(&metas).take(shape.data_splits).enumerate() {
+            if judge_split_crc(*crc, *meta, page, split as u8) != (SplitVerdict::Valid { version }) {
+                return false;
             }
         }
         for &node in &nodes[..shape.data_splits] {
