@@ -261,11 +261,36 @@ fn decode_map(key: &str, bytes: &[u8]) -> Result<SlabMapFile> {
     Ok(map)
 }
 
-/// `remem status --etcd`: the registered nodes as their records say (refreshed every few
-/// seconds by each node; a node is listed while its lease lives).
-pub fn status(etcd: &Etcd) -> Result<crate::status_command::ClusterStatus> {
+/// `remem status --etcd`: the registered nodes, asked live when `live` gives the secret (and
+/// the timeout per node), else as their records say (refreshed every few seconds by each node;
+/// a node is listed while its lease lives).
+pub fn status(
+    etcd: &Etcd,
+    live: Option<(&remem_client::Secret, Duration)>,
+) -> Result<crate::status_command::ClusterStatus> {
     let records = etcd.nodes().context("reading the nodes registered in etcd")?;
-    let nodes: Vec<crate::status_command::NodeRow> = records
+    let nodes: Vec<crate::status_command::NodeRow> = match live {
+        Some((secret, timeout)) => {
+            let targets: Vec<(SocketAddr, String)> =
+                records.iter().map(|node| (node.address, node.failure_domain.clone())).collect();
+            crate::status_command::ask_nodes(&targets, secret, timeout)
+        }
+        None => records_as_rows(&records),
+    };
+    Ok(crate::status_command::ClusterStatus {
+        cluster_file: format!("etcd {} ({})", etcd.keys().nodes(), etcd.config().endpoints.join(",")),
+        nodes_up: nodes.iter().filter(|node| node.up).count(),
+        capacity_bytes: nodes.iter().map(|node| node.capacity_bytes).sum(),
+        free_bytes: nodes.iter().map(|node| node.free_bytes).sum(),
+        rebuilds_running: nodes.iter().map(|node| node.rebuilds_running).sum(),
+        nodes,
+        clients: Vec::new(),
+    })
+}
+
+/// The records as status rows: every registered node is up as far as etcd knows.
+fn records_as_rows(records: &[NodeRecord]) -> Vec<crate::status_command::NodeRow> {
+    records
         .iter()
         .enumerate()
         .map(|(index, node)| crate::status_command::NodeRow {
@@ -288,14 +313,5 @@ pub fn status(etcd: &Etcd) -> Result<crate::status_command::ClusterStatus> {
             clients_in_grace: 0,
             slabs_in_grace: 0,
         })
-        .collect();
-    Ok(crate::status_command::ClusterStatus {
-        cluster_file: format!("etcd {} ({})", etcd.keys().nodes(), etcd.config().endpoints.join(",")),
-        nodes_up: nodes.len(),
-        capacity_bytes: nodes.iter().map(|node| node.capacity_bytes).sum(),
-        free_bytes: nodes.iter().map(|node| node.free_bytes).sum(),
-        rebuilds_running: nodes.iter().map(|node| node.rebuilds_running).sum(),
-        nodes,
-        clients: Vec::new(),
-    })
+        .collect()
 }

@@ -9,14 +9,16 @@
 //! know it, and clients do not publish it yet (issue 14: metrics).
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
 
 use crate::units::format_bytes;
+use remem_proto::auth::Secret;
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
@@ -26,6 +28,11 @@ pub struct StatusArgs {
     /// List the nodes registered in etcd (`--etcd URLS`), as each last wrote its record.
     #[command(flatten)]
     pub etcd: crate::etcd_cluster::EtcdArgs,
+    /// With --etcd: the cluster secret, so every registered node is asked live (as with a cluster
+    /// file: a SIGKILLed node shows DOWN at once, while its record lives until its lease
+    /// lapses). Without it, the nodes are listed as their records last said.
+    #[arg(long, requires = "etcd", value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
     /// Print one JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -80,16 +87,41 @@ pub struct ClusterStatus {
 
 pub fn collect(args: &StatusArgs) -> Result<ClusterStatus> {
     if let Some(etcd) = args.etcd.connect()? {
-        return crate::etcd_cluster::status(&etcd);
+        let live = match &args.secret_file {
+            Some(path) => Some((
+                Secret::load(Some(path)).context("loading the cluster secret")?,
+                Duration::from_millis(args.timeout_ms),
+            )),
+            None => None,
+        };
+        return crate::etcd_cluster::status(&etcd, live.as_ref().map(|(secret, timeout)| (secret, *timeout)));
     }
     let (path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
     let timeout = Duration::from_millis(args.timeout_ms);
+    let targets: Vec<(SocketAddr, String)> =
+        cluster.nodes.iter().map(|node| (node.address, node.failure_domain.clone())).collect();
+    let nodes = ask_nodes(&targets, &secret, timeout);
+    Ok(ClusterStatus {
+        cluster_file: path.display().to_string(),
+        nodes_up: nodes.iter().filter(|node| node.up).count(),
+        capacity_bytes: nodes.iter().map(|node| node.capacity_bytes).sum(),
+        free_bytes: nodes.iter().map(|node| node.free_bytes).sum(),
+        rebuilds_running: nodes.iter().map(|node| node.rebuilds_running).sum(),
+        nodes,
+        clients: crate::client_report::read_reports(&path),
+    })
+}
+
+/// Asks every node of `targets` (address, failure domain as configured) for its state, each on
+/// its own connection; one that cannot be asked is a DOWN row with the reason. Nodes running
+/// rebuilds are asked again to tell their speed ([`sample_rebuild_rates`]).
+pub fn ask_nodes(targets: &[(SocketAddr, String)], secret: &Secret, timeout: Duration) -> Vec<NodeRow> {
     let mut nodes = Vec::new();
-    for (index, node) in cluster.nodes.iter().enumerate() {
-        let row = match remem_client::query_node(node.address, &secret, timeout) {
+    for (index, (address, failure_domain)) in targets.iter().enumerate() {
+        let row = match remem_client::query_node(*address, secret, timeout) {
             Ok(status) => NodeRow {
                 index,
-                address: node.address.to_string(),
+                address: address.to_string(),
                 failure_domain: status.failure_domain.clone(),
                 up: true,
                 error: None,
@@ -109,8 +141,8 @@ pub fn collect(args: &StatusArgs) -> Result<ClusterStatus> {
             },
             Err(error) => NodeRow {
                 index,
-                address: node.address.to_string(),
-                failure_domain: node.failure_domain.clone(),
+                address: address.to_string(),
+                failure_domain: failure_domain.clone(),
                 up: false,
                 error: Some(crate::error_text(&anyhow::Error::new(error))),
                 capacity_bytes: 0,
@@ -131,17 +163,9 @@ pub fn collect(args: &StatusArgs) -> Result<ClusterStatus> {
         nodes.push(row);
     }
     if nodes.iter().any(|node| node.rebuilds_running > 0) {
-        sample_rebuild_rates(&mut nodes, &cluster, &secret, timeout);
+        sample_rebuild_rates(&mut nodes, targets, secret, timeout);
     }
-    Ok(ClusterStatus {
-        cluster_file: path.display().to_string(),
-        nodes_up: nodes.iter().filter(|node| node.up).count(),
-        capacity_bytes: nodes.iter().map(|node| node.capacity_bytes).sum(),
-        free_bytes: nodes.iter().map(|node| node.free_bytes).sum(),
-        rebuilds_running: nodes.iter().map(|node| node.rebuilds_running).sum(),
-        nodes,
-        clients: crate::client_report::read_reports(&path),
-    })
+    nodes
 }
 
 /// How long `status` watches running rebuilds to tell their speed and ETA.
@@ -156,8 +180,8 @@ fn percent(done: u64, total: u64) -> Option<f64> {
 /// its new progress but no rate: the two samples do not count the same rebuilds.
 fn sample_rebuild_rates(
     nodes: &mut [NodeRow],
-    cluster: &remem_client::cluster::ClusterFile,
-    secret: &remem_proto::auth::Secret,
+    targets: &[(SocketAddr, String)],
+    secret: &Secret,
     timeout: Duration,
 ) {
     let started = std::time::Instant::now();
@@ -165,14 +189,14 @@ fn sample_rebuild_rates(
         .iter()
         .filter(|node| node.rebuilds_running > 0)
         .filter_map(|node| {
-            let address = cluster.nodes[node.index].address;
+            let address = targets[node.index].0;
             let status = remem_client::query_node(address, secret, timeout).ok()?;
             Some((node.index, status.regeneration_pages_done, status.regeneration_pages_total))
         })
         .collect();
     std::thread::sleep(RATE_SAMPLE.saturating_sub(started.elapsed()));
     for (index, done_before, total_before) in before {
-        let address = cluster.nodes[index].address;
+        let address = targets[index].0;
         let Ok(status) = remem_client::query_node(address, secret, timeout) else { continue };
         let elapsed = started.elapsed().as_secs_f64();
         let node = &mut nodes[index];

@@ -114,7 +114,7 @@ fn nbd_command(etcd: &EtcdServer, secret: &Path, home: &Path) -> Command {
 #[test]
 fn nodes_register_leave_cleanly_and_bad_records_are_skipped() {
     let dir = test_dir("register");
-    let (etcd, _secret, mut nodes) = start_cluster(&dir, 3);
+    let (etcd, secret, mut nodes) = start_cluster(&dir, 3);
     let key = format!("/remem/nodes/{}", nodes[1].address);
     let value = etcd.etcdctl(&["get", "--print-value-only", &key]);
     let record: serde_json::Value = serde_json::from_slice(&value.stdout).expect("a JSON node record");
@@ -153,6 +153,33 @@ fn nodes_register_leave_cleanly_and_bad_records_are_skipped() {
         "{gone} stayed"
     );
     assert!(stopped.elapsed() < Duration::from_secs(8));
+
+    // A SIGKILLed node keeps its record until its lease lapses: `status` with the secret asks
+    // every registered node and shows it DOWN at once; from the records alone it is still up.
+    nodes[2].child.kill().expect("SIGKILL node 2");
+    let _ = nodes[2].child.wait();
+    let killed = nodes[2].address.clone();
+    assert!(
+        etcd.keys("/remem/nodes/").contains(&format!("/remem/nodes/{killed}")),
+        "the record outlives the node"
+    );
+    let secret_file = secret.to_str().unwrap();
+    let args =
+        ["status", "--etcd", &etcd.url, "--secret-file", secret_file, "--json", "--timeout-ms", "2000"];
+    let live: serde_json::Value =
+        serde_json::from_str(&run_ok(20, binary().to_str().unwrap(), &args)).unwrap();
+    let row = |status: &serde_json::Value, address: &str| {
+        status["nodes"].as_array().unwrap().iter().find(|node| node["address"] == address).cloned()
+    };
+    assert_eq!(live["nodes_up"], 1, "{live:#}");
+    let down = row(&live, &killed).expect("the killed node is listed");
+    assert_eq!(down["up"], false, "{down:#}");
+    assert!(down["error"].as_str().is_some_and(|error| !error.is_empty()), "{down:#}");
+    let alive = row(&live, &nodes[1].address).expect("node 1 is listed");
+    assert_eq!((alive["up"].clone(), alive["capacity_bytes"].clone()), (true.into(), (16u64 << 20).into()));
+    let records = run_ok(20, binary().to_str().unwrap(), &["status", "--etcd", &etcd.url, "--json"]);
+    let records: serde_json::Value = serde_json::from_str(&records).unwrap();
+    assert_eq!(row(&records, &killed).expect("still registered")["up"], true);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
