@@ -9,24 +9,30 @@
 //!
 //! It prints what scale costs: how long the nodes take to start, their memory (RSS and PSS
 //! summed), how long the client takes to connect to all of them, and how long `remem status`
-//! takes. Bounded to well under the 120 s nextest allows on two shared cores.
+//! takes. Bounded to well under the 120 s nextest allows on two shared cores. The same with the
+//! nodes registered in a real etcd (`two_hundred_etcd_nodes_...`).
 
 #[allow(dead_code)] // the shared helpers this test does not use
 mod common;
+#[path = "common/etcd.rs"]
+mod etcd_support;
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use remem::cluster_watch::ClusterWatch;
 use remem::launcher::{ClusterOptions, LocalCluster, UnixSockets};
 use remem_client::engine::Membership;
 use remem_client::{Client, ClientConfig, MembershipChange, Shape};
 use remem_placement::LeastLoaded;
 
-use common::Model;
+use common::{load_round, Model};
+use etcd_support::{wait_for, write_secret, EtcdNode, EtcdServer};
+use remem::etcd_cluster::{open_export, EtcdExportRequest, ExportHome, FileHome};
 
 const NODES: usize = 200;
 /// 512 splits of 512 B: one EC(8,2) range is 512 pages (2 MiB of address space).
@@ -51,24 +57,14 @@ fn proc_kib(pid: u32, file: &str, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// One round of load: 64 random pages written, 128 read and checked against the model.
-fn load_round(client: &mut Client, model: &mut Model, rng: &mut StdRng, pages: u64) {
-    let mut writes: Vec<u64> = (0..64).map(|_| rng.gen_range(0..pages)).collect();
-    writes.sort_unstable();
-    writes.dedup();
-    model.write(client, &writes);
-    let reads: Vec<u64> = (0..128).map(|_| rng.gen_range(0..pages)).collect();
-    model.read(client, &reads);
-}
-
-/// Hands the nodes new in the cluster file to the client, as `remem nbd` does; returns how
-/// many joined.
-fn follow(watch: &mut ClusterWatch, client: &mut Client) -> usize {
+/// Hands the nodes new in the cluster file or etcd to the client, as `remem nbd` does; returns
+/// how many joined.
+fn follow(home: &mut dyn ExportHome, client: &mut Client) -> usize {
     let mut joined = 0;
-    for node in watch.new_nodes() {
+    for node in home.new_nodes() {
         let address = node.address;
         client.apply(&MembershipChange::Added(node)).expect("the new node joins the client");
-        watch.joined(address);
+        home.joined(address);
         joined += 1;
     }
     joined
@@ -76,6 +72,93 @@ fn follow(watch: &mut ClusterWatch, client: &mut Client) -> usize {
 
 fn fully_redundant(client: &Client) -> bool {
     client.ranges().iter().all(|range| range.unavailable == 0)
+}
+
+/// Runs load until the client has the node at `address` connected and a member, calling
+/// `follow` (which hands the client new nodes and returns how many) before each round. The
+/// kernel may hand a new node the port of a node killed earlier: the client then knows the
+/// address already and readmits it by its probes, under the old node's id. Returns its id.
+fn wait_for_join(
+    client: &mut Client,
+    load: &mut Load<'_>,
+    address: SocketAddr,
+    round: usize,
+    follow: &mut dyn FnMut(&mut Client) -> usize,
+) -> usize {
+    let reused = client.node_addresses().position(|known| known == address);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        // Checked before the work of this pass, so a slow load round cannot fail a join that
+        // happened meanwhile.
+        let late = Instant::now() > deadline;
+        let followed = follow(client);
+        let id = client.node_addresses().position(|known| known == address);
+        let up = id.is_some_and(|id| {
+            let node = &client.engine().nodes()[id];
+            node.connected && node.membership == Membership::Member
+        });
+        if up && (followed > 0 || reused.is_some()) {
+            return id.expect("a node that is up is known");
+        }
+        assert!(!late, "round {round}: the client never took {address} (reused port: {reused:?})");
+        load.round(client);
+    }
+}
+
+/// SIGKILLs (through `kill`, given the client's id of the node) a random live node among the
+/// first `NODES` (the cluster's own; a joined node may reuse a killed one's id) that holds slabs, then runs load until its slabs are rebuilt and every range is whole again. Returns
+/// the victim's id and how long the rebuilds took.
+fn kill_one_and_rebuild(
+    client: &mut Client,
+    load: &mut Load<'_>,
+    round: usize,
+    kills: &mut Kills,
+    kill: &mut dyn FnMut(usize, SocketAddr),
+) -> (usize, f64) {
+    let Kills { killed, rebuilds_expected } = kills;
+    let addresses: Vec<SocketAddr> = client.node_addresses().collect();
+    let mut victims: Vec<usize> =
+        (0..NODES).filter(|node| !killed.contains(node) && client.slabs_on(*node) > 0).collect();
+    victims.shuffle(load.rng);
+    let victim = victims[0];
+    *rebuilds_expected += client.slabs_on(victim) as u64;
+    kill(victim, addresses[victim]);
+    killed.push(victim);
+    let killed_at = Instant::now();
+    let deadline = killed_at + Duration::from_secs(20);
+    loop {
+        load.round(client);
+        let done = client.regeneration_status().done;
+        if done >= *rebuilds_expected && fully_redundant(client) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "round {round}: killed node {victim}, {done} of {rebuilds_expected} rebuilds done"
+        );
+    }
+    assert_eq!(client.slabs_on(victim), 0, "round {round}: no range names the dead node {victim}");
+    (victim, killed_at.elapsed().as_secs_f64())
+}
+
+/// The nodes killed so far (client ids) and the rebuilds their slabs called for.
+#[derive(Default)]
+struct Kills {
+    killed: Vec<usize>,
+    rebuilds_expected: u64,
+}
+
+/// The model, the page picker and the range size of the load rounds.
+struct Load<'a> {
+    model: &'a mut Model,
+    rng: &'a mut StdRng,
+    pages: u64,
+}
+
+impl Load<'_> {
+    fn round(&mut self, client: &mut Client) {
+        load_round(client, self.model, self.rng, self.pages);
+    }
 }
 
 #[test]
@@ -147,70 +230,31 @@ fn two_hundred_nodes_join_and_die_one_at_a_time_while_every_byte_verifies_k8_r2(
     eprintln!("{pages} pages written in {:.2} s", started.elapsed().as_secs_f64());
 
     let mut rng = StdRng::seed_from_u64(0x5ca1e);
-    let mut watch = ClusterWatch::new(cluster.cluster_file_path.clone(), &cluster.file);
-    let mut killed = Vec::new();
+    let watch = ClusterWatch::new(cluster.cluster_file_path.clone(), &cluster.file);
+    let mut home = FileHome { watch, state_path: dir.join("unused.slabmap") };
+    let mut kills = Kills::default();
     let mut joined = Vec::new();
-    let mut rebuilds_expected = 0;
     for round in 0..ROUNDS {
         // A node joins: the client learns of it from the cluster file while it works.
         let round_started = Instant::now();
         let index = cluster.add_node(binary(), &options).expect("a node joins");
         let address = cluster.file.nodes[index].address;
-        // The kernel may hand the new node the port of a node killed earlier: the client then
-        // knows the address already and readmits it by its probes, under the old node's id.
-        let reused = client.node_addresses().position(|known| known == address);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let node = loop {
-            // Checked before the work of this pass, so a slow load round cannot fail a join that
-            // happened meanwhile.
-            let late = Instant::now() > deadline;
-            let followed = follow(&mut watch, &mut client);
-            let id = client.node_addresses().position(|known| known == address);
-            let up = id.is_some_and(|id| {
-                let node = &client.engine().nodes()[id];
-                node.connected && node.membership == Membership::Member
-            });
-            if up && (followed > 0 || reused.is_some()) {
-                break id.expect("a node that is up is known");
-            }
-            assert!(
-                !late,
-                "round {round}: the client never took node {index} ({address}; reused port: {reused:?})"
-            );
-            load_round(&mut client, &mut model, &mut rng, pages);
-        };
+        let mut load = Load { model: &mut model, rng: &mut rng, pages };
+        let node =
+            wait_for_join(&mut client, &mut load, address, round, &mut |client| follow(&mut home, client));
         joined.push(node);
         let join_seconds = round_started.elapsed().as_secs_f64();
         // A node that holds slabs dies; its slabs are rebuilt (the joined node is the least
         // loaded: it takes them) while the load goes on.
-        let mut victims: Vec<usize> =
-            (0..NODES).filter(|node| !killed.contains(node) && client.slabs_on(*node) > 0).collect();
-        victims.shuffle(&mut rng);
-        let victim = victims[0];
-        rebuilds_expected += client.slabs_on(victim) as u64;
-        cluster.kill(victim).expect("SIGKILL");
-        killed.push(victim);
-        let killed_at = Instant::now();
-        let deadline = killed_at + Duration::from_secs(20);
-        loop {
-            load_round(&mut client, &mut model, &mut rng, pages);
-            let done = client.regeneration_status().done;
-            if done >= rebuilds_expected && fully_redundant(&client) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "round {round}: killed node {victim}, {done} of {rebuilds_expected} rebuilds done"
-            );
-        }
-        assert_eq!(client.slabs_on(victim), 0, "round {round}: no range names the dead node {victim}");
+        let mut kill = |victim: usize, _: SocketAddr| cluster.kill(victim).expect("SIGKILL");
+        let (victim, rebuild_seconds) =
+            kill_one_and_rebuild(&mut client, &mut load, round, &mut kills, &mut kill);
         eprintln!(
             "round {round}: node {index} joined in {join_seconds:.2} s; node {victim} SIGKILLed, its slabs \
-             rebuilt in {:.2} s",
-            killed_at.elapsed().as_secs_f64()
+             rebuilt in {rebuild_seconds:.2} s"
         );
     }
-    assert_eq!(client.regeneration_status().done, rebuilds_expected, "each lost slab rebuilt once");
+    assert_eq!(client.regeneration_status().done, kills.rebuilds_expected, "each lost slab rebuilt once");
     let on_joined: usize = joined.iter().map(|&node| client.slabs_on(node)).sum();
     assert!(on_joined >= ROUNDS, "the joined nodes took rebuilt slabs: {on_joined} on {joined:?}");
 
@@ -219,8 +263,10 @@ fn two_hundred_nodes_join_and_die_one_at_a_time_while_every_byte_verifies_k8_r2(
         model.read(&mut client, chunk);
     }
     eprintln!(
-        "killed {killed:?}, joined {joined:?}: {rebuilds_expected} slabs rebuilt ({on_joined} on joined \
+        "killed {:?}, joined {joined:?}: {} slabs rebuilt ({on_joined} on joined \
          nodes); every page read back in {:.2} s; {} pages verified, {} mismatches",
+        kills.killed,
+        kills.rebuilds_expected,
         started.elapsed().as_secs_f64(),
         model.verified,
         model.mismatches
@@ -345,5 +391,121 @@ fn a_cluster_of_exact_multiple_capacities_is_filled_without_a_refused_map() {
     model.read(&mut client, &all);
     drop(client);
     drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// 200 nodes as in the test above, but registered in a real etcd: the client is opened the way
+/// `remem nbd --etcd` opens it (claim the export, connect to the registered nodes, save the slab
+/// map in etcd) and learns of joining nodes from its membership watch; SIGKILLed nodes keep
+/// their records until their leases lapse. The map is saved to etcd after every rebuild, by
+/// compare-and-swap as the front end does. At the end `remem status --etcd --secret-file` asks
+/// every registered node live.
+#[test]
+fn two_hundred_etcd_nodes_join_and_die_while_every_byte_verifies_k8_r2() {
+    let test_started = Instant::now();
+    let _ = tracing_subscriber::fmt().with_max_level(tracing::Level::INFO).with_test_writer().try_init();
+    let dir = std::env::temp_dir().join(format!("remem-scale-etcd-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("test directory");
+    let etcd = EtcdServer::start(&dir);
+    let secret_path = write_secret(&dir);
+    let start = |index: usize| {
+        EtcdNode::start_sized(binary(), &dir, &etcd.url, &secret_path, index, ("640KiB", "256KiB"))
+        // as above: two slabs and their metadata
+    };
+
+    let started = Instant::now();
+    let mut nodes: Vec<EtcdNode> = (0..NODES).map(start).collect();
+    let registered = wait_for(Duration::from_secs(30), || etcd.keys("/remem/nodes/").len() == NODES);
+    assert!(registered, "{} of {NODES} nodes registered", etcd.keys("/remem/nodes/").len());
+    eprintln!("{NODES} nodes started and registered in etcd in {:.2} s", started.elapsed().as_secs_f64());
+
+    let secret = remem_client::Secret::load(Some(&secret_path)).expect("the secret");
+    let mut config = ClientConfig::new(EC82, RANGES * PAGES_PER_RANGE * 4096);
+    config.request_timeout = Duration::from_secs(10);
+    let etcd_client = remem_etcd::Etcd::new(remem_etcd::EtcdConfig::new(vec![etcd.url.clone()], "/remem/"))
+        .expect("an etcd client");
+    let started = Instant::now();
+    let (mut client, mut home) = open_export(EtcdExportRequest {
+        etcd: etcd_client,
+        export: "scale",
+        secret: &secret,
+        config,
+        fresh: false,
+        placement: Box::new(remem_placement::LeastLoaded::new(StdRng::seed_from_u64(15))),
+    })
+    .expect("the export opens on 200 nodes found in etcd");
+    let used = (0..client.node_addresses().count()).filter(|&node| client.slabs_on(node) > 0).count();
+    eprintln!(
+        "claimed the export, connected to {NODES} nodes and mapped {} slabs on {used} in {:.2} s",
+        RANGES * 10,
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(used, NODES, "least-loaded placement spreads 390 slabs over every node");
+    assert!(etcd.keys("/remem/clients/scale/").iter().any(|key| key.ends_with("/slabmap")), "map saved");
+
+    let pages = client.page_count();
+    let mut model = Model::default();
+    let all: Vec<u64> = (0..pages).collect();
+    for chunk in all.chunks(4096) {
+        model.write(&mut client, chunk);
+    }
+    let mut rng = StdRng::seed_from_u64(0xe7cd);
+    let mut kills = Kills::default();
+    for round in 0..ROUNDS {
+        let round_started = Instant::now();
+        let joining = start(NODES + round);
+        let address: SocketAddr = joining.address.parse().expect("an address");
+        nodes.push(joining);
+        let mut load = Load { model: &mut model, rng: &mut rng, pages };
+        wait_for_join(&mut client, &mut load, address, round, &mut |client| follow(&mut home, client));
+        let join_seconds = round_started.elapsed().as_secs_f64();
+        let mut kill = |_: usize, victim: SocketAddr| {
+            let process = nodes.iter_mut().find(|node| node.address == victim.to_string());
+            process.expect("the victim is one of ours").child.kill().expect("SIGKILL");
+        };
+        let (victim, rebuild_seconds) =
+            kill_one_and_rebuild(&mut client, &mut load, round, &mut kills, &mut kill);
+        home.save_map(&client.slab_map()).expect("the map is saved to etcd");
+        assert!(home.fenced().is_none(), "round {round}: fenced: {:?}", home.fenced());
+        eprintln!(
+            "round {round}: {address} joined through etcd in {join_seconds:.2} s; node {victim} SIGKILLed, \
+             its slabs rebuilt in {rebuild_seconds:.2} s"
+        );
+    }
+    assert_eq!(client.regeneration_status().done, kills.rebuilds_expected, "each lost slab rebuilt once");
+    for chunk in all.chunks(4096) {
+        model.read(&mut client, chunk);
+    }
+    assert_eq!(model.mismatches, 0);
+    eprintln!(
+        "{} pages verified after {ROUNDS} joins and kills, {} mismatches",
+        model.verified, model.mismatches
+    );
+
+    let started = Instant::now();
+    let output = std::process::Command::new(binary())
+        .args(["status", "--json", "--timeout-ms", "2000", "--etcd", &etcd.url, "--secret-file"])
+        .arg(&secret_path)
+        .output()
+        .expect("remem status runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&output.stdout).expect("status JSON");
+    assert_eq!(status["nodes_up"], NODES, "live nodes: the {NODES} left after {ROUNDS} joins and kills");
+    let rows = status["nodes"].as_array().expect("nodes");
+    let killed: Vec<SocketAddr> =
+        kills.killed.iter().map(|&id| client.node_addresses().nth(id).unwrap()).collect();
+    for row in rows.iter().filter(|row| row["up"] == false) {
+        let address: SocketAddr = row["address"].as_str().unwrap().parse().unwrap();
+        assert!(killed.contains(&address), "only killed nodes are down: {row}");
+    }
+    eprintln!(
+        "remem status --etcd asked {} registered nodes live in {:.2} s; the whole test {:.1} s",
+        rows.len(),
+        started.elapsed().as_secs_f64(),
+        test_started.elapsed().as_secs_f64()
+    );
+    drop(client);
+    drop(nodes);
     let _ = std::fs::remove_dir_all(&dir);
 }

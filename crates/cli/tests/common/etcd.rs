@@ -136,6 +136,18 @@ pub struct EtcdNode {
 impl EtcdNode {
     /// Starts node `index` (its own failure domain), 1 MiB slabs, 16 MiB, registering in `etcd`.
     pub fn start(binary: &Path, dir: &Path, etcd_url: &str, secret: &Path, index: usize) -> EtcdNode {
+        EtcdNode::start_sized(binary, dir, etcd_url, secret, index, ("16MiB", "1MiB"))
+    }
+
+    /// [`EtcdNode::start`] with another (capacity, slab size).
+    pub fn start_sized(
+        binary: &Path,
+        dir: &Path,
+        etcd_url: &str,
+        secret: &Path,
+        index: usize,
+        (capacity, slab_size): (&str, &str),
+    ) -> EtcdNode {
         let log = dir.join(format!("node-{index}.log"));
         let mut command = Command::new(binary);
         command
@@ -144,9 +156,9 @@ impl EtcdNode {
                 "--listen",
                 "127.0.0.1:0",
                 "--capacity",
-                "16MiB",
+                capacity,
                 "--slab-size",
-                "1MiB",
+                slab_size,
                 "--no-monitor",
             ])
             .args(["--failure-domain", &format!("domain-{index}"), "--node-id", &(index + 1).to_string()])

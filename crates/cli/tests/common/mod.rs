@@ -101,6 +101,18 @@ impl Model {
     }
 }
 
+/// One round of load for the scale tests: 64 random pages written, 128 read and checked
+/// against the model.
+#[allow(dead_code)] // the scale tests only
+pub fn load_round(client: &mut Client, model: &mut Model, rng: &mut impl rand::Rng, pages: u64) {
+    let mut writes: Vec<u64> = (0..64).map(|_| rng.gen_range(0..pages)).collect();
+    writes.sort_unstable();
+    writes.dedup();
+    model.write(client, &writes);
+    let reads: Vec<u64> = (0..128).map(|_| rng.gen_range(0..pages)).collect();
+    model.read(client, &reads);
+}
+
 /// Runs a program under `timeout` (killed 5 s after it), returning its output.
 #[allow(dead_code)] // not every test crate that includes this module runs programs
 pub fn run(seconds: u32, program: &str, args: &[&str]) -> std::process::Output {
