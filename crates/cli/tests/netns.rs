@@ -77,32 +77,9 @@ impl Cluster {
         for host in 0..NODE_HOSTS {
             for port in [7100, 7101].into_iter().take(NODES_PER_HOST) {
                 let address = SocketAddr::from((net.address(host), port));
-                let args: Vec<String> = [
-                    "node",
-                    "--listen",
-                    &address.to_string(),
-                    "--capacity",
-                    "48MiB",
-                    "--slab-size",
-                    &SLAB_BYTES.to_string(),
-                    "--failure-domain",
-                    &format!("host-{host}"),
-                    "--secret-file",
-                    &secret_file.to_string_lossy(),
-                    "--no-monitor",
-                ]
-                .map(str::to_owned)
-                .to_vec();
+                let args = netns::node_args(address, "48MiB", &SLAB_BYTES.to_string(), host, &secret_file);
                 let log = dir.join(format!("node-{}.log", nodes.len()));
-                let (pid, stdout) = net.spawn(host, binary(), &args, &log);
-                let line = netns::first_line(stdout, Duration::from_secs(20));
-                assert_eq!(
-                    line.trim(),
-                    format!("listening {address}"),
-                    "node {} in host {host} did not start; see {}",
-                    nodes.len(),
-                    log.display()
-                );
+                let pid = netns::spawn_node(&net, host, address, &args, &log);
                 nodes.push(NodeProcess { host, address, pid });
             }
         }

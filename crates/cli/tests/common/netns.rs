@@ -23,7 +23,7 @@
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Output, Stdio};
@@ -527,4 +527,34 @@ fn carry_out(to: &OwnedFd, stop: &AtomicBool, receiver: &mpsc::Receiver<(Instant
         }
         let _ = io::Write::write(&mut file, &frame);
     }
+}
+
+/// The arguments of a `remem node` on `host` listening on `address`: failure domain `host-H`,
+/// no Resource Monitor (the hosts share one machine's memory).
+pub fn node_args(
+    address: SocketAddr,
+    capacity: &str,
+    slab_size: &str,
+    host: usize,
+    secret_file: &Path,
+) -> Vec<String> {
+    let address = address.to_string();
+    let domain = format!("host-{host}");
+    let secret = secret_file.to_string_lossy();
+    let args = ["node", "--listen", &address, "--capacity", capacity, "--slab-size", slab_size];
+    let more = ["--failure-domain", &domain, "--secret-file", &secret, "--no-monitor"];
+    args.iter().chain(&more).map(|arg| arg.to_string()).collect()
+}
+
+/// Starts a node with `args` in `host` and waits for its "listening ADDRESS" line; its PID.
+pub fn spawn_node(net: &Net, host: usize, address: SocketAddr, args: &[String], log: &Path) -> u32 {
+    let (pid, stdout) = net.spawn(host, Path::new(env!("CARGO_BIN_EXE_remem")), args, log);
+    let line = first_line(stdout, Duration::from_secs(20));
+    assert_eq!(
+        line.trim(),
+        format!("listening {address}"),
+        "a node in host {host} did not start; see {}",
+        log.display()
+    );
+    pid
 }
