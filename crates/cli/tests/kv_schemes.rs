@@ -288,3 +288,32 @@ fn a_node_added_to_the_cluster_file_joins_the_running_cache() {
     client.set("after-join", b"works").expect("set");
     assert_eq!(client.get("after-join").expect("get"), Some(b"works".to_vec()));
 }
+
+/// Values lost past r (five of twelve nodes SIGKILLed under EC(8,2)): a multi-key get answers
+/// `SERVER_ERROR` and nothing more of that get, as memcached ends a response on an error, so a
+/// client reading `SERVER_ERROR` as the whole answer stays in step with the connection (a
+/// trailing `END` would be taken for the next command's answer).
+#[test]
+fn a_lost_value_ends_a_multi_key_get_with_server_error_and_the_connection_stays_in_step() {
+    let mut target = Target::remem_kv("lost", "ec", "16MiB", &[]);
+    let mut client = target.client();
+    for index in 0..6 {
+        client.set(&format!("lost{index}"), &value(index, 65536)).expect("set");
+    }
+    let cluster = target.cluster.as_mut().expect("a cluster");
+    for node in 0..5 {
+        cluster.kill(node).expect("SIGKILL");
+    }
+    client.send_raw(b"get lost0 lost1 lost2 lost3 lost4 lost5\r\n").expect("send");
+    let line = client.read_line().expect("an answer");
+    assert!(line.starts_with("SERVER_ERROR"), "{line}");
+    // The next answer on the connection is the next command's.
+    let version = client.request_line("version").expect("version");
+    assert!(version.starts_with("VERSION "), "after the error came {version:?}");
+    // What could not be read is dropped, as a cache drops it: now a miss, never other bytes.
+    client.send_raw(b"get lost0 lost1 lost2 lost3 lost4 lost5\r\n").expect("send");
+    assert_eq!(client.read_line().expect("an answer"), "END");
+    assert!(client.request_line("version").expect("version").starts_with("VERSION "));
+    assert!(stat(&mut client, "remem_lost_reads") > 0);
+    target.assert_running();
+}

@@ -51,6 +51,9 @@ pub struct Out {
     pub conn: ConnRef,
     pub seq: u64,
     pub bytes: Vec<u8>,
+    /// This reply ends its command early: the places after it up to this one (the rest of a
+    /// multi-key get and its `END`) send nothing.
+    pub ends_through: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -79,15 +82,16 @@ pub enum Waiter {
         conn: ConnRef,
         seq: u64,
         render: Render,
+        /// The place of the text get's `END`: a lost value's `SERVER_ERROR` ends the response,
+        /// as memcached's does, so nothing of it may follow (a client reads `SERVER_ERROR` as
+        /// the whole answer, and a later `END` would be taken for the next command's).
+        /// `None` for a meta get, whose one line is the whole answer anyway.
+        end: Option<u64>,
     },
     /// A read-modify-write chain of this key waits for the value.
-    Rmw {
-        key: Box<[u8]>,
-    },
+    Rmw { key: Box<[u8]> },
     /// A transition waits for the value.
-    Transition {
-        task: TaskId,
-    },
+    Transition { task: TaskId },
 }
 
 /// A reply to send when a store finishes: `ok` on success, else SERVER_ERROR.
@@ -239,7 +243,12 @@ impl Cache {
     }
 
     pub fn reply(&mut self, conn: ConnRef, seq: u64, bytes: Vec<u8>) {
-        self.outbox.push(Out { conn, seq, bytes });
+        self.outbox.push(Out { conn, seq, bytes, ends_through: None });
+    }
+
+    /// A reply that ends its command: the places after `seq` up to `through` send nothing.
+    pub fn reply_ending(&mut self, conn: ConnRef, seq: u64, bytes: Vec<u8>, through: u64) {
+        self.outbox.push(Out { conn, seq, bytes, ends_through: Some(through) });
     }
 
     /// The EOR main copy of an EC-region page.
@@ -469,15 +478,17 @@ impl Cache {
     /// Hands a fetched value (or why it could not be read) to one waiter.
     pub fn deliver(&mut self, waiter: Waiter, value: Result<Rc<[u8]>, String>) {
         match waiter {
-            Waiter::Get { conn, seq, render } => {
-                let bytes = match value {
-                    Ok(value) => crate::commands::render_value(&render, &value),
-                    Err(error) => {
-                        format!("SERVER_ERROR remote memory lost the value: {error}\r\n").into_bytes()
+            Waiter::Get { conn, seq, render, end } => match value {
+                Ok(value) => self.reply(conn, seq, crate::commands::render_value(&render, &value)),
+                Err(error) => {
+                    let bytes =
+                        format!("SERVER_ERROR remote memory lost the value: {error}\r\n").into_bytes();
+                    match end {
+                        Some(end) => self.reply_ending(conn, seq, bytes, end),
+                        None => self.reply(conn, seq, bytes),
                     }
-                };
-                self.reply(conn, seq, bytes);
-            }
+                }
+            },
             Waiter::Rmw { key } => crate::commands::rmw_fetched(self, &key, value),
             Waiter::Transition { task } => crate::transition::fetched(self, task, value),
         }

@@ -45,9 +45,11 @@ pub fn execute(cache: &mut Cache, conn: ConnRef, next_seq: &mut u64, request: Re
     let now = crate::now_unix();
     match request {
         Request::Get { keys, with_cas, touch_exptime } => {
+            // The `END` takes the place after the keys'.
+            let end = *next_seq + keys.len() as u64;
             for key in keys {
                 let seq = take_seq(next_seq);
-                get_one(cache, conn, seq, &key, with_cas, touch_exptime, now);
+                get_one(cache, conn, (seq, end), &key, with_cas, touch_exptime, now);
             }
             let seq = take_seq(next_seq);
             cache.reply(conn, seq, text("END\r\n"));
@@ -143,7 +145,7 @@ pub fn execute(cache: &mut Cache, conn: ConnRef, next_seq: &mut u64, request: Re
 fn get_one(
     cache: &mut Cache,
     conn: ConnRef,
-    seq: u64,
+    (seq, end): (u64, u64),
     key: &[u8],
     with_cas: bool,
     touch_exptime: Option<i64>,
@@ -175,7 +177,7 @@ fn get_one(
     cache.stats.get_hits += 1;
     let entry = cache.index.entry(id);
     let render = Render::Text { key: key.into(), flags: entry.flags, cas: with_cas.then_some(entry.cas) };
-    let waiter = Waiter::Get { conn, seq, render };
+    let waiter = Waiter::Get { conn, seq, render, end: Some(end) };
     read_entry(cache, id, waiter, now);
 }
 

@@ -195,7 +195,7 @@ fn meta_get(cache: &mut Cache, conn: ConnRef, seq: u64, key: &[u8], flags: &Meta
         return cache.reply(conn, seq, hd_line);
     }
     let render = Render::Meta { head: hd_line.into(), opaque_and_key: Box::default(), return_value: true };
-    commands::read_entry(cache, id, Waiter::Get { conn, seq, render }, now);
+    commands::read_entry(cache, id, Waiter::Get { conn, seq, render, end: None }, now);
 }
 
 /// A meta reply with its value: the HD line turned into `VA <size>` and the data block.

@@ -92,7 +92,8 @@ struct Connection {
     swallow: usize,
     next_seq: u64,
     next_to_send: u64,
-    replies: BTreeMap<u64, Vec<u8>>,
+    /// Finished replies waiting for their turn, and how far each ends its command.
+    replies: BTreeMap<u64, (Vec<u8>, Option<u64>)>,
     output: Vec<u8>,
     output_sent: usize,
     /// Quit, a fatal protocol error or end of input: close once the replies due are out.
@@ -485,16 +486,31 @@ impl Server {
                 let (_, kind, started) = connection.started.remove(position).expect("found above");
                 self.cache.stats.latency.record(kind, started.elapsed());
             }
-            connection.replies.insert(out.seq, out.bytes);
+            // A place an earlier reply ended its command through sends nothing.
+            if out.seq >= connection.next_to_send {
+                connection.replies.insert(out.seq, (out.bytes, out.ends_through));
+            }
             if !touched.contains(&out.conn.index) {
                 touched.push(out.conn.index);
             }
         }
         for index in touched {
             let Some(connection) = self.connections.get_mut(index).and_then(Option::as_mut) else { continue };
-            while let Some(bytes) = connection.replies.remove(&connection.next_to_send) {
+            while let Some((bytes, ends_through)) = connection.replies.remove(&connection.next_to_send) {
                 connection.output.extend_from_slice(&bytes);
                 connection.next_to_send += 1;
+                if let Some(through) = ends_through {
+                    // The rest of the command (some of it may be done already) sends nothing.
+                    let rest: Vec<u64> = connection
+                        .replies
+                        .range(connection.next_to_send..=through)
+                        .map(|(seq, _)| *seq)
+                        .collect();
+                    for seq in rest {
+                        connection.replies.remove(&seq);
+                    }
+                    connection.next_to_send = connection.next_to_send.max(through + 1);
+                }
             }
             self.write_connection(index);
         }
