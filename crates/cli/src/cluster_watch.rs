@@ -67,3 +67,24 @@ impl ClusterWatch {
         }
     }
 }
+
+/// Hands `nodes` (new in the cluster file or etcd) to a running front end's `client`, which
+/// `owner` names in the message; `joined` hears of each node the client took. A node the
+/// client cannot take yet is left for the next round.
+pub fn hand_new_nodes(
+    nodes: Vec<NodeAddress>,
+    client: &mut remem_client::Client,
+    owner: &str,
+    mut joined: impl FnMut(SocketAddr),
+) {
+    for node in nodes {
+        let address = node.address;
+        match client.apply(&remem_client::MembershipChange::Added(node)) {
+            Ok(()) => {
+                joined(address);
+                eprintln!("node {address} joined {owner}");
+            }
+            Err(error) => tracing::warn!(node = %address, %error, "cannot add the new node; retrying"),
+        }
+    }
+}

@@ -231,8 +231,12 @@ pub fn run(args: FsArgs) -> Result<()> {
 
     // SAFETY: getuid and getgid have no preconditions and cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let store =
-        ReportingStore::new(client, metrics.clone(), &cluster_path, &mountpoint.display().to_string());
+    let store = ReportingStore::new(
+        client,
+        metrics.clone(),
+        (&cluster_path, &cluster),
+        &mountpoint.display().to_string(),
+    );
     let (filesystem, report) = FileSystem::open_saved(store, Creator { uid, gid, mode: 0o755 }, &state)
         .with_context(|| format!("opening the file system saved in {}", state_path.display()))?;
     if let Some(torn) = &report.torn_tail {

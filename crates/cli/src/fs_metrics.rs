@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use remem_client::cluster::ClusterFile;
 use remem_client::{PageError, PageOp, RegionHealth};
 use remem_fs::{FileOp, FileOpObserver, PageStore, SavedMapClient};
 
@@ -193,6 +194,8 @@ impl FsMetrics {
 /// are metrics) and its region health published for `remem status`.
 pub struct ReportingStore {
     inner: SavedMapClient,
+    /// The cluster file, followed: nodes added to it join the file system's client.
+    watch: crate::cluster_watch::ClusterWatch,
     metrics: Option<Arc<FsMetrics>>,
     reporter: ClientReporter,
     /// Whether each op of the running batch is a read; reused, so no allocation per batch.
@@ -206,11 +209,12 @@ impl ReportingStore {
     pub fn new(
         inner: SavedMapClient,
         metrics: Option<Arc<FsMetrics>>,
-        cluster_path: &Path,
+        (cluster_path, cluster): (&Path, &ClusterFile),
         name: &str,
     ) -> ReportingStore {
         let reporter = ClientReporter::new(cluster_path, "fs", name, inner.client.client_id());
-        ReportingStore { inner, metrics, reporter, reads: Vec::new(), regions_at: None }
+        let watch = crate::cluster_watch::ClusterWatch::new(cluster_path.to_owned(), cluster);
+        ReportingStore { inner, watch, metrics, reporter, reads: Vec::new(), regions_at: None }
     }
 }
 
@@ -253,6 +257,13 @@ impl PageStore for ReportingStore {
 
     fn background(&mut self) {
         self.inner.background();
+        let (nodes, watch) = (self.watch.new_nodes(), &mut self.watch);
+        crate::cluster_watch::hand_new_nodes(
+            nodes,
+            &mut self.inner.client,
+            "the file system's client",
+            |address| watch.joined(address),
+        );
         if self.regions_at.is_some_and(|at| at.elapsed() < REGION_PERIOD) {
             return;
         }

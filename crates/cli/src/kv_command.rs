@@ -359,16 +359,11 @@ pub fn run(args: KvArgs) -> Result<()> {
                 }
             }
         }
-        for node in watch.new_nodes() {
-            let address = node.address;
-            match cache.client.client().apply(&remem_client::MembershipChange::Added(node)) {
-                Ok(()) => {
-                    watch.joined(address);
-                    eprintln!("node {address} joined the cache's client");
-                }
-                Err(error) => tracing::warn!(node = %address, %error, "cannot add the new node; retrying"),
-            }
-        }
+        let nodes = watch.new_nodes();
+        let client = cache.client.client();
+        crate::cluster_watch::hand_new_nodes(nodes, client, "the cache's client", |address| {
+            watch.joined(address)
+        });
     }));
     let result = server.run(&stop);
     if let Some(path) = &unix {

@@ -357,18 +357,11 @@ impl WatchedClient {
     }
 
     fn follow_cluster_file(&mut self) {
-        for node in self.home.new_nodes() {
-            let address = node.address;
-            match self.client.apply(&remem_client::MembershipChange::Added(node)) {
-                Ok(()) => {
-                    self.home.joined(address);
-                    eprintln!("node {address} joined the export's client");
-                }
-                Err(error) => {
-                    tracing::warn!(node = %address, %error, "cannot add the new node; retrying")
-                }
-            }
-        }
+        let nodes = self.home.new_nodes();
+        let home = &mut self.home;
+        crate::cluster_watch::hand_new_nodes(nodes, &mut self.client, "the export's client", |address| {
+            home.joined(address)
+        });
     }
 }
 

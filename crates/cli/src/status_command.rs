@@ -1,7 +1,8 @@
 //! `remem status`: every node of a cluster file, as the node reports itself (up or down,
 //! failure domain, capacity, memory used and free, slabs, rebuilds running with their
-//! progress, speed and ETA), as a table or JSON, once or every `--watch` seconds. Each node is asked on its own
-//! connection (a fresh session that maps nothing), so a dead node is a row, not an error.
+//! progress, speed and ETA), as a table or JSON, once or every `--watch` seconds. Each node is
+//! asked on its own connection (a fresh session that maps nothing), so a dead node is a row, not
+//! an error; up to 16 at once, so stopped nodes, each costing the timeout, do not add up.
 //! While rebuilds run, the nodes running them are asked twice more, [`RATE_SAMPLE`] apart, for
 //! the speed that gives the ETA: `status` then takes a second longer.
 //!
@@ -116,57 +117,81 @@ pub fn collect(args: &StatusArgs) -> Result<ClusterStatus> {
 /// its own connection; one that cannot be asked is a DOWN row with the reason. Nodes running
 /// rebuilds are asked again to tell their speed ([`sample_rebuild_rates`]).
 pub fn ask_nodes(targets: &[(SocketAddr, String)], secret: &Secret, timeout: Duration) -> Vec<NodeRow> {
-    let mut nodes = Vec::new();
-    for (index, (address, failure_domain)) in targets.iter().enumerate() {
-        let row = match remem_client::query_node(*address, secret, timeout) {
-            Ok(status) => NodeRow {
-                index,
-                address: address.to_string(),
-                failure_domain: status.failure_domain.clone(),
-                up: true,
-                error: None,
-                capacity_bytes: status.capacity_bytes,
-                used_bytes: status.capacity_bytes.saturating_sub(status.free_bytes),
-                free_bytes: status.free_bytes,
-                slab_size_bytes: status.slab_size_bytes,
-                slabs_mapped: status.slabs_mapped,
-                requests_served: status.requests_served,
-                rebuilds_running: status.regenerating_slabs,
-                rebuild_percent: percent(status.regeneration_pages_done, status.regeneration_pages_total),
-                rebuild_pages_per_second: None,
-                rebuild_eta_seconds: None,
-                clients: status.clients_live,
-                clients_in_grace: status.clients_in_grace,
-                slabs_in_grace: status.slabs_in_grace,
-            },
-            Err(error) => NodeRow {
-                index,
-                address: address.to_string(),
-                failure_domain: failure_domain.clone(),
-                up: false,
-                error: Some(crate::error_text(&anyhow::Error::new(error))),
-                capacity_bytes: 0,
-                used_bytes: 0,
-                free_bytes: 0,
-                slab_size_bytes: 0,
-                slabs_mapped: 0,
-                requests_served: 0,
-                rebuilds_running: 0,
-                rebuild_percent: None,
-                rebuild_pages_per_second: None,
-                rebuild_eta_seconds: None,
-                clients: 0,
-                clients_in_grace: 0,
-                slabs_in_grace: 0,
-            },
-        };
-        nodes.push(row);
-    }
+    // Several at once: a stopped node costs the whole timeout, and a cluster may have hundreds.
+    let workers = targets.len().clamp(1, MAX_QUERIES_AT_ONCE);
+    let mut nodes: Vec<NodeRow> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|worker| {
+                scope.spawn(move || {
+                    let mine = targets.iter().enumerate().skip(worker).step_by(workers);
+                    mine.map(|(index, (address, domain))| ask_node(index, *address, domain, secret, timeout))
+                        .collect::<Vec<NodeRow>>()
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|handle| handle.join().expect("a status query panicked")).collect()
+    });
+    nodes.sort_by_key(|node| node.index);
     if nodes.iter().any(|node| node.rebuilds_running > 0) {
         sample_rebuild_rates(&mut nodes, targets, secret, timeout);
     }
     nodes
 }
+
+/// One node's row: what it reports, or DOWN with the reason it could not be asked.
+fn ask_node(
+    index: usize,
+    address: SocketAddr,
+    failure_domain: &str,
+    secret: &Secret,
+    timeout: Duration,
+) -> NodeRow {
+    match remem_client::query_node(address, secret, timeout) {
+        Ok(status) => NodeRow {
+            index,
+            address: address.to_string(),
+            failure_domain: status.failure_domain.clone(),
+            up: true,
+            error: None,
+            capacity_bytes: status.capacity_bytes,
+            used_bytes: status.capacity_bytes.saturating_sub(status.free_bytes),
+            free_bytes: status.free_bytes,
+            slab_size_bytes: status.slab_size_bytes,
+            slabs_mapped: status.slabs_mapped,
+            requests_served: status.requests_served,
+            rebuilds_running: status.regenerating_slabs,
+            rebuild_percent: percent(status.regeneration_pages_done, status.regeneration_pages_total),
+            rebuild_pages_per_second: None,
+            rebuild_eta_seconds: None,
+            clients: status.clients_live,
+            clients_in_grace: status.clients_in_grace,
+            slabs_in_grace: status.slabs_in_grace,
+        },
+        Err(error) => NodeRow {
+            index,
+            address: address.to_string(),
+            failure_domain: failure_domain.to_owned(),
+            up: false,
+            error: Some(crate::error_text(&anyhow::Error::new(error))),
+            capacity_bytes: 0,
+            used_bytes: 0,
+            free_bytes: 0,
+            slab_size_bytes: 0,
+            slabs_mapped: 0,
+            requests_served: 0,
+            rebuilds_running: 0,
+            rebuild_percent: None,
+            rebuild_pages_per_second: None,
+            rebuild_eta_seconds: None,
+            clients: 0,
+            clients_in_grace: 0,
+            slabs_in_grace: 0,
+        },
+    }
+}
+
+/// Node queries `status` runs at once.
+const MAX_QUERIES_AT_ONCE: usize = 16;
 
 /// How long `status` watches running rebuilds to tell their speed and ETA.
 pub const RATE_SAMPLE: Duration = Duration::from_secs(1);

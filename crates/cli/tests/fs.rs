@@ -660,3 +660,70 @@ fn a_torn_journal_tail_is_recovered_and_a_corrupt_middle_is_refused() {
     let expected: Vec<Entry> = before.into_iter().filter(|entry| entry.path != Path::new("last")).collect();
     assert_same_tree(&expected, &walk(&mount.mountpoint, &[]), "after a torn tail");
 }
+
+/// The mounted file system's client follows the cluster file: a node added while it runs
+/// joins, so when a node dies its slabs are rebuilt there (ten nodes hold every EC(8,2) range
+/// with no spare); after that two more nodes can die and every byte still reads back.
+#[test]
+fn a_node_added_to_the_cluster_file_joins_and_takes_the_rebuilt_slabs() {
+    let (mut cluster, mount, _dir) = setup("follow", "32MiB");
+    let path = mount.path("data");
+    let data = pattern(0, 32 << 20, 11);
+    std::fs::write(&path, &data).expect("write 32 MiB");
+    let status = |cluster: &LocalCluster| -> serde_json::Value {
+        let file = cluster.cluster_file_path.to_string_lossy().into_owned();
+        let text = run_ok(
+            30,
+            binary().to_str().unwrap(),
+            &["status", "--json", "--timeout-ms", "2000", "--cluster", &file],
+        );
+        serde_json::from_str(&text).expect("status JSON")
+    };
+    let wait = |cluster: &LocalCluster, what: &str, done: &dyn Fn(&serde_json::Value) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let status = status(cluster);
+            if done(&status) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: {status:#}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let options = common::cluster_options("fs", "follow", 10, UnixSockets::None);
+    let added = cluster.add_node(binary(), &options).expect("a node is added");
+    wait(&cluster, "the new node never had the file system's client", &|status| {
+        status["nodes"][added]["clients"] == 1
+    });
+    cluster.kill(0).expect("SIGKILL node 0");
+    let killed_at = Instant::now();
+    // Every range had a split on node 0 and no spare node but the added one: one slab of each
+    // range is rebuilt there. Done when a report the client wrote after the kill says every
+    // range is healthy (until its rebuild ends a range reports as rebuilding).
+    wait(&cluster, "the lost slabs were not rebuilt on the added node", &|status| {
+        let (node, client) = (&status["nodes"][added], &status["clients"][0]);
+        let region = &client["regions"][0];
+        let written_after_kill =
+            client["age_secs"].as_f64().is_some_and(|age| age + 0.05 < killed_at.elapsed().as_secs_f64());
+        written_after_kill
+            && region["ranges"].as_u64().is_some()
+            && node["slabs_mapped"] == region["ranges"]
+            && region["healthy"] == region["ranges"]
+    });
+    cluster.kill(1).expect("SIGKILL node 1");
+    cluster.kill(2).expect("SIGKILL node 2");
+    let mut file =
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&path).expect("open");
+    let layout = std::alloc::Layout::from_size_align(1 << 20, 4096).expect("layout");
+    // SAFETY: non-zero size; freed below with the same layout.
+    let buffer = unsafe { std::alloc::alloc_zeroed(layout) };
+    assert!(!buffer.is_null());
+    // SAFETY: a live allocation of 1 MiB, used only here.
+    let aligned = unsafe { std::slice::from_raw_parts_mut(buffer, 1 << 20) };
+    for (index, expected) in data.chunks(1 << 20).enumerate() {
+        file.read_exact(aligned).unwrap_or_else(|error| panic!("MiB {index} with three nodes dead: {error}"));
+        assert!(aligned[..] == expected[..], "MiB {index} read back wrong");
+    }
+    // SAFETY: allocated above with this layout; `aligned` is not used after this.
+    unsafe { std::alloc::dealloc(buffer, layout) };
+}

@@ -15,20 +15,24 @@ pub const SLAB_BYTES: u64 = 1 << 20;
 /// Starts `nodes` node processes with fault injection on, 16 slabs of [`SLAB_BYTES`] each, one
 /// failure domain per node, in a fresh directory named after `suite` and `name`.
 pub fn start_cluster(suite: &str, name: &str, nodes: usize, unix_sockets: UnixSockets) -> LocalCluster {
-    let dir = std::env::temp_dir().join(format!("remem-{suite}-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let options = ClusterOptions {
+    let options = cluster_options(suite, name, nodes, unix_sockets);
+    let _ = std::fs::remove_dir_all(&options.dir);
+    LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_remem")), &options).expect("cluster starts")
+}
+
+/// The options [`start_cluster`] uses, also for adding a node to its cluster.
+pub fn cluster_options(suite: &str, name: &str, nodes: usize, unix_sockets: UnixSockets) -> ClusterOptions {
+    ClusterOptions {
         lease_grace: None,
         nodes,
         capacity_bytes: 16 * SLAB_BYTES,
         slab_size_bytes: SLAB_BYTES,
         nodes_per_domain: 1,
-        dir,
+        dir: std::env::temp_dir().join(format!("remem-{suite}-{name}-{}", std::process::id())),
         fault_injection: true,
         monitor_args: None,
         unix_sockets,
-    };
-    LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_remem")), &options).expect("cluster starts")
+    }
 }
 
 /// Pattern seed of the pages the model writes.
