@@ -144,27 +144,38 @@ fn status_shows_a_front_ends_regions_healthy_degraded_and_lost() {
     assert_eq!(status["clients"][0]["alive"], false, "a dead front end is shown as gone: {status:#}");
 }
 
-/// A rebuild running on a node shows with its progress, speed and ETA. One source delays every
-/// reply by half a second, so rebuilding a 1 MiB slab of EC(4,2) (four batches) outlasts the
-/// second that `status` watches it for.
+/// A rebuild running on a node shows with its progress, speed and ETA, beside a dead node. One
+/// source delays every reply by 400 ms, so rebuilding an 8 MiB slab of EC(4,2) (32 batches,
+/// the four asked ahead answered after each delay) outlasts the two `status` runs (JSON and the table, printed) that watch
+/// it, with progress during their one-second sample.
 #[test]
 fn status_shows_a_running_rebuild_with_its_speed_and_eta() {
     use remem::faults::{inject, Fault};
     use std::time::{Duration, Instant};
-    let cluster = common::start_cluster("status", "eta", 7, UnixSockets::None);
+    let mut options = common::cluster_options("status", "eta", 8, UnixSockets::None);
+    (options.slab_size_bytes, options.capacity_bytes) = (8 << 20, 32 << 20);
+    let _ = std::fs::remove_dir_all(&options.dir);
+    let mut cluster = remem::launcher::LocalCluster::start(env!("CARGO_BIN_EXE_remem").as_ref(), &options)
+        .expect("cluster starts");
     let shape = Shape { data_splits: 4, parity_splits: 2, extra_reads: 0 };
+    let mut config = ClientConfig::new(shape, 4 * (8 << 20));
+    // The delayed node stays a member (and the rebuild's source): slow, not failed.
+    config.request_timeout = Duration::from_secs(10);
     let mut client = Client::connect(
         &cluster.addresses(),
         &cluster.secret,
-        ClientConfig::new(shape, 4 * SLAB_BYTES),
+        config,
         Box::new(remem_placement::LeastLoaded::new(
             <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(2),
         )),
     )
     .expect("client connects");
     let slabs = client.ranges()[0].slabs.clone();
+    // A node the range does not use dies (the other spare takes the rebuilt slab).
+    let spare = (0..8).find(|&node| client.slabs_on(node) == 0).expect("two spare nodes");
+    cluster.kill(spare).expect("SIGKILL a spare node");
     let address = |node: usize| cluster.file.nodes[node].address;
-    let delay = Fault::Delay { delay_us: 500_000, fraction_ppm: 1_000_000, seed: 5 };
+    let delay = Fault::Delay { delay_us: 400_000, fraction_ppm: 1_000_000, seed: 5 };
     inject(address(slabs[1].node), &cluster.secret, client.client_id(), delay).expect("delay split 1");
     inject(
         address(slabs[0].node),
@@ -174,22 +185,37 @@ fn status_shows_a_running_rebuild_with_its_speed_and_eta() {
     )
     .expect("evict split 0");
     let deadline = Instant::now() + Duration::from_secs(20);
-    while client.regeneration_status().in_flight == 0 {
+    // Until a node runs it (the client counts it in flight from the eviction notice on).
+    let running = |client: &mut Client| {
+        client
+            .node_infos()
+            .into_iter()
+            .filter_map(|(_, info)| info.ok())
+            .any(|info| info.regenerating_slabs > 0)
+    };
+    while !running(&mut client) {
         assert!(Instant::now() < deadline, "the rebuild never started");
         client.poll_background(Duration::from_millis(20));
     }
-    let mut status = Command::new(env!("CARGO_BIN_EXE_remem"))
-        .args(["status", "--json", "--timeout-ms", "2000", "--cluster"])
-        .arg(&cluster.cluster_file_path)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("remem status runs");
-    // The client keeps driving its rebuild while `status` watches.
-    while status.try_wait().expect("status").is_none() {
+    // Both at once (replies to pipelined requests leave the delayed node together, so the
+    // rebuild lasts about one delay); the client keeps driving its rebuild while they watch.
+    let spawn = |json: bool| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_remem"));
+        command.args(["status", "--timeout-ms", "3000", "--cluster"]).arg(&cluster.cluster_file_path);
+        if json {
+            command.arg("--json");
+        }
+        command.stdout(std::process::Stdio::piped()).spawn().expect("remem status runs")
+    };
+    let (mut json, mut text) = (spawn(true), spawn(false));
+    while json.try_wait().expect("status").is_none() || text.try_wait().expect("status").is_none() {
         assert!(Instant::now() < deadline, "remem status did not finish");
         client.poll_background(Duration::from_millis(20));
     }
-    let output = status.wait_with_output().expect("status output");
+    let output = json.wait_with_output().expect("status output");
+    let table = String::from_utf8(text.wait_with_output().expect("status output").stdout).expect("UTF-8");
+    println!("{table}");
+    assert!(table.contains("7 of 8 nodes up") && table.contains("DOWN") && table.contains("ETA"), "{table}");
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
     let rebuilding: Vec<&serde_json::Value> = report["nodes"]
         .as_array()
@@ -203,5 +229,8 @@ fn status_shows_a_running_rebuild_with_its_speed_and_eta() {
     let eta = node["rebuild_eta_seconds"].as_f64().expect("an ETA");
     let percent = node["rebuild_percent"].as_f64().expect("progress");
     assert!(rate > 0.0 && eta > 0.0 && (0.0..100.0).contains(&percent), "{node:#}");
+    // The delay lifted, the rebuild ends at full speed.
+    inject(address(slabs[1].node), &cluster.secret, client.client_id(), Fault::Clear)
+        .expect("clear the delay");
     assert!(client.wait_for_regenerations(Duration::from_secs(30)), "the rebuild finishes");
 }
