@@ -123,7 +123,7 @@ pub fn stand_by(dir: &Path) -> Result<Takeover> {
     let mut synced = false;
     let mut out = Vec::new();
     let poll_timeout = if mode == Mode::Log { 0 } else { 100 };
-    let how = loop {
+    let how = 'standing: loop {
         if let Some(ring) = ring.as_mut() {
             let applied = ring.drain(|change| region.apply(change)).map_err(anyhow::Error::msg)?;
             if applied == 0 {
@@ -158,7 +158,11 @@ pub fn stand_by(dir: &Path) -> Result<Takeover> {
                 Message::Barrier { seq } => {
                     out.clear();
                     wire::encode(&Message::Ack { seq }, &mut out);
-                    write_all_nonblocking(&mut stream, &out)?;
+                    // A primary that dies while its acknowledgement is written fails the write
+                    // (EPIPE, ECONNRESET): that is the primary gone, as a failed read is.
+                    if write_all_nonblocking(&mut stream, &out).is_err() {
+                        break 'standing "its socket failed while acknowledging";
+                    }
                 }
                 other => bail!("unexpected message from the primary: {other:?}"),
             }
