@@ -309,6 +309,7 @@ fn records_as_rows(records: &[NodeRecord]) -> Vec<crate::status_command::NodeRow
             rebuild_percent: None,
             rebuild_pages_per_second: None,
             rebuild_eta_seconds: None,
+            rebuild_sample: None,
             clients: node.clients_live,
             clients_in_grace: 0,
             slabs_in_grace: 0,

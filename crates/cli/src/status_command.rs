@@ -3,8 +3,8 @@
 //! progress, speed and ETA), as a table or JSON, once or every `--watch` seconds. Each node is
 //! asked on its own connection (a fresh session that maps nothing), so a dead node is a row, not
 //! an error; up to 16 at once, so stopped nodes, each costing the timeout, do not add up.
-//! While rebuilds run, the nodes running them are asked twice more, [`RATE_SAMPLE`] apart, for
-//! the speed that gives the ETA: `status` then takes a second longer.
+//! While rebuilds run, the nodes running them are asked once more, [`RATE_SAMPLE`] after their
+//! first answer, for the speed that gives the ETA: `status` then takes a second longer.
 //!
 //! Clients' own view (regions healthy, degraded, rebuilding, lost) is not here: nodes do not
 //! know it, and clients do not publish it yet (issue 14: metrics).
@@ -67,6 +67,10 @@ pub struct NodeRow {
     pub rebuild_pages_per_second: Option<f64>,
     /// Seconds until the node's running rebuilds end at that rate.
     pub rebuild_eta_seconds: Option<f64>,
+    /// When the node was asked, and the rebuild pages it reported done and in all: the rate's
+    /// first sample.
+    #[serde(skip)]
+    pub rebuild_sample: Option<(std::time::Instant, u64, u64)>,
     /// Clients whose lease is live here (a process connected).
     pub clients: u32,
     /// Clients that went away, and their slabs, kept until the node's lease grace period ends.
@@ -132,9 +136,7 @@ pub fn ask_nodes(targets: &[(SocketAddr, String)], secret: &Secret, timeout: Dur
         handles.into_iter().flat_map(|handle| handle.join().expect("a status query panicked")).collect()
     });
     nodes.sort_by_key(|node| node.index);
-    if nodes.iter().any(|node| node.rebuilds_running > 0) {
-        sample_rebuild_rates(&mut nodes, targets, secret, timeout);
-    }
+    sample_rebuild_rates(&mut nodes, targets, secret, timeout);
     nodes
 }
 
@@ -146,6 +148,7 @@ fn ask_node(
     secret: &Secret,
     timeout: Duration,
 ) -> NodeRow {
+    let asked_at = std::time::Instant::now();
     match remem_client::query_node(address, secret, timeout) {
         Ok(status) => NodeRow {
             index,
@@ -163,6 +166,11 @@ fn ask_node(
             rebuild_percent: percent(status.regeneration_pages_done, status.regeneration_pages_total),
             rebuild_pages_per_second: None,
             rebuild_eta_seconds: None,
+            rebuild_sample: (status.regenerating_slabs > 0).then_some((
+                asked_at,
+                status.regeneration_pages_done,
+                status.regeneration_pages_total,
+            )),
             clients: status.clients_live,
             clients_in_grace: status.clients_in_grace,
             slabs_in_grace: status.slabs_in_grace,
@@ -183,6 +191,7 @@ fn ask_node(
             rebuild_percent: None,
             rebuild_pages_per_second: None,
             rebuild_eta_seconds: None,
+            rebuild_sample: None,
             clients: 0,
             clients_in_grace: 0,
             slabs_in_grace: 0,
@@ -200,31 +209,23 @@ fn percent(done: u64, total: u64) -> Option<f64> {
     (total > 0).then(|| 100.0 * done as f64 / total as f64)
 }
 
-/// Asks the nodes with rebuilds running again after [`RATE_SAMPLE`] and sets their rate and ETA
-/// from the pages handled meanwhile. A node whose total changed (a rebuild ended or began) gets
-/// its new progress but no rate: the two samples do not count the same rebuilds.
+/// Asks the nodes with rebuilds running again, [`RATE_SAMPLE`] after their first answer, and
+/// sets their rate and ETA from the pages handled meanwhile. A node whose total changed (a
+/// rebuild ended or began) gets its new progress but no rate: the two samples do not count the
+/// same rebuilds.
 fn sample_rebuild_rates(
     nodes: &mut [NodeRow],
     targets: &[(SocketAddr, String)],
     secret: &Secret,
     timeout: Duration,
 ) {
-    let started = std::time::Instant::now();
-    let before: Vec<(usize, u64, u64)> = nodes
-        .iter()
-        .filter(|node| node.rebuilds_running > 0)
-        .filter_map(|node| {
-            let address = targets[node.index].0;
-            let status = remem_client::query_node(address, secret, timeout).ok()?;
-            Some((node.index, status.regeneration_pages_done, status.regeneration_pages_total))
-        })
-        .collect();
-    std::thread::sleep(RATE_SAMPLE.saturating_sub(started.elapsed()));
-    for (index, done_before, total_before) in before {
-        let address = targets[index].0;
-        let Ok(status) = remem_client::query_node(address, secret, timeout) else { continue };
-        let elapsed = started.elapsed().as_secs_f64();
-        let node = &mut nodes[index];
+    let first = nodes.iter().filter_map(|node| node.rebuild_sample.map(|(at, _, _)| at)).min();
+    let Some(first) = first else { return };
+    std::thread::sleep(RATE_SAMPLE.saturating_sub(first.elapsed()));
+    for node in nodes.iter_mut() {
+        let Some((asked_at, done_before, total_before)) = node.rebuild_sample else { continue };
+        let Ok(status) = remem_client::query_node(targets[node.index].0, secret, timeout) else { continue };
+        let elapsed = asked_at.elapsed().as_secs_f64();
         node.rebuilds_running = status.regenerating_slabs;
         let (done, total) = (status.regeneration_pages_done, status.regeneration_pages_total);
         node.rebuild_percent = percent(done, total);

@@ -501,14 +501,7 @@ impl Server {
                 connection.next_to_send += 1;
                 if let Some(through) = ends_through {
                     // The rest of the command (some of it may be done already) sends nothing.
-                    let rest: Vec<u64> = connection
-                        .replies
-                        .range(connection.next_to_send..=through)
-                        .map(|(seq, _)| *seq)
-                        .collect();
-                    for seq in rest {
-                        connection.replies.remove(&seq);
-                    }
+                    connection.replies.retain(|&seq, _| seq > through);
                     connection.next_to_send = connection.next_to_send.max(through + 1);
                 }
             }

@@ -464,18 +464,19 @@ fn rebuild_page(
     let page_number = job.slab.label().first_page + u64::from(slot);
     scratch.sound.clear();
     scratch.extra.clear();
-    // The batch's splits of this page, checksummed three at a time (`payload_crcs`): the CRCs
-    // were over a quarter of a rebuild's time one by one.
+    // The batch's splits of this page, checksummed together (`payload_crcs`, up to four chains
+    // at once): one by one, the CRCs were over a quarter of a rebuild's time.
     let mut payloads: [&[u8]; MAX_DATA_SPLITS] = [&[]; MAX_DATA_SPLITS];
+    let mut metas = [None; MAX_DATA_SPLITS];
     let mut crcs = [0u32; MAX_DATA_SPLITS];
     let active = &active[..active.len().min(MAX_DATA_SPLITS)];
-    for (payload, &position) in payloads.iter_mut().zip(active) {
-        *payload = sources[position].entry(index as usize, split_bytes).1;
+    for ((payload, meta), &position) in payloads.iter_mut().zip(&mut metas).zip(active) {
+        (*meta, *payload) = sources[position].entry(index as usize, split_bytes);
     }
     payload_crcs(&payloads[..active.len()], &mut crcs);
-    for (&position, crc) in active.iter().zip(crcs) {
+    for ((&position, crc), meta) in active.iter().zip(crcs).zip(metas) {
         let source = &sources[position];
-        let verdict = match source.entry(index as usize, split_bytes).0 {
+        let verdict = match meta {
             Some(meta) => judge_split_crc(crc, meta, page_number, source.split_index),
             None => SplitVerdict::Corrupt,
         };
