@@ -72,9 +72,16 @@ pub struct NbdArgs {
     pub code: CodeArgs,
     #[command(flatten)]
     pub placement: PlacementArgs,
-    /// Pages in flight at once.
+    /// Pages in flight at once (per engine).
     #[arg(long, default_value_t = 32, value_parser = crate::units::parse_count)]
     pub queue_depth: usize,
+    /// Engines, one per core: remem clients with the export's pages dealt across them in 128
+    /// KiB chunks, each its own slabs, under one client identity. Connections on different
+    /// cores then run different engines at once (docs/NBD.md "Engines"). Each engine's slab
+    /// map is saved apart (STATE.engine-I-of-N); a saved export reopens only with the same
+    /// count. Not with --etcd or --metrics yet.
+    #[arg(long, default_value_t = 1, value_parser = parse_engines)]
+    pub engines: usize,
     /// A split not answered in this time counts as failed.
     #[arg(long, default_value_t = 2000, value_parser = crate::units::parse_positive_ms)]
     pub request_timeout_ms: u64,
@@ -118,6 +125,7 @@ fn open_export(
     config: ClientConfig,
     state_path: &Path,
 ) -> Result<Client> {
+    let size = config.address_space_bytes;
     if state_path.exists() {
         let map = SlabMapFile::load(state_path)?;
         if args.fresh {
@@ -127,7 +135,7 @@ fn open_export(
             std::fs::remove_file(state_path).with_context(|| format!("removing {}", state_path.display()))?;
         } else {
             let shape = &config.shape;
-            if !map.fits(args.size, shape) {
+            if !map.fits(size, shape) {
                 bail!(
                     "{} holds an export of {} at ({},{}), not {} at ({},{}): pass its --size, -k and -r, \
                      or --fresh to drop it and start empty",
@@ -135,7 +143,7 @@ fn open_export(
                     format_bytes(map.address_space_bytes),
                     map.data_splits,
                     map.parity_splits,
-                    format_bytes(args.size),
+                    format_bytes(size),
                     shape.data_splits,
                     shape.parity_splits
                 );
@@ -165,10 +173,15 @@ pub fn run(args: NbdArgs) -> Result<()> {
     config.shared_memory = args.transport == crate::bench::Transport::Shm;
     // The slabs outlive the process: a restart reopens them (the state file names them).
     config.release_on_drop = false;
+    if args.engines > 1 && args.metrics.is_some() {
+        bail!("--metrics serves one engine's figures: use it with --engines 1");
+    }
     // The report for `remem status` goes beside a cluster file, named after the state file.
-    type Opened = (Client, Box<dyn ExportHome>, Option<(PathBuf, String)>);
-    let (client, home, report_to): Opened = match args.etcd.connect()? {
+    let opened: Vec<Opened> = match args.etcd.connect()? {
         Some(etcd) => {
+            if args.engines > 1 {
+                bail!("--etcd keeps one slab map per export: use it with --engines 1");
+            }
             let secret = remem_client::Secret::load(args.secret_file.as_deref())
                 .context("loading the cluster secret")?;
             let request = crate::etcd_cluster::EtcdExportRequest {
@@ -181,22 +194,11 @@ pub fn run(args: NbdArgs) -> Result<()> {
             };
             let (client, home) = crate::etcd_cluster::open_export(request)?;
             eprintln!("export {:?} kept in {}", args.export, home.describe());
-            (client, Box::new(home), None)
+            vec![(client, Box::new(home), None)]
         }
-        None => {
-            let (cluster_path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
-            crate::bench::check_transport(args.transport, &cluster, &cluster_path)?;
-            let state_path = args.state.clone().unwrap_or_else(|| {
-                let directory = cluster_path.parent().map(Path::to_path_buf).unwrap_or_default();
-                directory.join(format!("nbd-{}.slabmap", args.export))
-            });
-            let client = open_export(&args, &cluster, &cluster_path, &secret, config, &state_path)?;
-            let watch = crate::cluster_watch::ClusterWatch::new(cluster_path.clone(), &cluster);
-            let report_name =
-                state_path.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
-            (client, Box::new(FileHome { watch, state_path }), Some((cluster_path, report_name)))
-        }
+        None => open_engines(&args, config)?,
     };
+    let client = &opened[0].0;
     let page_bytes = client.page_bytes() as u32;
 
     if let Some(value) = args.oom_score_adj {
@@ -246,12 +248,14 @@ pub fn run(args: NbdArgs) -> Result<()> {
     println!("listening {shown}");
     std::io::stdout().flush()?;
     eprintln!(
-        "serving export {:?}: {} on EC({},{}) across {} nodes",
+        "serving export {:?}: {} on EC({},{}) across {} nodes, {} engine{}",
         args.export,
         format_bytes(args.size),
         args.code.data_splits,
         args.code.parity_splits,
-        client.slab_map().nodes.len()
+        client.slab_map().nodes.len(),
+        args.engines,
+        if args.engines == 1 { "" } else { "s" }
     );
     let snapshot = Arc::new(Mutex::new(String::new()));
     if let Some(address) = args.metrics {
@@ -260,18 +264,127 @@ pub fn run(args: NbdArgs) -> Result<()> {
         let bound = crate::metrics::serve(address, Arc::clone(&stop), render)?;
         eprintln!("metrics at http://{bound}/metrics");
     }
-    let mut watched = WatchedClient::new(client, report_to, home, Arc::clone(&stop));
-    watched.metrics = args.metrics.map(|_| crate::nbd_metrics::NbdMetrics::new(snapshot));
-    let store = Mutex::new(watched);
-    let result = remem_nbd::serve(&listener, &store, &server_config, &stop);
-    if let Some(path) = &args.unix {
-        let _ = std::fs::remove_file(path);
-    }
-    result.context("serving NBD")?;
-    match store.lock().ok().and_then(|store| store.home.fenced()) {
+    let mut watched: Vec<WatchedClient> = opened
+        .into_iter()
+        .map(|(client, home, report_to)| WatchedClient::new(client, report_to, home, Arc::clone(&stop)))
+        .collect();
+    let fenced = if let [one] = &mut watched[..] {
+        one.metrics = args.metrics.map(|_| crate::nbd_metrics::NbdMetrics::new(snapshot));
+        let store = Mutex::new(watched.pop().expect("one engine"));
+        let result = remem_nbd::serve(&listener, &store, &server_config, &stop);
+        remove_socket(&args);
+        result.context("serving NBD")?;
+        store.into_inner().ok().and_then(|store| store.home.fenced())
+    } else {
+        let store = remem_nbd::Shards::new(watched, args.size / 4096);
+        let result = remem_nbd::serve(&listener, &store, &server_config, &stop);
+        remove_socket(&args);
+        result.context("serving NBD")?;
+        store.into_inner().iter().find_map(|engine| engine.home.fenced())
+    };
+    match fenced {
         Some(reason) => bail!("stopped: {reason}"),
         None => Ok(()),
     }
+}
+
+fn remove_socket(args: &NbdArgs) {
+    if let Some(path) = &args.unix {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// An engine's client, where its nodes and slab map live, and where its status report goes.
+type Opened = (Client, Box<dyn ExportHome>, Option<(PathBuf, String)>);
+
+fn parse_engines(text: &str) -> Result<usize, String> {
+    match crate::units::parse_count(text)? {
+        engines if engines > MAX_ENGINES => Err(format!("at most {MAX_ENGINES} engines")),
+        engines => Ok(engines),
+    }
+}
+
+/// More engines than cores only adds slabs and connections.
+const MAX_ENGINES: usize = 64;
+
+/// Where engine `engine` of `engines` keeps its slab map, beside the single engine's `base`.
+fn engine_state_path(base: &Path, engine: usize, engines: usize) -> PathBuf {
+    match engines {
+        1 => base.to_path_buf(),
+        _ => PathBuf::from(format!("{}.engine-{engine}-of-{engines}", base.display())),
+    }
+}
+
+/// Slab maps beside `base` saved with another engine count than `engines`.
+fn other_layouts(base: &Path, engines: usize) -> Vec<PathBuf> {
+    let directory = base.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let Some(name) = base.file_name().map(|name| name.to_string_lossy().into_owned()) else {
+        return Vec::new();
+    };
+    let ours = format!("-of-{engines}");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(directory)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|file| match file.strip_prefix(&name) {
+            Some("") => engines != 1,
+            Some(rest) => rest.starts_with(".engine-") && !rest.ends_with(&ours),
+            None => false,
+        })
+        .map(|file| directory.join(file))
+        .collect();
+    found.sort();
+    found
+}
+
+/// The engines' clients over a cluster file: each reopened from its saved map, or new.
+fn open_engines(args: &NbdArgs, mut config: ClientConfig) -> Result<Vec<Opened>> {
+    let (cluster_path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
+    crate::bench::check_transport(args.transport, &cluster, &cluster_path)?;
+    let base = args.state.clone().unwrap_or_else(|| {
+        let directory = cluster_path.parent().map(Path::to_path_buf).unwrap_or_default();
+        directory.join(format!("nbd-{}.slabmap", args.export))
+    });
+    let others = other_layouts(&base, args.engines);
+    for other in &others {
+        if !args.fresh {
+            bail!(
+                "{} holds this export saved with another --engines count than {}: serve it with that \
+                 count, or pass --fresh to drop it and start empty",
+                other.display(),
+                args.engines
+            );
+        }
+        let map = SlabMapFile::load(other)?;
+        if let Err(error) = Client::release_saved(&map, &secret, config.clone()) {
+            tracing::warn!(%error, "cannot reach the saved export to unmap its slabs");
+        }
+        std::fs::remove_file(other).with_context(|| format!("removing {}", other.display()))?;
+    }
+    let layout = remem_nbd::ShardLayout::new(args.engines, args.size / 4096);
+    if args.engines > 1 {
+        // One identity at the nodes: the same client id and session for every engine.
+        config.address_space_bytes = layout.engine_pages() * 4096;
+        config.session = rand::random::<u64>() | 1;
+    }
+    let stem = base.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut opened = Vec::with_capacity(args.engines);
+    for engine in 0..args.engines {
+        let state_path = engine_state_path(&base, engine, args.engines);
+        let client = open_export(args, &cluster, &cluster_path, &secret, config.clone(), &state_path)?;
+        let watch = crate::cluster_watch::ClusterWatch::new(cluster_path.clone(), &cluster);
+        let report_name = match args.engines {
+            1 => stem.clone(),
+            engines => format!("{stem}.engine-{engine}-of-{engines}"),
+        };
+        opened.push((
+            client,
+            Box::new(FileHome { watch, state_path }) as Box<dyn ExportHome>,
+            Some((cluster_path.clone(), report_name)),
+        ));
+    }
+    Ok(opened)
 }
 
 fn parse_mode(text: &str) -> Result<u32, String> {

@@ -10,6 +10,7 @@
 //! - [`transmission`]: batches of requests run as page operations, replies;
 //! - [`error`]: remem errors to NBD error values, in one place;
 //! - [`store`]: the `PageStore` trait (the remem client, or an in-memory model for tests);
+//! - [`shards`]: one store behind a lock, or one engine per core with the pages sharded;
 //! - [`server`]: the listener, connection threads and slots; `session`: a connection's
 //!   stream through the handshake deadline and STARTTLS; [`tls`]: certificates (rustls);
 //! - [`host`]: mlockall, OOM score; `log_limit`: rate limits for lines a client can cause.
@@ -26,12 +27,14 @@ mod log_limit;
 pub mod protocol;
 pub mod server;
 mod session;
+pub mod shards;
 pub mod store;
 pub mod tls;
 pub mod transmission;
 
 pub use handshake::Export;
 pub use server::{serve, Listener, ServerConfig};
+pub use shards::{ShardLayout, Shards, SharedStore};
 pub use store::{MemoryStore, PageStore};
 pub use tls::TlsSettings;
 

@@ -10,9 +10,11 @@
 //! out: same-host clients all come from 127.0.0.1 or a Unix socket, with no address to tell
 //! them apart.
 //!
-//! All connections share one [`PageStore`] behind a mutex, held for the span of one batch. The
-//! remem client is driven by one thread at a time (run to completion), so connections take
-//! turns per batch; what they gain is independence, not parallelism. A stop flag ends the
+//! All connections share one [`SharedStore`]: one [`crate::PageStore`] behind a mutex, held for
+//! the span of one batch (the remem client is driven by one thread at a time, run to
+//! completion, so connections take turns per batch), or one engine per core with the pages
+//! sharded across them ([`crate::Shards`]), where connections on different cores run different
+//! engines at once. A stop flag ends the
 //! accept loop and, at the next wait for input, every connection; `serve` returns when all
 //! connection threads have finished.
 
@@ -29,7 +31,7 @@ use crate::error::ConnectionError;
 use crate::handshake::Export;
 use crate::log_limit::CONNECTION_EVENTS;
 use crate::session;
-use crate::store::PageStore;
+use crate::shards::SharedStore;
 use crate::tls::TlsSettings;
 use crate::transmission::{poll_readable, Limits, Transmission};
 
@@ -179,9 +181,10 @@ impl ServerConfig {
 
 /// Serves one connection: handshake, then transmission until the client leaves. `admit` takes
 /// a transmission slot at the end of the handshake.
-pub fn serve_connection<S: PageStore>(
+pub fn serve_connection<S: SharedStore>(
     stream: Stream,
-    store: &Mutex<S>,
+    store: &S,
+    connection: u64,
     config: &ServerConfig,
     stop: &AtomicBool,
     admit: &dyn Fn() -> bool,
@@ -189,7 +192,8 @@ pub fn serve_connection<S: PageStore>(
     match session::handshake(stream, config, admit)? {
         None => Ok(()),
         Some((session, negotiated)) => {
-            Transmission::new(session, store, &config.export, negotiated, config.limits, stop).run()
+            Transmission::new(session, store, connection, &config.export, negotiated, config.limits, stop)
+                .run()
         }
     }
 }
@@ -234,9 +238,9 @@ pub const BACKGROUND_INTERVAL: Duration = Duration::from_millis(100);
 ///
 /// Lines a client can cause at will (connections, their failures, failed requests) are
 /// rate-limited (`log_limit`).
-pub fn serve<S: PageStore + Send>(
+pub fn serve<S: SharedStore>(
     listener: &Listener,
-    store: &Mutex<S>,
+    store: &S,
     config: &ServerConfig,
     stop: &AtomicBool,
 ) -> io::Result<()> {
@@ -248,10 +252,7 @@ pub fn serve<S: PageStore + Send>(
             std::thread::Builder::new().name("nbd-background".into()).spawn_scoped(scope, || {
                 while !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(BACKGROUND_INTERVAL);
-                    match store.lock() {
-                        Ok(mut store) => store.background(),
-                        Err(_) => return,
-                    }
+                    store.background();
                 }
             });
         if let Err(error) = background {
@@ -303,7 +304,7 @@ pub fn serve<S: PageStore + Send>(
                         }
                         taken
                     };
-                    let result = serve_connection(stream, store, config, stop, &admit);
+                    let result = serve_connection(stream, store, connection_id, config, stop, &admit);
                     if admitted.get() {
                         active.fetch_sub(1, Ordering::Relaxed);
                     } else {

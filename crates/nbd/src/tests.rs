@@ -12,6 +12,7 @@ use proptest::prelude::*;
 use crate::handshake::tests::{go_data, option};
 use crate::protocol::*;
 use crate::server::{serve_connection, ServerConfig, Stream};
+use crate::shards::{ShardLayout, Shards, SharedStore};
 use crate::store::MemoryStore;
 use crate::Export;
 
@@ -140,18 +141,22 @@ impl TestClient {
 
 /// Runs `client_side` against a server on a socket pair with `store`; returns the store.
 fn with_server(store: MemoryStore, client_side: impl FnOnce(UnixStream) + Send) -> MemoryStore {
+    with_shared(Mutex::new(store), client_side).into_inner().unwrap()
+}
+
+/// [`with_server`] over any [`SharedStore`] (one store behind a lock, or engines).
+fn with_shared<S: SharedStore>(store: S, client_side: impl FnOnce(UnixStream) + Send) -> S {
     let (server_end, client_end) = UnixStream::pair().unwrap();
-    let store = Mutex::new(store);
     let stop = AtomicBool::new(false);
     let config = config();
     std::thread::scope(|scope| {
         let server =
-            scope.spawn(|| serve_connection(Stream::Unix(server_end), &store, &config, &stop, &|| true));
+            scope.spawn(|| serve_connection(Stream::Unix(server_end), &store, 1, &config, &stop, &|| true));
         client_side(client_end);
         // Hostile clients end their connection with an error; that is a result, not a failure.
         let _ = server.join().expect("the server thread does not panic");
     });
-    store.into_inner().unwrap()
+    store
 }
 
 #[derive(Clone, Debug)]
@@ -185,13 +190,13 @@ fn payload(length: u32, seed: u8) -> Vec<u8> {
 /// Sends `ops` pipelined (all at once), then checks every reply against the model: each op is
 /// applied to the model in send order. Trimmed bytes are "unspecified" per the spec, so the
 /// model tracks them and reads ignore them until rewritten.
-fn run_against_model(ops: &[Op], structured: bool) {
+fn run_against_model(ops: &[Op], structured: bool, engines: usize) {
     let mut model = vec![0u8; SIZE as usize];
     let mut unspecified = vec![false; SIZE as usize];
     let mut expected: Vec<(u64, Option<(u64, u32)>)> = Vec::new();
     let mut read_lengths = std::collections::HashMap::new();
     let ops = ops.to_vec();
-    with_server(MemoryStore::new(PAGE, PAGES), |socket| {
+    let client_side = |socket| {
         let mut client = TestClient::connect(socket, structured);
         for (index, op) in ops.iter().enumerate() {
             let handle = index as u64 + 1;
@@ -257,15 +262,27 @@ fn run_against_model(ops: &[Op], structured: bool) {
             }
         }
         client.send(CMD_DISC, 0, 0, 0, 0, &[]);
-    });
+    };
+    if engines == 1 {
+        with_server(MemoryStore::new(PAGE, PAGES), client_side);
+    } else {
+        let pages = ShardLayout::new(engines, PAGES).engine_pages();
+        let stores = (0..engines).map(|_| MemoryStore::new(PAGE, pages)).collect();
+        let stores = with_shared(Shards::new(stores, PAGES), client_side).into_inner();
+        assert!(stores.iter().all(|store| store.pages.len() as u64 <= pages));
+    }
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
-    fn pipelined_requests_match_the_model(ops in proptest::collection::vec(op(), 1..40), structured: bool) {
-        run_against_model(&ops, structured);
+    fn pipelined_requests_match_the_model(
+        ops in proptest::collection::vec(op(), 1..40),
+        structured: bool,
+        engines in 1usize..=3,
+    ) {
+        run_against_model(&ops, structured, engines);
     }
 
     /// Arbitrary bytes after a valid handshake: the connection ends (error or disconnect)
@@ -316,6 +333,25 @@ fn unaligned_write_is_read_modify_write() {
             Op::Read { offset: 3990, length: 300 },
         ],
         true,
+        1,
+    );
+}
+
+/// Pages 30-34 straddle the first chunk boundary: one request, parts on two engines, partial
+/// pages at both ends read, patched and written on their own engines.
+#[test]
+fn a_request_across_a_chunk_boundary_runs_on_both_engines() {
+    let chunk = crate::shards::CHUNK_PAGES * PAGE as u64;
+    run_against_model(
+        &[
+            Op::Write { offset: chunk - 2 * PAGE as u64 - 7, length: 4 * PAGE as u32 + 20, seed: 6 },
+            Op::Read { offset: chunk - 3 * PAGE as u64, length: 6 * PAGE as u32 },
+            Op::Zero { offset: chunk - 100, length: 300 },
+            Op::Trim { offset: chunk + PAGE as u64, length: PAGE as u32 },
+            Op::Read { offset: chunk - PAGE as u64, length: 3 * PAGE as u32 },
+        ],
+        true,
+        2,
     );
 }
 
@@ -328,6 +364,7 @@ fn write_zeroes_zeroes_partial_and_whole_pages() {
             Op::Read { offset: 0, length: 4 * PAGE as u32 },
         ],
         false,
+        1,
     );
 }
 

@@ -28,7 +28,6 @@
 use std::io::{self, Read, Write};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 
 use remem_client::{PageError, PageOp};
 
@@ -37,6 +36,7 @@ use crate::error::{page_error_code, ConnectionError};
 use crate::handshake::{Export, Negotiated};
 use crate::log_limit::REQUEST_FAILURES;
 use crate::protocol::*;
+use crate::shards::SharedStore;
 use crate::store::PageStore;
 
 /// How much one connection may hold at once.
@@ -159,7 +159,9 @@ enum Fill {
 /// The transmission phase of one connection.
 pub struct Transmission<'a, S, T> {
     socket: T,
-    store: &'a Mutex<S>,
+    store: &'a S,
+    /// Which engine this connection tries first ([`SharedStore::with_store`]).
+    connection: u64,
     export: &'a Export,
     negotiated: Negotiated,
     limits: Limits,
@@ -174,10 +176,11 @@ pub struct Transmission<'a, S, T> {
     page_bytes: usize,
 }
 
-impl<'a, S: PageStore, T: Socket> Transmission<'a, S, T> {
+impl<'a, S: SharedStore, T: Socket> Transmission<'a, S, T> {
     pub fn new(
         socket: T,
-        store: &'a Mutex<S>,
+        store: &'a S,
+        connection: u64,
         export: &'a Export,
         negotiated: Negotiated,
         limits: Limits,
@@ -188,6 +191,7 @@ impl<'a, S: PageStore, T: Socket> Transmission<'a, S, T> {
         Transmission {
             socket,
             store,
+            connection,
             export,
             negotiated,
             limits,
@@ -397,111 +401,113 @@ impl<'a, S: PageStore, T: Socket> Transmission<'a, S, T> {
             edge_arena.resize(edges.len() * page_bytes, 0);
         }
 
-        let mut store = self.store.lock().map_err(|_| ConnectionError::StorePoisoned)?;
-
-        // Phase 1: read the pages that writes cover in part, then patch them.
-        if !edges.is_empty() {
-            let mut edge_ops = recycle(std::mem::take(ops));
-            for (edge, buf) in edges.iter().zip(edge_arena.chunks_mut(page_bytes)) {
-                edge_ops.push(PageOp::Read { page: edge.page, buf });
+        let shared = self.store;
+        shared.with_store(self.connection, &mut |store: &mut dyn PageStore| {
+            // Phase 1: read the pages that writes cover in part, then patch them.
+            if !edges.is_empty() {
+                let mut edge_ops = recycle(std::mem::take(ops));
+                for (edge, buf) in edges.iter().zip(edge_arena.chunks_mut(page_bytes)) {
+                    edge_ops.push(PageOp::Read { page: edge.page, buf });
+                }
+                store.execute(&mut edge_ops, &mut |done| {
+                    if let Err(error) = &done.result {
+                        pending[edges[done.index].pending].fail(error);
+                    }
+                });
+                *ops = recycle(edge_ops);
+                for (edge, buf) in edges.iter().zip(edge_arena.chunks_mut(page_bytes)) {
+                    let request = &pending[edge.pending];
+                    if request.error.is_some() {
+                        continue;
+                    }
+                    match request.command {
+                        Ok(Command::Write { offset, length }) => {
+                            let (start, len) = page_cover(offset, length, page_size, edge.page);
+                            let source = request.payload_start
+                                + (edge.page * page_bytes as u64 + start as u64 - offset) as usize;
+                            buf[start..start + len].copy_from_slice(&input[source..source + len]);
+                        }
+                        Ok(Command::WriteZeroes { offset, length, .. }) => {
+                            let (start, len) = page_cover(offset, length, page_size, edge.page);
+                            buf[start..start + len].fill(0);
+                        }
+                        _ => unreachable!("only writes have edges"),
+                    }
+                }
             }
-            store.execute(&mut edge_ops, &mut |done| {
-                if let Err(error) = &done.result {
-                    pending[edges[done.index].pending].fail(error);
+
+            // Discards: only barrier batches have them, so no op of this batch is in flight.
+            for request in pending.iter_mut() {
+                let (offset, length) = match request.command {
+                    Ok(Command::Trim { offset, length }) => (offset, length),
+                    Ok(Command::WriteZeroes { offset, length, .. }) if request.error.is_none() => {
+                        (offset, length)
+                    }
+                    _ => continue,
+                };
+                // Whole pages only: a trim may round inwards (spec), and write-zeroes rewrites the
+                // partial pages in phase 2.
+                let first = offset.div_ceil(page_bytes as u64);
+                let end = (offset + length as u64) / page_bytes as u64;
+                for page in first..end {
+                    if let Err(error) = store.discard_page(page) {
+                        request.fail(&error);
+                        break;
+                    }
                 }
-            });
-            *ops = recycle(edge_ops);
-            for (edge, buf) in edges.iter().zip(edge_arena.chunks_mut(page_bytes)) {
-                let request = &pending[edge.pending];
-                if request.error.is_some() {
-                    continue;
-                }
+            }
+
+            // Phase 2: reads and writes, in request order.
+            owners.clear();
+            let mut main_ops = recycle(std::mem::take(ops));
+            let mut read_pages = read_arena.chunks_mut(page_bytes);
+            let mut edge_pages = edges.iter().zip(edge_arena.chunks(page_bytes)).peekable();
+            for (index, request) in pending.iter().enumerate() {
+                let owner = index as u32;
                 match request.command {
-                    Ok(Command::Write { offset, length }) => {
-                        let (start, len) = page_cover(offset, length, page_size, edge.page);
-                        let source = request.payload_start
-                            + (edge.page * page_bytes as u64 + start as u64 - offset) as usize;
-                        buf[start..start + len].copy_from_slice(&input[source..source + len]);
-                    }
-                    Ok(Command::WriteZeroes { offset, length, .. }) => {
-                        let (start, len) = page_cover(offset, length, page_size, edge.page);
-                        buf[start..start + len].fill(0);
-                    }
-                    _ => unreachable!("only writes have edges"),
-                }
-            }
-        }
-
-        // Discards: only barrier batches have them, so no op of this batch is in flight.
-        for request in pending.iter_mut() {
-            let (offset, length) = match request.command {
-                Ok(Command::Trim { offset, length }) => (offset, length),
-                Ok(Command::WriteZeroes { offset, length, .. }) if request.error.is_none() => {
-                    (offset, length)
-                }
-                _ => continue,
-            };
-            // Whole pages only: a trim may round inwards (spec), and write-zeroes rewrites the
-            // partial pages in phase 2.
-            let first = offset.div_ceil(page_bytes as u64);
-            let end = (offset + length as u64) / page_bytes as u64;
-            for page in first..end {
-                if let Err(error) = store.discard_page(page) {
-                    request.fail(&error);
-                    break;
-                }
-            }
-        }
-
-        // Phase 2: reads and writes, in request order.
-        owners.clear();
-        let mut main_ops = recycle(std::mem::take(ops));
-        let mut read_pages = read_arena.chunks_mut(page_bytes);
-        let mut edge_pages = edges.iter().zip(edge_arena.chunks(page_bytes)).peekable();
-        for (index, request) in pending.iter().enumerate() {
-            let owner = index as u32;
-            match request.command {
-                Ok(Command::Read { offset, length }) => {
-                    let Some((first, last)) = page_span(offset, length, page_size) else { continue };
-                    for page in first..=last {
-                        let buf = read_pages.next().expect("the arena holds every read page");
-                        main_ops.push(PageOp::Read { page, buf });
-                        owners.push(owner);
-                    }
-                }
-                Ok(Command::Write { offset, length }) | Ok(Command::WriteZeroes { offset, length, .. }) => {
-                    let zeroes = matches!(request.command, Ok(Command::WriteZeroes { .. }));
-                    let Some((first, last)) = page_span(offset, length, page_size) else { continue };
-                    for page in first..=last {
-                        let edge = edge_pages.next_if(|(edge, _)| edge.pending == index && edge.page == page);
-                        let data = match edge {
-                            Some((_, patched)) => patched,
-                            // Whole pages of write-zeroes were discarded above.
-                            None if zeroes => continue,
-                            None => {
-                                let source =
-                                    request.payload_start + (page * page_bytes as u64 - offset) as usize;
-                                &input[source..source + page_bytes]
-                            }
-                        };
-                        if request.error.is_none() {
-                            main_ops.push(PageOp::Write { page, data });
+                    Ok(Command::Read { offset, length }) => {
+                        let Some((first, last)) = page_span(offset, length, page_size) else { continue };
+                        for page in first..=last {
+                            let buf = read_pages.next().expect("the arena holds every read page");
+                            main_ops.push(PageOp::Read { page, buf });
                             owners.push(owner);
                         }
                     }
+                    Ok(Command::Write { offset, length })
+                    | Ok(Command::WriteZeroes { offset, length, .. }) => {
+                        let zeroes = matches!(request.command, Ok(Command::WriteZeroes { .. }));
+                        let Some((first, last)) = page_span(offset, length, page_size) else { continue };
+                        for page in first..=last {
+                            let edge =
+                                edge_pages.next_if(|(edge, _)| edge.pending == index && edge.page == page);
+                            let data = match edge {
+                                Some((_, patched)) => patched,
+                                // Whole pages of write-zeroes were discarded above.
+                                None if zeroes => continue,
+                                None => {
+                                    let source =
+                                        request.payload_start + (page * page_bytes as u64 - offset) as usize;
+                                    &input[source..source + page_bytes]
+                                }
+                            };
+                            if request.error.is_none() {
+                                main_ops.push(PageOp::Write { page, data });
+                                owners.push(owner);
+                            }
+                        }
+                    }
+                    _ => {}
                 }
-                _ => {}
             }
-        }
-        if !main_ops.is_empty() {
-            store.execute(&mut main_ops, &mut |done| {
-                if let Err(error) = &done.result {
-                    pending[owners[done.index] as usize].fail(error);
-                }
-            });
-        }
-        *ops = recycle(main_ops);
-        drop(store);
+            if !main_ops.is_empty() {
+                store.execute(&mut main_ops, &mut |done| {
+                    if let Err(error) = &done.result {
+                        pending[owners[done.index] as usize].fail(error);
+                    }
+                });
+            }
+            *ops = recycle(main_ops);
+        })?;
 
         // Replies, in request order.
         self.output.clear();

@@ -26,6 +26,10 @@ pub struct ClientConfig {
     pub address_space_bytes: u64,
     /// Identity that owns the slabs on the nodes.
     pub client_id: u64,
+    /// The claim on `client_id` at the nodes (`Control::Hello::session`); 0 draws a random one.
+    /// Clients of one process that share a client id (a front end's engines, one per core) give
+    /// the same nonzero session, so the nodes see one holder, not a second process to fence.
+    pub session: u64,
     /// Pages in flight at once in [`Client::execute`].
     pub max_in_flight: usize,
     /// A node that leaves a split unanswered this long is treated as failed.
@@ -60,6 +64,7 @@ impl ClientConfig {
             page_bytes: 4096,
             address_space_bytes,
             client_id: rand::random(),
+            session: 0,
             max_in_flight: 32,
             request_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(5),

@@ -138,7 +138,10 @@ impl Client {
             last_socket_check: Instant::now(),
             probing: Vec::new(),
             probe_results: std::sync::mpsc::channel(),
-            session: rand::random::<u64>() | 1,
+            session: match config.session {
+                0 => rand::random::<u64>() | 1,
+                given => given,
+            },
             config,
         })
     }
