@@ -68,6 +68,10 @@ pub struct FsMetrics {
     fsync_latency: AtomicHistogram,
     page_reads: AtomicU64,
     page_writes: AtomicU64,
+    /// Each page op from its start in the engine to its completion: the engine and the nodes,
+    /// without FUSE (the fault path's split, docs/APPS.md).
+    page_read_latency: AtomicHistogram,
+    page_write_latency: AtomicHistogram,
     page_read_errors: AtomicU64,
     page_write_errors: AtomicU64,
     decoded_reads: AtomicU64,
@@ -149,6 +153,15 @@ impl FsMetrics {
                     ("read", &self.read_latency.snapshot()),
                     ("write", &self.write_latency.snapshot()),
                     ("fsync", &self.fsync_latency.snapshot()),
+                ],
+            )
+            .histograms(
+                "remem_fs_page_op_seconds",
+                "Latency of a page op in the client, from its start to its completion (engine and nodes).",
+                "op",
+                &[
+                    ("read", &self.page_read_latency.snapshot()),
+                    ("write", &self.page_write_latency.snapshot()),
                 ],
             )
             .counter("remem_fs_page_reads_total", "Page reads the client did.", load(&self.page_reads))
@@ -236,11 +249,14 @@ impl PageStore for ReportingStore {
         self.inner.client.execute(ops, |done| {
             let read = reads.get(done.index).copied().unwrap_or(false);
             let failed = done.result.is_err();
+            let latency = done.started.elapsed();
             if read {
+                metrics.page_read_latency.observe(latency);
                 add(&metrics.page_reads, 1);
                 add(&metrics.page_read_errors, u64::from(failed));
                 add(&metrics.decoded_reads, u64::from(done.decoded));
             } else {
+                metrics.page_write_latency.observe(latency);
                 add(&metrics.page_writes, 1);
                 add(&metrics.page_write_errors, u64::from(failed));
             }

@@ -120,6 +120,7 @@ pub fn run(args: RunArgs, binary: &Path) -> Result<i32> {
                 code: args.code.clone(),
                 runtime_dir,
                 shared_memory: false,
+                metrics: None,
             };
             Some(RememSwap::on(binary, &options)?)
         }
@@ -375,6 +376,8 @@ pub struct RememSwapOptions {
     pub runtime_dir: PathBuf,
     /// Shared memory to the nodes' slabs instead of TCP (`remem swap on --transport shm`).
     pub shared_memory: bool,
+    /// The daemon's metrics address (`remem swap on --metrics`).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// A remem swap area turned on for one run and off when dropped, through `remem swap on/off`
@@ -397,7 +400,8 @@ impl RememSwap {
             .args(["--delta", &args.code.delta.to_string()])
             .args(["--transport", if args.shared_memory { "shm" } else { "tcp" }])
             .arg("--runtime-dir")
-            .arg(&guard.runtime_dir);
+            .arg(&guard.runtime_dir)
+            .args(args.metrics.map(|address| format!("--metrics={address}")));
         if let Some(cluster) = &args.cluster {
             command.arg("--cluster").arg(cluster);
         }

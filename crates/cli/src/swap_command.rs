@@ -51,6 +51,10 @@ pub struct SwapOnArgs {
     /// Where the state file, the mount point and the daemon's log live.
     #[arg(long, default_value_os_t = default_runtime_dir())]
     pub runtime_dir: PathBuf,
+    /// The file system daemon serves Prometheus metrics at http://ADDRESS/metrics (`remem fs
+    /// --metrics`): FUSE request and page op latencies, the fault path's split (docs/APPS.md).
+    #[arg(long, value_name = "ADDRESS")]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 #[derive(Args, Debug)]
@@ -164,6 +168,7 @@ fn set_up(args: &SwapOnArgs, binary: &Path, state: &mut SwapState) -> Result<()>
         .args(["-k", &args.code.data_splits.to_string(), "-r", &args.code.parity_splits.to_string()])
         .args(["--delta", &args.code.delta.to_string()])
         .args(["--transport", if args.transport == crate::bench::Transport::Shm { "shm" } else { "tcp" }])
+        .args(args.metrics.map(|address| format!("--metrics={address}")))
         // Swap contents die with the swap device: every `on` starts an empty file system, with
         // its metadata journal in the runtime directory (not beside a shared cluster file).
         .arg("--state")

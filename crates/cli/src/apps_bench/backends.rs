@@ -3,6 +3,7 @@
 //! memory (`--transport shm`: the same-host case), and a swap file on the local disk (the seed's
 //! "SSD backup"). One is on at a time; guards turn it off, also on error.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -11,6 +12,8 @@ use anyhow::{Context, Result};
 use crate::code_args::CodeArgs;
 use crate::launcher::{ClusterOptions, LocalCluster, UnixSockets};
 use crate::run_command::{RememSwap, RememSwapOptions};
+
+use super::fault_path::DaemonStat;
 
 const MIB: u64 = 1 << 20;
 pub const SLAB_BYTES: u64 = 4 * MIB;
@@ -71,6 +74,8 @@ pub struct SwapOn {
     remem_swap: Option<RememSwap>,
     cluster: Option<LocalCluster>,
     _disk: Option<DiskSwap>,
+    /// Where the remem swap daemon serves its metrics (the fault path's split).
+    metrics: Option<SocketAddr>,
 }
 
 impl SwapOn {
@@ -78,7 +83,7 @@ impl SwapOn {
     pub fn start(binary: &Path, backend: Backend, swap_bytes: u64, work_dir: &Path) -> Result<SwapOn> {
         let Some(code) = backend.code() else {
             let disk = DiskSwap::on(&work_dir.join("disk-swapfile"), swap_bytes)?;
-            return Ok(SwapOn { remem_swap: None, cluster: None, _disk: Some(disk) });
+            return Ok(SwapOn { remem_swap: None, cluster: None, _disk: Some(disk), metrics: None });
         };
         // Each node holds its share of (k+r)/k times the swap, with room for the share of a
         // node killed by a failure run (its slabs' replacements land on the other nodes).
@@ -96,6 +101,8 @@ impl SwapOn {
             unix_sockets: if backend == Backend::RememEcShm { UnixSockets::All } else { UnixSockets::None },
         };
         let cluster = LocalCluster::start(binary, &options).context("starting the local cluster")?;
+        // A port free a moment ago; if another process takes it first, the split is left out.
+        let metrics = std::net::TcpListener::bind("127.0.0.1:0").and_then(|probe| probe.local_addr()).ok();
         let swap_options = RememSwapOptions {
             size_bytes: swap_bytes,
             priority: 100,
@@ -103,9 +110,10 @@ impl SwapOn {
             code,
             runtime_dir: work_dir.join("remem-swap"),
             shared_memory: backend == Backend::RememEcShm,
+            metrics,
         };
         let remem_swap = RememSwap::on(binary, &swap_options)?;
-        Ok(SwapOn { remem_swap: Some(remem_swap), cluster: Some(cluster), _disk: None })
+        Ok(SwapOn { remem_swap: Some(remem_swap), cluster: Some(cluster), _disk: None, metrics })
     }
 
     /// The block device counters of the swap area that is on (the loop device of remem swap,
@@ -121,6 +129,11 @@ impl SwapOn {
             }
         };
         DeviceStat::parse(&std::fs::read_to_string(stat_path).ok()?)
+    }
+
+    /// The remem swap daemon's own counters (remem backends only).
+    pub fn daemon_stat(&self) -> Option<DaemonStat> {
+        DaemonStat::scrape(self.metrics?)
     }
 
     /// The PID of the memory node a failure run kills (remem backends only).

@@ -17,6 +17,7 @@
 
 mod backends;
 mod failure;
+mod fault_path;
 mod kv_client;
 mod memcached;
 mod pagerank;
@@ -34,6 +35,7 @@ use serde::Serialize;
 
 use backends::{Backend, DeviceStat, RemoveOnDrop, SwapOn, SLAB_BYTES};
 use failure::Failure;
+use fault_path::{DaemonStat, FaultPath};
 use workload::ValueSizes;
 
 use crate::run_command::RunReport;
@@ -265,6 +267,8 @@ pub struct SwapDevice {
     pub writes: u64,
     pub write_kib: u64,
     pub write_ms_mean: Option<f64>,
+    /// Below the loop device, as the remem daemon measured it (remem backends).
+    pub fault_path: Option<FaultPath>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -438,10 +442,14 @@ fn bench_application(
         let swap = SwapOn::start(binary, backend, swap_bytes, work_dir)
             .with_context(|| format!("turning on swap on {}", backend.name()))?;
         for &percent in percents {
-            let before = swap.device_stat();
+            let before = (swap.device_stat(), swap.daemon_stat());
             let measured = application.run(Some(limit_of(percent)), work_dir, None);
             runs.push(app_run(backend, percent, limit_of(percent), None, measured, &baseline));
-            set_device(runs.last_mut().expect("just pushed"), before, swap.device_stat());
+            set_device(
+                runs.last_mut().expect("just pushed"),
+                before,
+                (swap.device_stat(), swap.daemon_stat()),
+            );
             eprintln!("bench apps: {}", report::row_line(runs.last().expect("just pushed")));
         }
         if backend.is_remem() && !args.no_failure {
@@ -456,10 +464,14 @@ fn bench_application(
             let pid = swap.victim_pid().context("the node to kill is not running")?;
             let failure = Failure { pid, delay: Duration::from_secs_f64(reference / 2.0) };
             let limit = limit_of(args.failure_percent);
-            let before = swap.device_stat();
+            let before = (swap.device_stat(), swap.daemon_stat());
             let measured = application.run(Some(limit), work_dir, Some(failure));
             runs.push(app_run(backend, args.failure_percent, limit, Some(failure), measured, &baseline));
-            set_device(runs.last_mut().expect("just pushed"), before, swap.device_stat());
+            set_device(
+                runs.last_mut().expect("just pushed"),
+                before,
+                (swap.device_stat(), swap.daemon_stat()),
+            );
             eprintln!("bench apps: {}", report::row_line(runs.last().expect("just pushed")));
         }
         drop(swap);
@@ -478,9 +490,16 @@ fn bench_application(
     })
 }
 
-/// The swap device's share of a run: its requests and their mean time in the device.
-fn set_device(run: &mut AppRun, before: Option<DeviceStat>, after: Option<DeviceStat>) {
-    let (Some(before), Some(after)) = (before, after) else { return };
+type Counters = (Option<DeviceStat>, Option<DaemonStat>);
+
+/// The swap device's share of a run: its requests and their mean time in the device, and for
+/// remem the daemon's split of it.
+fn set_device(run: &mut AppRun, before: Counters, after: Counters) {
+    let fault_path = match (before.1, after.1) {
+        (Some(before), Some(after)) => Some(FaultPath::from_delta(&after.since(&before))),
+        _ => None,
+    };
+    let (Some(before), Some(after)) = (before.0, after.0) else { return };
     let delta = after.since(&before);
     let mean = |ms: u64, requests: u64| (requests > 0).then(|| ms as f64 / requests as f64);
     run.swap_device = Some(SwapDevice {
@@ -491,6 +510,7 @@ fn set_device(run: &mut AppRun, before: Option<DeviceStat>, after: Option<Device
         writes: delta.writes,
         write_kib: delta.write_sectors / 2,
         write_ms_mean: mean(delta.write_ms, delta.writes),
+        fault_path,
     });
 }
 

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use super::{AppReport, AppRun};
+use super::{AppReport, AppRun, SwapDevice};
 use crate::plot::{points_plot, PointSeries};
 use crate::units::format_bytes;
 
@@ -134,6 +134,9 @@ pub fn print_table(report: &AppReport) {
             run.wall_seconds,
             report.baseline_wall_seconds
         );
+        if let Some(line) = fault_path_line(device) {
+            println!("    {line}");
+        }
     }
     println!();
 }
@@ -162,4 +165,38 @@ pub fn plot_throughput(path: &Path, report: &AppReport) -> Result<()> {
         1.0,
         &series,
     )
+}
+
+/// A run's swap request split below the loop device: the kernel's part (loop worker, FUSE
+/// queue, wake-ups) is the device's mean time less the daemon's mean FUSE request time.
+fn fault_path_line(device: &SwapDevice) -> Option<String> {
+    let path = device.fault_path.as_ref()?;
+    let side = |name: &str,
+                device_ms: Option<f64>,
+                fuse_ms: Option<f64>,
+                page_ms: Option<f64>,
+                pages: Option<f64>| {
+        let (device_ms, fuse_ms) = (device_ms?, fuse_ms?);
+        Some(format!(
+            "a {name} {device_ms:.3} ms in the device = {:.3} ms kernel (loop, FUSE queue, wake-ups) + \
+             {fuse_ms:.3} ms in remem fs ({:.2} pages of {:.3} ms in the engine and nodes)",
+            device_ms - fuse_ms,
+            pages.unwrap_or(0.0),
+            page_ms.unwrap_or(0.0)
+        ))
+    };
+    let parts: Vec<String> = [
+        side("read", device.read_ms_mean, path.fuse_read_ms, path.page_read_ms, path.pages_per_fuse_read),
+        side(
+            "write",
+            device.write_ms_mean,
+            path.fuse_write_ms,
+            path.page_write_ms,
+            path.pages_per_fuse_write,
+        ),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
