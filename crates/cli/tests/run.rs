@@ -209,6 +209,12 @@ fn bench_apps_quick_gives_the_baseline_pagerank_on_remem_and_disk_swap() {
         remem_half["swap_out_pages"].as_u64().expect("a count") > 0,
         "nothing went to remem swap: {rows:?}"
     );
+    // The fault path's split: the daemon's metrics were scraped around the run, and what went
+    // to swap went through FUSE writes made of timed page writes.
+    let path = &remem_half["swap_device"]["fault_path"];
+    for field in ["fuse_write_ms", "page_write_ms", "pages_per_fuse_write"] {
+        assert!(path[field].as_f64().is_some_and(|value| value > 0.0), "{field} in {path}: {rows:?}");
+    }
     eprintln!("bench apps pagerank test took {:?}", started.elapsed());
 }
 
