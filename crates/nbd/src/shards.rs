@@ -29,8 +29,6 @@ pub const CHUNK_PAGES: u64 = 32;
 
 /// What a connection runs its batches on.
 pub trait SharedStore: Sync {
-    fn page_bytes(&self) -> usize;
-    fn page_count(&self) -> u64;
     /// Runs `work` with a store for one batch. `connection` says which engine the connection
     /// tries first.
     fn with_store(
@@ -49,14 +47,6 @@ fn lock<S>(store: &Mutex<S>) -> MutexGuard<'_, S> {
 }
 
 impl<S: PageStore + Send> SharedStore for Mutex<S> {
-    fn page_bytes(&self) -> usize {
-        lock(self).page_bytes()
-    }
-
-    fn page_count(&self) -> u64 {
-        lock(self).page_count()
-    }
-
     fn with_store(
         &self,
         _connection: u64,
@@ -120,10 +110,6 @@ impl<S: PageStore + Send> Shards<S> {
         Shards { engines: engines.into_iter().map(Mutex::new).collect(), layout, page_bytes }
     }
 
-    pub fn layout(&self) -> ShardLayout {
-        self.layout
-    }
-
     /// The engines' stores, for the caller's checks after serving.
     pub fn into_inner(self) -> Vec<S> {
         self.engines
@@ -134,14 +120,6 @@ impl<S: PageStore + Send> Shards<S> {
 }
 
 impl<S: PageStore + Send> SharedStore for Shards<S> {
-    fn page_bytes(&self) -> usize {
-        self.page_bytes
-    }
-
-    fn page_count(&self) -> u64 {
-        self.layout.page_count
-    }
-
     fn with_store(
         &self,
         connection: u64,
@@ -209,12 +187,13 @@ impl<S: PageStore + Send> PageStore for Router<'_, S> {
     }
 
     /// Each engine runs its part of the batch in batch order, so ops on one page (always one
-    /// engine's) keep their order. Allocates the parts once per batch, not per page.
+    /// engine's) keep their order. Allocates the parts once per batch (two vectors per engine), never per page.
     fn execute(&mut self, ops: &mut [PageOp<'_>], on_done: &mut dyn FnMut(OpDone)) {
         let engines = self.shards.engines.len();
         let layout = self.shards.layout;
+        // Sized once for the whole batch: no part grows while ops are dealt.
         let mut parts: Vec<(Vec<PageOp<'_>>, Vec<usize>)> =
-            (0..engines).map(|_| (Vec::new(), Vec::new())).collect();
+            (0..engines).map(|_| (Vec::with_capacity(ops.len()), Vec::with_capacity(ops.len()))).collect();
         for (index, op) in ops.iter_mut().enumerate() {
             let (engine, local) = layout.locate(page_of(op));
             parts[engine].0.push(local_op(op, local));
