@@ -282,6 +282,12 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
             let (samples, elapsed) = run_memcpy(&mut rng, args.size, page_bytes, count);
             series.push(result(MEMCPY_FLOOR, "read", queue_depth, samples, elapsed));
         }
+        for queue_depth in [1, 32] {
+            let count = if queue_depth == 1 { args.ops } else { args.ops * 4 };
+            eprintln!("floor: {SCATTERED_FLOOR} x{count} ...");
+            let (samples, elapsed) = run_scattered(&mut rng, args.size, page_bytes, count);
+            series.push(result(SCATTERED_FLOOR, "read", queue_depth, samples, elapsed));
+        }
     }
 
     let p50 = |name: &str, operation: &str, queue_depth: usize| {
@@ -337,6 +343,18 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
             ratio(
                 "ec(8,2) d=1 read p50 / memcpy 4KiB p50",
                 p50("ec(8,2) d=1", "read", 1) / p50(MEMCPY_FLOOR, "read", 1),
+                None,
+            ),
+            // The memory system's own price of EC's access pattern, before any remem code: a
+            // page as k scattered splits against one contiguous page.
+            ratio(
+                "8x512B scattered p50 / memcpy 4KiB p50",
+                p50(SCATTERED_FLOOR, "read", 1) / p50(MEMCPY_FLOOR, "read", 1),
+                None,
+            ),
+            ratio(
+                "ec(8,2) d=1 read p50 / 8x512B scattered p50",
+                p50("ec(8,2) d=1", "read", 1) / p50(SCATTERED_FLOOR, "read", 1),
                 None,
             ),
         ]
@@ -429,6 +447,34 @@ fn run_memcpy(rng: &mut StdRng, size: u64, page_bytes: usize, count: usize) -> (
         let at = page as usize * page_bytes;
         let op_started = Instant::now();
         target.copy_from_slice(std::hint::black_box(&source[at..at + page_bytes]));
+        std::hint::black_box(&mut target);
+        samples.push(op_started.elapsed());
+    }
+    (samples, started.elapsed())
+}
+
+const SCATTERED_FLOOR: &str = "floor: 8x512B scattered";
+
+/// The floor of EC(8,2)'s access pattern over shared memory: a page gathered from its 8 data
+/// splits, 512 bytes at the page's slot of 8 separate buffers (the 8 data slabs, each an eighth
+/// of the address space), into one 4 KiB target; timed like [`run_memcpy`]. Against the
+/// contiguous floor it shows what the memory system itself charges for scattered splits.
+fn run_scattered(rng: &mut StdRng, size: u64, page_bytes: usize, count: usize) -> (Samples, Duration) {
+    const SPLITS: usize = 8;
+    let split_bytes = page_bytes / SPLITS;
+    let pages = (size as usize / page_bytes).max(1);
+    let slabs: Vec<Vec<u8>> =
+        (0..SPLITS).map(|slab| (0..pages * split_bytes).map(|byte| (byte + slab) as u8).collect()).collect();
+    let mut target = vec![0u8; page_bytes];
+    let order = random_pages(rng, pages as u64, count);
+    let mut samples = Samples::with_capacity(count);
+    let started = Instant::now();
+    for page in order {
+        let at = page as usize * split_bytes;
+        let op_started = Instant::now();
+        for (slab, split) in slabs.iter().zip(target.chunks_exact_mut(split_bytes)) {
+            split.copy_from_slice(std::hint::black_box(&slab[at..at + split_bytes]));
+        }
         std::hint::black_box(&mut target);
         samples.push(op_started.elapsed());
     }

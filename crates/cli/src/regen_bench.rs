@@ -55,6 +55,58 @@ pub struct RegenReport {
     pub reads_during_rebuild: u64,
     pub read_mismatches: u64,
     pub pages_verified_after: u64,
+    /// Where the CPU went during the fastest floor read and during the rebuild.
+    pub floor_cpu: PhaseCpu,
+    pub rebuild_cpu: PhaseCpu,
+}
+
+/// CPU seconds spent during one phase (from /proc: 10 ms ticks), by whom.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct PhaseCpu {
+    pub wall_seconds: f64,
+    /// Every CPU of the machine, busy (user, system, interrupts, steal).
+    pub machine_busy_seconds: f64,
+    pub cpus: usize,
+    /// The k nodes holding the source slabs.
+    pub source_nodes_seconds: f64,
+    /// The node the slab was rebuilt on (idle during the floor).
+    pub rebuilding_node_seconds: f64,
+    /// This process: the client serving the paced ops, and during the floor the floor reader.
+    pub bench_seconds: f64,
+}
+
+/// CPU seconds used so far by the machine, each node and this process.
+struct CpuSnapshot {
+    at: Instant,
+    machine: f64,
+    cpus: usize,
+    nodes: Vec<f64>,
+    bench: f64,
+}
+
+impl CpuSnapshot {
+    fn take(cluster: &LocalCluster, nodes: usize) -> Result<CpuSnapshot> {
+        let (machine, cpus) = crate::stats::machine_busy_seconds()?;
+        let nodes = (0..nodes)
+            .map(|node| cluster.pid(node).map_or(Ok(0.0), crate::stats::cpu_seconds))
+            .collect::<Result<Vec<f64>>>()?;
+        let bench = crate::stats::cpu_seconds(std::process::id())?;
+        Ok(CpuSnapshot { at: Instant::now(), machine, cpus, nodes, bench })
+    }
+
+    /// What was spent from `self` to `later`, the sources being nodes `sources` and the
+    /// rebuilding node `rebuilder`.
+    fn until(&self, later: &CpuSnapshot, sources: &[usize], rebuilder: usize) -> PhaseCpu {
+        let node = |index: usize| later.nodes[index] - self.nodes[index];
+        PhaseCpu {
+            wall_seconds: (later.at - self.at).as_secs_f64(),
+            machine_busy_seconds: later.machine - self.machine,
+            cpus: later.cpus,
+            source_nodes_seconds: sources.iter().map(|&index| node(index)).sum(),
+            rebuilding_node_seconds: node(rebuilder),
+            bench_seconds: later.bench - self.bench,
+        }
+    }
 }
 
 const SEED: u64 = 0x4e6e;
@@ -133,6 +185,9 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
     let mut floors = Vec::new();
     eprintln!("floor: reading the {k} source slabs in the rebuild's batches, without decoding ...");
     let mut floor_load = [Served::default(), Served::default()];
+    let node_count = options.nodes;
+    let mut floor_snapshots = Vec::new();
+    let before_floor = CpuSnapshot::take(&cluster, node_count)?;
     floors.push(floor(
         &cluster,
         &mut client,
@@ -143,10 +198,12 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
         slots,
         split_bytes,
     )?);
+    floor_snapshots.push((before_floor, CpuSnapshot::take(&cluster, node_count)?));
 
     let victim = slabs[0];
     let address = cluster.file.nodes[victim.node].address;
     eprintln!("evicting slab {} of split 0 on {address} ...", victim.slab_id);
+    let before_rebuild = CpuSnapshot::take(&cluster, node_count)?;
     let evicted = Instant::now();
     crate::faults::inject(
         address,
@@ -180,12 +237,14 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
         }
     }
     let seconds = evicted.elapsed().as_secs_f64();
+    let after_rebuild = CpuSnapshot::take(&cluster, node_count)?;
     progress("rebuilding", 1, 1, evicted);
     eprintln!();
     if client.ranges()[0].slabs[0].node == victim.node {
         bail!("split 0 still points at the evicting node after the rebuild");
     }
     eprintln!("floor again, after the rebuild ...");
+    let before_floor = CpuSnapshot::take(&cluster, node_count)?;
     floors.push(floor(
         &cluster,
         &mut client,
@@ -196,7 +255,13 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
         slots,
         split_bytes,
     )?);
+    floor_snapshots.push((before_floor, CpuSnapshot::take(&cluster, node_count)?));
     let floor_seconds = floors.iter().copied().fold(f64::INFINITY, f64::min);
+    let source_nodes: Vec<usize> = slabs[1..].iter().map(|slab| slab.node).collect();
+    let rebuilder = client.ranges()[0].slabs[0].node;
+    let fastest = if floors[0] <= floors[1] { 0 } else { 1 };
+    let floor_cpu = floor_snapshots[fastest].0.until(&floor_snapshots[fastest].1, &source_nodes, rebuilder);
+    let rebuild_cpu = before_rebuild.until(&after_rebuild, &source_nodes, rebuilder);
     let load_mismatches: u64 = floor_load.iter().map(|served| served.mismatches).sum();
     let mut mismatches = before.mismatches + during.mismatches + load_mismatches;
 
@@ -241,6 +306,8 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
         reads_during_rebuild: during.reads.nanos.len() as u64,
         read_mismatches: mismatches,
         pages_verified_after: verified,
+        floor_cpu,
+        rebuild_cpu,
     })
 }
 
@@ -366,6 +433,25 @@ pub fn print(report: &RegenReport) {
         report.floor_seconds, report.floor_mib_per_second
     );
     println!("rebuild speed / floor speed: {:.2} (target >= 0.70)", report.rebuild_over_floor);
+    let (floor, rebuild) = (&report.floor_cpu, &report.rebuild_cpu);
+    println!("CPU seconds (from /proc, 10 ms ticks)       floor  rebuild");
+    for (label, floor_value, rebuild_value) in [
+        ("wall clock", floor.wall_seconds, rebuild.wall_seconds),
+        ("machine busy", floor.machine_busy_seconds, rebuild.machine_busy_seconds),
+        ("the k source nodes", floor.source_nodes_seconds, rebuild.source_nodes_seconds),
+        ("the rebuilding node", floor.rebuilding_node_seconds, rebuild.rebuilding_node_seconds),
+        ("this process (client; floor reader)", floor.bench_seconds, rebuild.bench_seconds),
+    ] {
+        println!("  {label:<40} {floor_value:>6.2} {rebuild_value:>8.2}");
+    }
+    let busy = |phase: &PhaseCpu| phase.machine_busy_seconds / phase.wall_seconds.max(1e-9);
+    println!(
+        "  cores busy of {}: floor {:.2}, rebuild {:.2}; machine CPU floor / rebuild: {:.2}",
+        rebuild.cpus,
+        busy(floor),
+        busy(rebuild),
+        floor.machine_busy_seconds / rebuild.machine_busy_seconds.max(1e-9)
+    );
     println!("served at {} single-page ops/s, latency in us:", report.ops_per_second);
     println!("  {:<16} {:>8} {:>8} {:>8}", "", "ops", "p50", "p99");
     for (label, summary) in [

@@ -63,6 +63,26 @@ pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     Ok(ticks / per_second)
 }
 
+/// CPU seconds the whole machine has spent busy so far (every CPU's user, nice, system, irq,
+/// softirq and steal time from the first line of /proc/stat), and the number of CPUs.
+pub fn machine_busy_seconds() -> anyhow::Result<(f64, usize)> {
+    use anyhow::Context;
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let total = stat.lines().next().context("an empty /proc/stat")?;
+    let ticks: Vec<f64> = total
+        .strip_prefix("cpu ")
+        .context("/proc/stat does not start with the cpu line")?
+        .split_whitespace()
+        .map(|field| field.parse::<f64>())
+        .collect::<Result<_, _>>()?;
+    // user nice system idle iowait irq softirq steal ...: everything but idle and iowait.
+    let busy: f64 = [0, 1, 2, 5, 6, 7].iter().filter_map(|&index| ticks.get(index)).sum();
+    let cpus = stat.lines().filter(|line| line.starts_with("cpu") && !line.starts_with("cpu ")).count();
+    // SAFETY: sysconf reads a constant of the system.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok((busy / per_second, cpus.max(1)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

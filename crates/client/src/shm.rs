@@ -240,11 +240,9 @@ impl ShmSlab {
     pub fn write_split(&self, slot: u32, payload: &[u8], meta: SplitMeta) -> bool {
         assert_eq!(payload.len(), self.layout.split_bytes as usize, "payload is one split");
         let words = self.slot_words(slot);
-        for (index, chunk) in payload.chunks_exact(WORD).enumerate() {
-            let word = u64::from_ne_bytes(chunk.try_into().expect("chunks_exact yields words"));
-            // SAFETY: index < split_bytes / 8 keeps the word inside the slot; atomic access only.
-            unsafe { AtomicU64::from_ptr(words.add(index)) }.store(word, Ordering::Relaxed);
-        }
+        // SAFETY: `words` is the slot's first byte in our mapping, split_bytes long (a multiple
+        // of 64), and `payload` is split_bytes long (asserted).
+        unsafe { copy_to_shared(payload, words) };
         self.checksum(slot).store(meta.checksum, Ordering::Relaxed);
         self.version(slot).store(meta.version, Ordering::Release);
         // Store-load order: the version must be visible before we look at the flag, so that a
@@ -261,17 +259,114 @@ impl ShmSlab {
         let version = self.version(slot).load(Ordering::Acquire);
         let checksum = self.checksum(slot).load(Ordering::Relaxed);
         let words = self.slot_words(slot);
-        for (index, chunk) in target.chunks_exact_mut(WORD).enumerate() {
-            // SAFETY: as in `write_split`; loads only.
-            let word = unsafe { AtomicU64::from_ptr(words.add(index)) }.load(Ordering::Relaxed);
-            chunk.copy_from_slice(&word.to_ne_bytes());
-        }
+        // SAFETY: as in `write_split`; loads only.
+        unsafe { copy_from_shared(words, target) };
         fence(Ordering::Acquire);
         let again = self.version(slot).load(Ordering::Relaxed);
         if again != version || self.is_revoked() {
             return None;
         }
         Some(SplitMeta { version, checksum })
+    }
+}
+
+/// Copies `target.len()` bytes (a multiple of 64) out of shared memory at `words`.
+///
+/// With AVX, 32-byte loads in an `asm!` loop: with 8-byte atomic loads an EC(8,2) page is 1024
+/// load and store instructions, and the CPU's reorder window no longer reaches the next splits'
+/// loads, so their cache misses are paid one after another instead of together (a page gathered
+/// from 8 scattered splits took 1.4 us with word loads and 0.87 us with 32-byte loads, cold, on
+/// these machines; a contiguous page 0.84 against 0.69 us). The loads inside `asm!` are outside
+/// the Rust memory model, so a racing writer is not undefined behaviour; they are ordinary x86
+/// loads, which the CPU keeps in order with the version loads around them (TSO: loads are not
+/// reordered with other loads), and the asm block is a compiler barrier for memory. Without AVX:
+/// relaxed 8-byte atomic loads.
+///
+/// # Safety
+/// `words` must point at `target.len()` readable bytes of a live mapping, 8-aligned.
+unsafe fn copy_from_shared(words: *const u64, target: &mut [u8]) {
+    debug_assert!(target.len().is_multiple_of(64));
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: AVX is present; the caller's contract covers the source, `target` the rest.
+        unsafe { copy_lines_avx(words.cast(), target.as_mut_ptr(), target.len()) };
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { load_words(words, target) }
+}
+
+/// [`copy_from_shared`] without AVX: relaxed 8-byte atomic loads.
+///
+/// # Safety
+/// As [`copy_from_shared`].
+unsafe fn load_words(words: *const u64, target: &mut [u8]) {
+    for (index, chunk) in target.chunks_exact_mut(WORD).enumerate() {
+        // SAFETY: index < len / 8 keeps the word inside the caller's range; atomic access only.
+        let word = unsafe { AtomicU64::from_ptr(words.add(index).cast_mut()) }.load(Ordering::Relaxed);
+        chunk.copy_from_slice(&word.to_ne_bytes());
+    }
+}
+
+/// Copies `payload` (a multiple of 64 bytes) into shared memory at `words`: the stores of
+/// [`copy_from_shared`], in program order (x86 keeps stores in order, and the asm block is a
+/// compiler barrier), so the version the caller publishes afterwards follows them.
+///
+/// # Safety
+/// `words` must point at `payload.len()` writable bytes of a live mapping, 8-aligned.
+unsafe fn copy_to_shared(payload: &[u8], words: *mut u64) {
+    debug_assert!(payload.len().is_multiple_of(64));
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: AVX is present; the caller's contract covers the target.
+        unsafe { copy_lines_avx(payload.as_ptr(), words.cast(), payload.len()) };
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { store_words(payload, words) }
+}
+
+/// [`copy_to_shared`] without AVX: relaxed 8-byte atomic stores.
+///
+/// # Safety
+/// As [`copy_to_shared`].
+unsafe fn store_words(payload: &[u8], words: *mut u64) {
+    for (index, chunk) in payload.chunks_exact(WORD).enumerate() {
+        let word = u64::from_ne_bytes(chunk.try_into().expect("chunks_exact yields words"));
+        // SAFETY: index < len / 8 keeps the word inside the caller's range; atomic access only.
+        unsafe { AtomicU64::from_ptr(words.add(index)) }.store(word, Ordering::Relaxed);
+    }
+}
+
+/// `bytes` (a nonzero multiple of 64) from `source` to `target`, 64 bytes an iteration in two
+/// 32-byte loads then two stores. Written in `asm!` because a Rust copy that races a writer of
+/// the other process would be undefined behaviour, and Rust has no wide atomic loads.
+///
+/// # Safety
+/// Both ranges valid for `bytes`, not overlapping; AVX present.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn copy_lines_avx(source: *const u8, target: *mut u8, bytes: usize) {
+    assert!(bytes > 0 && bytes.is_multiple_of(64), "whole lines");
+    // SAFETY: the caller's contract; the loop reads and writes exactly `bytes` of each range.
+    unsafe {
+        std::arch::asm!(
+            "2:",
+            "vmovdqu {a}, ymmword ptr [{source}]",
+            "vmovdqu {b}, ymmword ptr [{source} + 32]",
+            "vmovdqu ymmword ptr [{target}], {a}",
+            "vmovdqu ymmword ptr [{target} + 32], {b}",
+            "add {source}, 64",
+            "add {target}, 64",
+            "sub {bytes}, 64",
+            "jnz 2b",
+            source = inout(reg) source => _,
+            target = inout(reg) target => _,
+            bytes = inout(reg) bytes => _,
+            a = out(ymm_reg) _,
+            b = out(ymm_reg) _,
+            options(nostack),
+        );
     }
 }
 
@@ -395,6 +490,34 @@ mod tests {
             ShmSlab::map(duplicate(&memfd), 0, expected(bigger)),
             Err(ShmError::Mismatch("file size"))
         ));
+    }
+
+    /// The AVX copy and the word copy move exactly the same bytes, both ways, for every split
+    /// size from 64 bytes to 4 KiB.
+    #[test]
+    fn both_copies_move_the_same_bytes() {
+        for bytes in [64usize, 128, 512, 1024, 4096] {
+            let source: Vec<u64> =
+                (0..bytes as u64 / 8).map(|word| word.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
+            let mut by_words = vec![0u8; bytes];
+            let mut by_default = vec![0u8; bytes];
+            // SAFETY: `source` holds `bytes` bytes, 8-aligned.
+            unsafe {
+                load_words(source.as_ptr(), &mut by_words);
+                copy_from_shared(source.as_ptr(), &mut by_default);
+            }
+            assert_eq!(by_words, by_default, "{bytes} bytes loaded");
+            let expected: Vec<u8> = source.iter().flat_map(|word| word.to_ne_bytes()).collect();
+            assert_eq!(by_words, expected, "{bytes} bytes loaded");
+            let (mut stored_words, mut stored_default) = (vec![0u64; bytes / 8], vec![0u64; bytes / 8]);
+            // SAFETY: both targets hold `bytes` bytes, 8-aligned.
+            unsafe {
+                store_words(&expected, stored_words.as_mut_ptr());
+                copy_to_shared(&expected, stored_default.as_mut_ptr());
+            }
+            assert_eq!(stored_words, source, "{bytes} bytes stored");
+            assert_eq!(stored_default, source, "{bytes} bytes stored");
+        }
     }
 
     #[test]

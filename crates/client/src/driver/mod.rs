@@ -322,12 +322,13 @@ impl Client {
                     PageOp::Read { page, .. } => Submit::Read { page: *page },
                     PageOp::Probe { probe } => Submit::Probe { probe: *probe },
                 };
-                if self.in_flight_limit > 1 {
-                    // The next op may start at once: over shared memory its lines load meanwhile.
-                    if let Some(PageOp::Read { page, .. }) = batch.0.get(next + 1) {
-                        self.engine.prefetch_read(*page);
-                    }
-                }
+                // The next op may start at once: over shared memory its lines load while this
+                // one is checksummed.
+                let next_read = match batch.0.get(next + 1) {
+                    Some(PageOp::Read { page, .. }) if self.in_flight_limit > 1 => Some(*page),
+                    _ => None,
+                };
+                self.engine.hint_next_read(next_read);
                 if !self.engine.submit(Instant::now(), next, submit, &mut batch) {
                     break;
                 }

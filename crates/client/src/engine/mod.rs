@@ -390,6 +390,9 @@ pub struct Engine {
     /// exported. Empty unless shared memory is in use.
     shm: Vec<Option<ShmSlab>>,
     shm_in_use: bool,
+    /// The page the caller will read next, if it said so: its shared-memory lines are
+    /// prefetched while the current read is checksummed (`hint_next_read`).
+    next_read: Option<u64>,
     /// (range, split) of slabs rebuilt on a node with a Unix socket, to export between batches.
     pending_exports: Vec<(usize, usize)>,
     /// Per range: page operations started on it, ever (what `SlabActivity` answers).
@@ -434,6 +437,7 @@ impl Engine {
             placement,
             shm: Vec::new(),
             shm_in_use: false,
+            next_read: None,
             pending_exports: Vec::new(),
             range_accesses: Vec::new(),
             previous_slabs: Vec::new(),

@@ -65,10 +65,16 @@ impl Engine {
         }
     }
 
-    /// Starts loading the data splits of page `page` from shared memory, for a read the caller
-    /// will submit next: with more than one op allowed in flight, the next op's cache misses
-    /// overlap this one's work.
-    pub fn prefetch_read(&self, page: u64) {
+    /// Names the page the caller will read right after the op it submits next (None: unknown
+    /// or not a read). A read served from shared memory starts loading that page's lines once
+    /// its own copies are done, so their cache misses overlap its checksums and bookkeeping
+    /// instead of competing with its own misses.
+    pub fn hint_next_read(&mut self, page: Option<u64>) {
+        self.next_read = page;
+    }
+
+    /// Starts loading the data splits of page `page` from shared memory.
+    fn prefetch_read(&self, page: u64) {
         if !self.shm_in_use {
             return;
         }
@@ -109,6 +115,9 @@ impl Engine {
                 return false;
             }
             (nodes[split], metas[split]) = (mapping.node, meta);
+        }
+        if let Some(next) = self.next_read.take() {
+            self.prefetch_read(next);
         }
         // The k copies checksummed together, four chains at a time: one by one, the CRCs were
         // a quarter of an EC(8,2) read.
