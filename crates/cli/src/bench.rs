@@ -439,18 +439,10 @@ const MEMCPY_FLOOR: &str = "floor: memcpy 4KiB";
 fn run_memcpy(rng: &mut StdRng, size: u64, page_bytes: usize, count: usize) -> (Samples, Duration) {
     let pages = (size as usize / page_bytes).max(1);
     let source: Vec<u8> = (0..pages * page_bytes).map(|byte| byte as u8).collect();
-    let mut target = vec![0u8; page_bytes];
-    let order = random_pages(rng, pages as u64, count);
-    let mut samples = Samples::with_capacity(count);
-    let started = Instant::now();
-    for page in order {
+    time_copies(random_pages(rng, pages as u64, count), page_bytes, |page, target| {
         let at = page as usize * page_bytes;
-        let op_started = Instant::now();
         target.copy_from_slice(std::hint::black_box(&source[at..at + page_bytes]));
-        std::hint::black_box(&mut target);
-        samples.push(op_started.elapsed());
-    }
-    (samples, started.elapsed())
+    })
 }
 
 const SCATTERED_FLOOR: &str = "floor: 8x512B scattered";
@@ -465,16 +457,26 @@ fn run_scattered(rng: &mut StdRng, size: u64, page_bytes: usize, count: usize) -
     let pages = (size as usize / page_bytes).max(1);
     let slabs: Vec<Vec<u8>> =
         (0..SPLITS).map(|slab| (0..pages * split_bytes).map(|byte| (byte + slab) as u8).collect()).collect();
-    let mut target = vec![0u8; page_bytes];
-    let order = random_pages(rng, pages as u64, count);
-    let mut samples = Samples::with_capacity(count);
-    let started = Instant::now();
-    for page in order {
+    time_copies(random_pages(rng, pages as u64, count), page_bytes, |page, target| {
         let at = page as usize * split_bytes;
-        let op_started = Instant::now();
         for (slab, split) in slabs.iter().zip(target.chunks_exact_mut(split_bytes)) {
             split.copy_from_slice(std::hint::black_box(&slab[at..at + split_bytes]));
         }
+    })
+}
+
+/// Runs `copy` for each page of `order` into one page-sized target, timing each call.
+fn time_copies(
+    order: Vec<u64>,
+    page_bytes: usize,
+    mut copy: impl FnMut(u64, &mut [u8]),
+) -> (Samples, Duration) {
+    let mut target = vec![0u8; page_bytes];
+    let mut samples = Samples::with_capacity(order.len());
+    let started = Instant::now();
+    for page in order {
+        let op_started = Instant::now();
+        copy(page, &mut target);
         std::hint::black_box(&mut target);
         samples.push(op_started.elapsed());
     }
