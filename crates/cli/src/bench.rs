@@ -191,6 +191,10 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
     let page_bytes = 4096;
     if let Some(delay_us) = args.straggler_us {
         let rows = run_straggler(&args, &nodes, &secret, delay_us)?;
+        // A bench that got here succeeded: its scratch cluster's directory goes with it.
+        if let Some(cluster) = own_cluster.as_mut() {
+            cluster.remove_dir_on_drop();
+        }
         drop(own_cluster);
         return Ok(BenchReport {
             nodes: nodes.len(),
@@ -273,6 +277,10 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
             );
         }
         client.release().context("releasing slabs")?;
+    }
+    // A bench that got here succeeded: its scratch cluster's directory goes with it.
+    if let Some(cluster) = own_cluster.as_mut() {
+        cluster.remove_dir_on_drop();
     }
     drop(own_cluster);
     if args.transport == Transport::Shm {

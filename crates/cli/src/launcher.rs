@@ -74,6 +74,10 @@ pub struct LocalCluster {
     pub secret: Secret,
     secret_hex: String,
     children: Vec<Option<Child>>,
+    /// The cluster's directory, removed when the cluster is dropped (set by
+    /// [`LocalCluster::remove_dir_on_drop`]); unless the thread is panicking, so a failed test
+    /// keeps its nodes' logs.
+    remove_on_drop: Option<PathBuf>,
 }
 
 /// Where `remem up` puts its files unless told otherwise.
@@ -273,6 +277,7 @@ impl LocalCluster {
             secret,
             secret_hex,
             children: Vec::new(),
+            remove_on_drop: None,
         };
         for index in 0..options.nodes {
             let node = cluster.spawn_node(binary, options, index, None)?;
@@ -436,6 +441,12 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// Removes the cluster's directory (node logs, secret, cluster file) when the cluster is
+    /// dropped: for the scratch clusters of tests and benches, once they succeeded.
+    pub fn remove_dir_on_drop(&mut self) {
+        self.remove_on_drop = self.cluster_file_path.parent().map(Path::to_path_buf);
+    }
+
     /// SIGTERM to every node, SIGKILL to those still alive after `grace`, then reap.
     pub fn stop(&mut self, grace: Duration) {
         for child in self.children.iter().flatten() {
@@ -467,6 +478,11 @@ impl LocalCluster {
 impl Drop for LocalCluster {
     fn drop(&mut self) {
         self.stop(Duration::from_secs(3));
+        if let Some(dir) = self.remove_on_drop.take() {
+            if !std::thread::panicking() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
     }
 }
 

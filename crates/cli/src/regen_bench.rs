@@ -290,6 +290,7 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
     }
     // The client first: its slabs are released while the nodes still run.
     drop(client);
+    cluster.remove_dir_on_drop();
     drop(cluster);
     let mib = args.slab_size as f64 / (1 << 20) as f64;
     Ok(RegenReport {

@@ -48,6 +48,15 @@ pub struct Target {
     pub dir: PathBuf,
 }
 
+impl Drop for Target {
+    /// A passed test leaves no directory behind; a failed one (panicking) keeps its logs.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
 impl Target {
     /// `remem kv --scheme SCHEME -m MEMORY_LIMIT ARGS` on a fresh cluster of [`NODES`] nodes.
     pub fn remem_kv(name: &str, scheme: &str, memory_limit: &str, args: &[&str]) -> Target {

@@ -17,7 +17,10 @@ pub const SLAB_BYTES: u64 = 1 << 20;
 pub fn start_cluster(suite: &str, name: &str, nodes: usize, unix_sockets: UnixSockets) -> LocalCluster {
     let options = cluster_options(suite, name, nodes, unix_sockets);
     let _ = std::fs::remove_dir_all(&options.dir);
-    LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_remem")), &options).expect("cluster starts")
+    let mut cluster =
+        LocalCluster::start(Path::new(env!("CARGO_BIN_EXE_remem")), &options).expect("cluster starts");
+    cluster.remove_dir_on_drop();
+    cluster
 }
 
 /// The options [`start_cluster`] uses, also for adding a node to its cluster.
