@@ -48,8 +48,8 @@ use crate::shared::Shared;
 use crate::slab::Slab;
 use remem_codec::{new_codec, split_buffer_mut, CodecParams, PageCodec, MAX_DATA_SPLITS};
 use remem_proto::{
-    judge_split, judge_split_crc, max_read_splits_count, newest_with_k, payload_crcs, split_checksum,
-    Control, ErrorCode, RegenerationSource, SplitMeta, SplitVerdict, SPLIT_META_BYTES,
+    judge_split, judge_split_crc, max_read_splits_count, newest_with_k, split_checksum, Control, ErrorCode,
+    RegenerationSource, SplitMeta, SplitVerdict, SPLIT_META_BYTES,
 };
 use sources::{fetch_batch, Batch, Claim, Source};
 use std::net::TcpStream;
@@ -403,7 +403,7 @@ fn rebuild(job: &mut Job) -> RegenerationReport {
             let claim = job.claim();
             let on_connect = |stream: &TcpStream| job.shared.regenerations.register_stream(job.id, stream);
             let span = Batch { first_slot, batch, end: pages, split_bytes };
-            let active = fetch_batch(&claim, &on_connect, &mut sources, job.params.data_splits, span);
+            let active = fetch_batch(&claim, &on_connect, &mut sources, job.params.data_splits, span, true);
             if active.len() < job.params.data_splits {
                 tracing::error!(
                     slab_id = job.request.slab_id,
@@ -464,18 +464,13 @@ fn rebuild_page(
     let page_number = job.slab.label().first_page + u64::from(slot);
     scratch.sound.clear();
     scratch.extra.clear();
-    // The batch's splits of this page, checksummed together (`payload_crcs`, up to four chains
-    // at once): one by one, the CRCs were over a quarter of a rebuild's time.
-    let mut payloads: [&[u8]; MAX_DATA_SPLITS] = [&[]; MAX_DATA_SPLITS];
-    let mut metas = [None; MAX_DATA_SPLITS];
-    let mut crcs = [0u32; MAX_DATA_SPLITS];
+    // The batch's splits of this page, checksummed when their batch was read
+    // (`Source::checksum_entries`).
     let active = &active[..active.len().min(MAX_DATA_SPLITS)];
-    for ((payload, meta), &position) in payloads.iter_mut().zip(&mut metas).zip(active) {
-        (*meta, *payload) = sources[position].entry(index as usize, split_bytes);
-    }
-    payload_crcs(&payloads[..active.len()], &mut crcs);
-    for ((&position, crc), meta) in active.iter().zip(crcs).zip(metas) {
+    for &position in active {
         let source = &sources[position];
+        let meta = source.entry(index as usize, split_bytes).0;
+        let crc = source.crc(index as usize);
         let verdict = match meta {
             Some(meta) => judge_split_crc(crc, meta, page_number, source.split_index),
             None => SplitVerdict::Corrupt,

@@ -11,7 +11,7 @@
 use remem_proto::auth::Secret;
 use remem_proto::blocking::{self, FrameError, HandshakeError};
 use remem_proto::{
-    max_read_splits_count, read_splits_reply_body_len, Control, ErrorCode, Kind, SplitMeta,
+    max_read_splits_count, payload_crcs, read_splits_reply_body_len, Control, ErrorCode, Kind, SplitMeta,
     READ_SPLITS_COUNT_BYTES, SPLIT_META_BYTES,
 };
 use std::collections::VecDeque;
@@ -65,6 +65,10 @@ pub struct Source {
     /// The last `ReadSplitsReply` body, and the batch it holds.
     body: Vec<u8>,
     batch_first_slot: Option<u32>,
+    /// CRC-32C of each payload of the buffered batch, and the batch they belong to
+    /// (`checksum_entries`).
+    crcs: Vec<u32>,
+    crcs_first_slot: Option<u32>,
     next_request_id: u64,
     /// Batches asked and not yet read, in order: (request id, first slot, count).
     in_flight: VecDeque<(u64, u32, u32)>,
@@ -84,6 +88,8 @@ impl Source {
             failed: false,
             body: Vec::new(),
             batch_first_slot: None,
+            crcs: Vec::new(),
+            crcs_first_slot: None,
             next_request_id: 2,
             in_flight: VecDeque::with_capacity(PIPELINE_DEPTH as usize),
             next_ask: 0,
@@ -169,6 +175,42 @@ impl Source {
         Ok(())
     }
 
+    /// Checksums every payload of the buffered batch, four chains at a time, right after it was
+    /// read: its 135 KB are still in this core's cache then, while by the time the rebuild
+    /// reaches a page the other k-1 sources' replies have been read over them (checksumming
+    /// page by page, across the k bodies, spent over half the rebuild thread in the CRC loop).
+    /// Does nothing if this batch is already checksummed.
+    pub fn checksum_entries(&mut self, split_bytes: usize) {
+        if self.batch_first_slot.is_none() || self.crcs_first_slot == self.batch_first_slot {
+            return;
+        }
+        let entry_bytes = SPLIT_META_BYTES + split_bytes;
+        let count = self.body.len().saturating_sub(READ_SPLITS_COUNT_BYTES) / entry_bytes;
+        let (body, crcs) = (&self.body, &mut self.crcs);
+        crcs.clear();
+        crcs.resize(count, 0);
+        let payload = |index: usize| {
+            let at = READ_SPLITS_COUNT_BYTES + index * entry_bytes + SPLIT_META_BYTES;
+            &body[at..at + split_bytes]
+        };
+        for first in (0..count).step_by(4) {
+            let group = (count - first).min(4);
+            let mut payloads: [&[u8]; 4] = [&[]; 4];
+            for (offset, slot) in payloads[..group].iter_mut().enumerate() {
+                *slot = payload(first + offset);
+            }
+            payload_crcs(&payloads[..group], &mut crcs[first..first + group]);
+        }
+        self.crcs_first_slot = self.batch_first_slot;
+    }
+
+    /// CRC-32C of the payload of entry `index` of the buffered batch ([`Self::checksum_entries`]
+    /// must have run for it).
+    pub fn crc(&self, index: usize) -> u32 {
+        debug_assert_eq!(self.crcs_first_slot, self.batch_first_slot, "checksummed batch");
+        self.crcs[index]
+    }
+
     /// Metadata and payload of slot `first_slot + index` of the buffered batch. The metadata is
     /// `None` when its reserved bytes are not zero: such a split is corrupt, and must not pass
     /// for a slot never written.
@@ -252,6 +294,7 @@ pub fn fetch_batch(
     sources: &mut [Source],
     k: usize,
     batch: Batch,
+    checksum: bool,
 ) -> Vec<usize> {
     loop {
         // The first k sources that have not failed, connecting as needed.
@@ -280,8 +323,10 @@ pub fn fetch_batch(
             if source.failed {
                 continue;
             }
-            if let Err(error) = source.receive(batch.first_slot, batch.split_bytes) {
-                source.fail(&error);
+            match source.receive(batch.first_slot, batch.split_bytes) {
+                Ok(()) if checksum => source.checksum_entries(batch.split_bytes as usize),
+                Ok(()) => {}
+                Err(error) => source.fail(&error),
             }
         }
         let holding: Vec<usize> =
@@ -330,7 +375,8 @@ pub fn read_floor(
     while first_slot < pages {
         let count = batch.min(pages - first_slot);
         let span = Batch { first_slot, batch, end: pages, split_bytes };
-        let holding = fetch_batch(&claim, &|_| {}, &mut sources[..k], k, span);
+        // No checksums: the floor does nothing with the bytes.
+        let holding = fetch_batch(&claim, &|_| {}, &mut sources[..k], k, span, false);
         if holding.len() < k {
             let failed = sources.iter().find(|source| source.failed);
             let why = failed.map(|source| {
