@@ -426,22 +426,24 @@ impl ActivityAnswers {
     }
 }
 
-/// Asks the owner of every sampled slab, on the connection it volunteered, how active the slab
-/// is, waits up to [`OWNER_ANSWER_WAIT`], and raises each answered slab's activity to what its
-/// owner reports since its previous answer. The node's own count stays where the owner says
+/// Asks the owner of every sampled slab, on every connection it volunteered (one per engine when
+/// a client runs several under one identity; an engine that does not hold the slab answers 0),
+/// how active the slab is, waits up to [`OWNER_ANSWER_WAIT`], and raises each answered slab's
+/// activity to what its owner reports (the highest answer) since its previous answer. The node's own count stays where the owner says
 /// less (a TCP slab's requests are seen here anyway); for an exported slab, whose accesses the
 /// node cannot see (`u64::MAX` = unknown), the owner's figure replaces it.
 fn ask_owners(shared: &Shared, sample: &mut [SlabActivity], wait: Duration) {
     let mut asked: Vec<(usize, u64)> = Vec::with_capacity(sample.len());
     for (index, slab) in sample.iter().enumerate() {
-        let Some(peer) = shared.peers.activity_peer(slab.owner_client_id) else { continue };
-        let request_id = shared.activity_answers.ask(slab.owner_client_id, slab.slab_id);
-        let mut frame = Vec::with_capacity(remem_proto::HEADER_BYTES + 4);
-        Control::SlabActivityQuery { slab_id: slab.slab_id }.encode(request_id, &mut frame);
-        if peer.send_frames(&frame) {
-            asked.push((index, request_id));
-        } else {
-            shared.activity_answers.take(request_id);
+        for peer in shared.peers.activity_peers(slab.owner_client_id) {
+            let request_id = shared.activity_answers.ask(slab.owner_client_id, slab.slab_id);
+            let mut frame = Vec::with_capacity(remem_proto::HEADER_BYTES + 4);
+            Control::SlabActivityQuery { slab_id: slab.slab_id }.encode(request_id, &mut frame);
+            if peer.send_frames(&frame) {
+                asked.push((index, request_id));
+            } else {
+                shared.activity_answers.take(request_id);
+            }
         }
     }
     if asked.is_empty() {
@@ -452,8 +454,14 @@ fn ask_owners(shared: &Shared, sample: &mut [SlabActivity], wait: Duration) {
     while !shared.activity_answers.answered(&ids) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
     }
+    let mut totals: Vec<Option<u64>> = vec![None; sample.len()];
     for (index, request_id) in asked {
-        let Some(total) = shared.activity_answers.take(request_id) else { continue };
+        if let Some(total) = shared.activity_answers.take(request_id) {
+            totals[index] = Some(totals[index].map_or(total, |other| other.max(total)));
+        }
+    }
+    for (index, total) in totals.into_iter().enumerate() {
+        let Some(total) = total else { continue };
         let Ok(slab) = shared.table.get_any(sample[index].slab_id) else { continue };
         let reported = slab.owner_accesses_since_last(total);
         let seen = &mut sample[index].requests;

@@ -131,11 +131,17 @@ impl Peers {
     }
 
     /// The connection of `client_id` that answers activity queries, if it has one open.
-    pub fn activity_peer(&self, client_id: u64) -> Option<Arc<Peer>> {
+    /// Every connection of `client_id` that volunteered for `SlabActivityQuery`. A client may
+    /// run several engines under one identity (`remem nbd --engines`), each on its own
+    /// connections and knowing only its own slabs, so all of them are asked.
+    pub fn activity_peers(&self, client_id: u64) -> Vec<Arc<Peer>> {
         self.lock()
             .values()
-            .find(|peer| peer.client_id() == Some(client_id) && peer.answers_activity.load(Ordering::Relaxed))
+            .filter(|peer| {
+                peer.client_id() == Some(client_id) && peer.answers_activity.load(Ordering::Relaxed)
+            })
             .cloned()
+            .collect()
     }
 
     /// Removes and returns every connection (for shutdown).

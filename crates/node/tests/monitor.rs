@@ -275,7 +275,40 @@ fn below_headroom_the_pool_goes_first_then_the_least_active_slabs_are_evicted_an
 /// ones go. Only the connection that volunteered (`AnswerActivity`) is asked.
 #[test]
 fn owners_are_asked_and_a_slab_they_report_busy_is_kept() {
-    let host = FakeHost::new("ask");
+    owners_are_asked(false);
+}
+
+/// The same with a second volunteering connection of the owner that answers 0 to every
+/// question (another engine of `remem nbd --engines`, which does not hold these slabs): both are
+/// asked, the highest answer counts, and the busy slab is still kept.
+#[test]
+fn every_volunteering_connection_of_an_owner_is_asked_and_the_busiest_answer_counts() {
+    owners_are_asked(true);
+}
+
+/// Answers every `SlabActivityQuery` on `client`'s connection with 0 until `stop`; returns the
+/// slabs it was asked about.
+fn answer_zero(mut client: Client, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<u32>> {
+    std::thread::spawn(move || {
+        client.stream.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        let mut asked = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+            match blocking::read_control(&mut client.stream, &mut client.body) {
+                Ok((header, Control::SlabActivityQuery { slab_id })) => {
+                    asked.push(slab_id);
+                    let answer = Control::SlabActivity { slab_id, accesses: 0 };
+                    blocking::write_control(&mut client.stream, header.request_id, &answer).unwrap();
+                }
+                Ok(_) | Err(_) => continue, // eviction notices, timeouts
+            }
+        }
+        asked
+    })
+}
+
+fn owners_are_asked(blind_volunteer: bool) {
+    let host = FakeHost::new(if blind_volunteer { "ask-blind" } else { "ask" });
     host.set_meminfo(1024, 900);
     let node = MonitoredNode::start(&host.root, 16 * footprint(), Duration::from_millis(1000));
     wait_until("the pool holds 2 slabs", || node.handle.pooled_slabs() == 2);
@@ -294,6 +327,11 @@ fn owners_are_asked_and_a_slab_they_report_busy_is_kept() {
     wait_until("the pool refills", || node.handle.pooled_slabs() == 2);
 
     let stop = Arc::new(AtomicBool::new(false));
+    let blind = blind_volunteer.then(|| {
+        let mut blind = node.client(1);
+        assert_eq!(blind.call(&Control::AnswerActivity), Control::Ok);
+        answer_zero(blind, Arc::clone(&stop))
+    });
     let answerer = {
         let stop = Arc::clone(&stop);
         std::thread::spawn(move || {
@@ -335,6 +373,12 @@ fn owners_are_asked_and_a_slab_they_report_busy_is_kept() {
     let mut owned = vec![busy_slab, idle_slab];
     owned.sort_unstable();
     assert_eq!(asked, owned, "the owner was asked about each of its sampled slabs");
+    if let Some(blind) = blind {
+        let mut blind_asked = blind.join().expect("the blind volunteer failed");
+        blind_asked.sort_unstable();
+        blind_asked.dedup();
+        assert_eq!(blind_asked, owned, "the second volunteer was asked too");
+    }
     assert!(!evicted.contains(&busy_slab), "the slab its owner reports busy is kept: {evicted:?}");
     // Two of the three idle slabs (the owner's idle one, the silent client's two) went, ties
     // broken at random; the busy one stays readable. Fresh connections: the old ones may hold
