@@ -162,6 +162,11 @@ pub fn split_checksum(payload: &[u8], version: u8, page: u64, split_index: u8) -
 /// [`split_checksum`] from `crc32c(payload)` computed beforehand (several at once:
 /// [`crate::payload_crcs`]).
 pub fn finish_split_checksum(payload_crc: u32, version: u8, page: u64, split_index: u8) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("sse4.2") {
+        // SAFETY: the CPU has SSE4.2, checked just above.
+        return unsafe { crate::checksums::append_trailer(payload_crc, version, page, split_index) };
+    }
     let mut trailer = [0u8; 10];
     trailer[0] = version;
     trailer[1..9].copy_from_slice(&page.to_le_bytes());
