@@ -143,19 +143,7 @@ pub fn print_table(report: &AppReport) {
 
 /// Throughput ratio against local memory %, one line per backend, failure runs as points.
 pub fn plot_throughput(path: &Path, report: &AppReport) -> Result<()> {
-    let mut series: Vec<PointSeries> = Vec::new();
-    for run in &report.runs {
-        let name =
-            if run.failure_run { format!("{}, a node SIGKILLed", run.backend) } else { run.backend.clone() };
-        let point = (run.local_percent, run.throughput_ratio);
-        match series.iter_mut().find(|line| line.name == name) {
-            Some(line) => line.points.push(point),
-            None => series.push(PointSeries { name, points: vec![point], joined: !run.failure_run }),
-        }
-    }
-    for line in &mut series {
-        line.points.sort_by(|a, b| a.0.total_cmp(&b.0));
-    }
+    let series = throughput_series(report);
     let x_min = report.runs.iter().map(|run| run.local_percent).fold(100.0, f64::min);
     points_plot(
         path,
@@ -165,6 +153,32 @@ pub fn plot_throughput(path: &Path, report: &AppReport) -> Result<()> {
         1.0,
         &series,
     )
+}
+
+/// The plot's series: a joined line per backend, the failure runs as points, and the runs that
+/// measured nothing apart.
+fn throughput_series(report: &AppReport) -> Vec<PointSeries> {
+    let mut series: Vec<PointSeries> = Vec::new();
+    for run in &report.runs {
+        // A run that was not verified (the OOM killer stopped it) measured nothing: it gets its
+        // own unjoined series at 0 whose name says so, and the backend's line skips it.
+        let (name, joined) = if !run.verified {
+            (format!("{}: stopped, not measured", run.backend), false)
+        } else if run.failure_run {
+            (format!("{}, a node SIGKILLed", run.backend), false)
+        } else {
+            (run.backend.clone(), true)
+        };
+        let point = (run.local_percent, if run.verified { run.throughput_ratio } else { 0.0 });
+        match series.iter_mut().find(|line| line.name == name) {
+            Some(line) => line.points.push(point),
+            None => series.push(PointSeries { name, points: vec![point], joined }),
+        }
+    }
+    for line in &mut series {
+        line.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    series
 }
 
 /// A run's swap request split below the loop device: the kernel's part (loop worker, FUSE
@@ -199,4 +213,66 @@ fn fault_path_line(device: &SwapDevice) -> Option<String> {
     .flatten()
     .collect();
     (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apps_bench::AppRun;
+
+    fn run(backend: &str, local_percent: f64, ratio: f64, failure_run: bool, verified: bool) -> AppRun {
+        AppRun {
+            backend: backend.to_owned(),
+            local_percent,
+            limit_bytes: 1 << 20,
+            failure_run,
+            node_killed_after_seconds: None,
+            peak_bytes: None,
+            wall_seconds: 1.0,
+            timed_seconds: 1.0,
+            ops_per_second: 1.0,
+            throughput_ratio: ratio,
+            latency_p50_us: None,
+            latency_p99_us: None,
+            p50_ratio: None,
+            p99_ratio: None,
+            swap_in_pages: 0,
+            swap_out_pages: 0,
+            exit_code: if verified { 0 } else { 137 },
+            verified,
+            problem: None,
+            swap_device: None,
+        }
+    }
+
+    /// An OOM-killed run is drawn apart, at 0, under a name that says it measured nothing; the
+    /// backend's line joins only the runs that measured something.
+    #[test]
+    fn a_run_that_measured_nothing_is_not_on_its_backends_line() {
+        let report = AppReport {
+            application: "test".to_owned(),
+            description: String::new(),
+            throughput_unit: "ops/s".to_owned(),
+            baseline_peak_bytes: 1 << 20,
+            baseline_wall_seconds: 1.0,
+            baseline_ops_per_second: 1.0,
+            baseline_latency_p50_us: None,
+            baseline_latency_p99_us: None,
+            baseline_result: String::new(),
+            runs: vec![
+                run("remem ec", 100.0, 1.0, false, true),
+                run("remem ec", 50.0, 0.0, false, false),
+                run("remem ec", 75.0, 0.7, false, true),
+                run("remem ec", 50.0, 0.3, true, true),
+            ],
+        };
+        let series = throughput_series(&report);
+        let find = |name: &str| series.iter().find(|line| line.name == name).expect(name);
+        assert_eq!(find("remem ec").points, vec![(75.0, 0.7), (100.0, 1.0)]);
+        assert!(find("remem ec").joined);
+        assert_eq!(find("remem ec: stopped, not measured").points, vec![(50.0, 0.0)]);
+        assert!(!find("remem ec: stopped, not measured").joined);
+        assert_eq!(find("remem ec, a node SIGKILLed").points, vec![(50.0, 0.3)]);
+        assert_eq!(series.len(), 3);
+    }
 }
