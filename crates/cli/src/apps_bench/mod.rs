@@ -254,6 +254,39 @@ pub struct AppRun {
     pub swap_device: Option<SwapDevice>,
 }
 
+impl AppRun {
+    /// A run of `backend` at `local_percent` that has measured nothing yet (not verified).
+    pub(crate) fn unmeasured(
+        backend: &str,
+        local_percent: f64,
+        limit_bytes: u64,
+        failure_run: bool,
+    ) -> AppRun {
+        AppRun {
+            backend: backend.to_owned(),
+            local_percent,
+            limit_bytes,
+            failure_run,
+            node_killed_after_seconds: None,
+            peak_bytes: None,
+            wall_seconds: 0.0,
+            timed_seconds: 0.0,
+            ops_per_second: 0.0,
+            throughput_ratio: 0.0,
+            latency_p50_us: None,
+            latency_p99_us: None,
+            p50_ratio: None,
+            p99_ratio: None,
+            swap_in_pages: 0,
+            swap_out_pages: 0,
+            exit_code: -1,
+            verified: false,
+            problem: None,
+            swap_device: None,
+        }
+    }
+}
+
 /// A swap device's requests during one run: where a fault's time goes below the kernel's
 /// swap code (for remem: loop -> FUSE -> `remem fs` -> engine -> nodes, all of it).
 #[derive(Debug, Clone, Serialize)]
@@ -526,28 +559,7 @@ fn app_run(
         (Some(value), Some(base)) if base > 0.0 => Some(value / base),
         _ => None,
     };
-    let mut run = AppRun {
-        backend: backend.name().to_owned(),
-        local_percent: percent,
-        limit_bytes,
-        failure_run: failure.is_some(),
-        node_killed_after_seconds: None,
-        peak_bytes: None,
-        wall_seconds: 0.0,
-        timed_seconds: 0.0,
-        ops_per_second: 0.0,
-        throughput_ratio: 0.0,
-        latency_p50_us: None,
-        latency_p99_us: None,
-        p50_ratio: None,
-        p99_ratio: None,
-        swap_in_pages: 0,
-        swap_out_pages: 0,
-        exit_code: -1,
-        verified: false,
-        problem: None,
-        swap_device: None,
-    };
+    let mut run = AppRun::unmeasured(backend.name(), percent, limit_bytes, failure.is_some());
     let measurement = match measured {
         Ok(measurement) => measurement,
         Err(error) => {

@@ -221,28 +221,10 @@ mod tests {
     use crate::apps_bench::AppRun;
 
     fn run(backend: &str, local_percent: f64, ratio: f64, failure_run: bool, verified: bool) -> AppRun {
-        AppRun {
-            backend: backend.to_owned(),
-            local_percent,
-            limit_bytes: 1 << 20,
-            failure_run,
-            node_killed_after_seconds: None,
-            peak_bytes: None,
-            wall_seconds: 1.0,
-            timed_seconds: 1.0,
-            ops_per_second: 1.0,
-            throughput_ratio: ratio,
-            latency_p50_us: None,
-            latency_p99_us: None,
-            p50_ratio: None,
-            p99_ratio: None,
-            swap_in_pages: 0,
-            swap_out_pages: 0,
-            exit_code: if verified { 0 } else { 137 },
-            verified,
-            problem: None,
-            swap_device: None,
-        }
+        let mut run = AppRun::unmeasured(backend, local_percent, 1 << 20, failure_run);
+        (run.throughput_ratio, run.verified, run.exit_code) =
+            (ratio, verified, if verified { 0 } else { 137 });
+        run
     }
 
     /// An OOM-killed run is drawn apart, at 0, under a name that says it measured nothing; the
