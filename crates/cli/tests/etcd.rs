@@ -21,11 +21,8 @@ fn binary() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_remem"))
 }
 
-fn test_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("remem-etcd-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("test directory");
-    dir
+fn test_dir(name: &str) -> common::ScratchDir {
+    common::ScratchDir::new(&format!("etcd-{name}"))
 }
 
 /// etcd, its secret and `count` nodes registered in it (checked with etcdctl).

@@ -134,19 +134,17 @@ impl Drop for FsMount {
     }
 }
 
-fn test_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("remem-fs-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("test directory");
-    dir
+fn test_dir(name: &str) -> common::ScratchDir {
+    common::ScratchDir::new(&format!("fs-{name}"))
 }
 
 /// A cluster of ten nodes (1 MiB slabs, 16 each: 128 MiB of EC(8,2) data) and a mount on it.
-fn setup(name: &str, size: &str) -> (LocalCluster, FsMount, PathBuf) {
+/// (directory, cluster, mount): bound in this order, they drop mount first, directory last.
+fn setup(name: &str, size: &str) -> (common::ScratchDir, LocalCluster, FsMount) {
     let dir = test_dir(name);
     let cluster = common::start_cluster("fs", name, 10, UnixSockets::None);
     let mount = FsMount::start(&cluster, &dir, size);
-    (cluster, mount, dir)
+    (dir, cluster, mount)
 }
 
 fn pattern(offset: u64, len: usize, seed: u64) -> Vec<u8> {
@@ -155,7 +153,7 @@ fn pattern(offset: u64, len: usize, seed: u64) -> Vec<u8> {
 
 #[test]
 fn fio_crc32c_verify_passes_buffered_and_direct() {
-    let (_cluster, mount, _dir) = setup("fio", "96MiB");
+    let (_dir, _cluster, mount) = setup("fio", "96MiB");
     let directory = mount.mountpoint.to_str().expect("utf-8 path").to_owned();
     for (name, direct) in [("buffered", "0"), ("direct", "1")] {
         let output = run_ok(
@@ -181,7 +179,7 @@ fn fio_crc32c_verify_passes_buffered_and_direct() {
 
 #[test]
 fn tar_of_the_source_tree_comes_back_byte_for_byte() {
-    let (_cluster, mount, dir) = setup("tar", "64MiB");
+    let (dir, _cluster, mount) = setup("tar", "64MiB");
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("crates/");
     let archive = dir.join("in.tar");
     let source_arg = source.to_str().expect("utf-8 path");
@@ -207,7 +205,7 @@ fn tar_of_the_source_tree_comes_back_byte_for_byte() {
 
 #[test]
 fn sqlite3_databases_pass_integrity_check_in_rollback_and_wal_modes() {
-    let (_cluster, mount, _dir) = setup("sqlite", "64MiB");
+    let (_dir, _cluster, mount) = setup("sqlite", "64MiB");
     for mode in ["delete", "wal"] {
         let database = mount.path(&format!("{mode}.sqlite"));
         let script = format!(
@@ -238,7 +236,7 @@ fn fallocate(file: &std::fs::File, mode: i32, offset: u64, len: u64) -> std::io:
 
 #[test]
 fn sparse_files_truncate_fallocate_and_direct_io_behave_like_a_local_file_system() {
-    let (_cluster, mount, _dir) = setup("sparse", "32MiB");
+    let (_dir, _cluster, mount) = setup("sparse", "32MiB");
     let free_before = statfs_free_bytes(&mount.mountpoint);
     // A 1 TiB file holds only the pages written.
     let mut file = std::fs::OpenOptions::new()
@@ -329,7 +327,7 @@ fn statfs_free_bytes(path: &Path) -> u64 {
 
 #[test]
 fn rename_unlink_mkdir_and_rmdir_follow_posix() {
-    let (_cluster, mount, _dir) = setup("names", "16MiB");
+    let (_dir, _cluster, mount) = setup("names", "16MiB");
     let errno = |result: std::io::Result<()>| result.expect_err("must fail").raw_os_error();
     std::fs::create_dir(mount.path("a")).expect("mkdir a");
     assert_eq!(errno(std::fs::create_dir(mount.path("a"))), Some(libc::EEXIST));
@@ -374,7 +372,7 @@ fn rename_unlink_mkdir_and_rmdir_follow_posix() {
 
 #[test]
 fn two_nodes_sigkilled_while_writing_lose_no_byte_and_a_third_gives_eio_k8_r2() {
-    let (mut cluster, mount, _dir) = setup("kill", "64MiB");
+    let (_dir, mut cluster, mount) = setup("kill", "64MiB");
     const CHUNK: usize = 256 << 10;
     const CHUNKS: u64 = 96;
     let path = mount.path("data");
@@ -666,7 +664,7 @@ fn a_torn_journal_tail_is_recovered_and_a_corrupt_middle_is_refused() {
 /// with no spare); after that two more nodes can die and every byte still reads back.
 #[test]
 fn a_node_added_to_the_cluster_file_joins_and_takes_the_rebuilt_slabs() {
-    let (mut cluster, mount, _dir) = setup("follow", "32MiB");
+    let (_dir, mut cluster, mount) = setup("follow", "32MiB");
     let path = mount.path("data");
     let data = pattern(0, 32 << 20, 11);
     std::fs::write(&path, &data).expect("write 32 MiB");

@@ -7,7 +7,7 @@
 #[allow(dead_code)] // the shared helpers this suite does not use
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -18,11 +18,8 @@ fn binary() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_remem"))
 }
 
-fn test_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("remem-leases-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("test directory");
-    dir
+fn test_dir(name: &str) -> common::ScratchDir {
+    common::ScratchDir::new(&format!("leases-{name}"))
 }
 
 /// Ten nodes with room for 8 slabs of 1 MiB each (and their metadata, not a ninth), so an

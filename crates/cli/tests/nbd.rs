@@ -20,11 +20,8 @@ fn binary() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_remem"))
 }
 
-fn test_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("remem-nbd-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("test directory");
-    dir
+fn test_dir(name: &str) -> common::ScratchDir {
+    common::ScratchDir::new(&format!("nbd-{name}"))
 }
 
 /// Ten nodes of 4 MiB slabs (an EC(8,2) range is 8192 pages, 32 MiB), up to 256 MiB each

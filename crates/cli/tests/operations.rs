@@ -23,11 +23,8 @@ fn repository_file(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(relative)
 }
 
-fn fresh_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("remem-operations-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("test directory");
-    dir
+fn fresh_dir(name: &str) -> common::ScratchDir {
+    common::ScratchDir::new(&format!("operations-{name}"))
 }
 
 /// A secret file of mode 0600 in `dir`, as a node accepts it.

@@ -3,7 +3,7 @@
 //! every byte read back.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use remem::launcher::{ClusterOptions, LocalCluster, UnixSockets};
 use remem::pattern;
@@ -35,6 +35,43 @@ pub fn cluster_options(suite: &str, name: &str, nodes: usize, unix_sockets: Unix
         fault_injection: true,
         monitor_args: None,
         unix_sockets,
+    }
+}
+
+/// A fresh directory for one test, `remem-NAME-PID` under the system's temporary directory,
+/// removed when dropped unless the test is failing (panicking), so a failed test keeps its
+/// logs. Declare it before what writes into it: locals drop in reverse order.
+pub struct ScratchDir(PathBuf);
+
+#[allow(dead_code)] // not every test crate that includes this module makes one
+impl ScratchDir {
+    pub fn new(name: &str) -> ScratchDir {
+        let dir = std::env::temp_dir().join(format!("remem-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("test directory");
+        ScratchDir(dir)
+    }
+}
+
+impl std::ops::Deref for ScratchDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for ScratchDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 }
 
