@@ -34,7 +34,9 @@ fn start_cluster(name: &str, nodes: usize, slab_size_bytes: u64) -> LocalCluster
         monitor_args: None,
         unix_sockets: remem::launcher::UnixSockets::All,
     };
-    LocalCluster::start(binary(), &options).expect("cluster starts")
+    let mut cluster = LocalCluster::start(binary(), &options).expect("cluster starts");
+    cluster.remove_dir_on_drop();
+    cluster
 }
 
 fn connect(cluster: &LocalCluster, shape: Shape, bytes: u64) -> Client {

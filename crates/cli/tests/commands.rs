@@ -18,6 +18,7 @@ fn demo_writes_and_verifies_every_page() {
     assert!(stdout.contains("every one of 4096 pages read back and verified: 0 mismatches"), "{stdout}");
     assert!(stdout.contains("node memory:"), "{stdout}");
     assert!(stdout.contains("cluster stopped"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -95,6 +96,7 @@ fn bench_pages_reports_every_scheme_floor_and_ratio() {
     assert!((memory - expected).abs() < 1e-6, "memory ratio {memory}, expected {expected}");
     let png = std::fs::read(&plot).expect("plot written");
     assert_eq!(&png[1..4], b"PNG");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -148,6 +150,7 @@ fn up_starts_a_cluster_idles_with_stdin_closed_and_stops_it_on_sigterm() {
         assert!(unsafe { libc::kill(pid, 0) } != 0, "node {pid} outlived remem up");
     }
     assert!(!cluster_file.exists(), "cluster file removed on stop");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
