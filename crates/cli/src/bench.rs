@@ -65,8 +65,9 @@ pub struct BenchArgs {
     #[arg(long = "spin", value_name = "MICROSECONDS", default_value_t = 0)]
     pub spin_us: u64,
     /// `tcp`, or `shm`: every node on this host is reached over its Unix socket and its slabs
-    /// are read and written as shared memory (docs/SHM.md); the floor is then a plain 4 KiB
-    /// memcpy instead of socket round trips.
+    /// are read and written as shared memory (docs/SHM.md); the floors are then plain copies
+    /// instead of socket round trips: one 4 KiB page, and a page gathered from 8 scattered
+    /// 512-byte splits (what the memory system alone charges for EC's pattern).
     #[arg(long, value_enum, default_value_t = Transport::Tcp)]
     pub transport: Transport,
 }

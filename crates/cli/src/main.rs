@@ -97,7 +97,8 @@ enum BenchCommand {
     /// (remem-isal-baseline, a separate binary of this workspace).
     Codec(CodecArgs),
     /// Rebuild one slab of a full EC(8,2) range on a spare node (after an eviction) with reads
-    /// served and checked throughout; prints the rebuild's MiB/s. Starts its own 11 nodes.
+    /// served and checked throughout; prints the rebuild's MiB/s beside its floor (the sources
+    /// read the same way, not decoded) and the CPU seconds each spent. Starts its own 11 nodes.
     Regen(remem::regen_bench::RegenArgs),
     /// `remem kv` beside Debian's memcached, driven by the memcached text protocol from
     /// outside: GET/SET latency and ops/s per scheme and value size with 1 and 32 connections
