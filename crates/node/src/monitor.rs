@@ -429,9 +429,10 @@ impl ActivityAnswers {
 /// Asks the owner of every sampled slab, on every connection it volunteered (one per engine when
 /// a client runs several under one identity; an engine that does not hold the slab answers 0),
 /// how active the slab is, waits up to [`OWNER_ANSWER_WAIT`], and raises each answered slab's
-/// activity to what its owner reports (the highest answer) since its previous answer. The node's own count stays where the owner says
-/// less (a TCP slab's requests are seen here anyway); for an exported slab, whose accesses the
-/// node cannot see (`u64::MAX` = unknown), the owner's figure replaces it.
+/// activity to what its owner reports (the highest answer) since its previous answer. The
+/// node's own count stays where the owner says less (a TCP slab's requests are seen here
+/// anyway); for an exported slab, whose accesses the node cannot see (`u64::MAX` = unknown), the
+/// owner's figure replaces it.
 fn ask_owners(shared: &Shared, sample: &mut [SlabActivity], wait: Duration) {
     let mut asked: Vec<(usize, u64)> = Vec::with_capacity(sample.len());
     for (index, slab) in sample.iter().enumerate() {

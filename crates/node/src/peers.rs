@@ -130,7 +130,6 @@ impl Peers {
             .collect()
     }
 
-    /// The connection of `client_id` that answers activity queries, if it has one open.
     /// Every connection of `client_id` that volunteered for `SlabActivityQuery`. A client may
     /// run several engines under one identity (`remem nbd --engines`), each on its own
     /// connections and knowing only its own slabs, so all of them are asked.
