@@ -113,6 +113,10 @@ pub struct Fetch {
     pub error: Option<String>,
     pub waiters: Vec<Waiter>,
     pub shared: bool,
+    /// An EOR value read again from its data splits: its main copy's bytes did not match the
+    /// restored record (a main copy on a replaced node reads as a never-written page after a
+    /// restart, since the client that knew it lost lived in the previous process).
+    pub from_data_splits: bool,
 }
 
 #[derive(Debug)]
@@ -325,6 +329,7 @@ impl Cache {
             error: None,
             waiters: vec![waiter],
             shared: self.config.bypass,
+            from_data_splits: false,
         };
         let mut reads = Vec::new();
         for (index, &page) in extent.pages.iter().enumerate() {
@@ -387,6 +392,9 @@ impl Cache {
                 if scheme == Scheme::Eor && index != TAIL {
                     self.repair_eor_page(page, part, done.slot);
                 }
+                if scheme == Scheme::Eor && index == TAIL && part & FALLBACK != 0 {
+                    self.repair_eor_chunk_page(location_id, done.slot);
+                }
                 let Some(Task::Fetch(fetch)) = self.tasks.get_mut(&task) else { return };
                 let extent = &self.index.location(location_id).extent;
                 let bytes = self.io.buffer(done.slot);
@@ -437,8 +445,48 @@ impl Cache {
         }
     }
 
+    /// Reads every page of an EOR fetch again from the data splits (the main copy's bytes did
+    /// not match the value's restored record). Tails in the chunk cache are taken from there.
+    fn refetch_from_data_splits(&mut self, task: TaskId, mut fetch: Fetch) {
+        let extent = self.index.location(fetch.location).extent.clone();
+        let mut reads: Vec<(u64, u32)> =
+            extent.pages.iter().enumerate().map(|(index, &page)| (page, index as u32 | FALLBACK)).collect();
+        if let Some(chunk) = extent.tail {
+            let start = extent.pages.len() * PAGE_BYTES;
+            match self.chunks.bytes(chunk.page) {
+                Some(bytes) => {
+                    let len = fetch.value.len() - start;
+                    fetch.value[start..].copy_from_slice(&bytes[chunk.offset()..chunk.offset() + len]);
+                }
+                None => reads.push((chunk.page, TAIL | FALLBACK)),
+            }
+        }
+        fetch.from_data_splits = true;
+        fetch.outstanding = reads.len() as u32;
+        self.stats.bytes_read_remote += (reads.len() * PAGE_BYTES) as u64;
+        let outstanding = fetch.outstanding;
+        self.tasks.insert(task, Task::Fetch(fetch));
+        for (page, part) in reads {
+            self.io.read(&mut self.client, page, IoOwner { task, part });
+        }
+        if outstanding == 0 {
+            self.finish_fetch(task);
+        }
+    }
+
     fn finish_fetch(&mut self, task: TaskId) {
         let Some(Task::Fetch(fetch)) = self.tasks.remove(&task) else { return };
+        let place = self.index.location(fetch.location);
+        let mismatch = fetch.error.is_none()
+            && place.verify
+            && crate::durability::item_crc(&fetch.key, &fetch.value) != place.value_crc;
+        if mismatch && fetch.scheme == Scheme::Eor && !fetch.from_data_splits {
+            tracing::info!(
+                key = %String::from_utf8_lossy(&fetch.key),
+                "a restored EOR value's main copy does not match its record: reading its data splits"
+            );
+            return self.refetch_from_data_splits(task, fetch);
+        }
         if fetch.shared {
             self.fetch_of_location.remove(&fetch.location);
         }
@@ -447,9 +495,9 @@ impl Cache {
             Some(error) => Err(error),
         };
         let place = self.index.location(fetch.location);
-        if let (Ok(bytes), true) = (&value, place.verify) {
+        if let (Ok(_), true) = (&value, place.verify) {
             // The first read of a restored value: its bytes must be the ones its record names.
-            if crate::durability::item_crc(&fetch.key, bytes) == place.value_crc {
+            if !mismatch {
                 self.index.mark_verified(fetch.location);
             } else {
                 self.stats.restored_mismatches += 1;

@@ -120,20 +120,51 @@ impl ChunkCache {
         }
     }
 
-    /// The page was read (or could not be: its other chunks are lost anyway, and zeros stand
-    /// in). Applies the held patches; true when a write should start.
-    pub fn loaded(&mut self, page: u64, bytes: Option<&[u8]>) -> bool {
+    /// The page was read: applies the held patches; true when a write should start.
+    pub fn loaded(&mut self, page: u64, bytes: &[u8]) -> bool {
         let cached = self.pages.get_mut(&page).expect("a loading page is cached");
-        match bytes {
-            Some(bytes) => cached.data.copy_from_slice(bytes),
-            None => cached.data.fill(0),
-        }
+        cached.data.copy_from_slice(bytes);
         cached.loading = false;
         for patch in std::mem::take(&mut cached.held) {
             cached.data[patch.offset..patch.offset + patch.len]
                 .copy_from_slice(&patch.value[patch.start..patch.start + patch.len]);
         }
         !cached.next.is_empty() && cached.writing == 0
+    }
+
+    /// The page could not be read: it is never written from here (its other chunks may only be
+    /// out of reach, and zeros written over them would be served as their values). Forgets the
+    /// page and returns the patches that waited for it, to be placed elsewhere.
+    pub fn unreadable(&mut self, page: u64) -> Vec<Patch> {
+        let cached = self.pages.remove(&page).expect("a loading page is cached");
+        assert!(cached.loading && cached.writing == 0 && cached.current.is_empty());
+        self.by_task.remove(&cached.io_task);
+        self.open.retain(|_, open| *open != page);
+        debug_assert_eq!(cached.next.len(), cached.held.len());
+        cached.held
+    }
+
+    /// Caches a page that is not cached, with `bytes` read from remote memory, and starts a
+    /// write of one half of it (an EOR page's main copy written back): patches that arrive
+    /// meanwhile go out with the next write, as after any write.
+    pub fn repair(&mut self, page: u64, scheme: Scheme, class: u8, bytes: &[u8], io_task: TaskId) {
+        assert!(!self.pages.contains_key(&page), "a cached page is not read, so not repaired");
+        self.by_task.insert(io_task, page);
+        self.pages.insert(
+            page,
+            CachedPage {
+                data: bytes.into(),
+                scheme,
+                class,
+                io_task,
+                loading: false,
+                writing: 1,
+                write_error: None,
+                current: Vec::new(),
+                next: Vec::new(),
+                held: Vec::new(),
+            },
+        );
     }
 
     /// Starts a write: the waiting stores ride on it. Returns the bytes to write.
@@ -242,9 +273,24 @@ mod tests {
         assert!(cache.bytes(9).is_none());
         let mut remote = vec![7u8; PAGE_BYTES];
         remote[64] = 0;
-        assert!(cache.loaded(9, Some(&remote)));
+        assert!(cache.loaded(9, &remote));
         let bytes = cache.bytes(9).unwrap();
         assert_eq!((bytes[0], bytes[64], bytes[200]), (7, 5, 7));
+    }
+
+    #[test]
+    fn an_unreadable_page_hands_back_its_patches_and_is_never_written() {
+        let mut cache = ChunkCache::default();
+        let step = cache.patch(9, Scheme::Ec, 0, false, patch(64, 5, 1), || 500);
+        assert_eq!(step, PatchStep::Load { io_task: 500 });
+        assert_eq!(
+            cache.patch(9, Scheme::Ec, 0, false, patch(128, 6, 2), || unreachable!()),
+            PatchStep::Queued
+        );
+        let patches = cache.unreadable(9);
+        assert_eq!(patches.iter().map(|patch| patch.task).collect::<Vec<_>>(), vec![1, 2]);
+        assert!(cache.bytes(9).is_none() && cache.page_of_task(500).is_none());
+        assert_eq!(cache.cached_pages(), 0);
     }
 
     #[test]

@@ -156,6 +156,13 @@ impl Index {
         self.locations.get_mut(&id).expect("referenced location").scheme = scheme;
     }
 
+    /// A value's tail moved to another chunk before any byte of it was written there.
+    pub fn move_tail(&mut self, id: LocationId, chunk: crate::space::Chunk) {
+        let location = self.locations.get_mut(&id).expect("referenced location");
+        assert!(location.extent.tail.is_some(), "only a value with a tail moves its tail");
+        location.extent.tail = Some(chunk);
+    }
+
     pub fn retain(&mut self, id: LocationId) {
         self.locations.get_mut(&id).expect("referenced location").refs += 1;
     }

@@ -102,6 +102,7 @@ fn general(cache: &mut Cache, out: &mut Vec<u8>) {
     response::stat(out, "remem_lost_reads", stats.lost_reads);
     response::stat(out, "remem_read_repairs", stats.repairs);
     response::stat(out, "remem_failed_writes", stats.failed_writes);
+    response::stat(out, "remem_unreadable_chunk_pages", stats.unreadable_chunk_pages);
     response::stat(out, "remem_backup_records_written", stats.backup_records_written);
     response::stat(out, "remem_backup_failures", stats.backup_failures);
     response::stat(out, "remem_restored_mismatches", stats.restored_mismatches);
@@ -244,6 +245,12 @@ pub fn prometheus(cache: &mut Cache) -> String {
         &plain(stats.lost_reads),
     );
     metric("failed_writes_total", "counter", "Writes remote memory refused.", &plain(stats.failed_writes));
+    metric(
+        "unreadable_chunk_pages_total",
+        "counter",
+        "Chunk pages a set could not read to fill a free chunk (left as they were).",
+        &plain(stats.unreadable_chunk_pages),
+    );
     metric(
         "backup_records_written_total",
         "counter",

@@ -56,6 +56,9 @@ struct ChunkPage {
     scheme: Scheme,
     class: u8,
     used: u64,
+    /// A read of the page failed: its free slots are not handed out again (filling one would
+    /// mean writing the page without its other chunks) until its last chunk is freed.
+    unreadable: bool,
 }
 
 /// A small value's place: slot `slot` of class `class` in `page`.
@@ -226,6 +229,7 @@ impl Space {
                 Some(chunk_page)
                     if chunk_page.scheme == scheme
                         && chunk_page.class == class
+                        && !chunk_page.unreadable
                         && chunk_page.used.count_ones() < u32::from(slots_of(class)) =>
                 {
                     return true
@@ -247,7 +251,7 @@ impl Space {
             let kind = RegionKind::of(scheme) as usize;
             let page = self.regions[kind].as_mut()?.allocate()?;
             self.pages_in_use[kind] += 1;
-            self.chunk_pages.insert(page, ChunkPage { scheme, class, used: 0 });
+            self.chunk_pages.insert(page, ChunkPage { scheme, class, used: 0, unreadable: false });
             self.classes[index].partial.push(page);
             page
         };
@@ -260,6 +264,19 @@ impl Space {
             self.classes[index].partial.pop();
         }
         Some((Chunk { page, class, slot }, was_empty))
+    }
+
+    /// A chunk in a page other than `avoid` for a value whose tail was to go to `avoid` (a page
+    /// that could not be read); `avoid` takes no new chunk from now on. The bool: the new
+    /// chunk's page was empty. `None` when the region is full.
+    pub fn move_chunk(&mut self, scheme: Scheme, avoid: Chunk) -> Option<(Chunk, bool)> {
+        if let Some(page) = self.chunk_pages.get_mut(&avoid.page) {
+            page.unreadable = true;
+        }
+        let (chunk, fresh) = self.take_chunk(scheme, avoid.class)?;
+        debug_assert_ne!(chunk.page, avoid.page);
+        self.free_chunk(scheme, avoid);
+        Some((chunk, fresh))
     }
 
     /// Gives whole pages back to their region.
@@ -282,7 +299,7 @@ impl Space {
         if page.used == 0 {
             self.chunk_pages.remove(&chunk.page);
             self.free_pages(scheme, &[chunk.page]);
-        } else if was_full {
+        } else if was_full && !page.unreadable {
             self.classes[Self::class_index(scheme, chunk.class)].partial.push(chunk.page);
         }
     }
@@ -303,7 +320,7 @@ impl Space {
         if let Some(chunk) = extent.tail {
             let page = self.chunk_pages.entry(chunk.page).or_insert_with(|| {
                 self.pages_in_use[kind] += 1;
-                ChunkPage { scheme, class: chunk.class, used: 0 }
+                ChunkPage { scheme, class: chunk.class, used: 0, unreadable: false }
             });
             page.used |= 1 << chunk.slot;
         }
@@ -405,6 +422,27 @@ mod tests {
         assert_eq!(space.pages_in_use(RegionKind::Rep2), 0);
         assert!(space.allocate(Scheme::Rep2, 4 * 4096).is_ok());
         assert_eq!(space.allocate(Scheme::None, 1), Err(SpaceError::NotOffered));
+    }
+
+    #[test]
+    fn a_page_that_could_not_be_read_takes_no_new_chunk() {
+        let mut space = Space::new();
+        space.add_region(RegionKind::None, 0, 4);
+        let chunks: Vec<Chunk> =
+            (0..3).map(|_| space.allocate(Scheme::None, 64).unwrap().0.tail.unwrap()).collect();
+        space.free_chunk(Scheme::None, chunks[1]);
+        let (again, fresh) = space.allocate(Scheme::None, 64).unwrap();
+        let again = again.tail.unwrap();
+        assert_eq!((again.page, again.slot, fresh), (chunks[0].page, 1, false));
+        let (moved, fresh) = space.move_chunk(Scheme::None, again).unwrap();
+        assert!(fresh && moved.page != chunks[0].page);
+        for _ in 0..10 {
+            let chunk = space.allocate(Scheme::None, 64).unwrap().0.tail.unwrap();
+            assert_ne!(chunk.page, chunks[0].page, "the unreadable page takes no chunk");
+        }
+        space.free_chunk(Scheme::None, chunks[0]);
+        space.free_chunk(Scheme::None, chunks[2]);
+        assert!(!space.is_chunk_page(chunks[0].page), "emptied, the page goes back to the region");
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub struct Stats {
     /// EOR pages whose lost half was written back after a read.
     pub repairs: u64,
     pub failed_writes: u64,
+    /// Chunk pages a set could not read to fill a free chunk: left untouched, the set's tail
+    /// went to another page.
+    pub unreadable_chunk_pages: u64,
     /// Request latency by kind (`remem_kv_request_seconds`).
     pub latency: crate::latency::Latencies,
     /// Item records written to the backup region (docs/KV.md "Restarts").

@@ -158,27 +158,73 @@ impl Cache {
             let start = extent.pages.len() * PAGE_BYTES;
             let patch =
                 Patch { offset: chunk.offset(), value: value.clone(), start, len: value.len() - start, task };
-            debug_assert!(patch.len <= class_bytes(chunk.class));
-            let mut ids = Vec::new();
-            let step = self.chunks.patch(chunk.page, scheme, chunk.class, fresh, patch, || {
-                let id = self.next_task + 1 + ids.len() as u64;
-                ids.push(id);
-                id
-            });
-            if let Some(&id) = ids.last() {
-                self.next_task = id;
-                self.tasks.insert(id, Task::ChunkPage);
+            self.write_tail(scheme, chunk, fresh, patch);
+        }
+    }
+
+    /// Puts a value's tail into its chunk's page, which is read first unless `fresh`.
+    fn write_tail(&mut self, scheme: Scheme, chunk: crate::space::Chunk, fresh: bool, patch: Patch) {
+        debug_assert!(patch.len <= class_bytes(chunk.class) && patch.offset == chunk.offset());
+        let mut ids = Vec::new();
+        let step = self.chunks.patch(chunk.page, scheme, chunk.class, fresh, patch, || {
+            let id = self.next_task + 1 + ids.len() as u64;
+            ids.push(id);
+            id
+        });
+        if let Some(&id) = ids.last() {
+            self.next_task = id;
+            self.tasks.insert(id, Task::ChunkPage);
+        }
+        match step {
+            PatchStep::Load { io_task } => {
+                let page = self.read_page_of(scheme, chunk.page);
+                let part = if scheme == Scheme::Eor { MAIN } else { 0 };
+                self.io.read(&mut self.client, page, IoOwner { task: io_task, part });
             }
-            match step {
-                PatchStep::Load { io_task } => {
-                    let page = self.read_page_of(scheme, chunk.page);
-                    let part = if scheme == Scheme::Eor { MAIN } else { 0 };
-                    self.io.read(&mut self.client, page, IoOwner { task: io_task, part });
+            PatchStep::Write => self.write_chunk_page(chunk.page, scheme),
+            PatchStep::Queued => {}
+        }
+    }
+
+    /// A chunk page to be patched could not be read. Its other chunks' values may only be out of
+    /// reach for now (a node restarting, a rebuild): the page is left as it is, and the tails
+    /// that were to go into it go to chunks of other pages (or fail when there is no room).
+    fn chunk_page_unreadable(&mut self, page: u64, scheme: Scheme) {
+        for mut patch in self.chunks.unreadable(page) {
+            let Some(Task::Store(store)) = self.tasks.get(&patch.task) else { continue };
+            let location = store.location;
+            let Some(old) = self.index.location(location).extent.tail else { continue };
+            debug_assert_eq!(old.page, page);
+            match self.space.move_chunk(scheme, old) {
+                Some((chunk, fresh)) => {
+                    self.index.move_tail(location, chunk);
+                    patch.offset = chunk.offset();
+                    self.write_tail(scheme, chunk, fresh, patch);
                 }
-                PatchStep::Write => self.write_chunk_page(chunk.page, scheme),
-                PatchStep::Queued => {}
+                None => {
+                    let error = "the chunk page of its tail could not be read and no other has room";
+                    self.store_part_done(patch.task, Some(error.to_string()));
+                }
             }
         }
+    }
+
+    /// Read repair of an EOR chunk page whose main copy was lost: its data splits were just
+    /// read (in `slot`) for the tail of `location`; the main copy is written back through the
+    /// chunk cache, so that no other write of the page can pass it. (A page in the chunk cache
+    /// was not read from remote memory and needs no repair.)
+    pub(crate) fn repair_eor_chunk_page(&mut self, location: LocationId, slot: usize) {
+        let Some(chunk) = self.index.location(location).extent.tail else { return };
+        if self.chunks.bytes(chunk.page).is_some() || self.chunks.pages.contains_key(&chunk.page) {
+            return;
+        }
+        let io_task = self.new_task_id();
+        self.tasks.insert(io_task, Task::ChunkPage);
+        let data = self.io.buffer(slot).to_vec();
+        self.chunks.repair(chunk.page, Scheme::Eor, chunk.class, &data, io_task);
+        self.stats.repairs += 1;
+        let main = self.main_page(chunk.page);
+        self.io.write(&mut self.client, IoKind::Write, main, &data, IoOwner { task: io_task, part: MAIN });
     }
 
     /// Node bytes one page op moves (what the transition accounting counts).
@@ -231,18 +277,21 @@ impl Cache {
         let Some(page) = self.chunks.page_of_task(task) else { return };
         if done.kind == IoKind::Read {
             let bytes = match &done.result {
-                Ok(()) => Some(self.io.buffer(done.slot).to_vec()),
+                Ok(()) => self.io.buffer(done.slot).to_vec(),
                 Err(error) if done.owner.part & MAIN != 0 => {
                     tracing::debug!(%error, "EOR chunk page main copy unreadable; reading the data splits");
                     self.io.read(&mut self.client, page, IoOwner { task, part: FALLBACK });
                     return;
                 }
                 Err(error) => {
-                    tracing::warn!(page, %error, "a chunk page could not be read: its other values are lost");
-                    None
+                    tracing::warn!(page, %error, "a chunk page could not be read: new values go to other pages");
+                    self.stats.unreadable_chunk_pages += 1;
+                    let scheme = self.chunks.pages[&page].scheme;
+                    self.chunk_page_unreadable(page, scheme);
+                    return;
                 }
             };
-            if self.chunks.loaded(page, bytes.as_deref()) {
+            if self.chunks.loaded(page, &bytes) {
                 let scheme = self.chunks.pages[&page].scheme;
                 self.write_chunk_page(page, scheme);
             }

@@ -41,6 +41,21 @@ pub fn test_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// The options of a test cluster in `dir` (also to restart or add one of its nodes).
+pub fn cluster_options(dir: &Path) -> ClusterOptions {
+    ClusterOptions {
+        lease_grace: None,
+        nodes: NODES,
+        capacity_bytes: SLABS_PER_NODE * SLAB_BYTES,
+        slab_size_bytes: SLAB_BYTES,
+        nodes_per_domain: 1,
+        dir: dir.join("cluster"),
+        fault_injection: true,
+        monitor_args: None,
+        unix_sockets: UnixSockets::None,
+    }
+}
+
 /// The server a test talks to; the server stops before its cluster (fields drop in order).
 pub struct Target {
     pub server: ServerProcess,
@@ -62,17 +77,7 @@ impl Target {
     pub fn remem_kv(name: &str, scheme: &str, memory_limit: &str, args: &[&str]) -> Target {
         require_remem_kv();
         let dir = test_dir(name);
-        let options = ClusterOptions {
-            lease_grace: None,
-            nodes: NODES,
-            capacity_bytes: SLABS_PER_NODE * SLAB_BYTES,
-            slab_size_bytes: SLAB_BYTES,
-            nodes_per_domain: 1,
-            dir: dir.join("cluster"),
-            fault_injection: true,
-            monitor_args: None,
-            unix_sockets: UnixSockets::None,
-        };
+        let options = cluster_options(&dir);
         let cluster = LocalCluster::start(binary(), &options).expect("cluster starts");
         let mut all =
             vec!["--scheme".to_owned(), scheme.to_owned(), "-m".to_owned(), memory_limit.to_owned()];
