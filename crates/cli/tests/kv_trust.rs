@@ -166,3 +166,45 @@ fn eor_values_survive_their_main_copy_node_replaced_and_a_restart() {
     );
     target.assert_running();
 }
+
+/// EOR writes while one data node of the range is down and its slab cannot be rebuilt yet (the
+/// two spare nodes are down too, so the window between a death and its rebuild lasts): a
+/// data-only write needs every data split, so each page is written whole instead (k of k+m
+/// splits), and every set is STORED and reads back. Before the fix each answered `SERVER_ERROR
+/// ... 7 splits stored, 8 needed` and the key's previous value was dropped.
+#[test]
+fn eor_writes_succeed_with_a_data_node_down_before_its_rebuild() {
+    let mut target = Target::remem_kv("eor-down", "eor", "16MiB", &[]);
+    let mut client = target.client();
+    let mut keys: Vec<(String, Vec<u8>)> =
+        (0..20).map(|index| (format!("before{index}"), value(index, 8192 + 100 + index))).collect();
+    for (key, bytes) in &keys {
+        client.set(key, bytes).expect("set");
+    }
+    let range_nodes: Vec<usize> = (0..10).map(|split| node_of(&target, 0, 0, split)).collect();
+    let cluster = target.cluster.as_mut().expect("a cluster");
+    let spares: Vec<usize> =
+        (0..cluster.file.nodes.len()).filter(|node| !range_nodes.contains(node)).collect();
+    assert_eq!(spares.len(), 2, "12 nodes, 10 in the range");
+    for node in spares.iter().chain(&range_nodes[..1]) {
+        cluster.kill(*node).expect("SIGKILL");
+    }
+    for index in 0..40 {
+        let key = format!("during{index}");
+        let bytes = value(100 + index, 4096 + 100 + index * 50);
+        client.set(&key, &bytes).unwrap_or_else(|error| panic!("set {key} with one data node down: {error}"));
+        keys.push((key, bytes));
+    }
+    // Overwrites keep the key: the new value, never an error that drops the old one.
+    for (key, bytes) in keys.iter_mut().take(10) {
+        *bytes = value(bytes.len(), 5000);
+        client.set(key, bytes).unwrap_or_else(|error| panic!("overwrite {key}: {error}"));
+    }
+    check_all(&mut client, &keys, "one data node down");
+    let stats = client.stats().expect("stats");
+    assert!(
+        stats.get("remem_eor_whole_page_writes").is_some_and(|count| count != "0"),
+        "the pages were written whole: {stats:?}"
+    );
+    target.assert_running();
+}

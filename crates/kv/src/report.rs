@@ -103,6 +103,7 @@ fn general(cache: &mut Cache, out: &mut Vec<u8>) {
     response::stat(out, "remem_read_repairs", stats.repairs);
     response::stat(out, "remem_failed_writes", stats.failed_writes);
     response::stat(out, "remem_unreadable_chunk_pages", stats.unreadable_chunk_pages);
+    response::stat(out, "remem_eor_whole_page_writes", stats.eor_whole_page_writes);
     response::stat(out, "remem_backup_records_written", stats.backup_records_written);
     response::stat(out, "remem_backup_failures", stats.backup_failures);
     response::stat(out, "remem_restored_mismatches", stats.restored_mismatches);
@@ -250,6 +251,12 @@ pub fn prometheus(cache: &mut Cache) -> String {
         "counter",
         "Chunk pages a set could not read to fill a free chunk (left as they were).",
         &plain(stats.unreadable_chunk_pages),
+    );
+    metric(
+        "eor_whole_page_writes_total",
+        "counter",
+        "EOR pages written whole (data and parities) because a data split's node was down.",
+        &plain(stats.eor_whole_page_writes),
     );
     metric(
         "backup_records_written_total",

@@ -41,6 +41,8 @@ pub struct Stats {
     /// Chunk pages a set could not read to fill a free chunk: left untouched, the set's tail
     /// went to another page.
     pub unreadable_chunk_pages: u64,
+    /// EOR pages written whole (data and parities) because a data split's node was down.
+    pub eor_whole_page_writes: u64,
     /// Request latency by kind (`remem_kv_request_seconds`).
     pub latency: crate::latency::Latencies,
     /// Item records written to the backup region (docs/KV.md "Restarts").

@@ -297,6 +297,9 @@ impl Cache {
             }
             return;
         }
+        if self.retried_as_whole_page(done) {
+            return;
+        }
         let error = done.result.as_ref().err().map(|error| error.to_string());
         if let Some((stores, error, again)) = self.chunks.write_done(page, error) {
             if again {
@@ -309,7 +312,30 @@ impl Cache {
         }
     }
 
+    /// An EOR page's data-only write failed (a data split's node is down and its slab not yet
+    /// being rebuilt: a data-only write needs every data split). The page is written whole
+    /// instead, data and parities, which needs k of k+m splits: the value is then an EC page
+    /// beside its main copy, and the write succeeds within EOR's tolerance of one failure.
+    /// True when the retry was started (the caller waits for it).
+    fn retried_as_whole_page(&mut self, done: &IoDone) -> bool {
+        if done.kind != IoKind::WriteData || done.result.is_ok() || done.owner.part & FALLBACK != 0 {
+            return false;
+        }
+        if let Err(error) = &done.result {
+            tracing::debug!(page = done.page, %error, "an EOR data-only write failed: writing the page whole");
+        }
+        self.stats.eor_whole_page_writes += 1;
+        let data = self.io.buffer(done.slot).to_vec();
+        let owner = IoOwner { task: done.owner.task, part: done.owner.part | FALLBACK };
+        self.stats.bytes_written_remote += self.io_bytes(IoKind::Write, Scheme::Ec) as u64;
+        self.io.write(&mut self.client, IoKind::Write, done.page, &data, owner);
+        true
+    }
+
     pub(crate) fn store_done(&mut self, task: TaskId, done: &IoDone) {
+        if self.retried_as_whole_page(done) {
+            return;
+        }
         let error = done.result.as_ref().err().map(|error| error.to_string());
         self.store_part_done(task, error);
     }
