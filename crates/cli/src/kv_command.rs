@@ -265,6 +265,13 @@ pub fn run(args: KvArgs) -> Result<()> {
                 let bytes =
                     args.backup_size.unwrap_or(crate::kv_state::default_backup_bytes(args.memory_limit));
                 cache.backup = Some(state.create_backup(bytes)?);
+                // A new server: no rewrite of its pages was cut short; anything in the file is
+                // another server's.
+                let (mut log, intents) = state.open_rewrites()?;
+                for intent in intents {
+                    log.clear(intent.slot).context("clearing the rewrites file")?;
+                }
+                cache.rewrites = Some(log);
                 let map_path = state.map_path();
                 cache
                     .client

@@ -2,8 +2,9 @@
 //! (docs/KV.md "Restarts").
 //!
 //! `kv-NAME/` beside the cluster file (or `--state DIR`), mode 0700, holds `lock` (flock: one
-//! server at a time), `slabmap.json` (the regions' slabs, every region) and `backup` (the
-//! backup region the server records every acknowledged item in, `remem_kv::backup`).
+//! server at a time), `slabmap.json` (the regions' slabs, every region), `backup` (the
+//! backup region the server records every acknowledged item in, `remem_kv::backup`) and
+//! `rewrites` (chunk page rewrites that a kill may have cut short, `remem_kv::rewrites`).
 
 use std::path::{Path, PathBuf};
 
@@ -12,10 +13,12 @@ use remem_client::{Client, ClientConfig, SlabMapFile};
 use remem_kv::backup::Backup;
 use remem_kv::cache::CacheConfig;
 use remem_kv::durability::RestoreReport;
+use remem_kv::rewrites::{Intent, RewriteLog};
 use remem_kv::Cache;
 
 pub const SLAB_MAP_FILE: &str = "slabmap.json";
 pub const BACKUP_FILE: &str = "backup";
+pub const REWRITES_FILE: &str = "rewrites";
 
 /// Where a reopening's time went.
 pub struct ReopenTimes {
@@ -71,6 +74,12 @@ impl KvState {
         self.dir.join(BACKUP_FILE)
     }
 
+    /// The rewrites file, opened (created when absent), with the intents it holds.
+    pub fn open_rewrites(&self) -> Result<(RewriteLog, Vec<Intent>)> {
+        let path = self.dir.join(REWRITES_FILE);
+        RewriteLog::open(&path).with_context(|| format!("opening {}", path.display()))
+    }
+
     /// Gives back a saved server's slabs and forgets its items (`--fresh`).
     pub fn drop_saved(&self, secret: &remem_client::Secret, config: &ClientConfig) -> Result<()> {
         let map_path = self.map_path();
@@ -85,9 +94,10 @@ impl KvState {
             }
             std::fs::remove_file(&map_path).with_context(|| format!("removing {}", map_path.display()))?;
         }
-        let backup = self.backup_path();
-        if backup.exists() {
-            std::fs::remove_file(&backup).with_context(|| format!("removing {}", backup.display()))?;
+        for path in [self.backup_path(), self.dir.join(REWRITES_FILE)] {
+            if path.exists() {
+                std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+            }
         }
         Ok(())
     }
@@ -128,6 +138,15 @@ impl KvState {
                 map_path.display()
             )
         })?;
+        // Pages whose rewrite a kill cut short are whole again before anything reads them.
+        let (log, intents) = self.open_rewrites()?;
+        let recovered = cache.recover_rewrites(log, intents);
+        if recovered.pages + recovered.failed > 0 {
+            eprintln!(
+                "completed {} chunk page rewrites cut short by the last stop ({} could not be)",
+                recovered.pages, recovered.failed
+            );
+        }
         let slabs = started.elapsed();
         let backup_path = self.backup_path();
         let (backup, records, scan) = Backup::open(&backup_path).context(

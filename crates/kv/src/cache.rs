@@ -32,6 +32,8 @@ use crate::stats::Stats;
 pub const TAIL: u32 = 0x00ff_ffff;
 pub const MAIN: u32 = 1 << 30;
 pub const FALLBACK: u32 = 1 << 29;
+/// A chunk page's journal copy (`crate::rewrites`).
+pub const JOURNAL: u32 = 1 << 28;
 const PART_MASK: u32 = 0x00ff_ffff;
 /// The owner of read-repair writes (their completion needs nothing).
 pub const REPAIR_TASK: TaskId = 1;
@@ -197,6 +199,13 @@ pub struct Cache {
     /// Where acknowledged items are recorded for a restart (`crate::durability`); none with
     /// `remem kv --ephemeral`.
     pub backup: Option<crate::backup::Backup>,
+    /// Rewrites of EC chunk pages go through a journal page first (`crate::rewrites`): the
+    /// first of the EC region's journal pages, the free journal slots, the pages waiting for
+    /// one, and the intents file (none with `--ephemeral`: nothing outlives a kill then).
+    pub journal_first_page: u64,
+    pub journal_free: Vec<u32>,
+    pub journal_waiting: std::collections::VecDeque<u64>,
+    pub rewrites: Option<crate::rewrites::RewriteLog>,
 }
 
 impl Cache {
@@ -223,6 +232,10 @@ impl Cache {
             started: Instant::now(),
             done_buffer: Vec::new(),
             backup: None,
+            journal_first_page: 0,
+            journal_free: Vec::new(),
+            journal_waiting: Default::default(),
+            rewrites: None,
         }
     }
 

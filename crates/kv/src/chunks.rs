@@ -40,6 +40,13 @@ pub struct CachedPage {
     pub next: Vec<TaskId>,
     /// Patches that arrived while the page was loading.
     pub held: Vec<Patch>,
+    /// A value in the page was acknowledged (or may have been): a rewrite of an EC page must not
+    /// be able to tear it (`crate::rewrites`).
+    pub holds_acknowledged: bool,
+    /// The journal slot of the write in flight, when it was journaled.
+    pub journal: Option<u32>,
+    /// The page's next write waits for a free journal slot.
+    pub waiting_journal: bool,
 }
 
 #[derive(Debug, Default)]
@@ -48,6 +55,18 @@ pub struct ChunkCache {
     /// Page of each I/O task id.
     pub by_task: HashMap<TaskId, u64>,
     open: HashMap<(Scheme, u8), u64>,
+}
+
+/// A page's write, all of its parts finished.
+#[derive(Debug, PartialEq, Eq)]
+pub struct WriteDone {
+    /// The stores it acknowledges (or fails).
+    pub stores: Vec<TaskId>,
+    pub error: Option<String>,
+    /// Patches wait: another write should start.
+    pub again: bool,
+    /// The journal slot it held, to clear and free.
+    pub journal: Option<u32>,
 }
 
 /// What the caller must do after a patch.
@@ -89,6 +108,9 @@ impl ChunkCache {
                     current: Vec::new(),
                     next: Vec::new(),
                     held: Vec::new(),
+                    holds_acknowledged: !fresh,
+                    journal: None,
+                    waiting_journal: false,
                 },
             );
             if !fresh {
@@ -113,7 +135,7 @@ impl ChunkCache {
         }
         cached.data[patch.offset..patch.offset + patch.len]
             .copy_from_slice(&patch.value[patch.start..patch.start + patch.len]);
-        if cached.writing == 0 {
+        if cached.writing == 0 && !cached.waiting_journal {
             PatchStep::Write
         } else {
             PatchStep::Queued
@@ -129,7 +151,7 @@ impl ChunkCache {
             cached.data[patch.offset..patch.offset + patch.len]
                 .copy_from_slice(&patch.value[patch.start..patch.start + patch.len]);
         }
-        !cached.next.is_empty() && cached.writing == 0
+        !cached.next.is_empty() && cached.writing == 0 && !cached.waiting_journal
     }
 
     /// The page could not be read: it is never written from here (its other chunks may only be
@@ -163,27 +185,52 @@ impl ChunkCache {
                 current: Vec::new(),
                 next: Vec::new(),
                 held: Vec::new(),
+                holds_acknowledged: true,
+                journal: None,
+                waiting_journal: false,
             },
         );
     }
 
-    /// Starts a write: the waiting stores ride on it. Returns the bytes to write.
-    pub fn begin_write(&mut self, page: u64, writes: u32) -> &[u8] {
+    /// Starts a write: the waiting stores ride on it. Returns the bytes to write. With
+    /// `journal`, the first write is of the page's journal copy (one write), and
+    /// [`ChunkCache::journaled`] starts the in-place writes after it.
+    pub fn begin_write(&mut self, page: u64, writes: u32, journal: Option<u32>) -> &[u8] {
         let cached = self.pages.get_mut(&page).expect("cached");
-        assert!(cached.writing == 0 && !cached.loading);
+        assert!(cached.writing == 0 && !cached.loading && cached.journal.is_none());
         cached.current = std::mem::take(&mut cached.next);
         cached.writing = writes;
         cached.write_error = None;
+        cached.journal = journal;
+        cached.waiting_journal = false;
         &cached.data
     }
 
-    /// One write of the page finished. When all did: the stores it carried and their error,
-    /// and whether another write should start.
-    pub fn write_done(
-        &mut self,
-        page: u64,
-        error: Option<String>,
-    ) -> Option<(Vec<TaskId>, Option<String>, bool)> {
+    /// The journal copy of the page is written (and its intent recorded): the `writes` in-place
+    /// writes start. Returns the bytes to write (with any patch made since: they are not
+    /// acknowledged before the next write, and a restore from the journal drops only them).
+    pub fn journaled(&mut self, page: u64, writes: u32) -> &[u8] {
+        let cached = self.pages.get_mut(&page).expect("cached");
+        assert!(cached.writing == 1 && cached.journal.is_some());
+        cached.writing = writes;
+        &cached.data
+    }
+
+    /// The page's next write waits for a journal slot.
+    pub fn wait_for_journal(&mut self, page: u64) {
+        let cached = self.pages.get_mut(&page).expect("cached");
+        assert!(cached.writing == 0 && !cached.loading);
+        cached.waiting_journal = true;
+    }
+
+    /// Whether `page` is cached and waits for a journal slot.
+    pub fn waits_for_journal(&self, page: u64) -> bool {
+        self.pages.get(&page).is_some_and(|cached| cached.waiting_journal)
+    }
+
+    /// One write of the page finished. When all did: what it carried, and whether another
+    /// write should start.
+    pub fn write_done(&mut self, page: u64, error: Option<String>) -> Option<WriteDone> {
         let cached = self.pages.get_mut(&page).expect("cached");
         cached.writing -= 1;
         if error.is_some() {
@@ -192,13 +239,17 @@ impl ChunkCache {
         if cached.writing > 0 {
             return None;
         }
-        let done = std::mem::take(&mut cached.current);
-        let error = cached.write_error.take();
-        let again = !cached.next.is_empty();
-        if !again && self.open.get(&(cached.scheme, cached.class)) != Some(&page) {
+        cached.holds_acknowledged = true;
+        let done = WriteDone {
+            stores: std::mem::take(&mut cached.current),
+            error: cached.write_error.take(),
+            again: !cached.next.is_empty(),
+            journal: cached.journal.take(),
+        };
+        if !done.again && self.open.get(&(cached.scheme, cached.class)) != Some(&page) {
             self.drop_if_idle(page);
         }
-        Some((done, error, again))
+        Some(done)
     }
 
     /// A cached copy of the page, when it is not loading.
@@ -246,7 +297,7 @@ mod tests {
             cache.patch(7, Scheme::Rep2, 0, true, patch(0, 1, 1), || ids.next().unwrap()),
             PatchStep::Write
         );
-        assert_eq!(cache.begin_write(7, 1)[0], 1);
+        assert_eq!(cache.begin_write(7, 1, None)[0], 1);
         assert_eq!(
             cache.patch(7, Scheme::Rep2, 0, false, patch(64, 2, 2), || unreachable!()),
             PatchStep::Queued
@@ -255,13 +306,13 @@ mod tests {
             cache.patch(7, Scheme::Rep2, 0, false, patch(128, 3, 3), || unreachable!()),
             PatchStep::Queued
         );
-        let (done, error, again) = cache.write_done(7, None).unwrap();
-        assert_eq!((done, error, again), (vec![1], None, true));
-        let bytes = cache.begin_write(7, 2);
+        let done = cache.write_done(7, None).unwrap();
+        assert_eq!((done.stores, done.error, done.again), (vec![1], None, true));
+        let bytes = cache.begin_write(7, 2, None);
         assert_eq!((bytes[0], bytes[64], bytes[128]), (1, 2, 3));
         assert!(cache.write_done(7, Some("node down".into())).is_none());
-        let (done, error, again) = cache.write_done(7, None).unwrap();
-        assert_eq!((done, error.as_deref(), again), (vec![2, 3], Some("node down"), false));
+        let done = cache.write_done(7, None).unwrap();
+        assert_eq!((done.stores, done.error.as_deref(), done.again), (vec![2, 3], Some("node down"), false));
         assert!(cache.bytes(7).is_some(), "the open page stays cached");
     }
 
@@ -294,11 +345,38 @@ mod tests {
     }
 
     #[test]
+    fn a_journaled_write_goes_in_place_after_its_journal_copy_and_frees_its_slot() {
+        let mut cache = ChunkCache::default();
+        let mut ids = 1..;
+        cache.patch(4, Scheme::Ec, 0, true, patch(0, 1, 10), || ids.next().unwrap());
+        assert!(!cache.pages[&4].holds_acknowledged, "a fresh page's first write needs no journal");
+        cache.begin_write(4, 1, None);
+        assert!(cache.write_done(4, None).unwrap().journal.is_none());
+        assert!(cache.pages[&4].holds_acknowledged);
+        assert_eq!(
+            cache.patch(4, Scheme::Ec, 0, false, patch(64, 2, 11), || unreachable!()),
+            PatchStep::Write
+        );
+        cache.wait_for_journal(4);
+        assert_eq!(
+            cache.patch(4, Scheme::Ec, 0, false, patch(128, 3, 12), || unreachable!()),
+            PatchStep::Queued
+        );
+        assert!(cache.waits_for_journal(4));
+        assert_eq!(cache.begin_write(4, 1, Some(6))[64], 2);
+        assert!(!cache.waits_for_journal(4));
+        assert_eq!(cache.journaled(4, 2)[128], 3);
+        assert!(cache.write_done(4, None).is_none());
+        let done = cache.write_done(4, None).unwrap();
+        assert_eq!((done.stores, done.journal, done.again), (vec![11, 12], Some(6), false));
+    }
+
+    #[test]
     fn a_page_that_is_no_longer_open_is_dropped_when_its_write_ends() {
         let mut cache = ChunkCache::default();
         let mut ids = 1..;
         cache.patch(1, Scheme::None, 0, true, patch(0, 1, 10), || ids.next().unwrap());
-        cache.begin_write(1, 1);
+        cache.begin_write(1, 1, None);
         cache.patch(2, Scheme::None, 0, true, patch(0, 1, 11), || ids.next().unwrap());
         cache.write_done(1, None).unwrap();
         assert!(cache.bytes(1).is_none() && cache.bytes(2).is_some());

@@ -28,6 +28,7 @@ pub mod latency;
 pub mod meta;
 pub mod pageio;
 pub mod report;
+pub mod rewrites;
 pub mod scheme;
 pub mod server;
 pub mod space;
@@ -146,12 +147,25 @@ pub fn cache_over_regions(mut client: Client, config: CacheConfig) -> Result<Cac
     }
     let mut space = space::Space::new();
     let mut main_first_page = None;
+    let mut journal_first_page = 0;
     for (region, (kind, _)) in regions.iter().zip(&expected) {
         match kind {
+            // The EC region's last pages are the journal of chunk page rewrites.
+            Some(space::RegionKind::Ec) => {
+                if region.page_count <= 2 * rewrites::JOURNAL_PAGES {
+                    return Err(format!("the EC region of {} pages is too small", region.page_count));
+                }
+                let values = region.page_count - rewrites::JOURNAL_PAGES;
+                space.add_region(space::RegionKind::Ec, region.first_page, values);
+                journal_first_page = region.first_page + values;
+            }
             Some(kind) => space.add_region(*kind, region.first_page, region.page_count),
             None => main_first_page = Some(region.first_page),
         }
     }
     client.set_max_in_flight(PAGE_OPS_IN_FLIGHT);
-    Ok(Cache::new(PollClient::new(client), space, config, main_first_page))
+    let mut cache = Cache::new(PollClient::new(client), space, config, main_first_page);
+    cache.journal_first_page = journal_first_page;
+    cache.journal_free = (0..rewrites::JOURNAL_PAGES as u32).rev().collect();
+    Ok(cache)
 }

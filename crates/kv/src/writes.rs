@@ -4,7 +4,7 @@
 
 use std::rc::Rc;
 
-use crate::cache::{Ack, Cache, Store, Task, FALLBACK, MAIN, MAX_EVICTIONS_PER_STORE};
+use crate::cache::{Ack, Cache, Store, Task, FALLBACK, JOURNAL, MAIN, MAX_EVICTIONS_PER_STORE};
 use crate::chunks::{Patch, PatchStep};
 use crate::index::{Entry, LocationId, Released};
 use crate::pageio::{IoDone, IoKind, IoOwner, TaskId};
@@ -244,31 +244,119 @@ impl Cache {
         }
     }
 
+    /// Writes a cached chunk page: in place, or first to a journal page when it is an EC or EOR
+    /// page that holds acknowledged values (a torn rewrite would lose them: `crate::rewrites`).
     fn write_chunk_page(&mut self, page: u64, scheme: Scheme) {
-        let writes = if scheme == Scheme::Eor { 2 } else { 1 };
+        let journaled = self.rewrites.is_some()
+            && RegionKind::of(scheme) == RegionKind::Ec
+            && self.chunks.pages[&page].holds_acknowledged;
+        if !journaled {
+            let writes = if scheme == Scheme::Eor { 2 } else { 1 };
+            self.chunks.begin_write(page, writes, None);
+            return self.write_chunk_page_in_place(page, scheme);
+        }
+        let Some(slot) = self.journal_free.pop() else {
+            self.chunks.wait_for_journal(page);
+            self.journal_waiting.push_back(page);
+            return;
+        };
+        let io_task = self.chunks.pages[&page].io_task;
+        let journal_page = self.journal_first_page + u64::from(slot);
+        self.stats.bytes_written_remote += self.io_bytes(IoKind::Write, Scheme::Ec) as u64;
+        let data = self.chunks.begin_write(page, 1, Some(slot));
+        self.io.write(
+            &mut self.client,
+            IoKind::Write,
+            journal_page,
+            data,
+            IoOwner { task: io_task, part: JOURNAL },
+        );
+    }
+
+    /// The in-place writes of a chunk page whose write has begun (EOR: data splits and main
+    /// copy). The cached page is copied once, into each write's slot.
+    fn write_chunk_page_in_place(&mut self, page: u64, scheme: Scheme) {
         let io_task = self.chunks.pages[&page].io_task;
         let main = (scheme == Scheme::Eor).then(|| self.main_page(page));
-        // The cached page is copied once, into each write's slot.
-        let data = self.chunks.begin_write(page, writes);
-        match main {
-            Some(main) => {
-                self.io.write(
-                    &mut self.client,
-                    IoKind::WriteData,
-                    page,
-                    data,
-                    IoOwner { task: io_task, part: 0 },
-                );
-                self.io.write(
-                    &mut self.client,
-                    IoKind::Write,
-                    main,
-                    data,
-                    IoOwner { task: io_task, part: MAIN },
-                );
+        let data = &self.chunks.pages[&page].data;
+        if let Some(main) = main {
+            self.io.write(
+                &mut self.client,
+                IoKind::WriteData,
+                page,
+                data,
+                IoOwner { task: io_task, part: 0 },
+            );
+            self.io.write(&mut self.client, IoKind::Write, main, data, IoOwner { task: io_task, part: MAIN });
+        } else {
+            self.io.write(&mut self.client, IoKind::Write, page, data, IoOwner { task: io_task, part: 0 });
+        }
+    }
+
+    /// A chunk page's journal copy was written: its intent is recorded, then it goes in place.
+    fn chunk_page_journaled(&mut self, page: u64, done: &IoDone) {
+        let (scheme, slot) = {
+            let cached = &self.chunks.pages[&page];
+            (cached.scheme, cached.journal.expect("a journaled write holds a slot"))
+        };
+        let recorded = match (&done.result, self.rewrites.as_mut()) {
+            (Ok(()), Some(log)) => log.record(slot, page, scheme == Scheme::Eor).map_err(|error| {
+                tracing::error!(%error, "the rewrites file could not take an intent");
+                format!("the rewrites file could not take an intent: {error}")
+            }),
+            (Ok(()), None) => unreachable!("journaled only with a rewrites file"),
+            (Err(error), _) => Err(format!("its journal copy could not be written: {error}")),
+        };
+        match recorded {
+            Ok(()) => {
+                let writes = if scheme == Scheme::Eor { 2 } else { 1 };
+                self.chunks.journaled(page, writes);
+                self.write_chunk_page_in_place(page, scheme);
             }
-            None => {
-                self.io.write(&mut self.client, IoKind::Write, page, data, IoOwner { task: io_task, part: 0 })
+            // Nothing was written in place: the page holds what it held.
+            Err(error) => self.chunk_page_written(page, Some(error)),
+        }
+    }
+
+    /// One write of a chunk page finished (`error` if it failed); when all did, its stores are
+    /// answered, its journal slot freed, and the next write starts.
+    fn chunk_page_written(&mut self, page: u64, error: Option<String>) {
+        let Some(done) = self.chunks.write_done(page, error) else { return };
+        if let Some(slot) = done.journal {
+            if let Some(log) = self.rewrites.as_mut() {
+                if let Err(error) = log.clear(slot) {
+                    // Left as it is, the intent restores this same page content at a restart:
+                    // harmless while the slot is not reused, so the slot stays taken.
+                    tracing::error!(%error, slot, "the rewrites file could not clear an intent");
+                    self.finish_stores(done.stores, done.error);
+                    return;
+                }
+            }
+            self.journal_free.push(slot);
+        }
+        if done.again {
+            let scheme = self.chunks.pages[&page].scheme;
+            self.write_chunk_page(page, scheme);
+        }
+        if done.journal.is_some() {
+            self.start_waiting_journal();
+        }
+        self.finish_stores(done.stores, done.error);
+    }
+
+    fn finish_stores(&mut self, stores: Vec<TaskId>, error: Option<String>) {
+        for store in stores {
+            self.store_part_done(store, error.clone());
+        }
+    }
+
+    /// A journal slot is free: the first page still waiting for one starts its write.
+    fn start_waiting_journal(&mut self) {
+        while !self.journal_free.is_empty() {
+            let Some(page) = self.journal_waiting.pop_front() else { return };
+            if self.chunks.waits_for_journal(page) {
+                let scheme = self.chunks.pages[&page].scheme;
+                self.write_chunk_page(page, scheme);
             }
         }
     }
@@ -297,19 +385,14 @@ impl Cache {
             }
             return;
         }
+        if done.owner.part & JOURNAL != 0 {
+            return self.chunk_page_journaled(page, done);
+        }
         if self.retried_as_whole_page(done) {
             return;
         }
         let error = done.result.as_ref().err().map(|error| error.to_string());
-        if let Some((stores, error, again)) = self.chunks.write_done(page, error) {
-            if again {
-                let scheme = self.chunks.pages[&page].scheme;
-                self.write_chunk_page(page, scheme);
-            }
-            for store in stores {
-                self.store_part_done(store, error.clone());
-            }
-        }
+        self.chunk_page_written(page, error);
     }
 
     /// An EOR page's data-only write failed (a data split's node is down and its slab not yet
