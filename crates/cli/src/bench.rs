@@ -218,6 +218,7 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
     for scheme in &SCHEMES {
         eprintln!("{}: filling {} ...", scheme.name, crate::units::format_bytes(args.size));
         let mut config = ClientConfig::new(scheme.shape, args.size);
+        config.allow_shared_domains = args.placement.allow_shared_domains;
         config.max_in_flight = 32;
         config.spin_before_block = Duration::from_micros(args.spin_us);
         config.shared_memory = args.transport == Transport::Shm;
@@ -505,6 +506,7 @@ fn run_straggler(
     for scheme in schemes {
         eprintln!("{}: filling {} ...", scheme.name, crate::units::format_bytes(args.size));
         let mut config = ClientConfig::new(scheme.shape, args.size);
+        config.allow_shared_domains = args.placement.allow_shared_domains;
         // The straggler must not be mistaken for a dead node.
         config.request_timeout = Duration::from_secs(30);
         let mut client = Client::connect(nodes, secret, config, args.placement.build(args.seed))

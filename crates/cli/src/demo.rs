@@ -90,6 +90,7 @@ pub fn run(args: DemoArgs, binary: &std::path::Path) -> Result<()> {
     println!("starting {} memory nodes (logs in {}) ...", args.nodes, dir.display());
     let mut cluster = LocalCluster::start(binary, &options)?;
     let mut config = ClientConfig::new(shape, args.size);
+    config.allow_shared_domains = args.placement.allow_shared_domains;
     config.max_in_flight = args.queue_depth.max(1);
     let mut client = Client::connect(&cluster.addresses(), &cluster.secret, config, args.placement.build(7))
         .context("connecting to the cluster")?;

@@ -200,6 +200,7 @@ pub fn run(args: FsArgs) -> Result<()> {
     let (cluster_path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
     crate::bench::check_transport(args.transport, &cluster, &cluster_path)?;
     let mut config = ClientConfig::new(shape, args.size);
+    config.allow_shared_domains = args.placement.allow_shared_domains;
     config.max_in_flight = args.queue_depth.max(1);
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
     config.shared_memory = args.transport == crate::bench::Transport::Shm;

@@ -126,6 +126,11 @@ pub struct KvArgs {
     /// groups for one range width, and the kv's regions have several (1 to k+r).
     #[arg(long, default_value = "least-loaded")]
     pub placement: String,
+    /// Accept ranges with more than r splits in one failure domain when the cluster's domains
+    /// allow no better (losing that domain then loses data). Without it such a start is refused,
+    /// naming the -k that fits.
+    #[arg(long)]
+    pub allow_shared_domains: bool,
 }
 
 fn parse_scheme(text: &str, ec: EcShape) -> Result<Scheme> {
@@ -186,6 +191,7 @@ pub fn run(args: KvArgs) -> Result<()> {
     let region_bytes = args.memory_limit.div_ceil(4096) * 4096;
     let shape = remem_kv::region_shape(Scheme::Ec, ec);
     let mut config = ClientConfig::new(shape, region_bytes);
+    config.allow_shared_domains = args.allow_shared_domains;
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
     config.shared_memory = args.transport == crate::bench::Transport::Shm;
     config.release_on_drop = args.ephemeral;

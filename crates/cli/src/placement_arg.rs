@@ -15,6 +15,11 @@ pub struct PlacementArgs {
     /// CodingSets' load-balancing factor l: extended groups have k+r+l nodes.
     #[arg(long, default_value_t = 2)]
     pub load_balancing_factor: usize,
+    /// Accept ranges with more than r splits in one failure domain when the cluster's domains
+    /// allow no better (losing that domain then loses data). Without it such a start is refused,
+    /// naming the -k that fits.
+    #[arg(long)]
+    pub allow_shared_domains: bool,
 }
 
 impl PlacementArgs {

@@ -218,3 +218,54 @@ fn nodes_stop_cleanly_on_sigterm() {
         assert!(!alive, "node {pid} still runs after stop");
     }
 }
+
+fn start_cluster_in_domains(name: &str, nodes: usize, nodes_per_domain: usize) -> LocalCluster {
+    let options = ClusterOptions {
+        lease_grace: None,
+        nodes,
+        capacity_bytes: 16 << 20,
+        slab_size_bytes: 1 << 20,
+        nodes_per_domain,
+        dir: test_dir(name),
+        fault_injection: false,
+        monitor_args: None,
+        unix_sockets: remem::launcher::UnixSockets::None,
+    };
+    let mut cluster = LocalCluster::start(binary(), &options).expect("cluster starts");
+    cluster.remove_dir_on_drop();
+    cluster
+}
+
+/// 12 nodes in 3 failure domains (hosts) cannot hold EC(8,2) with at most r = 2 splits of a
+/// range per domain: one lost host would lose data. The client refuses and names what fits
+/// (EC(4,2): 3 domains x 2); `allow_shared_domains` accepts the risk. In 6 domains of 2 nodes
+/// every range keeps at most 2 splits per domain.
+#[test]
+fn placement_keeps_at_most_r_splits_per_failure_domain_or_refuses_naming_what_fits() {
+    let shape = Shape { data_splits: 8, parity_splits: 2, extra_reads: 1 };
+    let bytes = 8 << 20;
+    let three = start_cluster_in_domains("domains-3", 12, 4);
+    let placement = || Box::new(LeastLoaded::new(StdRng::seed_from_u64(5)));
+    let config = ClientConfig::new(shape, bytes);
+    let refused = Client::connect(&three.addresses(), &three.secret, config.clone(), placement());
+    let message = refused.err().expect("EC(8,2) on 3 domains is refused").to_string();
+    assert!(message.contains("failure domain") && message.contains("-k 4 -r 2"), "{message}");
+    let mut allowed = config.clone();
+    allowed.allow_shared_domains = true;
+    let client = Client::connect(&three.addresses(), &three.secret, allowed, placement())
+        .expect("allowed with --allow-shared-domains");
+    drop(client);
+    drop(three);
+
+    let six = start_cluster_in_domains("domains-6", 12, 2);
+    let mut client =
+        Client::connect(&six.addresses(), &six.secret, config, placement()).expect("6 domains fit");
+    for range in 0..client.ranges().len() {
+        let mut per_domain = std::collections::HashMap::new();
+        for node in client.range_nodes(range) {
+            *per_domain.entry(six.file.nodes[node].failure_domain.clone()).or_insert(0) += 1;
+        }
+        assert!(per_domain.values().all(|&splits| splits <= 2), "range {range}: {per_domain:?}");
+    }
+    write_pages(&mut client, &[0, 1, 2], 1);
+}

@@ -40,6 +40,9 @@ pub enum ConnectError {
     EmptyAddressSpace { bytes: u64 },
     #[error("placement: {0}")]
     Placement(#[from] remem_placement::PlacementError),
+    /// A range would have more than r splits in one failure domain (`ClientConfig::allow_shared_domains` off).
+    #[error("placement: {message}")]
+    SharedFailureDomains { message: String },
     #[error("region beside another: {0}")]
     Beside(#[from] crate::engine::BesideError),
     #[error("cannot create the event loop: {0}")]

@@ -55,6 +55,9 @@ pub struct ClientConfig {
     /// A quiet node is pinged this often; a failed node is probed this often.
     pub heartbeat_interval: Duration,
     pub probe_interval: Duration,
+    /// Map a range with more than r splits in one failure domain (losing that domain loses
+    /// data) when the cluster's domains allow no better, with a warning, instead of refusing.
+    pub allow_shared_domains: bool,
 }
 
 impl ClientConfig {
@@ -77,6 +80,7 @@ impl ClientConfig {
             shared_memory: false,
             heartbeat_interval: Duration::from_secs(1),
             probe_interval: Duration::from_secs(1),
+            allow_shared_domains: false,
         }
     }
 

@@ -164,10 +164,14 @@ impl Client {
                 None => {
                     let placed = self.engine.placement_mut().place(loads, shape.total_splits())?;
                     if !placed.distinct_domains {
-                        tracing::warn!(
-                            range = first_range + local_range,
-                            "range placed with shared failure domains"
-                        );
+                        let crowded = crowded_domain(loads, &placed.nodes, shape);
+                        match crowded {
+                            Some(error) if !self.config.allow_shared_domains => return Err(error),
+                            _ => tracing::warn!(
+                                range = first_range + local_range,
+                                "range placed with shared failure domains"
+                            ),
+                        }
                     }
                     placed.nodes
                 }
@@ -229,4 +233,55 @@ impl Client {
     pub fn page_is_unreadable(&self, page: u64) -> bool {
         self.engine.page_is_unreadable(page)
     }
+}
+
+/// The key of a node's failure domain: an empty label is a domain of its own.
+fn domain_of(load: &NodeLoad) -> (&str, usize) {
+    if load.failure_domain.is_empty() {
+        ("", load.node_index)
+    } else {
+        (load.failure_domain.as_str(), usize::MAX)
+    }
+}
+
+/// When a range placed on `nodes` has more than r splits in one failure domain (losing that
+/// domain would lose data), the error that says so and what would fit: the candidates' domains
+/// hold at most min(nodes with room, r) splits each. Without parities any one loss loses data,
+/// so no domain is crowded then.
+fn crowded_domain(loads: &[NodeLoad], nodes: &[usize], shape: Shape) -> Option<ConnectError> {
+    let parity = shape.parity_splits;
+    if parity == 0 {
+        return None;
+    }
+    let load_of = |node: usize| loads.iter().find(|load| load.node_index == node);
+    let mut per_domain: std::collections::BTreeMap<(&str, usize), usize> = Default::default();
+    for load in nodes.iter().filter_map(|&node| load_of(node)) {
+        *per_domain.entry(domain_of(load)).or_default() += 1;
+    }
+    let ((domain, _), splits) = per_domain.into_iter().max_by_key(|(_, splits)| *splits)?;
+    if splits <= parity {
+        return None;
+    }
+    let mut with_room: std::collections::BTreeMap<(&str, usize), usize> = Default::default();
+    for load in loads.iter().filter(|load| load.slabs_free > 0) {
+        *with_room.entry(domain_of(load)).or_default() += 1;
+    }
+    let capacity: usize = with_room.values().map(|&nodes| nodes.min(parity)).sum();
+    let fits = if capacity > parity {
+        format!("-k {} -r {parity} fits them", capacity - parity)
+    } else {
+        "no code with this r fits them".to_owned()
+    };
+    Some(ConnectError::SharedFailureDomains {
+        message: format!(
+            "EC({},{parity}) would put {splits} splits of a range in failure domain {domain:?}, and losing \
+             that domain would lose data (a range survives at most r={parity} splits lost); the {} nodes \
+             with room are in {} failure domains, which hold at most {capacity} splits of a range at r \
+             per domain: {fits}; add nodes in other domains, or pass --allow-shared-domains to accept \
+             the risk",
+            shape.data_splits,
+            with_room.values().sum::<usize>(),
+            with_room.len(),
+        ),
+    })
 }
