@@ -63,6 +63,9 @@ enum Command {
     Run(remem::run_command::RunArgs),
     /// Every node of the cluster: up or down, failure domain, capacity, memory used and free,
     /// slabs, rebuilds running with their progress (table, --json, or --watch SECONDS).
+    ///
+    /// Exit status (without --watch): 0 every node up, 3 some nodes down (degraded), 4 every node
+    /// down (or none listed), 1 the command itself failed (no cluster file, bad flags...).
     Status(remem::status_command::StatusArgs),
     /// Benchmarks: `remem bench pages` (schemes vs transport floors, over TCP or same-host
     /// shared memory, or with one straggler), `remem bench codec` (erasure coding vs Intel

@@ -317,6 +317,18 @@ pub fn print_table(status: &ClusterStatus, out: &mut impl Write) -> std::io::Res
     Ok(())
 }
 
+/// The exit status of one `remem status` (in its --help): 0 every node up, 3 some down
+/// (degraded), 4 every node down or none listed; 1 is an error of the command itself.
+pub fn exit_code(status: &ClusterStatus) -> i32 {
+    if status.nodes_up == 0 {
+        4
+    } else if status.nodes_up < status.nodes.len() {
+        3
+    } else {
+        0
+    }
+}
+
 pub fn run(args: StatusArgs) -> Result<()> {
     loop {
         let status = collect(&args)?;
@@ -329,7 +341,10 @@ pub fn run(args: StatusArgs) -> Result<()> {
         stdout.flush()?;
         match args.watch {
             Some(seconds) => std::thread::sleep(Duration::from_secs(seconds as u64)),
-            None => return Ok(()),
+            None => match exit_code(&status) {
+                0 => return Ok(()),
+                code => std::process::exit(code),
+            },
         }
     }
 }

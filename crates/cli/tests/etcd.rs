@@ -124,7 +124,7 @@ fn nodes_register_leave_cleanly_and_bad_records_are_skipped() {
     assert!(etcd.etcdctl(&["put", "/remem/nodes/10.9.9.9:1", "not json"]).status.success());
     let stolen = String::from_utf8_lossy(&value.stdout).into_owned();
     assert!(etcd.etcdctl(&["put", "/remem/nodes/127.0.0.1:9", stolen.trim()]).status.success());
-    let status = run_ok(20, binary().to_str().unwrap(), &["status", "--etcd", &etcd.url, "--json"]);
+    let status = common::remem_status(20, &["--etcd", &etcd.url, "--json"]);
     let status: serde_json::Value = serde_json::from_str(&status).expect("status JSON");
     let mut listed: Vec<String> = status["nodes"]
         .as_array()
@@ -161,10 +161,8 @@ fn nodes_register_leave_cleanly_and_bad_records_are_skipped() {
         "the record outlives the node"
     );
     let secret_file = secret.to_str().unwrap();
-    let args =
-        ["status", "--etcd", &etcd.url, "--secret-file", secret_file, "--json", "--timeout-ms", "2000"];
-    let live: serde_json::Value =
-        serde_json::from_str(&run_ok(20, binary().to_str().unwrap(), &args)).unwrap();
+    let args = ["--etcd", &etcd.url, "--secret-file", secret_file, "--json", "--timeout-ms", "2000"];
+    let live: serde_json::Value = serde_json::from_str(&common::remem_status(20, &args)).unwrap();
     let row = |status: &serde_json::Value, address: &str| {
         status["nodes"].as_array().unwrap().iter().find(|node| node["address"] == address).cloned()
     };
@@ -174,7 +172,7 @@ fn nodes_register_leave_cleanly_and_bad_records_are_skipped() {
     assert!(down["error"].as_str().is_some_and(|error| !error.is_empty()), "{down:#}");
     let alive = row(&live, &nodes[1].address).expect("node 1 is listed");
     assert_eq!((alive["up"].clone(), alive["capacity_bytes"].clone()), (true.into(), (16u64 << 20).into()));
-    let records = run_ok(20, binary().to_str().unwrap(), &["status", "--etcd", &etcd.url, "--json"]);
+    let records = common::remem_status(20, &["--etcd", &etcd.url, "--json"]);
     let records: serde_json::Value = serde_json::from_str(&records).unwrap();
     assert_eq!(row(&records, &killed).expect("still registered")["up"], true);
     let _ = std::fs::remove_dir_all(&dir);

@@ -670,11 +670,7 @@ fn a_node_added_to_the_cluster_file_joins_and_takes_the_rebuilt_slabs() {
     std::fs::write(&path, &data).expect("write 32 MiB");
     let status = |cluster: &LocalCluster| -> serde_json::Value {
         let file = cluster.cluster_file_path.to_string_lossy().into_owned();
-        let text = run_ok(
-            30,
-            binary().to_str().unwrap(),
-            &["status", "--json", "--timeout-ms", "2000", "--cluster", &file],
-        );
+        let text = common::remem_status(30, &["--json", "--timeout-ms", "2000", "--cluster", &file]);
         serde_json::from_str(&text).expect("status JSON")
     };
     let wait = |cluster: &LocalCluster, what: &str, done: &dyn Fn(&serde_json::Value) -> bool| {

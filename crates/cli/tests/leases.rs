@@ -90,7 +90,7 @@ impl Drop for Nbd {
 /// `remem status --json` of the cluster.
 fn status(cluster: &LocalCluster) -> serde_json::Value {
     let cluster_file = cluster.cluster_file_path.to_str().unwrap();
-    let text = run_ok(30, binary().to_str().unwrap(), &["status", "--json", "--cluster", cluster_file]);
+    let text = common::remem_status(30, &["--json", "--cluster", cluster_file]);
     serde_json::from_str(&text).expect("status --json is JSON")
 }
 

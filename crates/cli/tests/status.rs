@@ -34,7 +34,7 @@ fn status_shows_every_node_and_a_killed_one_as_down() {
         .arg(&cluster.cluster_file_path)
         .output()
         .expect("remem status runs");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(output.status.code(), Some(3), "degraded: {}", String::from_utf8_lossy(&output.stderr));
     let status: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
     assert_eq!(status["nodes_up"], 5);
     let nodes = status["nodes"].as_array().expect("nodes");
@@ -59,6 +59,16 @@ fn status_shows_every_node_and_a_killed_one_as_down() {
     let text = String::from_utf8_lossy(&table.stdout);
     println!("{text}");
     assert!(text.contains("5 of 6 nodes up") && text.contains("DOWN"), "{text}");
+    assert_eq!(table.status.code(), Some(3), "some nodes down");
+    for node in (0..6).filter(|&node| node != 4) {
+        cluster.kill(node).expect("kill");
+    }
+    let down = Command::new(env!("CARGO_BIN_EXE_remem"))
+        .args(["status", "--timeout-ms", "1000", "--cluster"])
+        .arg(&cluster.cluster_file_path)
+        .output()
+        .expect("remem status runs");
+    assert_eq!(down.status.code(), Some(4), "every node down: {}", String::from_utf8_lossy(&down.stdout));
 }
 
 /// `remem status` of the cluster, as JSON.
@@ -68,7 +78,7 @@ fn status_json(cluster_file: &std::path::Path) -> serde_json::Value {
         .arg(cluster_file)
         .output()
         .expect("remem status runs");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(matches!(output.status.code(), Some(0 | 3 | 4)), "{}", String::from_utf8_lossy(&output.stderr));
     serde_json::from_slice(&output.stdout).expect("JSON")
 }
 

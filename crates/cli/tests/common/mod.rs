@@ -182,6 +182,24 @@ pub fn run_ok(seconds: u32, program: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// `remem status ARGS`' standard output; its exit status says the cluster's health (0 all up, 3
+/// some nodes down, 4 all down), any other is a failure.
+#[allow(dead_code)]
+pub fn remem_status(seconds: u32, args: &[&str]) -> String {
+    let program = env!("CARGO_BIN_EXE_remem");
+    let mut all = vec!["status"];
+    all.extend_from_slice(args);
+    let output = run(seconds, program, &all);
+    assert!(
+        matches!(output.status.code(), Some(0 | 3 | 4)),
+        "remem {all:?} failed: {}\nstdout: {}\nstderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 /// Starts `command` with its stdout piped and its stderr in `log`; returns the child and its first
 /// stdout line (empty if none came within 30 s: the caller reports the log).
 #[allow(dead_code)]
