@@ -62,7 +62,8 @@ pub struct NbdArgs {
     /// The private key of `--tls-cert` (PEM).
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Ask clients for a certificate signed by this CA (PEM) and refuse those without one.
+    /// Ask clients for a certificate signed by this CA (PEM) and refuse those without one
+    /// (implies --tls-required: a plain client has no certificate either).
     #[arg(long, requires = "tls_cert")]
     pub tls_ca: Option<PathBuf>,
     /// Serve nothing before STARTTLS (NBD_REP_ERR_TLS_REQD; NBD_OPT_EXPORT_NAME disconnects).
@@ -240,7 +241,10 @@ pub fn run(args: NbdArgs) -> Result<()> {
     if let (Some(certificate), Some(key)) = (&args.tls_cert, &args.tls_key) {
         let config = remem_nbd::tls::server_config(certificate, key, args.tls_ca.as_deref())
             .context("loading the TLS certificate")?;
-        server_config.tls = Some(remem_nbd::TlsSettings { config, required: args.tls_required });
+        // A CA asks every client for a certificate: a plain client has none, so TLS is required
+        // whether or not --tls-required says so.
+        let required = args.tls_required || args.tls_ca.is_some();
+        server_config.tls = Some(remem_nbd::TlsSettings { config, required });
     }
 
     let stop = Arc::new(AtomicBool::new(false));

@@ -175,6 +175,13 @@ fn nbd_over_tls_serves_tls_clients_and_refuses_plain_ones_when_required() {
     let refused = timed("nbdinfo", &["--size", &without]);
     assert!(!refused.status.success(), "a client without a certificate was served");
     drop(server);
+
+    // --tls-ca alone asks for client certificates, so TLS is required: a plain client, which
+    // has none, is refused too (before, it was served in the clear).
+    let server = start_server(&cluster, &dir, &["--tls-ca", ca.to_str().unwrap()]);
+    let plain = timed("nbdinfo", &["--size", &format!("nbd://{}/test", server.address)]);
+    assert!(!plain.status.success(), "a plain client was served although --tls-ca asks for certificates");
+    drop(server);
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }
