@@ -399,10 +399,38 @@ fn parse_mode(text: &str) -> Result<u32, String> {
     }
 }
 
+/// Removes the socket a killed server left at `path` (nothing accepts on it), so the next start
+/// binds; refuses when a server still listens there, or when `path` is not a socket.
+fn remove_stale_socket(path: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(metadata) if metadata.file_type().is_socket() => {
+            match std::os::unix::net::UnixStream::connect(path) {
+                Ok(_) => bail!(
+                    "{} is the socket of a running server: stop it, or choose another --unix path",
+                    path.display()
+                ),
+                Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    tracing::info!(path = %path.display(), "removing the socket a stopped server left");
+                    std::fs::remove_file(path)
+                        .with_context(|| format!("removing the stale socket {}", path.display()))
+                }
+                Err(error) => {
+                    Err(error).with_context(|| format!("checking the existing socket {}", path.display()))
+                }
+            }
+        }
+        Ok(_) => bail!("{} exists and is not a socket", path.display()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(error).with_context(|| format!("checking {}", path.display())),
+    }
+}
+
 /// Binds the Unix socket so that it never exists with wider permissions than `mode`: created
 /// under a umask that leaves only the owner, then given `mode` and `group`.
 fn bind_unix(path: &std::path::Path, mode: u32, group: Option<&str>) -> Result<UnixListener> {
     use std::os::unix::fs::PermissionsExt;
+    remove_stale_socket(path)?;
     // SAFETY: umask has no preconditions; no other thread creates files while the server starts.
     let previous = unsafe { libc::umask(0o177) };
     let bound = UnixListener::bind(path);
