@@ -1021,3 +1021,95 @@ fn ten_connections_that_never_read_stay_within_the_output_budget_while_another_i
     sampler.assert_within(held_bound_bytes(12), "ten connections that never read");
     target.assert_running();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Access control: the Unix socket.
+
+/// `remem kv --unix` started under umask 000: its socket is 0600 from the moment it exists (a
+/// thread stats the path from before the server starts until it listens), the server really ran
+/// under umask 000, and the `nobody` user cannot connect, though it can once the socket is made
+/// 0666 by hand (so the refusal is the socket's mode, not the directory's).
+#[test]
+fn unix_socket_is_0600_from_its_creation_under_umask_000_and_nobody_cannot_connect() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    kv_support::require_program("setpriv", "util-linux");
+    kv_support::require_program("python3", "python3");
+    let name = "unix-umask";
+    // Where `Target` puts the test's directory (kv_support::test_dir).
+    let dir = std::env::temp_dir().join(format!("remem-kv-{name}-{}", std::process::id()));
+    let socket = dir.join("kv.sock");
+    let socket_arg = socket.to_str().expect("UTF-8 path").to_owned();
+    let stop = AtomicBool::new(false);
+    let (mut target, modes_seen) = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            let mut modes = std::collections::BTreeMap::<u32, u64>::new();
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(metadata) = std::fs::symlink_metadata(&socket) {
+                    if metadata.file_type().is_socket() {
+                        *modes.entry(metadata.permissions().mode() & 0o7777).or_default() += 1;
+                    }
+                }
+                std::thread::sleep(Duration::from_micros(20));
+            }
+            modes
+        });
+        let target =
+            Target::remem_kv_under_umask(name, "rep2", MEMORY_LIMIT, &["--unix", &socket_arg], Some(0o000));
+        let mode_at_listening =
+            std::fs::symlink_metadata(&socket).expect("the socket exists").permissions().mode();
+        stop.store(true, Ordering::Relaxed);
+        let mut modes = watcher.join().expect("watcher thread");
+        *modes.entry(mode_at_listening & 0o7777).or_default() += 1;
+        (target, modes)
+    });
+    let modes_text: Vec<String> =
+        modes_seen.iter().map(|(mode, times)| format!("{mode:04o} x{times}")).collect();
+    println!("modes of {} seen while the server started: {modes_text:?}", socket.display());
+    assert_eq!(modes_seen.keys().copied().collect::<Vec<_>>(), [0o600], "the socket's modes: {modes_text:?}");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", target.server.pid())).expect("status");
+    assert!(status.lines().any(|line| line == "Umask:\t0000"), "the server did not run under umask 000");
+
+    // The directory lets anyone through: only the socket's mode keeps `nobody` out.
+    std::fs::set_permissions(&target.dir, std::fs::Permissions::from_mode(0o755))
+        .expect("chmod the directory");
+    let connect_as_nobody = || {
+        let script = "import socket, sys\n\
+                      s = socket.socket(socket.AF_UNIX)\n\
+                      s.settimeout(5)\n\
+                      s.connect(sys.argv[1])\n\
+                      s.sendall(b'version\\r\\n')\n\
+                      print(s.recv(100).decode().strip())\n";
+        let output = kv_support::run_bounded(
+            20,
+            "setpriv",
+            &[
+                "--reuid=nobody",
+                "--regid=nogroup",
+                "--clear-groups",
+                "/usr/bin/python3",
+                "-c",
+                script,
+                &socket_arg,
+            ],
+            None,
+        );
+        (output.status.success(), kv_support::text(&output))
+    };
+    let (connected, text) = connect_as_nobody();
+    println!("nobody connecting to the 0600 socket: {text}");
+    assert!(!connected && text.contains("PermissionError"), "nobody connected to the 0600 socket: {text}");
+    let mut owner = std::os::unix::net::UnixStream::connect(&socket).expect("the owner connects");
+    owner.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    owner.write_all(b"version\r\n").expect("send");
+    let mut answer = [0u8; 64];
+    let count = owner.read(&mut answer).expect("the owner's answer");
+    assert!(answer[..count].starts_with(b"VERSION "), "{:?}", String::from_utf8_lossy(&answer[..count]));
+
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).expect("chmod the socket");
+    let (connected, text) = connect_as_nobody();
+    assert!(
+        connected && text.starts_with("VERSION "),
+        "nobody could not connect to a 0666 socket either: {text}"
+    );
+    target.assert_running();
+}

@@ -203,11 +203,7 @@ impl Server {
         let mut unix = match &config.unix {
             Some(path) => {
                 remove_stale_socket(path)?;
-                let listener = UnixListener::bind(path)?;
-                // Owner only: other local users reach the cache only if the owner widens it.
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-                Some(listener)
+                Some(bind_unix_owner_only(path)?)
             }
             None => None,
         };
@@ -672,6 +668,24 @@ impl Server {
             self.cache.budget.close(conn);
         }
     }
+}
+
+/// Binds the Unix socket so that it is never open to other users, not even for an instant: it
+/// is created under a umask that leaves only the owner (as `remem nbd` does), instead of being
+/// made 0600 after the bind, when another user may have connected already.
+fn bind_unix_owner_only(path: &std::path::Path) -> io::Result<UnixListener> {
+    // SAFETY: umask has no preconditions. It is process-wide: the server binds at start-up,
+    // before its metrics thread exists, and no other thread creates files meanwhile (the
+    // client's probe threads, if a node is down, only open sockets).
+    let previous = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above, restoring the mask the process had.
+    unsafe { libc::umask(previous) };
+    let listener = bound?;
+    // 0600 exactly, whatever stricter mask the process had.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
 }
 
 fn remove_stale_socket(path: &std::path::Path) -> io::Result<()> {
