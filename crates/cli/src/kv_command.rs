@@ -78,6 +78,13 @@ pub struct KvArgs {
     /// Most client connections at once.
     #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
+    /// Bytes held for replies by all connections together: values fetched for gets, replies
+    /// waiting for their turn, output not yet written. A connection may hold a quarter of it (at
+    /// most 64 MiB); beyond, it stops reading and fetching until its client reads. One holding
+    /// nothing may always start one value, so the worst case is this plus one item per
+    /// connection (docs/KV.md "Bounds").
+    #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
+    pub output_budget: u64,
     /// A split not answered in this time counts as failed.
     #[arg(long, default_value_t = 2000)]
     pub request_timeout_ms: u64,
@@ -153,6 +160,9 @@ pub fn run(args: KvArgs) -> Result<()> {
     }
     if args.max_connections == 0 || args.request_timeout_ms == 0 {
         bail!("--max-connections and --request-timeout-ms must be positive");
+    }
+    if args.output_budget < 1 << 20 || args.output_budget > 1 << 40 {
+        bail!("--output-budget must be between 1 MiB and 1 TiB");
     }
     // Refused before anything is mapped on the nodes.
     let auth = match &args.auth_file {
@@ -299,6 +309,7 @@ pub fn run(args: KvArgs) -> Result<()> {
         max_connections: args.max_connections,
         limits,
         auth,
+        output_budget_bytes: args.output_budget as usize,
     };
     let mut server = Server::bind(cache, server_config).with_context(|| format!("binding {listen}"))?;
     let stop = Arc::new(AtomicBool::new(false));

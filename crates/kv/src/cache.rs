@@ -56,6 +56,9 @@ pub struct Out {
     /// This reply ends its command early: the places after it up to this one (the rest of a
     /// multi-key get and its `END`) send nothing.
     pub ends_through: Option<u64>,
+    /// Bytes reserved in [`Cache::budget`] for this reply when its value was looked up: the
+    /// server releases them as it takes the reply (and holds the reply's own bytes instead).
+    pub reserved: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -89,6 +92,8 @@ pub enum Waiter {
         /// the whole answer, and a later `END` would be taken for the next command's).
         /// `None` for a meta get, whose one line is the whole answer anyway.
         end: Option<u64>,
+        /// Bytes reserved in [`Cache::budget`] for the reply (see [`Out::reserved`]).
+        reserved: usize,
     },
     /// A read-modify-write chain of this key waits for the value.
     Rmw { key: Box<[u8]> },
@@ -206,6 +211,9 @@ pub struct Cache {
     pub journal_free: Vec<u32>,
     pub journal_waiting: std::collections::VecDeque<u64>,
     pub rewrites: Option<crate::rewrites::RewriteLog>,
+    /// Bytes held for replies, per connection and in all (`crate::budget`): gets reserve their
+    /// value here before they fetch it, the server counts what waits to be written.
+    pub budget: crate::budget::OutputBudget,
 }
 
 impl Cache {
@@ -236,6 +244,7 @@ impl Cache {
             journal_free: Vec::new(),
             journal_waiting: Default::default(),
             rewrites: None,
+            budget: crate::budget::OutputBudget::new(crate::budget::DEFAULT_OUTPUT_BUDGET_BYTES),
         }
     }
 
@@ -260,12 +269,12 @@ impl Cache {
     }
 
     pub fn reply(&mut self, conn: ConnRef, seq: u64, bytes: Vec<u8>) {
-        self.outbox.push(Out { conn, seq, bytes, ends_through: None });
+        self.outbox.push(Out { conn, seq, bytes, ends_through: None, reserved: 0 });
     }
 
     /// A reply that ends its command: the places after `seq` up to `through` send nothing.
     pub fn reply_ending(&mut self, conn: ConnRef, seq: u64, bytes: Vec<u8>, through: u64) {
-        self.outbox.push(Out { conn, seq, bytes, ends_through: Some(through) });
+        self.outbox.push(Out { conn, seq, bytes, ends_through: Some(through), reserved: 0 });
     }
 
     /// The EOR main copy of an EC-region page.
@@ -539,17 +548,17 @@ impl Cache {
     /// Hands a fetched value (or why it could not be read) to one waiter.
     pub fn deliver(&mut self, waiter: Waiter, value: Result<Rc<[u8]>, String>) {
         match waiter {
-            Waiter::Get { conn, seq, render, end } => match value {
-                Ok(value) => self.reply(conn, seq, crate::commands::render_value(&render, &value)),
-                Err(error) => {
-                    let bytes =
-                        format!("SERVER_ERROR remote memory lost the value: {error}\r\n").into_bytes();
-                    match end {
-                        Some(end) => self.reply_ending(conn, seq, bytes, end),
-                        None => self.reply(conn, seq, bytes),
+            Waiter::Get { conn, seq, render, end, reserved } => {
+                let (bytes, ends_through) = match value {
+                    Ok(value) => (crate::commands::render_value(&render, &value), None),
+                    Err(error) => {
+                        let bytes =
+                            format!("SERVER_ERROR remote memory lost the value: {error}\r\n").into_bytes();
+                        (bytes, end)
                     }
-                }
-            },
+                };
+                self.outbox.push(Out { conn, seq, bytes, ends_through, reserved });
+            }
             Waiter::Rmw { key } => crate::commands::rmw_fetched(self, &key, value),
             Waiter::Transition { task } => crate::transition::fetched(self, task, value),
         }

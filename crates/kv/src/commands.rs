@@ -17,6 +17,74 @@ use crate::scheme::Scheme;
 pub enum After {
     Continue,
     Close,
+    /// A multi-key get whose keys are started as the budget admits them ([`continue_get`]); the
+    /// connection takes no other request until every key is started.
+    Get(MultiGet),
+}
+
+/// Bytes of a text get's reply beyond its key and value: the rest of `VALUE <key> <flags>
+/// <bytes> <cas>\r\n` and the data block's `\r\n`, with room to spare.
+const VALUE_LINE_BYTES: usize = 64;
+
+/// A get, gets, gat or gats of several keys being answered. Every key has its place in the
+/// connection's reply order from the start (so replies stay in request order), but a key is
+/// looked up and fetched only when the connection's output budget admits another value: a get
+/// of thousands of large values streams, a bounded number of them held at a time.
+#[derive(Debug, PartialEq, Eq)]
+pub struct MultiGet {
+    keys: std::collections::VecDeque<Box<[u8]>>,
+    /// The place of the next key's reply.
+    next_seq: u64,
+    /// The place of the `END`.
+    end: u64,
+    with_cas: bool,
+    touch_exptime: Option<i64>,
+}
+
+impl MultiGet {
+    /// The place of its `END`: once the connection sent past it (a lost value's
+    /// `SERVER_ERROR` ended the answer), the keys left are not worth fetching.
+    pub fn end(&self) -> u64 {
+        self.end
+    }
+
+    /// Places not started yet (the keys left and the `END`): they hold nothing.
+    pub fn unstarted(&self) -> u64 {
+        self.end + 1 - self.next_seq
+    }
+}
+
+/// Page ops waiting for an engine slot beyond which a connection that holds bytes already
+/// starts no more values: four times the ops in flight keeps the engine busy, and a client
+/// that holds nothing (one get) never waits behind more than this of another's multi-gets.
+const STREAMING_WAITING_PAGE_OPS: usize = 4 * crate::PAGE_OPS_IN_FLIGHT;
+
+/// Whether `conn` may start another value now: its output budget admits one (`crate::budget`),
+/// and it holds nothing or the page-op queue is short (each waiting op holds a 4 KiB buffer).
+pub fn may_start_value(cache: &Cache, conn: ConnRef) -> bool {
+    cache.budget.admits(conn)
+        && (cache.budget.held_by(conn) == 0 || cache.io.waiting() <= STREAMING_WAITING_PAGE_OPS)
+}
+
+/// Starts the keys of `get` while [`may_start_value`] allows, in order; the `END` goes with the
+/// last. True when the whole get is started.
+pub fn continue_get(cache: &mut Cache, conn: ConnRef, get: &mut MultiGet) -> bool {
+    let now = crate::now_unix();
+    while !get.keys.is_empty() {
+        if !may_start_value(cache, conn) {
+            if !cache.budget.admits(conn) {
+                cache.budget.waits += 1;
+            }
+            return false;
+        }
+        let key = get.keys.pop_front().expect("not empty");
+        let seq = get.next_seq;
+        get.next_seq += 1;
+        get_one(cache, conn, (seq, get.end), &key, get.with_cas, get.touch_exptime, now);
+    }
+    assert_eq!(get.next_seq, get.end, "every key had its place before the END");
+    cache.reply(conn, get.end, text("END\r\n"));
+    true
 }
 
 /// An exptime that is already past.
@@ -45,14 +113,16 @@ pub fn execute(cache: &mut Cache, conn: ConnRef, next_seq: &mut u64, request: Re
     let now = crate::now_unix();
     match request {
         Request::Get { keys, with_cas, touch_exptime } => {
-            // The `END` takes the place after the keys'.
-            let end = *next_seq + keys.len() as u64;
-            for key in keys {
-                let seq = take_seq(next_seq);
-                get_one(cache, conn, (seq, end), &key, with_cas, touch_exptime, now);
+            // Every key takes its place now, the `END` the place after the keys'; the keys are
+            // looked up as the budget admits them.
+            let first = *next_seq;
+            let end = first + keys.len() as u64;
+            *next_seq = end + 1;
+            let keys = keys.into_iter().map(|key| Box::from(key.as_ref())).collect();
+            let mut get = MultiGet { keys, next_seq: first, end, with_cas, touch_exptime };
+            if !continue_get(cache, conn, &mut get) {
+                return After::Get(get);
             }
-            let seq = take_seq(next_seq);
-            cache.reply(conn, seq, text("END\r\n"));
         }
         Request::Store { mode, key, flags, exptime, data, cas_unique, noreply } => {
             let seq = take_seq(next_seq);
@@ -177,7 +247,9 @@ fn get_one(
     cache.stats.get_hits += 1;
     let entry = cache.index.entry(id);
     let render = Render::Text { key: key.into(), flags: entry.flags, cas: with_cas.then_some(entry.cas) };
-    let waiter = Waiter::Get { conn, seq, render, end: Some(end) };
+    let reserved = entry.value_bytes + key.len() + VALUE_LINE_BYTES;
+    cache.budget.hold(conn, reserved);
+    let waiter = Waiter::Get { conn, seq, render, end: Some(end), reserved };
     read_entry(cache, id, waiter, now);
 }
 

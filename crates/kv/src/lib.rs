@@ -11,7 +11,8 @@
 //! - `cache.rs`: the work table and fetches; `writes.rs`: stores; `chunks.rs`: pages of small values
 //!   being written; `transition.rs`: moving objects between schemes;
 //! - `commands.rs` and `meta.rs`: what each command does; `report.rs`: `stats`;
-//! - `pageio.rs`: page ops over the poll driver; `server.rs`: the event loop.
+//! - `pageio.rs`: page ops over the poll driver; `server.rs`: the event loop; `budget.rs`: the
+//!   bytes held for replies and when a connection may start more.
 //!
 //! Architecture Invariant: the crate uses only remem-client's API (never the wire protocol) and
 //! remem-memcache for the memcached protocol; every byte from a socket goes through
@@ -19,6 +20,7 @@
 
 pub mod auth;
 pub mod backup;
+pub mod budget;
 pub mod cache;
 mod chunks;
 pub mod commands;

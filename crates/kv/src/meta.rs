@@ -194,8 +194,11 @@ fn meta_get(cache: &mut Cache, conn: ConnRef, seq: u64, key: &[u8], flags: &Meta
         cache.index.entry_mut(id).fetched = true;
         return cache.reply(conn, seq, hd_line);
     }
+    // The reply: the HD line as `VA <size> <flags>`, the value and its `\r\n`.
+    let reserved = item.size as usize + hd_line.len() + 32;
+    cache.budget.hold(conn, reserved);
     let render = Render::Meta { head: hd_line.into(), opaque_and_key: Box::default(), return_value: true };
-    commands::read_entry(cache, id, Waiter::Get { conn, seq, render, end: None }, now);
+    commands::read_entry(cache, id, Waiter::Get { conn, seq, render, end: None, reserved }, now);
 }
 
 /// A meta reply with its value: the HD line turned into `VA <size>` and the data block.

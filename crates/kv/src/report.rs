@@ -117,6 +117,9 @@ fn general(cache: &mut Cache, out: &mut Vec<u8>) {
     response::stat(out, "remem_background_transitions", cache.background_transitions);
     response::stat(out, "remem_page_ops_in_flight", cache.io.busy());
     response::stat(out, "remem_page_ops_waiting", cache.io.waiting());
+    response::stat(out, "remem_output_held_bytes", cache.budget.held_bytes());
+    response::stat(out, "remem_output_held_bytes_peak", cache.budget.peak_held_bytes());
+    response::stat(out, "remem_output_budget_waits", cache.budget.waits);
     let totals = scheme_totals(cache);
     for scheme in Scheme::ALL {
         let (items, bytes) = totals[scheme.index()];
@@ -145,6 +148,8 @@ fn settings(cache: &Cache, out: &mut Vec<u8>) {
     response::stat(out, "cas_enabled", "yes");
     response::stat(out, "remem_ec", config.ec.name());
     response::stat(out, "remem_bypass", if config.bypass { "yes" } else { "no" });
+    response::stat(out, "remem_output_budget_bytes", cache.budget.total_limit_bytes());
+    response::stat(out, "remem_connection_output_limit_bytes", cache.budget.connection_limit_bytes());
     let policy = &config.policy;
     let fixed = policy.fixed.map(|scheme| scheme.label(config.ec)).unwrap_or_else(|| "auto".into());
     response::stat(out, "remem_scheme", fixed);
@@ -305,6 +310,24 @@ pub fn prometheus(cache: &mut Cache) -> String {
         &plain(stats.bytes_written_remote),
     );
     metric("connections", "gauge", "Client connections open.", &plain(stats.curr_connections));
+    metric(
+        "output_held_bytes",
+        "gauge",
+        "Bytes held for replies: values fetched for gets, replies waiting, output not yet written.",
+        &plain(cache.budget.held_bytes() as u64),
+    );
+    metric(
+        "output_budget_bytes",
+        "gauge",
+        "--output-budget: held bytes beyond which connections wait for their clients to read.",
+        &plain(cache.budget.total_limit_bytes() as u64),
+    );
+    metric(
+        "output_budget_waits_total",
+        "counter",
+        "Times a connection's next value or request waited for the output budget.",
+        &plain(cache.budget.waits),
+    );
     metric("items", "gauge", "Items in the cache.", &plain(cache.index.len() as u64));
     metric("item_bytes", "gauge", "Bytes counted against --memory-limit.", &plain(cache.index.bytes_used));
     metric("memory_limit_bytes", "gauge", "--memory-limit.", &plain(cache.config.memory_limit_bytes));

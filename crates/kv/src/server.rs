@@ -4,11 +4,14 @@
 //! Each connection parses as many pipelined requests as its buffer holds, and sends replies in
 //! request order (a reply that finishes early waits for those before it). Bounds: a connection
 //! buffers at most one request (line + item limit) of input, and stops reading while it has more
-//! than [`MAX_PENDING_REPLIES`] replies outstanding or [`MAX_OUTPUT_BYTES`] unsent, so a client
-//! that never reads cannot grow the server's memory.
+//! than [`MAX_PENDING_REPLIES`] replies outstanding or its output budget (`crate::budget`) does
+//! not admit another value: the bytes held for replies (values being fetched for gets, replies
+//! waiting for their turn, output not yet written) are counted per connection and in all, so
+//! clients that never read cannot grow the server's memory, and a multi-get of many large
+//! values streams a bounded number of them at a time ([`commands::continue_get`]).
 
-use std::collections::BTreeMap;
-use std::io::{self, Read, Write};
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,7 +22,7 @@ use mio::{Events, Interest, Poll, Token};
 use remem_memcache::{parse, Limits, Parse};
 
 use crate::cache::{Cache, ConnRef};
-use crate::commands::{self, After};
+use crate::commands::{self, After, MultiGet};
 
 const TCP: Token = Token(0);
 const UNIX: Token = Token(1);
@@ -27,11 +30,15 @@ const CLIENT: Token = Token(2);
 const STANDBY: Token = Token(3);
 const FIRST_CONNECTION: usize = 16;
 pub const MAX_PENDING_REPLIES: usize = 4096;
-pub const MAX_OUTPUT_BYTES: usize = 64 << 20;
 /// Page ops waiting for an engine slot beyond which connections stop taking requests (each
 /// waiting op holds a 4 KiB buffer).
 pub const MAX_WAITING_PAGE_OPS: usize = 8192;
 const READ_CHUNK: usize = 64 << 10;
+/// Replies smaller than this are copied behind the last output buffer (one write for many small
+/// replies); larger ones are queued as they are, without a copy.
+const COALESCE_BYTES: usize = 64 << 10;
+/// Most buffers one vectored write takes.
+const WRITE_SLICES: usize = 64;
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -43,6 +50,9 @@ pub struct ServerConfig {
     /// `set <any> <any> <any> <len>` with `<user> <password>` as data, else every command gets
     /// `CLIENT_ERROR unauthenticated`.
     pub auth: Option<crate::auth::Credentials>,
+    /// Bytes held for replies by all connections (`crate::budget`; each may hold a quarter, at
+    /// most 64 MiB).
+    pub output_budget_bytes: usize,
 }
 
 /// A task the embedder runs once a second on the event loop's thread.
@@ -79,6 +89,13 @@ impl Write for Stream {
         }
     }
 
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(stream) => stream.write_vectored(bufs),
+            Stream::Unix(stream) => stream.write_vectored(bufs),
+        }
+    }
+
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
@@ -94,13 +111,18 @@ struct Connection {
     next_to_send: u64,
     /// Finished replies waiting for their turn, and how far each ends its command.
     replies: BTreeMap<u64, (Vec<u8>, Option<u64>)>,
-    output: Vec<u8>,
+    /// Replies due, in order, not yet written; the first is written up to `output_sent`.
+    output: VecDeque<Vec<u8>>,
     output_sent: usize,
+    /// Bytes of `output` not yet written.
+    output_bytes: usize,
+    /// A multi-key get whose keys are not all started: no other request runs before it is.
+    multi_get: Option<MultiGet>,
     /// Quit, a fatal protocol error or end of input: close once the replies due are out.
     closing: bool,
     /// The peer is gone: close now.
     dead: bool,
-    /// Reading stopped for backpressure; resume when replies drain.
+    /// Reading stopped for backpressure; resume when replies drain or the budget admits more.
     paused: bool,
     /// Passed memcached's ASCII authentication (always, without `--auth-file`).
     authenticated: bool,
@@ -122,9 +144,57 @@ pub struct Server {
     standby: Option<crate::standby::StandbyPort>,
 }
 
+impl Connection {
+    fn conn(&self, index: usize) -> ConnRef {
+        ConnRef { index, generation: self.generation }
+    }
+
+    /// Queues a reply that is due (its place came).
+    fn push_output(&mut self, bytes: Vec<u8>) {
+        if bytes.is_empty() {
+            return;
+        }
+        self.output_bytes += bytes.len();
+        match self.output.back_mut() {
+            Some(last) if last.len() + bytes.len() <= COALESCE_BYTES => last.extend_from_slice(&bytes),
+            _ => self.output.push_back(bytes),
+        }
+    }
+
+    /// `written` bytes of the output left: buffers written whole are freed.
+    fn consume_output(&mut self, mut written: usize) {
+        assert!(written <= self.output_bytes);
+        self.output_bytes -= written;
+        while written > 0 {
+            let first = self.output.front().expect("bytes written come from a buffer");
+            let left = first.len() - self.output_sent;
+            if written < left {
+                self.output_sent += written;
+                return;
+            }
+            written -= left;
+            self.output.pop_front();
+            self.output_sent = 0;
+        }
+    }
+
+    /// Replies started and not sent yet. The places a multi-get has not started yet do not
+    /// count: they hold nothing, and its keys start only as these replies go out.
+    fn outstanding_replies(&self) -> usize {
+        let unstarted = self.multi_get.as_ref().map_or(0, MultiGet::unstarted);
+        (self.next_seq - self.next_to_send).saturating_sub(unstarted) as usize
+    }
+
+    /// Bytes this connection holds in its own buffers (replies waiting and output).
+    fn buffered_bytes(&self) -> usize {
+        self.replies.values().map(|(bytes, _)| bytes.len()).sum::<usize>() + self.output_bytes
+    }
+}
+
 impl Server {
     /// Binds the listeners and registers the client's sockets.
-    pub fn bind(cache: Cache, config: ServerConfig) -> io::Result<Server> {
+    pub fn bind(mut cache: Cache, config: ServerConfig) -> io::Result<Server> {
+        cache.budget = crate::budget::OutputBudget::new(config.output_budget_bytes);
         let poll = Poll::new()?;
         let mut tcp = match config.listen {
             Some(address) => Some(TcpListener::bind(address)?),
@@ -133,11 +203,7 @@ impl Server {
         let mut unix = match &config.unix {
             Some(path) => {
                 remove_stale_socket(path)?;
-                let listener = UnixListener::bind(path)?;
-                // Owner only: other local users reach the cache only if the owner widens it.
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-                Some(listener)
+                Some(bind_unix_owner_only(path)?)
             }
             None => None,
         };
@@ -211,6 +277,16 @@ impl Server {
                     }
                     Token(token) => {
                         let index = token - FIRST_CONNECTION;
+                        if event.is_error() || (event.is_read_closed() && event.is_write_closed()) {
+                            // The peer is gone: a paused connection, which reads nothing, would
+                            // otherwise keep its output (and its budget) until it resumed.
+                            if let Some(connection) = self.connections.get_mut(index).and_then(Option::as_mut)
+                            {
+                                connection.dead = true;
+                            }
+                            self.close_if_done(index);
+                            continue;
+                        }
                         if event.is_readable() || event.is_read_closed() {
                             self.read_connection(index);
                         }
@@ -247,14 +323,12 @@ impl Server {
         Ok(())
     }
 
-    /// Connections that stopped for the page-op queue take requests again.
+    /// Connections that stopped for the page-op queue or the budget take requests again.
     fn resume_paused(&mut self) {
         for index in 0..self.connections.len() {
-            let paused = self.connections[index].as_ref().is_some_and(|connection| {
-                connection.paused
-                    && (connection.next_seq - connection.next_to_send) as usize <= MAX_PENDING_REPLIES / 2
-                    && connection.output.len() - connection.output_sent <= MAX_OUTPUT_BYTES / 2
-            });
+            let paused = self.connections[index]
+                .as_ref()
+                .is_some_and(|connection| connection.paused && self.may_resume(index, connection));
             if paused {
                 if let Some(connection) = self.connections[index].as_mut() {
                     connection.paused = false;
@@ -263,6 +337,13 @@ impl Server {
                 self.read_connection(index);
             }
         }
+    }
+
+    /// Whether a paused connection may take requests again: its replies drained to half the
+    /// bound and its budget admits another value.
+    fn may_resume(&self, index: usize, connection: &Connection) -> bool {
+        connection.outstanding_replies() <= MAX_PENDING_REPLIES / 2
+            && self.cache.budget.admits(connection.conn(index))
     }
 
     fn accept_tcp(&mut self) {
@@ -319,6 +400,7 @@ impl Server {
             return;
         }
         self.next_generation += 1;
+        self.cache.budget.open(ConnRef { index, generation: self.next_generation });
         self.connections[index] = Some(Connection {
             stream,
             generation: self.next_generation,
@@ -327,8 +409,10 @@ impl Server {
             next_seq: 0,
             next_to_send: 0,
             replies: BTreeMap::new(),
-            output: Vec::new(),
+            output: VecDeque::new(),
             output_sent: 0,
+            output_bytes: 0,
+            multi_get: None,
             closing: false,
             dead: false,
             paused: false,
@@ -348,9 +432,9 @@ impl Server {
             if connection.dead || connection.closing {
                 break;
             }
-            if connection.replies.len() + (connection.next_seq - connection.next_to_send) as usize
-                > MAX_PENDING_REPLIES
-                || connection.output.len() - connection.output_sent > MAX_OUTPUT_BYTES
+            if connection.replies.len() + connection.outstanding_replies() > MAX_PENDING_REPLIES
+                || connection.multi_get.is_some()
+                || !self.cache.budget.admits(connection.conn(index))
             {
                 connection.paused = true;
                 break;
@@ -396,6 +480,15 @@ impl Server {
         let input = std::mem::take(&mut connection.input);
         let mut offset = 0;
         loop {
+            if let Some(get) = connection.multi_get.as_mut() {
+                // A lost value's SERVER_ERROR ended the answer: the other keys send nothing.
+                if connection.next_to_send > get.end() || commands::continue_get(&mut self.cache, conn, get) {
+                    connection.multi_get = None;
+                } else {
+                    connection.paused = true;
+                    break;
+                }
+            }
             if connection.swallow > 0 {
                 let skipped = connection.swallow.min(input.len() - offset);
                 offset += skipped;
@@ -407,9 +500,14 @@ impl Server {
             if offset == input.len() || connection.closing {
                 break;
             }
-            if (connection.next_seq - connection.next_to_send) as usize > MAX_PENDING_REPLIES
+            if connection.outstanding_replies() > MAX_PENDING_REPLIES
                 || self.cache.io.waiting() > MAX_WAITING_PAGE_OPS
             {
+                connection.paused = true;
+                break;
+            }
+            if !self.cache.budget.admits(conn) {
+                self.cache.budget.waits += 1;
                 connection.paused = true;
                 break;
             }
@@ -430,10 +528,10 @@ impl Server {
                     }
                     let (first, kind) = (connection.next_seq, crate::latency::Kind::of(&request));
                     let parsed = std::time::Instant::now();
-                    if commands::execute(&mut self.cache, conn, &mut connection.next_seq, request)
-                        == After::Close
-                    {
-                        connection.closing = true;
+                    match commands::execute(&mut self.cache, conn, &mut connection.next_seq, request) {
+                        After::Continue => {}
+                        After::Close => connection.closing = true,
+                        After::Get(get) => connection.multi_get = Some(get),
                     }
                     if connection.next_seq > first {
                         connection.started.push_back((first, kind, parsed));
@@ -458,6 +556,10 @@ impl Server {
         let consumed_any = offset > 0;
         let mut input = input;
         input.drain(..offset);
+        if input.is_empty() && input.capacity() > 2 * READ_CHUNK {
+            // A large request came and went: an idle connection keeps no megabyte buffer.
+            input = Vec::new();
+        }
         connection.input = input;
         consumed_any
     }
@@ -474,6 +576,8 @@ impl Server {
         let outs = std::mem::take(&mut self.cache.outbox);
         let mut touched = Vec::new();
         for out in outs {
+            // The reply replaces what was reserved for it (a closed connection's is dropped).
+            self.cache.budget.release(out.conn, out.reserved);
             let Some(connection) = self.connections.get_mut(out.conn.index).and_then(Option::as_mut) else {
                 continue;
             };
@@ -488,7 +592,9 @@ impl Server {
             }
             // A place an earlier reply ended its command through sends nothing.
             if out.seq >= connection.next_to_send {
-                connection.replies.insert(out.seq, (out.bytes, out.ends_through));
+                self.cache.budget.hold(out.conn, out.bytes.len());
+                let previous = connection.replies.insert(out.seq, (out.bytes, out.ends_through));
+                assert!(previous.is_none(), "two replies for place {}", out.seq);
             }
             if !touched.contains(&out.conn.index) {
                 touched.push(out.conn.index);
@@ -497,11 +603,14 @@ impl Server {
         for index in touched {
             let Some(connection) = self.connections.get_mut(index).and_then(Option::as_mut) else { continue };
             while let Some((bytes, ends_through)) = connection.replies.remove(&connection.next_to_send) {
-                connection.output.extend_from_slice(&bytes);
+                connection.push_output(bytes);
                 connection.next_to_send += 1;
                 if let Some(through) = ends_through {
                     // The rest of the command (some of it may be done already) sends nothing.
-                    connection.replies.retain(|&seq, _| seq > through);
+                    let rest = connection.replies.split_off(&(through + 1));
+                    let dropped = std::mem::replace(&mut connection.replies, rest);
+                    let dropped_bytes = dropped.values().map(|(bytes, _)| bytes.len()).sum();
+                    self.cache.budget.release(connection.conn(index), dropped_bytes);
                     connection.next_to_send = connection.next_to_send.max(through + 1);
                 }
             }
@@ -511,11 +620,20 @@ impl Server {
 
     fn write_connection(&mut self, index: usize) {
         let Some(connection) = self.connections.get_mut(index).and_then(Option::as_mut) else { return };
-        while connection.output_sent < connection.output.len() && !connection.dead {
-            match connection.stream.write(&connection.output[connection.output_sent..]) {
+        let conn = connection.conn(index);
+        while connection.output_bytes > 0 && !connection.dead {
+            let mut slices = [IoSlice::new(&[]); WRITE_SLICES];
+            let mut count = 0;
+            for (position, buffer) in connection.output.iter().take(WRITE_SLICES).enumerate() {
+                let start = if position == 0 { connection.output_sent } else { 0 };
+                slices[count] = IoSlice::new(&buffer[start..]);
+                count += 1;
+            }
+            match connection.stream.write_vectored(&slices[..count]) {
                 Ok(0) => connection.dead = true,
                 Ok(written) => {
-                    connection.output_sent += written;
+                    connection.consume_output(written);
+                    self.cache.budget.release(conn, written);
                     self.cache.stats.bytes_written += written as u64;
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
@@ -523,18 +641,11 @@ impl Server {
                 Err(_) => connection.dead = true,
             }
         }
-        if connection.output_sent == connection.output.len() {
-            connection.output.clear();
-            connection.output_sent = 0;
-        } else if connection.output_sent > (1 << 20) {
-            connection.output.drain(..connection.output_sent);
-            connection.output_sent = 0;
-        }
-        let resume = connection.paused
-            && (connection.next_seq - connection.next_to_send) as usize <= MAX_PENDING_REPLIES / 2
-            && connection.output.len() - connection.output_sent <= MAX_OUTPUT_BYTES / 2;
-        if resume {
-            connection.paused = false;
+        let connection = self.connections[index].as_ref().expect("present");
+        if connection.paused && self.may_resume(index, connection) {
+            if let Some(connection) = self.connections[index].as_mut() {
+                connection.paused = false;
+            }
             self.process(index);
             self.read_connection(index);
             return;
@@ -544,14 +655,37 @@ impl Server {
 
     fn close_if_done(&mut self, index: usize) {
         let Some(connection) = self.connections.get_mut(index).and_then(Option::as_mut) else { return };
-        let replies_out = connection.next_to_send == connection.next_seq
-            && connection.output_sent == connection.output.len();
+        let replies_out = connection.next_to_send == connection.next_seq && connection.output_bytes == 0;
         if connection.dead || (connection.closing && replies_out) {
             let mut connection = self.connections[index].take().expect("present");
             let _ = self.poll.registry().deregister(connection.stream.source());
             self.cache.stats.curr_connections -= 1;
+            // Its buffers go now; the reservations of its fetches in flight go when they finish.
+            let conn = connection.conn(index);
+            let buffered = connection.buffered_bytes();
+            assert!(buffered <= self.cache.budget.held_by(conn), "a connection holds what it buffers");
+            self.cache.budget.release(conn, buffered);
+            self.cache.budget.close(conn);
         }
     }
+}
+
+/// Binds the Unix socket so that it is never open to other users, not even for an instant: it
+/// is created under a umask that leaves only the owner (as `remem nbd` does), instead of being
+/// made 0600 after the bind, when another user may have connected already.
+fn bind_unix_owner_only(path: &std::path::Path) -> io::Result<UnixListener> {
+    // SAFETY: umask has no preconditions. It is process-wide: the server binds at start-up,
+    // before its metrics thread exists, and no other thread creates files meanwhile (the
+    // client's probe threads, if a node is down, only open sockets).
+    let previous = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above, restoring the mask the process had.
+    unsafe { libc::umask(previous) };
+    let listener = bound?;
+    // 0600 exactly, whatever stricter mask the process had.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
 }
 
 fn remove_stale_socket(path: &std::path::Path) -> io::Result<()> {

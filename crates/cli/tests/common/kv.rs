@@ -75,6 +75,18 @@ impl Drop for Target {
 impl Target {
     /// `remem kv --scheme SCHEME -m MEMORY_LIMIT ARGS` on a fresh cluster of [`NODES`] nodes.
     pub fn remem_kv(name: &str, scheme: &str, memory_limit: &str, args: &[&str]) -> Target {
+        Target::remem_kv_under_umask(name, scheme, memory_limit, args, None)
+    }
+
+    /// As [`Target::remem_kv`], with the server started under `umask` (through a shell that sets
+    /// it and execs the binary, so the server's PID is the shell's).
+    pub fn remem_kv_under_umask(
+        name: &str,
+        scheme: &str,
+        memory_limit: &str,
+        args: &[&str],
+        umask: Option<u32>,
+    ) -> Target {
         require_remem_kv();
         let dir = test_dir(name);
         let options = cluster_options(&dir);
@@ -82,8 +94,19 @@ impl Target {
         let mut all =
             vec!["--scheme".to_owned(), scheme.to_owned(), "-m".to_owned(), memory_limit.to_owned()];
         all.extend(args.iter().map(|arg| arg.to_string()));
+        let program = match umask {
+            None => binary().to_owned(),
+            Some(umask) => {
+                use std::os::unix::fs::PermissionsExt;
+                let wrapper = dir.join("remem-under-umask");
+                let script = format!("#!/bin/sh\numask {umask:03o}\nexec '{}' \"$@\"\n", binary().display());
+                std::fs::write(&wrapper, script).expect("write the umask wrapper");
+                std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+                wrapper
+            }
+        };
         let server = ServerProcess::start_remem_kv(
-            binary(),
+            &program,
             &cluster.cluster_file_path,
             &all,
             &dir.join("kv.log"),
