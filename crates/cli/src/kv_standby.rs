@@ -25,7 +25,7 @@ use anyhow::{bail, Context, Result};
 use remem_kv::backup::replica::{Change, RingReader};
 use remem_kv::backup::wire::{self, FrameReader, Message, Mode, PROTOCOL_VERSION};
 use remem_kv::backup::{Backup, CHUNK_BYTES};
-use remem_kv::standby::{read_frame, send, REGION_FILE, RING_FILE, SOCKET_FILE};
+use remem_kv::standby::{peer_pid, read_frame, send, REGION_FILE, RING_FILE, SOCKET_FILE};
 
 /// A primary silent this long is taken for dead (it heartbeats every 250 ms).
 pub const LEASE: Duration = Duration::from_secs(2);
@@ -60,22 +60,6 @@ fn connect(dir: &Path) -> Result<UnixStream> {
             ),
         }
     }
-}
-
-fn peer_pid(stream: &UnixStream) -> Option<u32> {
-    let mut credentials = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: SO_PEERCRED fills a ucred of the size passed; both point to live locals.
-    let result = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            &mut credentials as *mut libc::ucred as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    (result == 0 && credentials.pid > 0).then_some(credentials.pid as u32)
 }
 
 /// Attaches to the primary of `dir` and stands by until it dies; returns where to serve. Errors

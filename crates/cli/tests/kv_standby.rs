@@ -5,6 +5,7 @@
 //! served. A new standby attaches to the new primary (synced while it serves) and the next
 //! round kills that one, for each replication mode. A standby whose region is damaged (while its
 //! primary hangs, found by the lapsed heartbeat) drops what does not check, never serves it.
+//! A standby killed right after attaching does not keep the next from syncing.
 //! Real node processes and real `remem kv` processes, stopped by PID when the guards drop.
 
 #[path = "common/kv_crash.rs"]
@@ -44,6 +45,21 @@ fn spawn_standby(target: &Target, mode: &str, log: &str) -> (ServerProcess, Rece
         "standby",
     )
     .unwrap_or_else(|error| panic!("{error:#}"))
+}
+
+/// Waits until `process`'s log holds `text` `count` times; returns the log. Panics, with the
+/// log, if it exits first or `timeout` passes.
+fn wait_for_log(process: &mut ServerProcess, text: &str, count: usize, timeout: Duration) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let log = process.log_full();
+        if log.matches(text).count() >= count {
+            return log;
+        }
+        assert!(process.exited().is_none(), "{} exited before saying {text:?}:\n{log}", process.name);
+        assert!(Instant::now() < deadline, "{} did not say {text:?} in {timeout:?}:\n{log}", process.name);
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Starts a standby for the target's primary and waits until its copy is complete.
@@ -145,6 +161,20 @@ fn a_hung_primary_is_killed_and_a_damaged_standby_region_is_never_served() {
     );
     assert!(present > 0);
     assert!(refused >= 1 || forged.is_empty(), "a forged record's value must not be served");
+    target.assert_running();
+}
+
+/// A standby SIGKILLed right after it attached may not be found gone before the next one says
+/// hello (nothing was written to it since): the next one attaches and syncs all the same.
+#[test]
+fn a_standby_killed_right_after_attaching_does_not_keep_the_next_from_syncing() {
+    let mut target = Target::remem_kv("standby-killed-early", "auto", "16MiB", &[]);
+    for round in 0..3 {
+        let (mut killed, _) = spawn_standby(&target, "one-sided", &format!("killed-{round}.log"));
+        wait_for_log(&mut killed, "standing by", 1, Duration::from_secs(20));
+        sigkill(&mut killed);
+    }
+    let (_standby, _) = standby(&target, "one-sided", "next.log");
     target.assert_running();
 }
 

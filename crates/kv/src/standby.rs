@@ -3,9 +3,9 @@
 //! the mode and the region's size, creates its region (and ring) in the state directory, and
 //! says it is ready; the primary then mirrors every change of its backup region into the
 //! standby's, copies what the region held a step at a time while it serves, and tells the
-//! standby when the copy is complete. One standby at a time; a lost standby (its socket
-//! closed, no acknowledgement or no room in its ring for [`STANDBY_TIMEOUT`]) is dropped and
-//! the primary serves on.
+//! standby when the copy is complete. One standby at a time (one found dead at the next hello is
+//! dropped then); a lost standby (its socket closed, no acknowledgement or no room in its ring
+//! for [`STANDBY_TIMEOUT`]) is dropped and the primary serves on.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
@@ -26,6 +26,23 @@ pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(250);
 /// How long the sync copies per pass of the event loop (requests are served between passes).
 const SYNC_STEP: Duration = Duration::from_millis(2);
 
+/// The PID of the process at the other end of a Unix socket (SO_PEERCRED).
+pub fn peer_pid(stream: &UnixStream) -> Option<u32> {
+    let mut credentials = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED fills a ucred of the size passed; both point to live locals.
+    let result = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut credentials as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (result == 0 && credentials.pid > 0).then_some(credentials.pid as u32)
+}
+
 pub struct StandbyPort {
     listener: UnixListener,
     dir: PathBuf,
@@ -34,6 +51,8 @@ pub struct StandbyPort {
     listen: String,
     unix: String,
     attached: bool,
+    /// The attached standby's process (for the log).
+    standby_pid: Option<u32>,
     syncing: bool,
     last_heartbeat: Instant,
     last_progress: Instant,
@@ -90,6 +109,7 @@ impl StandbyPort {
             listen,
             unix,
             attached: false,
+            standby_pid: None,
             syncing: false,
             last_heartbeat: Instant::now(),
             last_progress: Instant::now(),
@@ -130,6 +150,7 @@ impl StandbyPort {
         stream.set_nonblocking(false)?;
         stream.set_read_timeout(Some(STANDBY_TIMEOUT))?;
         stream.set_write_timeout(Some(STANDBY_TIMEOUT))?;
+        let pid = peer_pid(&stream);
         let mut buffer = Vec::new();
         let frame = read_frame(&mut stream, &mut buffer)?;
         let refuse = |stream: &mut UnixStream, reason: String| {
@@ -146,12 +167,21 @@ impl StandbyPort {
             }
             other => return refuse(&mut stream, format!("expected a hello, got {other:?}")),
         }
-        if self.attached {
-            return refuse(&mut stream, "this primary has a standby already".into());
-        }
         let Some(backup) = cache.backup.as_mut() else {
             return refuse(&mut stream, "this primary keeps no backup region (--ephemeral)".into());
         };
+        if self.attached {
+            // A standby that died right after it attached may not have been found gone yet
+            // (nothing was written to it since): it is now, and this one takes its place.
+            let replica = backup.replica_mut().expect("attached means a replica");
+            if !replica.peer_closed() {
+                let holder = self.standby_pid.map(|pid| format!(" (pid {pid})")).unwrap_or_default();
+                return refuse(&mut stream, format!("this primary has a standby already{holder}"));
+            }
+            replica.lose("its socket closed".into());
+            self.detach(cache);
+        }
+        let backup = cache.backup.as_mut().expect("checked above");
         let (_, chunk_count) = backup.chunks_used();
         let region_bytes = backup.file_bytes();
         send(
@@ -178,11 +208,29 @@ impl StandbyPort {
         .map_err(io::Error::other)?;
         backup.attach_replica(replica, self.policy);
         self.attached = true;
+        self.standby_pid = pid;
         self.syncing = true;
         self.attached_total += 1;
         self.last_progress = Instant::now();
-        eprintln!("a standby attached ({} replication); syncing its backup region", self.mode.name());
+        eprintln!(
+            "a standby{} attached ({} replication); syncing its backup region",
+            pid.map(|pid| format!(" (pid {pid})")).unwrap_or_default(),
+            self.mode.name()
+        );
         Ok(())
+    }
+
+    /// Drops the standby given up and says so.
+    fn detach(&mut self, cache: &mut Cache) {
+        let Some(replica) = cache.backup.as_mut().and_then(|backup| backup.detach_replica()) else { return };
+        eprintln!(
+            "the standby{} is gone ({}); serving without one",
+            self.standby_pid.map(|pid| format!(" (pid {pid})")).unwrap_or_default(),
+            replica.lost.unwrap_or_default()
+        );
+        self.attached = false;
+        self.standby_pid = None;
+        self.syncing = false;
     }
 
     /// Once per pass of the event loop: a step of the sync, heartbeats, a lost standby dropped.
@@ -193,7 +241,9 @@ impl StandbyPort {
         let Some(backup) = cache.backup.as_mut() else { return };
         if let Some(progress) = backup.sync_step(SYNC_STEP) {
             let replica = backup.replica_mut().expect("a sync runs with a replica");
-            if progress.done {
+            // A standby given up during the sync is not synced, whatever its copy reached.
+            let given_up = replica.lost.is_some();
+            if progress.done && !given_up {
                 self.syncing = false;
                 self.syncs_completed += 1;
                 replica.tell(&Message::Synced {
@@ -208,7 +258,7 @@ impl StandbyPort {
                     progress.item_chunks,
                     progress.elapsed.as_secs_f64()
                 );
-            } else if self.last_progress.elapsed() >= Duration::from_secs(1) {
+            } else if !given_up && self.last_progress.elapsed() >= Duration::from_secs(1) {
                 self.last_progress = Instant::now();
                 replica.tell(&Message::Progress { done: progress.chunks_done, total: progress.chunks_total });
                 eprintln!(
@@ -227,10 +277,7 @@ impl StandbyPort {
             }
         }
         if backup.replica_mut().is_some_and(|replica| replica.lost.is_some()) {
-            let replica = backup.detach_replica().expect("checked above");
-            eprintln!("the standby is gone ({}); serving without one", replica.lost.unwrap_or_default());
-            self.attached = false;
-            self.syncing = false;
+            self.detach(cache);
         }
     }
 }

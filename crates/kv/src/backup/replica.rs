@@ -13,6 +13,7 @@
 //! (`kv-NAME/standby-ring`, also the standby's) and never waits unless the ring is full.
 
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -109,6 +110,15 @@ impl Replica {
             lost: None,
             unacknowledged: false,
         })
+    }
+
+    /// Whether the standby closed its end of the socket (it died): a standby that sends nothing
+    /// unasked is found gone here without waiting for a write to fail.
+    pub fn peer_closed(&self) -> bool {
+        let mut poll = libc::pollfd { fd: self.stream.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 };
+        // SAFETY: one pollfd, a live local; a zero timeout never blocks.
+        let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+        ready > 0 && poll.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
     }
 
     /// Bytes at `offset` of the region.
@@ -220,7 +230,8 @@ impl Replica {
         }
     }
 
-    fn lose(&mut self, why: String) {
+    /// Gives the standby up; the caller goes on to serve without it.
+    pub fn lose(&mut self, why: String) {
         if self.lost.is_none() {
             tracing::error!(%why, "the standby is given up; serving on without one");
             self.lost = Some(why);
