@@ -104,8 +104,8 @@ pub struct KvArgs {
     pub ephemeral: bool,
     /// Stand by for the running `remem kv` of the same state directory (same cluster and --name
     /// or --state, same -m, -k, -r and schemes): lend it a backup region in this process's
-    /// memory, and take over its address with every item it acknowledged when it dies.
-    /// docs/KV.md "Standby".
+    /// memory, and take over its address with every item it acknowledged when it dies. With no
+    /// primary yet, waits for one, saying so every 5 s. docs/KV.md "Standby".
     #[arg(long, conflicts_with_all = ["ephemeral", "fresh"])]
     pub standby: bool,
     /// How a standby's region is kept (this server's, when a standby attaches): one-sided (this

@@ -13,6 +13,9 @@
 //! was complete, makes its region the state directory's backup region, and the caller restarts
 //! from it as any `remem kv` restarts: slab map reopened, records scanned and checked, index
 //! rebuilt, on the primary's address.
+//!
+//! A standby that finds no primary says so at once, and again every [`WAIT_REPORT_INTERVAL`],
+//! and waits for one (it may be started before its primary; a mistyped `--name` shows).
 
 use std::io;
 use std::net::SocketAddr;
@@ -29,8 +32,10 @@ use remem_kv::standby::{peer_pid, read_frame, send, REGION_FILE, RING_FILE, SOCK
 
 /// A primary silent this long is taken for dead (it heartbeats every 250 ms).
 pub const LEASE: Duration = Duration::from_secs(2);
-/// How long a standby waits for a primary to appear at its socket.
-const CONNECT_WAIT: Duration = Duration::from_secs(10);
+/// How often a standby that finds no primary says so.
+const WAIT_REPORT_INTERVAL: Duration = Duration::from_secs(5);
+/// How often it tries the primary's socket meanwhile.
+const CONNECT_RETRY: Duration = Duration::from_millis(100);
 
 /// What the standby learned, for the takeover.
 pub struct Takeover {
@@ -42,22 +47,78 @@ pub struct Takeover {
     pub how: &'static str,
 }
 
-fn connect(dir: &Path) -> Result<UnixStream> {
+/// Why no primary answers at `socket` (for the operator: a mistyped `--name` shows here).
+fn why_no_primary(dir: &Path, socket: &Path, error: &io::Error) -> String {
+    if !dir.is_dir() {
+        let mut why = format!(
+            "{} does not exist: no remem kv ran with this --name (or --state) on this cluster",
+            dir.display()
+        );
+        let parent = dir.parent().unwrap_or(Path::new("."));
+        let mut names: Vec<String> = std::fs::read_dir(parent)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|entry| entry.path().is_dir())
+            .filter_map(|entry| entry.file_name().to_str()?.strip_prefix("kv-").map(str::to_owned))
+            .collect();
+        names.sort();
+        if !names.is_empty()
+            && dir.file_name().and_then(|name| name.to_str()).is_some_and(|name| name.starts_with("kv-"))
+        {
+            why += &format!(" (--name of those that did: {})", names.join(", "));
+        }
+        return why;
+    }
+    match error.kind() {
+        io::ErrorKind::NotFound => format!(
+            "{} does not exist: no remem kv serves {} (not started yet, or --ephemeral)",
+            socket.display(),
+            dir.display()
+        ),
+        io::ErrorKind::ConnectionRefused => {
+            format!(
+                "nothing listens on {}: the remem kv of {} stopped or died",
+                socket.display(),
+                dir.display()
+            )
+        }
+        _ => format!("{}: {error}", socket.display()),
+    }
+}
+
+/// Connects to the primary of `dir`, waiting as long as it takes: what is missing is said at
+/// once, and again every [`WAIT_REPORT_INTERVAL`] (or when it changes).
+fn connect_waiting(dir: &Path) -> UnixStream {
     let path = dir.join(SOCKET_FILE);
-    let deadline = Instant::now() + CONNECT_WAIT;
+    let started = Instant::now();
+    let mut said: Option<(Instant, String)> = None;
     loop {
         match UnixStream::connect(&path) {
-            Ok(stream) => return Ok(stream),
-            Err(error) if Instant::now() < deadline => {
-                tracing::debug!(%error, "waiting for the primary's standby socket");
-                std::thread::sleep(Duration::from_millis(100));
+            Ok(stream) => {
+                if said.is_some() {
+                    eprintln!("a primary listens on {} now; attaching", path.display());
+                }
+                return stream;
             }
-            Err(error) => bail!(
-                "no primary remem kv serves {} ({}: {error}); start the primary first, with the same \
-                 cluster, --name or --state",
-                dir.display(),
-                path.display()
-            ),
+            Err(error) => {
+                let why = why_no_primary(dir, &path, &error);
+                let due = said
+                    .as_ref()
+                    .is_none_or(|(at, before)| at.elapsed() >= WAIT_REPORT_INTERVAL || *before != why);
+                if due {
+                    if said.is_none() {
+                        eprintln!("no primary to stand by for: {why}; waiting for one");
+                    } else {
+                        eprintln!(
+                            "still no primary to stand by for after {} s: {why}; waiting",
+                            started.elapsed().as_secs()
+                        );
+                    }
+                    said = Some((Instant::now(), why));
+                }
+                std::thread::sleep(CONNECT_RETRY);
+            }
         }
     }
 }
@@ -66,7 +127,7 @@ fn connect(dir: &Path) -> Result<UnixStream> {
 /// if the primary refuses, or dies before the standby's copy is complete (nothing to take
 /// over from: a plain restart of `remem kv` restores from the primary's own region).
 pub fn stand_by(dir: &Path) -> Result<Takeover> {
-    let mut stream = connect(dir)?;
+    let mut stream = connect_waiting(dir);
     let primary_pid = peer_pid(&stream);
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;

@@ -5,7 +5,8 @@
 //! served. A new standby attaches to the new primary (synced while it serves) and the next
 //! round kills that one, for each replication mode. A standby whose region is damaged (while its
 //! primary hangs, found by the lapsed heartbeat) drops what does not check, never serves it.
-//! A standby killed right after attaching does not keep the next from syncing.
+//! A standby with no primary says so; one killed right after attaching does not keep the next
+//! from syncing.
 //! Real node processes and real `remem kv` processes, stopped by PID when the guards drop.
 
 #[path = "common/kv_crash.rs"]
@@ -35,6 +36,21 @@ fn state_dir(target: &Target) -> PathBuf {
 /// Starts `remem kv --standby` for the target's primary.
 fn spawn_standby(target: &Target, mode: &str, log: &str) -> (ServerProcess, Receiver<String>) {
     let mut args = args(mode);
+    args.push("--standby".into());
+    let cluster = target.cluster.as_ref().expect("a remem cluster");
+    ServerProcess::spawn_remem_kv(
+        binary(),
+        &cluster.cluster_file_path,
+        &args,
+        &target.dir.join(log),
+        "standby",
+    )
+    .unwrap_or_else(|error| panic!("{error:#}"))
+}
+
+/// Starts `remem kv ARGS --standby` for the target's primary.
+fn spawn_standby_with(target: &Target, args: &[&str], log: &str) -> (ServerProcess, Receiver<String>) {
+    let mut args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
     args.push("--standby".into());
     let cluster = target.cluster.as_ref().expect("a remem cluster");
     ServerProcess::spawn_remem_kv(
@@ -162,6 +178,22 @@ fn a_hung_primary_is_killed_and_a_damaged_standby_region_is_never_served() {
     assert!(present > 0);
     assert!(refused >= 1 || forged.is_empty(), "a forged record's value must not be served");
     target.assert_running();
+}
+
+#[test]
+fn a_standby_with_no_primary_says_so_at_once_and_attaches_when_one_starts() {
+    let target = Target::remem_kv("standby-no-primary", "auto", "16MiB", &[]);
+    let flags = ["--scheme", "auto", "-m", "16MiB", "--name", "other"];
+    let (mut standby, _) = spawn_standby_with(&target, &flags, "standby.log");
+    let log = wait_for_log(&mut standby, "no primary to stand by for", 1, Duration::from_secs(20));
+    assert!(log.contains("kv-other does not exist") && log.contains("those that did: default"), "{log}");
+    wait_for_log(&mut standby, "still no primary", 1, Duration::from_secs(20));
+    let cluster_file = &target.cluster.as_ref().expect("a remem cluster").cluster_file_path;
+    let flags: Vec<String> = flags.iter().map(|flag| flag.to_string()).collect();
+    let _other =
+        ServerProcess::start_remem_kv(binary(), cluster_file, &flags, &target.dir.join("other.log"), "other")
+            .unwrap_or_else(|error| panic!("{error:#}"));
+    wait_for_log(&mut standby, "standby synced", 1, Duration::from_secs(30));
 }
 
 /// A standby SIGKILLed right after it attached may not be found gone before the next one says
