@@ -28,7 +28,8 @@ use anyhow::{bail, Context, Result};
 use remem_kv::backup::replica::{Change, RingReader};
 use remem_kv::backup::wire::{self, FrameReader, Message, Mode, PROTOCOL_VERSION};
 use remem_kv::backup::{Backup, CHUNK_BYTES};
-use remem_kv::standby::{peer_pid, read_frame, send, REGION_FILE, RING_FILE, SOCKET_FILE};
+use remem_kv::standby::{peer_pid, read_frame, region_file, ring_file, send, Settings, SOCKET_FILE};
+use remem_kv::CacheConfig;
 
 /// A primary silent this long is taken for dead (it heartbeats every 250 ms).
 pub const LEASE: Duration = Duration::from_secs(2);
@@ -45,6 +46,52 @@ pub struct Takeover {
     /// When the primary was found dead.
     pub detected_at: Instant,
     pub how: &'static str,
+    /// This standby's region and ring in the state directory.
+    region: PathBuf,
+    ring: PathBuf,
+}
+
+/// `bytes` as `-m` takes it, exactly (`256MiB`, `1536KiB`, `1000000`).
+fn exact_bytes(bytes: u64) -> String {
+    for (name, size) in [("TiB", 1u64 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if bytes >= size && bytes.is_multiple_of(size) {
+            return format!("{}{name}", bytes / size);
+        }
+    }
+    bytes.to_string()
+}
+
+/// The settings a standby must share with its primary to take over from it: the cluster (its
+/// secret reopens the slabs), the memory limit and EC shape (the regions' sizes and shapes),
+/// the scheme policy (which regions exist, where items go) and the access control (a takeover
+/// must not open a cache that asked for passwords). Compared by the primary at attach.
+pub fn standby_settings(cluster_file: &Path, config: &CacheConfig, auth_file: Option<&Path>) -> Settings {
+    let canonical =
+        |path: &Path| std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned()).display().to_string();
+    let policy = &config.policy;
+    let label = |scheme: remem_kv::Scheme| scheme.label(config.ec);
+    let prefixes: Vec<String> = policy
+        .prefixes
+        .iter()
+        .map(|(prefix, scheme)| format!("{}={}", String::from_utf8_lossy(prefix), label(*scheme)))
+        .collect();
+    [
+        ("--cluster", canonical(cluster_file)),
+        ("-m", exact_bytes(config.memory_limit_bytes)),
+        ("-k", config.ec.data_splits.to_string()),
+        ("-r", config.ec.parity_splits.to_string()),
+        ("--scheme", policy.fixed.map(label).unwrap_or_else(|| "auto".into())),
+        ("--prefix-scheme", prefixes.join(" ")),
+        ("--small-below", exact_bytes(policy.small_below_bytes as u64)),
+        ("--small-scheme", label(policy.small_scheme)),
+        ("--large-scheme", label(policy.large_scheme)),
+        ("--cold-after-secs", policy.cold_after.as_secs().to_string()),
+        ("--hot-reads", policy.hot_reads.to_string()),
+        ("--auth-file", auth_file.map(canonical).unwrap_or_default()),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_owned(), value))
+    .collect()
 }
 
 /// Why no primary answers at `socket` (for the operator: a mistyped `--name` shows here).
@@ -126,31 +173,37 @@ fn connect_waiting(dir: &Path) -> UnixStream {
 /// Attaches to the primary of `dir` and stands by until it dies; returns where to serve. Errors
 /// if the primary refuses, or dies before the standby's copy is complete (nothing to take
 /// over from: a plain restart of `remem kv` restores from the primary's own region).
-pub fn stand_by(dir: &Path) -> Result<Takeover> {
+pub fn stand_by(dir: &Path, settings: &Settings) -> Result<Takeover> {
     let mut stream = connect_waiting(dir);
     let primary_pid = peer_pid(&stream);
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-    send(&mut stream, &Message::Hello { version: PROTOCOL_VERSION })?;
+    let settings = settings.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect();
+    send(&mut stream, &Message::Hello { version: PROTOCOL_VERSION, settings })?;
     let mut buffer = Vec::new();
     let frame = read_frame(&mut stream, &mut buffer).context("waiting for the primary's welcome")?;
-    let (mode, chunk_count, listen, unix) = match wire::decode(frame) {
-        Ok(Message::Welcome { version: PROTOCOL_VERSION, mode, chunk_count, listen, unix }) => {
-            (mode, chunk_count, listen.to_owned(), unix.to_owned())
+    let (mode, chunk_count, attach_id, listen, unix) = match wire::decode(frame) {
+        Ok(Message::Welcome { version: PROTOCOL_VERSION, mode, chunk_count, attach_id, listen, unix }) => {
+            (mode, chunk_count, attach_id, listen.to_owned(), unix.to_owned())
         }
-        Ok(Message::Refused { reason }) => bail!("the primary refused this standby: {reason}"),
+        Ok(Message::Refused { reason }) => bail!(
+            "standby refused by the primary{} of {}: {reason}",
+            primary_pid.map(|pid| format!(" (pid {pid})")).unwrap_or_default(),
+            dir.display()
+        ),
         other => bail!("the primary answered the hello with {other:?}"),
     };
     let listen: SocketAddr =
         listen.parse().with_context(|| format!("the primary's address {listen:?} is not one"))?;
     let unix = (!unix.is_empty()).then(|| PathBuf::from(unix));
-    let region_path = dir.join(REGION_FILE);
+    let region_path = dir.join(region_file(attach_id));
+    let ring_path = dir.join(ring_file(attach_id));
     let mut region = Backup::create(&region_path, chunk_count as u64 * CHUNK_BYTES as u64)?;
     if region.chunks_used().1 != chunk_count {
         bail!("the primary's region has {chunk_count} chunks, more than a region may have");
     }
     let mut ring = match mode {
-        Mode::Log => Some(RingReader::create(&dir.join(RING_FILE))?),
+        Mode::Log => Some(RingReader::create(&ring_path)?),
         _ => None,
     };
     send(&mut stream, &Message::Ready)?;
@@ -236,16 +289,15 @@ pub fn stand_by(dir: &Path) -> Result<Takeover> {
         );
     }
     eprintln!("the primary is gone ({how}); taking over on {listen}");
-    Ok(Takeover { listen, unix, primary_pid, detected_at, how })
+    Ok(Takeover { listen, unix, primary_pid, detected_at, how, region: region_path, ring: ring_path })
 }
 
 /// The standby's region becomes the state directory's backup region (call with the directory
 /// locked: the primary is gone).
-pub fn adopt_region(dir: &Path, backup_path: &Path) -> Result<()> {
-    let region = dir.join(REGION_FILE);
-    std::fs::rename(&region, backup_path)
-        .with_context(|| format!("making {} the backup region", region.display()))?;
-    let _ = std::fs::remove_file(dir.join(RING_FILE));
+pub fn adopt_region(takeover: &Takeover, backup_path: &Path) -> Result<()> {
+    std::fs::rename(&takeover.region, backup_path)
+        .with_context(|| format!("making {} the backup region", takeover.region.display()))?;
+    let _ = std::fs::remove_file(&takeover.ring);
     Ok(())
 }
 

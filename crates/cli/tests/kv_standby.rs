@@ -5,7 +5,7 @@
 //! served. A new standby attaches to the new primary (synced while it serves) and the next
 //! round kills that one, for each replication mode. A standby whose region is damaged (while its
 //! primary hangs, found by the lapsed heartbeat) drops what does not check, never serves it.
-//! A standby with no primary says so; one killed right after attaching does not keep the next
+//! A standby with other settings is refused, naming them; one with no primary says so; one killed right after attaching does not keep the next
 //! from syncing.
 //! Real node processes and real `remem kv` processes, stopped by PID when the guards drop.
 
@@ -76,6 +76,38 @@ fn wait_for_log(process: &mut ServerProcess, text: &str, count: usize, timeout: 
         assert!(Instant::now() < deadline, "{} did not say {text:?} in {timeout:?}:\n{log}", process.name);
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Waits for `process` to exit; returns its exit status and log.
+fn wait_exit(process: &mut ServerProcess, timeout: Duration) -> (std::process::ExitStatus, String) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = process.exited() {
+            return (status, process.log_full());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} did not exit in {timeout:?}:\n{}",
+            process.name,
+            process.log_full()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The attached standby's region in the state directory (its name carries the attach id).
+fn standby_region(target: &Target) -> PathBuf {
+    let mut regions: Vec<PathBuf> = std::fs::read_dir(state_dir(target))
+        .expect("the state directory")
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| {
+            let name = path.file_name().and_then(|name| name.to_str()).unwrap_or_default();
+            name.starts_with("standby-") && name.ends_with("-backup")
+        })
+        .collect();
+    assert_eq!(regions.len(), 1, "one standby region: {regions:?}");
+    regions.pop().expect("one")
 }
 
 /// Starts a standby for the target's primary and waits until its copy is complete.
@@ -161,7 +193,7 @@ fn a_hung_primary_is_killed_and_a_damaged_standby_region_is_never_served() {
     // The primary hangs: its heartbeats stop, and nothing changes the region while it is damaged.
     // SAFETY: kill with the PID of a child the test spawned and has not reaped.
     unsafe { libc::kill(target.server.pid() as libc::pid_t, libc::SIGSTOP) };
-    let region = state_dir(&target).join("standby-backup");
+    let region = standby_region(&target);
     let forged = damage(&region, 20);
     let (known, in_flight, acknowledged) = writer.join().expect("the writer");
     standby.wait_listening(&first_line, Duration::from_secs(30)).unwrap_or_else(|error| panic!("{error:#}"));
@@ -177,6 +209,31 @@ fn a_hung_primary_is_killed_and_a_damaged_standby_region_is_never_served() {
     );
     assert!(present > 0);
     assert!(refused >= 1 || forged.is_empty(), "a forged record's value must not be served");
+    target.assert_running();
+}
+
+#[test]
+fn a_standby_with_other_settings_is_refused_naming_each_difference() {
+    let mut target = Target::remem_kv("standby-settings", "auto", "16MiB", &[]);
+    let cases: [(&[&str], &[&str]); 3] = [
+        (&["-m", "32MiB"], &["-m 32MiB on the standby, 16MiB on the primary"]),
+        (
+            &["-m", "16MiB", "-k", "6", "-r", "3"],
+            &["-k 6 on the standby, 8 on the primary", "-r 3 on the standby, 2 on the primary"],
+        ),
+        (&["-m", "16MiB", "--scheme", "ec"], &["--scheme ec8+2 on the standby, auto on the primary"]),
+    ];
+    for (round, (flags, differences)) in cases.into_iter().enumerate() {
+        let (mut refused, _) = spawn_standby_with(&target, flags, &format!("refused-{round}.log"));
+        let (status, log) = wait_exit(&mut refused, Duration::from_secs(20));
+        assert!(!status.success(), "{log}");
+        assert!(log.contains("standby refused by the primary"), "{log}");
+        for difference in differences {
+            assert!(log.contains(difference), "{difference:?} not in:\n{log}");
+        }
+    }
+    // The primary serves on and takes a standby with its settings.
+    let (_standby, _) = standby(&target, "one-sided", "matching.log");
     target.assert_running();
 }
 

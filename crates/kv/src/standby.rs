@@ -1,9 +1,11 @@
 //! The primary's door for a standby (seed 004, MacR; docs/KV.md "Standby"): a Unix socket in
-//! the state directory, `kv-NAME/standby.sock` (0600). A standby connects, says hello, is told
-//! the mode and the region's size, creates its region (and ring) in the state directory, and
-//! says it is ready; the primary then mirrors every change of its backup region into the
-//! standby's, copies what the region held a step at a time while it serves, and tells the
-//! standby when the copy is complete. One standby at a time (one found dead at the next hello is
+//! the state directory, `kv-NAME/standby.sock` (0600). A standby connects and says hello with
+//! its settings; the primary refuses it if a setting the takeover needs differs from its own
+//! (naming each difference), else tells it the mode, the region's size and an attach id; the
+//! standby creates its region (and ring) in the state directory under that id, and says it is
+//! ready; the primary then mirrors every change of its backup region into the standby's, copies
+//! what the region held a step at a time while it serves, and tells the standby when the copy
+//! is complete. One standby at a time (one found dead at the next hello is
 //! dropped then); a lost standby (its socket closed, no acknowledgement or no room in its ring
 //! for [`STANDBY_TIMEOUT`]) is dropped and the primary serves on.
 
@@ -19,12 +21,52 @@ use crate::backup::{Replica, SyncPolicy};
 use crate::cache::Cache;
 
 pub const SOCKET_FILE: &str = "standby.sock";
-pub const REGION_FILE: &str = "standby-backup";
-pub const RING_FILE: &str = "standby-ring";
 /// How often the primary tells an attached standby it is alive.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(250);
 /// How long the sync copies per pass of the event loop (requests are served between passes).
 const SYNC_STEP: Duration = Duration::from_millis(2);
+
+/// The standby's region in the state directory, named by its attach id.
+pub fn region_file(attach_id: u64) -> String {
+    format!("standby-{attach_id:016x}-backup")
+}
+
+/// The standby's log ring in the state directory, named by its attach id.
+pub fn ring_file(attach_id: u64) -> String {
+    format!("standby-{attach_id:016x}-ring")
+}
+
+/// The settings a standby must share with its primary to take over from it: `(flag, value)`,
+/// each value written as the flag takes it, in a fixed order (see `remem kv`'s
+/// `standby_settings`).
+pub type Settings = Vec<(String, String)>;
+
+/// Every setting that differs, as `FLAG VALUE on the standby, VALUE on the primary`.
+pub fn differences(primary: &[(String, String)], standby: &[(&str, &str)]) -> Vec<String> {
+    let of_primary =
+        |name: &str| primary.iter().find(|(flag, _)| flag == name).map(|(_, value)| value.as_str());
+    let of_standby = |name: &str| standby.iter().find(|&&(flag, _)| flag == name).map(|&(_, value)| value);
+    let mut names: Vec<&str> = primary.iter().map(|(name, _)| name.as_str()).collect();
+    for &(name, _) in standby {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    fn shown(value: Option<&str>) -> &str {
+        value.filter(|value| !value.is_empty()).unwrap_or("not set")
+    }
+    names
+        .into_iter()
+        .filter(|&name| of_primary(name) != of_standby(name))
+        .map(|name| {
+            format!(
+                "{name} {} on the standby, {} on the primary",
+                shown(of_standby(name)),
+                shown(of_primary(name))
+            )
+        })
+        .collect()
+}
 
 /// The PID of the process at the other end of a Unix socket (SO_PEERCRED).
 pub fn peer_pid(stream: &UnixStream) -> Option<u32> {
@@ -43,6 +85,18 @@ pub fn peer_pid(stream: &UnixStream) -> Option<u32> {
     (result == 0 && credentials.pid > 0).then_some(credentials.pid as u32)
 }
 
+/// A new attach id: random (a standby given up before must never find its files recreated by
+/// a later attach).
+fn new_attach_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.write_u128(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
+    );
+    hasher.finish()
+}
+
 pub struct StandbyPort {
     listener: UnixListener,
     dir: PathBuf,
@@ -50,6 +104,8 @@ pub struct StandbyPort {
     policy: SyncPolicy,
     listen: String,
     unix: String,
+    /// This server's settings, which a standby's must equal.
+    settings: Settings,
     attached: bool,
     /// The attached standby's process (for the log).
     standby_pid: Option<u32>,
@@ -81,6 +137,15 @@ pub fn send(stream: &mut UnixStream, message: &Message) -> io::Result<()> {
     stream.write_all(&out)
 }
 
+/// Removes `path`; one already gone is no error.
+fn remove(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(error),
+    }
+}
+
 impl StandbyPort {
     /// Listens on `dir/standby.sock` (a stale socket there is replaced: the state directory is
     /// locked by this server).
@@ -88,15 +153,11 @@ impl StandbyPort {
         dir: &Path,
         mode: Mode,
         policy: SyncPolicy,
-        listen: String,
-        unix: String,
+        (listen, unix): (String, String),
+        settings: Settings,
     ) -> io::Result<StandbyPort> {
         let path = dir.join(SOCKET_FILE);
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-            Err(error) => return Err(error),
-        }
+        remove(&path)?;
         let listener = UnixListener::bind(&path)?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
@@ -108,6 +169,7 @@ impl StandbyPort {
             policy,
             listen,
             unix,
+            settings,
             attached: false,
             standby_pid: None,
             syncing: false,
@@ -158,8 +220,13 @@ impl StandbyPort {
             Err(io::Error::other(reason))
         };
         match wire::decode(frame) {
-            Ok(Message::Hello { version: PROTOCOL_VERSION }) => {}
-            Ok(Message::Hello { version }) => {
+            Ok(Message::Hello { version: PROTOCOL_VERSION, settings }) => {
+                let differences = differences(&self.settings, &settings);
+                if !differences.is_empty() {
+                    return refuse(&mut stream, differences.join("; "));
+                }
+            }
+            Ok(Message::Hello { version, .. }) => {
                 return refuse(
                     &mut stream,
                     format!("protocol version {version}, this primary speaks {PROTOCOL_VERSION}"),
@@ -184,28 +251,30 @@ impl StandbyPort {
         let backup = cache.backup.as_mut().expect("checked above");
         let (_, chunk_count) = backup.chunks_used();
         let region_bytes = backup.file_bytes();
+        let attach_id = new_attach_id();
         send(
             &mut stream,
             &Message::Welcome {
                 version: PROTOCOL_VERSION,
                 mode: self.mode,
                 chunk_count,
+                attach_id,
                 listen: &self.listen,
                 unix: &self.unix,
             },
         )?;
-        let frame = read_frame(&mut stream, &mut buffer)?;
-        if wire::decode(frame) != Ok(Message::Ready) {
-            return Err(io::Error::other("the standby did not say it was ready"));
-        }
-        let replica = Replica::attach(
-            self.mode,
-            stream,
-            &self.dir.join(REGION_FILE),
-            region_bytes,
-            &self.dir.join(RING_FILE),
-        )
-        .map_err(io::Error::other)?;
+        let (region, ring) = (self.dir.join(region_file(attach_id)), self.dir.join(ring_file(attach_id)));
+        let ready =
+            read_frame(&mut stream, &mut buffer).map(|frame| wire::decode(frame) == Ok(Message::Ready));
+        let replica = match ready {
+            Ok(true) => Replica::attach(self.mode, stream, &region, region_bytes, &ring),
+            _ => Err("the standby did not say it was ready".to_owned()),
+        };
+        let replica = replica.map_err(|error| {
+            // What it may have created is of no use to anyone.
+            let _ = (remove(&region), remove(&ring));
+            io::Error::other(error)
+        })?;
         backup.attach_replica(replica, self.policy);
         self.attached = true;
         self.standby_pid = pid;

@@ -8,9 +8,10 @@
 //! - a slot's state word, always after the bytes it vouches for.
 //!
 //! The standby's region is a file in the state directory created by the standby (its memory;
-//! `kv-NAME/standby-backup`). One-sided, the primary maps it and stores into it; RPC, it sends
-//! each change and waits at [`Replica::barrier`]; log, it appends each change to the ring
-//! (`kv-NAME/standby-ring`, also the standby's) and never waits unless the ring is full.
+//! `kv-NAME/standby-ID-backup`, ID the attach's). One-sided, the primary maps it and stores into
+//! it; RPC, it sends each change and waits at [`Replica::barrier`]; log, it appends each change
+//! to the ring (`kv-NAME/standby-ID-ring`, also the standby's) and never waits unless the ring
+//! is full.
 
 use std::io::Write;
 use std::os::fd::AsRawFd;
