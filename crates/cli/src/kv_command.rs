@@ -215,10 +215,7 @@ pub fn run(args: KvArgs) -> Result<()> {
         if args.standby {
             let settings =
                 crate::kv_standby::standby_settings(&cluster_path, &cache_config, args.auth_file.as_deref());
-            let found = crate::kv_standby::stand_by(&dir, &settings)?;
-            // The primary's process is gone once its lock is free.
-            let state = crate::kv_state::KvState::lock_waiting(&dir, Duration::from_secs(10))?;
-            crate::kv_standby::adopt_region(&found, &state.backup_path())?;
+            let (found, state) = crate::kv_standby::stand_by(&dir, &settings)?;
             takeover = Some(found);
             Some(state)
         } else {

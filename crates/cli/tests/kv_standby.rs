@@ -5,8 +5,9 @@
 //! served. A new standby attaches to the new primary (synced while it serves) and the next
 //! round kills that one, for each replication mode. A standby whose region is damaged (while its
 //! primary hangs, found by the lapsed heartbeat) drops what does not check, never serves it.
-//! A standby with other settings is refused, naming them; one with no primary says so; one killed right after attaching does not keep the next
-//! from syncing.
+//! A standby the primary gave up (stopped while writes went on) never takes over, also when the
+//! primary dies before it wakes; one with other settings is refused, naming them; one with no
+//! primary says so; one killed right after attaching does not keep the next from syncing.
 //! Real node processes and real `remem kv` processes, stopped by PID when the guards drop.
 
 #[path = "common/kv_crash.rs"]
@@ -19,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use kv_crash::{damage, settle, sigkill, verify, write_until_killed};
+use kv_crash::{damage, settle, sigkill, verify, write_ops, write_until_killed, Rng};
 use kv_support::{binary, Target};
 use remem::kv_bench::ServerProcess;
 
@@ -93,6 +94,11 @@ fn wait_exit(process: &mut ServerProcess, timeout: Duration) -> (std::process::E
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+fn signal(process: &ServerProcess, signal: libc::c_int) {
+    // SAFETY: kill with the PID of a child the test spawned and has not reaped.
+    unsafe { libc::kill(process.pid() as libc::pid_t, signal) };
 }
 
 /// The attached standby's region in the state directory (its name carries the attach id).
@@ -209,6 +215,57 @@ fn a_hung_primary_is_killed_and_a_damaged_standby_region_is_never_served() {
     );
     assert!(present > 0);
     assert!(refused >= 1 || forged.is_empty(), "a forged record's value must not be served");
+    target.assert_running();
+}
+
+/// The primary (RPC) gives up a standby that stopped answering (SIGSTOP) and acknowledges writes
+/// it lacks (overwrites and deletes of keys it has); the primary dies before the standby wakes.
+/// The standby must not take over with its copy: it says it was given up, nothing serves the
+/// address, and a plain restart serves every acknowledged write. The standby attaches to that
+/// one from scratch and takes over with everything when it dies.
+#[test]
+fn rpc_a_standby_given_up_while_stopped_never_takes_over_and_attaches_again() {
+    let mode = "rpc";
+    let mut target = Target::remem_kv("standby-given-up", "auto", "16MiB", &["--replication", mode]);
+    let (mut standby, first_line) = standby(&target, mode, "standby.log");
+    let old_address = target.server.address;
+    let (mut known, mut rng, mut generation) = (HashMap::new(), Rng(0x0917_e1b0), 1);
+    write_ops(old_address, &mut known, &mut rng, &mut generation, 200);
+    signal(&standby, libc::SIGSTOP);
+    // The first of these waits for the stopped standby's acknowledgement until the primary
+    // gives it up; every one is acknowledged.
+    write_ops(old_address, &mut known, &mut rng, &mut generation, 300);
+    wait_for_log(&mut target.server, "is given up", 1, Duration::from_secs(10));
+    sigkill(&mut target.server);
+    signal(&standby, libc::SIGCONT);
+    let log = wait_for_log(&mut standby, "no primary to stand by for", 1, Duration::from_secs(30));
+    assert!(log.contains("this standby was given up") && !log.contains("taking over"), "{log}");
+    assert!(first_line.try_recv().is_err(), "the given-up standby serves:\n{log}");
+    assert!(std::net::TcpStream::connect(old_address).is_err(), "nothing serves the dead primary's address");
+
+    let cluster_file = target.cluster.as_ref().expect("a remem cluster").cluster_file_path.clone();
+    target.server = ServerProcess::start_remem_kv(
+        binary(),
+        &cluster_file,
+        &args(mode),
+        &target.dir.join("restarted.log"),
+        "restarted",
+    )
+    .unwrap_or_else(|error| panic!("{error:#}"));
+    let (present, missing, _) = verify(&mut target.client(), &known, None, true);
+    eprintln!("after the plain restart: {present} keys present, {missing} absent, as acknowledged");
+
+    wait_for_log(&mut standby, "standby synced", 2, Duration::from_secs(30));
+    let address = target.server.address;
+    write_ops(address, &mut known, &mut rng, &mut generation, 200);
+    sigkill(&mut target.server);
+    standby.wait_listening(&first_line, Duration::from_secs(30)).unwrap_or_else(|error| panic!("{error:#}"));
+    assert_eq!(standby.address, address, "the standby serves on the restarted primary's address");
+    let log = standby.log();
+    assert!(log.contains("took over") && log.contains("0 damaged and 0 invalid"), "{log}");
+    target.server = standby;
+    let (present, missing, _) = verify(&mut target.client(), &known, None, true);
+    eprintln!("after the standby took over: {present} keys present, {missing} absent, as acknowledged");
     target.assert_running();
 }
 

@@ -5,9 +5,11 @@
 //! standby creates its region (and ring) in the state directory under that id, and says it is
 //! ready; the primary then mirrors every change of its backup region into the standby's, copies
 //! what the region held a step at a time while it serves, and tells the standby when the copy
-//! is complete. One standby at a time (one found dead at the next hello is
-//! dropped then); a lost standby (its socket closed, no acknowledgement or no room in its ring
-//! for [`STANDBY_TIMEOUT`]) is dropped and the primary serves on.
+//! is complete. One standby at a time (one found dead at the next hello is dropped then); a lost
+//! standby (its socket closed, no acknowledgement or no room in its ring for
+//! [`STANDBY_TIMEOUT`]) is given up, fenced first (its files removed:
+//! `crate::backup::replica`), and the primary serves on. A primary starting removes every
+//! standby file it finds: the standbys of an earlier primary never take over from it.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
@@ -34,6 +36,12 @@ pub fn region_file(attach_id: u64) -> String {
 /// The standby's log ring in the state directory, named by its attach id.
 pub fn ring_file(attach_id: u64) -> String {
     format!("standby-{attach_id:016x}-ring")
+}
+
+/// Whether `name` is a standby's file: of any attach, or of a remem before attach ids
+/// (`standby-backup`, `standby-ring`).
+fn is_standby_file(name: &str) -> bool {
+    name.starts_with("standby-") && (name.ends_with("-backup") || name.ends_with("-ring"))
 }
 
 /// The settings a standby must share with its primary to take over from it: `(flag, value)`,
@@ -148,7 +156,9 @@ fn remove(path: &Path) -> io::Result<()> {
 
 impl StandbyPort {
     /// Listens on `dir/standby.sock` (a stale socket there is replaced: the state directory is
-    /// locked by this server).
+    /// locked by this server), after removing every standby file in `dir`: a standby of an
+    /// earlier primary (given up, or stopped while that primary died) must never take over from
+    /// a copy that lacks what this server will acknowledge. Call before serving.
     pub fn bind(
         dir: &Path,
         mode: Mode,
@@ -156,6 +166,12 @@ impl StandbyPort {
         (listen, unix): (String, String),
         settings: Settings,
     ) -> io::Result<StandbyPort> {
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            if entry.file_name().to_str().is_some_and(is_standby_file) {
+                remove(&entry.path())?;
+            }
+        }
         let path = dir.join(SOCKET_FILE);
         remove(&path)?;
         let listener = UnixListener::bind(&path)?;
@@ -289,11 +305,12 @@ impl StandbyPort {
         Ok(())
     }
 
-    /// Drops the standby given up and says so.
+    /// Drops the standby given up (`Replica::lose` fenced it) and says so.
     fn detach(&mut self, cache: &mut Cache) {
         let Some(replica) = cache.backup.as_mut().and_then(|backup| backup.detach_replica()) else { return };
         eprintln!(
-            "the standby{} is gone ({}); serving without one",
+            "the standby{} is given up ({}): its files are removed, so it can never take over; serving \
+             without one",
             self.standby_pid.map(|pid| format!(" (pid {pid})")).unwrap_or_default(),
             replica.lost.unwrap_or_default()
         );
