@@ -110,9 +110,10 @@ pub struct KvArgs {
     #[arg(long)]
     pub ephemeral: bool,
     /// Stand by for the running `remem kv` of the same state directory (same cluster and --name
-    /// or --state, same -m, -k, -r and schemes): lend it a backup region in this process's
-    /// memory, and take over its address with every item it acknowledged when it dies.
-    /// docs/KV.md "Standby".
+    /// or --state, same -m, -k, -r, schemes and --auth-file: a standby with others is refused,
+    /// naming them): lend it a backup region in this process's memory, and take over its address
+    /// with every item it acknowledged when it dies. With no primary yet, waits for one, saying
+    /// so every 5 s. docs/KV.md "Standby".
     #[arg(long, conflicts_with_all = ["ephemeral", "fresh"])]
     pub standby: bool,
     /// How a standby's region is kept (this server's, when a standby attaches): one-sided (this
@@ -228,10 +229,10 @@ pub fn run(args: KvArgs) -> Result<()> {
             }
         };
         if args.standby {
-            takeover = Some(crate::kv_standby::stand_by(&dir)?);
-            // The primary's process is gone once its lock is free.
-            let state = crate::kv_state::KvState::lock_waiting(&dir, Duration::from_secs(10))?;
-            crate::kv_standby::adopt_region(&dir, &state.backup_path())?;
+            let settings =
+                crate::kv_standby::standby_settings(&cluster_path, &cache_config, args.auth_file.as_deref());
+            let (found, state) = crate::kv_standby::stand_by(&dir, &settings)?;
+            takeover = Some(found);
             Some(state)
         } else {
             Some(crate::kv_state::KvState::lock(&dir)?)
@@ -320,9 +321,19 @@ pub fn run(args: KvArgs) -> Result<()> {
         let mode = remem_kv::backup::wire::Mode::parse(&args.replication).expect("checked by clap");
         let policy = remem_kv::backup::SyncPolicy::parse(&args.sync).expect("checked by clap");
         let unix_text = unix.as_ref().map(|path| path.display().to_string()).unwrap_or_default();
-        let port =
-            remem_kv::standby::StandbyPort::bind(&state.dir, mode, policy, address.to_string(), unix_text)
-                .context("listening for a standby")?;
+        let settings = crate::kv_standby::standby_settings(
+            &cluster_path,
+            &server.cache.config,
+            args.auth_file.as_deref(),
+        );
+        let port = remem_kv::standby::StandbyPort::bind(
+            &state.dir,
+            mode,
+            policy,
+            (address.to_string(), unix_text),
+            settings,
+        )
+        .context("listening for a standby")?;
         server.serve_standbys(port).context("listening for a standby")?;
     }
     if let Some(takeover) = &takeover {

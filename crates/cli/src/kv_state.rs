@@ -51,21 +51,6 @@ impl KvState {
         }
     }
 
-    /// As [`KvState::lock`], waiting up to `wait` for the holder to let go (a primary that was
-    /// just found dead may still be exiting).
-    pub fn lock_waiting(dir: &Path, wait: std::time::Duration) -> Result<KvState> {
-        let deadline = std::time::Instant::now() + wait;
-        loop {
-            match KvState::lock(dir) {
-                Ok(state) => return Ok(state),
-                Err(_) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(5))
-                }
-                Err(error) => return Err(error),
-            }
-        }
-    }
-
     pub fn map_path(&self) -> PathBuf {
         self.dir.join(SLAB_MAP_FILE)
     }

@@ -5,6 +5,9 @@
 //! served. A new standby attaches to the new primary (synced while it serves) and the next
 //! round kills that one, for each replication mode. A standby whose region is damaged (while its
 //! primary hangs, found by the lapsed heartbeat) drops what does not check, never serves it.
+//! A standby the primary gave up (stopped while writes went on) never takes over, also when the
+//! primary dies before it wakes; one with other settings is refused, naming them; one with no
+//! primary says so; one killed right after attaching does not keep the next from syncing.
 //! Real node processes and real `remem kv` processes, stopped by PID when the guards drop.
 
 #[path = "common/kv_crash.rs"]
@@ -17,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use kv_crash::{damage, settle, sigkill, verify, write_until_killed};
+use kv_crash::{damage, settle, sigkill, verify, write_ops, write_until_killed, Rng};
 use kv_support::{binary, Target};
 use remem::kv_bench::ServerProcess;
 
@@ -44,6 +47,73 @@ fn spawn_standby(target: &Target, mode: &str, log: &str) -> (ServerProcess, Rece
         "standby",
     )
     .unwrap_or_else(|error| panic!("{error:#}"))
+}
+
+/// Starts `remem kv ARGS --standby` for the target's primary.
+fn spawn_standby_with(target: &Target, args: &[&str], log: &str) -> (ServerProcess, Receiver<String>) {
+    let mut args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
+    args.push("--standby".into());
+    let cluster = target.cluster.as_ref().expect("a remem cluster");
+    ServerProcess::spawn_remem_kv(
+        binary(),
+        &cluster.cluster_file_path,
+        &args,
+        &target.dir.join(log),
+        "standby",
+    )
+    .unwrap_or_else(|error| panic!("{error:#}"))
+}
+
+/// Waits until `process`'s log holds `text` `count` times; returns the log. Panics, with the
+/// log, if it exits first or `timeout` passes.
+fn wait_for_log(process: &mut ServerProcess, text: &str, count: usize, timeout: Duration) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let log = process.log_full();
+        if log.matches(text).count() >= count {
+            return log;
+        }
+        assert!(process.exited().is_none(), "{} exited before saying {text:?}:\n{log}", process.name);
+        assert!(Instant::now() < deadline, "{} did not say {text:?} in {timeout:?}:\n{log}", process.name);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits for `process` to exit; returns its exit status and log.
+fn wait_exit(process: &mut ServerProcess, timeout: Duration) -> (std::process::ExitStatus, String) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = process.exited() {
+            return (status, process.log_full());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} did not exit in {timeout:?}:\n{}",
+            process.name,
+            process.log_full()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn signal(process: &ServerProcess, signal: libc::c_int) {
+    // SAFETY: kill with the PID of a child the test spawned and has not reaped.
+    unsafe { libc::kill(process.pid() as libc::pid_t, signal) };
+}
+
+/// The attached standby's region in the state directory (its name carries the attach id).
+fn standby_region(target: &Target) -> PathBuf {
+    let mut regions: Vec<PathBuf> = std::fs::read_dir(state_dir(target))
+        .expect("the state directory")
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| {
+            let name = path.file_name().and_then(|name| name.to_str()).unwrap_or_default();
+            name.starts_with("standby-") && name.ends_with("-backup")
+        })
+        .collect();
+    assert_eq!(regions.len(), 1, "one standby region: {regions:?}");
+    regions.pop().expect("one")
 }
 
 /// Starts a standby for the target's primary and waits until its copy is complete.
@@ -129,7 +199,7 @@ fn a_hung_primary_is_killed_and_a_damaged_standby_region_is_never_served() {
     // The primary hangs: its heartbeats stop, and nothing changes the region while it is damaged.
     // SAFETY: kill with the PID of a child the test spawned and has not reaped.
     unsafe { libc::kill(target.server.pid() as libc::pid_t, libc::SIGSTOP) };
-    let region = state_dir(&target).join("standby-backup");
+    let region = standby_region(&target);
     let forged = damage(&region, 20);
     let (known, in_flight, acknowledged) = writer.join().expect("the writer");
     standby.wait_listening(&first_line, Duration::from_secs(30)).unwrap_or_else(|error| panic!("{error:#}"));
@@ -145,6 +215,112 @@ fn a_hung_primary_is_killed_and_a_damaged_standby_region_is_never_served() {
     );
     assert!(present > 0);
     assert!(refused >= 1 || forged.is_empty(), "a forged record's value must not be served");
+    target.assert_running();
+}
+
+/// The primary (RPC) gives up a standby that stopped answering (SIGSTOP) and acknowledges writes
+/// it lacks (overwrites and deletes of keys it has); the primary dies before the standby wakes.
+/// The standby must not take over with its copy: it says it was given up, nothing serves the
+/// address, and a plain restart serves every acknowledged write. The standby attaches to that
+/// one from scratch and takes over with everything when it dies.
+#[test]
+fn rpc_a_standby_given_up_while_stopped_never_takes_over_and_attaches_again() {
+    let mode = "rpc";
+    let mut target = Target::remem_kv("standby-given-up", "auto", "16MiB", &["--replication", mode]);
+    let (mut standby, first_line) = standby(&target, mode, "standby.log");
+    let old_address = target.server.address;
+    let (mut known, mut rng, mut generation) = (HashMap::new(), Rng(0x0917_e1b0), 1);
+    write_ops(old_address, &mut known, &mut rng, &mut generation, 200);
+    signal(&standby, libc::SIGSTOP);
+    // The first of these waits for the stopped standby's acknowledgement until the primary
+    // gives it up; every one is acknowledged.
+    write_ops(old_address, &mut known, &mut rng, &mut generation, 300);
+    wait_for_log(&mut target.server, "is given up", 1, Duration::from_secs(10));
+    sigkill(&mut target.server);
+    signal(&standby, libc::SIGCONT);
+    let log = wait_for_log(&mut standby, "no primary to stand by for", 1, Duration::from_secs(30));
+    assert!(log.contains("this standby was given up") && !log.contains("taking over"), "{log}");
+    assert!(first_line.try_recv().is_err(), "the given-up standby serves:\n{log}");
+    assert!(std::net::TcpStream::connect(old_address).is_err(), "nothing serves the dead primary's address");
+
+    let cluster_file = target.cluster.as_ref().expect("a remem cluster").cluster_file_path.clone();
+    target.server = ServerProcess::start_remem_kv(
+        binary(),
+        &cluster_file,
+        &args(mode),
+        &target.dir.join("restarted.log"),
+        "restarted",
+    )
+    .unwrap_or_else(|error| panic!("{error:#}"));
+    let (present, missing, _) = verify(&mut target.client(), &known, None, true);
+    eprintln!("after the plain restart: {present} keys present, {missing} absent, as acknowledged");
+
+    wait_for_log(&mut standby, "standby synced", 2, Duration::from_secs(30));
+    let address = target.server.address;
+    write_ops(address, &mut known, &mut rng, &mut generation, 200);
+    sigkill(&mut target.server);
+    standby.wait_listening(&first_line, Duration::from_secs(30)).unwrap_or_else(|error| panic!("{error:#}"));
+    assert_eq!(standby.address, address, "the standby serves on the restarted primary's address");
+    let log = standby.log();
+    assert!(log.contains("took over") && log.contains("0 damaged and 0 invalid"), "{log}");
+    target.server = standby;
+    let (present, missing, _) = verify(&mut target.client(), &known, None, true);
+    eprintln!("after the standby took over: {present} keys present, {missing} absent, as acknowledged");
+    target.assert_running();
+}
+
+#[test]
+fn a_standby_with_other_settings_is_refused_naming_each_difference() {
+    let mut target = Target::remem_kv("standby-settings", "auto", "16MiB", &[]);
+    let cases: [(&[&str], &[&str]); 3] = [
+        (&["-m", "32MiB"], &["-m 32MiB on the standby, 16MiB on the primary"]),
+        (
+            &["-m", "16MiB", "-k", "6", "-r", "3"],
+            &["-k 6 on the standby, 8 on the primary", "-r 3 on the standby, 2 on the primary"],
+        ),
+        (&["-m", "16MiB", "--scheme", "ec"], &["--scheme ec8+2 on the standby, auto on the primary"]),
+    ];
+    for (round, (flags, differences)) in cases.into_iter().enumerate() {
+        let (mut refused, _) = spawn_standby_with(&target, flags, &format!("refused-{round}.log"));
+        let (status, log) = wait_exit(&mut refused, Duration::from_secs(20));
+        assert!(!status.success(), "{log}");
+        assert!(log.contains("standby refused by the primary"), "{log}");
+        for difference in differences {
+            assert!(log.contains(difference), "{difference:?} not in:\n{log}");
+        }
+    }
+    // The primary serves on and takes a standby with its settings.
+    let (_standby, _) = standby(&target, "one-sided", "matching.log");
+    target.assert_running();
+}
+
+#[test]
+fn a_standby_with_no_primary_says_so_at_once_and_attaches_when_one_starts() {
+    let target = Target::remem_kv("standby-no-primary", "auto", "16MiB", &[]);
+    let flags = ["--scheme", "auto", "-m", "16MiB", "--name", "other"];
+    let (mut standby, _) = spawn_standby_with(&target, &flags, "standby.log");
+    let log = wait_for_log(&mut standby, "no primary to stand by for", 1, Duration::from_secs(20));
+    assert!(log.contains("kv-other does not exist") && log.contains("those that did: default"), "{log}");
+    wait_for_log(&mut standby, "still no primary", 1, Duration::from_secs(20));
+    let cluster_file = &target.cluster.as_ref().expect("a remem cluster").cluster_file_path;
+    let flags: Vec<String> = flags.iter().map(|flag| flag.to_string()).collect();
+    let _other =
+        ServerProcess::start_remem_kv(binary(), cluster_file, &flags, &target.dir.join("other.log"), "other")
+            .unwrap_or_else(|error| panic!("{error:#}"));
+    wait_for_log(&mut standby, "standby synced", 1, Duration::from_secs(30));
+}
+
+/// A standby SIGKILLed right after it attached may not be found gone before the next one says
+/// hello (nothing was written to it since): the next one attaches and syncs all the same.
+#[test]
+fn a_standby_killed_right_after_attaching_does_not_keep_the_next_from_syncing() {
+    let mut target = Target::remem_kv("standby-killed-early", "auto", "16MiB", &[]);
+    for round in 0..3 {
+        let (mut killed, _) = spawn_standby(&target, "one-sided", &format!("killed-{round}.log"));
+        wait_for_log(&mut killed, "standing by", 1, Duration::from_secs(20));
+        sigkill(&mut killed);
+    }
+    let (_standby, _) = standby(&target, "one-sided", "next.log");
     target.assert_running();
 }
 

@@ -77,6 +77,32 @@ pub fn write_until_killed(
     }
 }
 
+/// Sets and deletes `count` keys (as [`write_until_killed`] does), each acknowledged, and
+/// records them in `known`; `generation` goes on from where it is.
+pub fn write_ops(
+    address: std::net::SocketAddr,
+    known: &mut HashMap<u64, Known>,
+    rng: &mut Rng,
+    generation: &mut u64,
+    count: u64,
+) {
+    let mut client = TextClient::connect(address, Duration::from_secs(10)).expect("connects");
+    for _ in 0..count {
+        let index = rng.next() % KEYS;
+        if rng.next().is_multiple_of(10) {
+            client.delete(&key(index)).unwrap_or_else(|error| panic!("delete {}: {error}", key(index)));
+            known.insert(index, Known::Deleted);
+        } else {
+            let outcome = client
+                .set(&key(index), &expected_value(index, *generation))
+                .unwrap_or_else(|error| panic!("set {}: {error}", key(index)));
+            assert_eq!(outcome, StoreOutcome::Stored, "set {}", key(index));
+            known.insert(index, Known::Value(*generation));
+        }
+        *generation += 1;
+    }
+}
+
 /// Checks every key against what was acknowledged; returns (present, missing, refused).
 pub fn verify(
     client: &mut TextClient,

@@ -8,13 +8,26 @@
 //! - a slot's state word, always after the bytes it vouches for.
 //!
 //! The standby's region is a file in the state directory created by the standby (its memory;
-//! `kv-NAME/standby-backup`). One-sided, the primary maps it and stores into it; RPC, it sends
-//! each change and waits at [`Replica::barrier`]; log, it appends each change to the ring
-//! (`kv-NAME/standby-ring`, also the standby's) and never waits unless the ring is full.
+//! `kv-NAME/standby-ID-backup`, ID the attach's). One-sided, the primary maps it and stores into
+//! it; RPC, it sends each change and waits at [`Replica::barrier`]; log, it appends each change
+//! to the ring (`kv-NAME/standby-ID-ring`, also the standby's) and never waits unless the ring
+//! is full.
+//!
+//! **The fence.** A standby that stops answering is given up ([`STANDBY_TIMEOUT`]) and the
+//! primary serves on without it, so from then on its copy lacks what the primary acknowledges.
+//! It may not know (it may be stopped), so before anything else happens the primary removes the
+//! standby's files from the state directory: a standby takes over only by renaming its region
+//! to the directory's `backup`, under the directory's lock (the primary gone), so a given-up
+//! standby's rename finds nothing, whenever it wakes up. The removal is done in [`Replica::lose`],
+//! before it returns to the change or the barrier that gave the standby up, so no reply that
+//! acknowledges a change the standby lacks leaves while the standby could still take over. A
+//! removal that fails (never in a directory this process owns and has locked, short of I/O
+//! errors) stops the process: the standby then takes over with every acknowledged change.
 
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -56,6 +69,8 @@ pub struct Replica {
     pub lost: Option<String>,
     /// Changes sent since the last barrier (RPC).
     unacknowledged: bool,
+    /// The standby's files (its region, its ring), removed when it is given up: the fence.
+    files: Vec<PathBuf>,
 }
 
 enum Target {
@@ -82,7 +97,7 @@ fn map_file(path: &Path, bytes: u64) -> Result<MmapMut, String> {
 
 impl Replica {
     /// The primary's side, once the standby said its region (`region`, of `region_bytes`) and
-    /// its ring (`ring`, log mode) exist.
+    /// its ring (`ring`, log mode) exist. Both paths are removed if the standby is given up.
     pub fn attach(
         mode: Mode,
         stream: UnixStream,
@@ -108,7 +123,17 @@ impl Replica {
             barriers: 0,
             lost: None,
             unacknowledged: false,
+            files: vec![region.to_owned(), ring.to_owned()],
         })
+    }
+
+    /// Whether the standby closed its end of the socket (it died): a standby that sends nothing
+    /// unasked is found gone here without waiting for a write to fail.
+    pub fn peer_closed(&self) -> bool {
+        let mut poll = libc::pollfd { fd: self.stream.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 };
+        // SAFETY: one pollfd, a live local; a zero timeout never blocks.
+        let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+        ready > 0 && poll.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
     }
 
     /// Bytes at `offset` of the region.
@@ -220,11 +245,28 @@ impl Replica {
         }
     }
 
-    fn lose(&mut self, why: String) {
-        if self.lost.is_none() {
-            tracing::error!(%why, "the standby is given up; serving on without one");
-            self.lost = Some(why);
+    /// Gives the standby up: fences it (its files removed, see the module docs) before the
+    /// caller goes on to serve without it.
+    pub fn lose(&mut self, why: String) {
+        if self.lost.is_some() {
+            return;
         }
+        for path in &self.files {
+            match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    eprintln!(
+                        "cannot remove {} of the standby given up ({why}): {error}; stopping rather than \
+                         acknowledge a change the standby lacks while it may take over",
+                        path.display()
+                    );
+                    std::process::abort();
+                }
+            }
+        }
+        tracing::error!(%why, "the standby is given up (its files removed: it can never take over); serving on without one");
+        self.lost = Some(why);
     }
 }
 

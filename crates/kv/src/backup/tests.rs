@@ -280,3 +280,34 @@ fn a_hostile_log_ring_or_change_is_refused_not_applied() {
     file.write_all_at(&u32::MAX.to_le_bytes(), 128).unwrap();
     assert!(ring.drain(|change| region.apply(change)).is_err());
 }
+
+/// The fence (replica.rs): a standby given up has its files removed before the change or the
+/// barrier that gave it up returns, so before any reply acknowledges what its copy lacks. Log:
+/// a ring nobody drains; RPC: a standby that never acknowledges.
+#[test]
+fn a_standby_given_up_has_its_files_removed_before_the_primary_goes_on() {
+    for mode in [wire::Mode::Log, wire::Mode::Rpc] {
+        let path = temporary("primary");
+        let standby_path = path.with_file_name("standby-0000000000000001-backup");
+        let ring_path = path.with_file_name("standby-0000000000000001-ring");
+        let mut primary = Backup::create(&path, 64 << 20).unwrap();
+        drop(Backup::create(&standby_path, 64 << 20).unwrap());
+        let _ring = (mode == wire::Mode::Log).then(|| replica::RingReader::create(&ring_path).unwrap());
+        // The standby's end stays open and silent: stopped, not dead.
+        let (here, _there) = std::os::unix::net::UnixStream::pair().unwrap();
+        let replica = Replica::attach(mode, here, &standby_path, primary.file_bytes(), &ring_path).unwrap();
+        primary.attach_replica(replica, SyncPolicy::Adaptive);
+        // Records of a few KiB each (300 pages apart), so the ring fills in a few hundred.
+        let mut seq = 1;
+        while primary.replica_mut().unwrap().lost.is_none() {
+            assert!(seq < 5_000, "{mode:?}: the standby was never given up");
+            let pages = (0..300).map(|page| seq * 1000 + page * 2).collect();
+            primary.put(&item(seq, &format!("k{seq}"), pages).view()).unwrap();
+            primary.barrier();
+            seq += 1;
+        }
+        assert!(!standby_path.exists(), "{mode:?}: the given-up standby's region is removed");
+        assert!(!ring_path.exists(), "{mode:?}: and its ring");
+        assert!(path.exists(), "{mode:?}: the primary's own region stays");
+    }
+}

@@ -7,12 +7,15 @@
 
 use crate::backup::CHUNK_BYTES;
 
-/// Version of this protocol; a standby of another version is refused at its hello.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Version of this protocol; a standby of another version is refused at its hello. 2: the hello
+/// carries the standby's settings, the welcome the attach id that names the standby's files.
+pub const PROTOCOL_VERSION: u32 = 2;
 /// The largest frame: a whole chunk written by the synchronous-RPC replica, plus its header.
 pub const MAX_FRAME_BYTES: usize = CHUNK_BYTES + 64;
-/// The longest text a frame carries (an address, a refusal).
+/// The longest text a frame carries (an address, a refusal, a setting's name or value).
 const MAX_TEXT_BYTES: usize = 4096;
+/// The most settings a hello carries.
+pub const MAX_SETTINGS: usize = 64;
 
 /// How the primary keeps the standby's backup region equal to its own (seed 004, MacR II.C).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,15 +81,19 @@ const ACK: u8 = 11;
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Message<'a> {
-    /// Standby to primary: the first frame.
+    /// Standby to primary: the first frame, with the settings a takeover needs to be the
+    /// primary's (`(flag, value)`, as `crate::standby::Settings`). A version 1 hello has none.
     Hello {
         version: u32,
+        settings: Vec<(&'a str, &'a str)>,
     },
-    /// Primary to standby: how it replicates, the size of its region, where it serves.
+    /// Primary to standby: how it replicates, the size of its region, where it serves, and the
+    /// attach id that names the standby's files in the state directory.
     Welcome {
         version: u32,
         mode: Mode,
         chunk_count: u32,
+        attach_id: u64,
         listen: &'a str,
         unix: &'a str,
     },
@@ -141,29 +148,52 @@ pub enum WireError {
     Mode(u8),
 }
 
+/// `text` cut to at most [`MAX_TEXT_BYTES`], on a character boundary (the decoder refuses
+/// text that is not UTF-8).
+fn cut(text: &str) -> &str {
+    let mut end = text.len().min(MAX_TEXT_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// A text as `len: u32 | bytes`, cut to [`MAX_TEXT_BYTES`].
+fn put_text(text: &str, out: &mut Vec<u8>) {
+    let text = cut(text);
+    out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+    out.extend_from_slice(text.as_bytes());
+}
+
 /// Appends `message` as one frame to `out`.
 pub fn encode(message: &Message, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
     match *message {
-        Message::Hello { version } => {
+        Message::Hello { version, ref settings } => {
+            assert!(settings.len() <= MAX_SETTINGS, "{} settings", settings.len());
             out.push(HELLO);
             out.extend_from_slice(&version.to_le_bytes());
+            out.extend_from_slice(&(settings.len() as u32).to_le_bytes());
+            for &(name, value) in settings {
+                put_text(name, out);
+                put_text(value, out);
+            }
         }
-        Message::Welcome { version, mode, chunk_count, listen, unix } => {
+        Message::Welcome { version, mode, chunk_count, attach_id, listen, unix } => {
             out.push(WELCOME);
             out.extend_from_slice(&version.to_le_bytes());
             out.push(mode.code());
             out.extend_from_slice(&chunk_count.to_le_bytes());
+            out.extend_from_slice(&attach_id.to_le_bytes());
             for text in [listen, unix] {
-                out.extend_from_slice(&(text.len() as u32).to_le_bytes());
-                out.extend_from_slice(text.as_bytes());
+                put_text(text, out);
             }
         }
         Message::Ready => out.push(READY),
         Message::Refused { reason } => {
             out.push(REFUSED);
-            out.extend_from_slice(&reason.as_bytes()[..reason.len().min(MAX_TEXT_BYTES)]);
+            out.extend_from_slice(cut(reason).as_bytes());
         }
         Message::Progress { done, total } => {
             out.push(PROGRESS);
@@ -220,30 +250,47 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>, WireError> {
         body.get(at..at + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).ok_or_else(malformed)
     };
     let exact = |len: usize| if body.len() == len { Ok(()) } else { Err(malformed()) };
+    // A text at `*at`, moving `*at` past it.
+    let text_at = |at: &mut usize| -> Result<&str, WireError> {
+        let len = u32_at(*at)? as usize;
+        *at += 4;
+        if len > MAX_TEXT_BYTES {
+            return Err(malformed());
+        }
+        let bytes = body.get(*at..*at + len).ok_or_else(malformed)?;
+        *at += len;
+        std::str::from_utf8(bytes).map_err(|_| malformed())
+    };
     Ok(match tag {
         HELLO => {
-            exact(4)?;
-            Message::Hello { version: u32_at(0)? }
+            let version = u32_at(0)?;
+            let mut settings = Vec::new();
+            // A version 1 hello ends at its version: the primary refuses it by that version.
+            if body.len() > 4 {
+                let count = u32_at(4)? as usize;
+                if count > MAX_SETTINGS {
+                    return Err(malformed());
+                }
+                let mut at = 8;
+                for _ in 0..count {
+                    let name = text_at(&mut at)?;
+                    settings.push((name, text_at(&mut at)?));
+                }
+                exact(at)?;
+            }
+            Message::Hello { version, settings }
         }
         WELCOME => {
             let version = u32_at(0)?;
             let mode_code = *body.get(4).ok_or_else(malformed)?;
             let mode = Mode::from_code(mode_code).ok_or(WireError::Mode(mode_code))?;
             let chunk_count = u32_at(5)?;
-            let mut at = 9;
-            let mut texts = ["", ""];
-            for text in &mut texts {
-                let len = u32_at(at)? as usize;
-                at += 4;
-                if len > MAX_TEXT_BYTES {
-                    return Err(malformed());
-                }
-                let bytes = body.get(at..at + len).ok_or_else(malformed)?;
-                *text = std::str::from_utf8(bytes).map_err(|_| malformed())?;
-                at += len;
-            }
+            let attach_id = u64_at(9)?;
+            let mut at = 17;
+            let listen = text_at(&mut at)?;
+            let unix = text_at(&mut at)?;
             exact(at)?;
-            Message::Welcome { version, mode, chunk_count, listen: texts[0], unix: texts[1] }
+            Message::Welcome { version, mode, chunk_count, attach_id, listen, unix }
         }
         READY => {
             exact(0)?;
@@ -334,11 +381,13 @@ mod tests {
 
     #[test]
     fn every_message_round_trips() {
-        round_trip(Message::Hello { version: 1 });
+        round_trip(Message::Hello { version: 2, settings: vec![("-m", "16.00 MiB"), ("--scheme", "auto")] });
+        round_trip(Message::Hello { version: 2, settings: vec![] });
         round_trip(Message::Welcome {
-            version: 1,
+            version: 2,
             mode: Mode::Log,
             chunk_count: 77,
+            attach_id: 0x0123_4567_89ab_cdef,
             listen: "127.0.0.1:11211",
             unix: "",
         });
@@ -373,6 +422,13 @@ mod tests {
     }
 
     #[test]
+    fn a_version_1_hello_decodes_so_that_its_version_can_be_refused() {
+        let mut frame = vec![HELLO];
+        frame.extend_from_slice(&1u32.to_le_bytes());
+        assert_eq!(decode(&frame), Ok(Message::Hello { version: 1, settings: vec![] }));
+    }
+
+    #[test]
     fn oversized_and_empty_frames_are_refused() {
         let mut frame = ((MAX_FRAME_BYTES + 1) as u32).to_le_bytes().to_vec();
         frame.push(HELLO);
@@ -393,8 +449,14 @@ mod tests {
         }
 
         #[test]
-        fn welcome_texts_of_any_length_round_trip_or_are_refused(listen in ".{0,40}", unix in ".{0,40}") {
-            round_trip(Message::Welcome { version: 1, mode: Mode::OneSided, chunk_count: 1, listen: &listen, unix: &unix });
+        fn welcome_texts_of_any_length_round_trip_or_are_refused(listen in ".{0,40}", unix in ".{0,40}", attach_id: u64) {
+            round_trip(Message::Welcome { version: 2, mode: Mode::OneSided, chunk_count: 1, attach_id, listen: &listen, unix: &unix });
+        }
+
+        #[test]
+        fn hello_settings_of_any_text_round_trip(settings in proptest::collection::vec((".{0,20}", ".{0,40}"), 0..MAX_SETTINGS)) {
+            let settings: Vec<(&str, &str)> = settings.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect();
+            round_trip(Message::Hello { version: 2, settings });
         }
     }
 }
