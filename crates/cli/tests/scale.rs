@@ -287,7 +287,8 @@ fn two_hundred_nodes_join_and_die_one_at_a_time_while_every_byte_verifies_k8_r2(
         .output()
         .expect("remem status runs");
     let status_time = started.elapsed();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    // Nodes were killed: status exits 3 (degraded), or 0 once none is listed down.
+    assert!(matches!(output.status.code(), Some(0 | 3)), "{}", String::from_utf8_lossy(&output.stderr));
     let status: serde_json::Value = serde_json::from_slice(&output.stdout).expect("status JSON");
     assert_eq!(status["nodes"].as_array().map(Vec::len), Some(NODES + ROUNDS));
     assert_eq!(status["nodes_up"], NODES);
@@ -489,7 +490,7 @@ fn two_hundred_etcd_nodes_join_and_die_while_every_byte_verifies_k8_r2() {
         .arg(&secret_path)
         .output()
         .expect("remem status runs");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(matches!(output.status.code(), Some(0 | 3)), "{}", String::from_utf8_lossy(&output.stderr));
     let status: serde_json::Value = serde_json::from_slice(&output.stdout).expect("status JSON");
     assert_eq!(status["nodes_up"], NODES, "live nodes: the {NODES} left after {ROUNDS} joins and kills");
     let rows = status["nodes"].as_array().expect("nodes");
