@@ -130,8 +130,17 @@ fn open_export(
     if state_path.exists() {
         let map = SlabMapFile::load(state_path)?;
         if args.fresh {
-            if let Err(error) = Client::release_saved(&map, secret, config.clone()) {
-                tracing::warn!(%error, "cannot reach the saved export to unmap its slabs");
+            match Client::release_saved(&map, secret, config.clone()) {
+                Ok(()) => {}
+                // The nodes refuse because the export's owner lives: --fresh must not take a
+                // served export (it would serve an empty one under the same name, and the
+                // first server's data would be unreachable once both stop).
+                Err(error @ remem_client::ConnectError::ClientIdInUse { .. }) => bail!(
+                    "export {:?} is served by a running process (the nodes refuse: {error}); stop it \
+                     before --fresh drops the export",
+                    args.export
+                ),
+                Err(error) => tracing::warn!(%error, "cannot reach the saved export to unmap its slabs"),
             }
             std::fs::remove_file(state_path).with_context(|| format!("removing {}", state_path.display()))?;
         } else {

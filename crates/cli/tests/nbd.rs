@@ -401,6 +401,39 @@ fn unix_socket_export_rep2_serves_qemu_io_and_nbdcopy() {
     server.assert_running();
 }
 
+/// `--fresh` never takes an export a live server serves: it is refused (the nodes name the
+/// owner), the first server serves on, and its bytes are there after it restarts. Before, the
+/// second server replaced the state file and served an empty export under the same name.
+#[test]
+fn fresh_refuses_an_export_a_live_server_serves() {
+    let dir = test_dir("fresh-live");
+    let cluster = start_cluster(&dir);
+    let data = common::pseudo_random(4 << 20, 11);
+    let source = dir.join("source.img");
+    std::fs::write(&source, &data).unwrap();
+    let mut first = NbdServer::start(&cluster, &dir, "4MiB", ["8", "2", "1"], None);
+    run_ok(60, "nbdcopy", &[source.to_str().unwrap(), &first.uri()]);
+    let second = Command::new("timeout")
+        .args(["-k", "5", "60"])
+        .arg(binary())
+        .args(["nbd", "--cluster"])
+        .arg(&cluster.cluster_file_path)
+        .args(["--size", "4MiB", "--export", "test", "--fresh", "--listen", "127.0.0.1:0"])
+        .output()
+        .expect("remem nbd runs");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "--fresh took a live export: {stderr}");
+    assert!(stderr.contains("served by a running process"), "{stderr}");
+    first.assert_running();
+    let back = dir.join("back.img");
+    run_ok(60, "nbdcopy", &[&first.uri(), back.to_str().unwrap()]);
+    assert!(std::fs::read(&back).unwrap() == data, "the live export changed");
+    drop(first);
+    let again = NbdServer::start(&cluster, &dir, "4MiB", ["8", "2", "1"], None);
+    run_ok(60, "nbdcopy", &[&again.uri(), back.to_str().unwrap()]);
+    assert!(std::fs::read(&back).unwrap() == data, "the export's bytes after a restart");
+}
+
 /// The export outlives its server: SIGKILLed and started again with the same arguments,
 /// `remem nbd` reopens its saved slab map and serves the bytes written before; `--fresh` starts
 /// an empty export; a different size is refused with a message naming `--fresh`.
