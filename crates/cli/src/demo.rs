@@ -145,7 +145,15 @@ pub fn run(args: DemoArgs, binary: &std::path::Path) -> Result<()> {
     client.release().context("releasing slabs")?;
     drop(client);
     cluster.stop(Duration::from_secs(3));
-    println!("cluster stopped");
+    drop(cluster);
+    if args.dir.is_none() {
+        // A run that succeeded leaves nothing behind (its secret included); a failed one keeps
+        // its directory for the node logs.
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        println!("cluster stopped, {} removed", dir.display());
+    } else {
+        println!("cluster stopped (its files stay in {})", dir.display());
+    }
     Ok(())
 }
 

@@ -18,7 +18,24 @@ fn demo_writes_and_verifies_every_page() {
     assert!(stdout.contains("every one of 4096 pages read back and verified: 0 mismatches"), "{stdout}");
     assert!(stdout.contains("node memory:"), "{stdout}");
     assert!(stdout.contains("cluster stopped"), "{stdout}");
+    assert!(dir.exists(), "a directory the user named stays");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Without --dir the demo's cluster lives in a fresh temporary directory, secret included: a
+/// run that succeeds removes it (before, every run left one behind).
+#[test]
+fn demo_without_dir_leaves_no_directory_behind() {
+    let tmp = std::env::temp_dir().join(format!("remem-test-demo-tmp-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let output =
+        remem().env("TMPDIR", &tmp).args(["demo", "--size", "4MiB", "--slab-size", "1MiB"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "demo failed: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("removed"), "{stdout}");
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().map(|entry| entry.unwrap().path()).collect();
+    assert!(left.is_empty(), "the demo left {left:?}");
+    let _ = std::fs::remove_dir_all(&tmp);
 }
 
 #[test]
