@@ -1,8 +1,9 @@
 //! `remem nbd`: serve one remem address space as an NBD export until SIGTERM or Ctrl-C.
 //!
-//! Thin: connect a client to the cluster, optionally lock memory, bind, print `listening
-//! ADDRESS` as the first stdout line (tests and scripts wait for it), and hand over to
-//! `remem_nbd::serve`. The protocol lives in crates/nbd; the semantics in docs/NBD.md.
+//! Thin: take what can fail first (memory lock, TLS, the listener, the metrics port), then open
+//! the export (a client on the cluster, its slab map saved), print `listening ADDRESS` as the
+//! first stdout line once nothing can fail (tests, scripts and supervisors wait for it), and hand
+//! over to `remem_nbd::serve`. The protocol lives in crates/nbd; the semantics in docs/NBD.md.
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
@@ -187,31 +188,9 @@ pub fn run(args: NbdArgs) -> Result<()> {
     if args.engines > 1 && args.metrics.is_some() {
         bail!("--metrics serves one engine's figures: use it with --engines 1");
     }
-    // The report for `remem status` goes beside a cluster file, named after the state file.
-    let opened: Vec<Opened> = match args.etcd.connect()? {
-        Some(etcd) => {
-            if args.engines > 1 {
-                bail!("--etcd keeps one slab map per export: use it with --engines 1");
-            }
-            let secret = remem_client::Secret::load(args.secret_file.as_deref())
-                .context("loading the cluster secret")?;
-            let request = crate::etcd_cluster::EtcdExportRequest {
-                etcd,
-                export: &args.export,
-                secret: &secret,
-                config,
-                fresh: args.fresh,
-                placement: args.placement.build(rand::random()),
-            };
-            let (client, home) = crate::etcd_cluster::open_export(request)?;
-            eprintln!("export {:?} kept in {}", args.export, home.describe());
-            vec![(client, Box::new(home), None)]
-        }
-        None => open_engines(&args, config)?,
-    };
-    let client = &opened[0].0;
-    let page_bytes = client.page_bytes() as u32;
-
+    // What can fail without touching the export comes first (the process's limits, TLS, the
+    // listener, the metrics port): a start that fails leaves no slab map behind, and `listening`
+    // is printed only once nothing can fail any more.
     if let Some(value) = args.oom_score_adj {
         remem_nbd::host::set_oom_score_adj(value).context("setting oom_score_adj")?;
     }
@@ -219,7 +198,17 @@ pub fn run(args: NbdArgs) -> Result<()> {
         remem_nbd::host::lock_all_memory()
             .context("mlockall (needs CAP_IPC_LOCK or a large RLIMIT_MEMLOCK)")?;
     }
-
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(certificate), Some(key)) => {
+            let config = remem_nbd::tls::server_config(certificate, key, args.tls_ca.as_deref())
+                .context("loading the TLS certificate")?;
+            // A CA asks every client for a certificate: a plain client has none, so TLS is
+            // required whether or not --tls-required says so.
+            let required = args.tls_required || args.tls_ca.is_some();
+            Some(remem_nbd::TlsSettings { config, required })
+        }
+        _ => None,
+    };
     let (listener, shown) = match &args.unix {
         Some(path) => {
             let listener = bind_unix(path, args.unix_mode, args.unix_group.as_deref())?;
@@ -232,6 +221,14 @@ pub fn run(args: NbdArgs) -> Result<()> {
             (Listener::Tcp(listener), address.to_string())
         }
     };
+    let stop = Arc::new(AtomicBool::new(false));
+    let snapshot = Arc::new(Mutex::new(String::new()));
+    let opened = metrics_then_export(&args, config, &stop, &snapshot).inspect_err(|_| {
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        remove_socket(&args);
+    })?;
+    let client = &opened[0].0;
+    let page_bytes = client.page_bytes() as u32;
     let export = Export {
         name: args.export.clone(),
         description: format!(
@@ -247,16 +244,8 @@ pub fn run(args: NbdArgs) -> Result<()> {
     };
     let mut server_config = ServerConfig::new(export);
     server_config.max_connections = args.max_connections.max(1);
-    if let (Some(certificate), Some(key)) = (&args.tls_cert, &args.tls_key) {
-        let config = remem_nbd::tls::server_config(certificate, key, args.tls_ca.as_deref())
-            .context("loading the TLS certificate")?;
-        // A CA asks every client for a certificate: a plain client has none, so TLS is required
-        // whether or not --tls-required says so.
-        let required = args.tls_required || args.tls_ca.is_some();
-        server_config.tls = Some(remem_nbd::TlsSettings { config, required });
-    }
+    server_config.tls = tls;
 
-    let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
     println!("listening {shown}");
@@ -271,13 +260,6 @@ pub fn run(args: NbdArgs) -> Result<()> {
         args.engines,
         if args.engines == 1 { "" } else { "s" }
     );
-    let snapshot = Arc::new(Mutex::new(String::new()));
-    if let Some(address) = args.metrics {
-        let served = Arc::clone(&snapshot);
-        let render = move || served.lock().map(|text| text.clone()).unwrap_or_default();
-        let bound = crate::metrics::serve(address, Arc::clone(&stop), render)?;
-        eprintln!("metrics at http://{bound}/metrics");
-    }
     let mut watched: Vec<WatchedClient> = opened
         .into_iter()
         .map(|(client, home, report_to)| WatchedClient::new(client, report_to, home, Arc::clone(&stop)))
@@ -300,6 +282,43 @@ pub fn run(args: NbdArgs) -> Result<()> {
         Some(reason) => bail!("stopped: {reason}"),
         None => Ok(()),
     }
+}
+
+/// Binds `--metrics` (its page serves `snapshot`), then opens the export: its engines' clients,
+/// each reopened from its saved map or new (`--etcd`: the map kept in etcd).
+fn metrics_then_export(
+    args: &NbdArgs,
+    config: ClientConfig,
+    stop: &Arc<AtomicBool>,
+    snapshot: &Arc<Mutex<String>>,
+) -> Result<Vec<Opened>> {
+    if let Some(address) = args.metrics {
+        let served = Arc::clone(snapshot);
+        let render = move || served.lock().map(|text| text.clone()).unwrap_or_default();
+        let bound = crate::metrics::serve(address, Arc::clone(stop), render)?;
+        eprintln!("metrics at http://{bound}/metrics");
+    }
+    Ok(match args.etcd.connect()? {
+        Some(etcd) => {
+            if args.engines > 1 {
+                bail!("--etcd keeps one slab map per export: use it with --engines 1");
+            }
+            let secret = remem_client::Secret::load(args.secret_file.as_deref())
+                .context("loading the cluster secret")?;
+            let request = crate::etcd_cluster::EtcdExportRequest {
+                etcd,
+                export: &args.export,
+                secret: &secret,
+                config,
+                fresh: args.fresh,
+                placement: args.placement.build(rand::random()),
+            };
+            let (client, home) = crate::etcd_cluster::open_export(request)?;
+            eprintln!("export {:?} kept in {}", args.export, home.describe());
+            vec![(client, Box::new(home), None)]
+        }
+        None => open_engines(args, config)?,
+    })
 }
 
 fn remove_socket(args: &NbdArgs) {

@@ -401,6 +401,40 @@ fn unix_socket_export_rep2_serves_qemu_io_and_nbdcopy() {
     server.assert_running();
 }
 
+/// A start that fails (here: the `--metrics` port is taken) fails before it maps or saves
+/// anything and never prints `listening`: the same command then starts an export that serves.
+/// Before, the slab map was saved first, and a later start "reopened" slabs freed after the
+/// lease grace and answered every request with EIO.
+#[test]
+fn a_start_that_fails_on_a_busy_metrics_port_leaves_no_slab_map() {
+    let dir = test_dir("busy-metrics");
+    let cluster = start_cluster(&dir);
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("a port to occupy");
+    let port = busy.local_addr().unwrap().to_string();
+    let failed = Command::new("timeout")
+        .args(["-k", "5", "60"])
+        .arg(binary())
+        .args(["nbd", "--cluster"])
+        .arg(&cluster.cluster_file_path)
+        .args(["--size", "4MiB", "--export", "test", "--listen", "127.0.0.1:0", "--metrics", &port])
+        .output()
+        .expect("remem nbd runs");
+    let stdout = String::from_utf8_lossy(&failed.stdout);
+    assert!(!failed.status.success(), "started on a busy metrics port: {stdout}");
+    assert!(!stdout.contains("listening"), "said listening before it could fail: {stdout}");
+    let map = cluster.cluster_file_path.parent().unwrap().join("nbd-test.slabmap");
+    assert!(!map.exists(), "a failed start saved {}", map.display());
+    drop(busy);
+    let server = NbdServer::start(&cluster, &dir, "4MiB", ["8", "2", "1"], None);
+    let data = common::pseudo_random(4 << 20, 5);
+    let source = dir.join("source.img");
+    std::fs::write(&source, &data).unwrap();
+    run_ok(60, "nbdcopy", &[source.to_str().unwrap(), &server.uri()]);
+    let back = dir.join("back.img");
+    run_ok(60, "nbdcopy", &[&server.uri(), back.to_str().unwrap()]);
+    assert!(std::fs::read(&back).unwrap() == data);
+}
+
 /// `--fresh` never takes an export a live server serves: it is refused (the nodes name the
 /// owner), the first server serves on, and its bytes are there after it restarts. Before, the
 /// second server replaced the state file and served an empty export under the same name.
