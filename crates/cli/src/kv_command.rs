@@ -344,6 +344,15 @@ pub fn run(args: KvArgs) -> Result<()> {
             takeover.detected_at.elapsed().as_millis()
         );
     }
+    // The metrics snapshot is taken on the cache's own thread and served from another; its port
+    // is bound before `listening` is printed, so a busy one fails the start before it says so.
+    let snapshot = Arc::new(std::sync::Mutex::new(String::new()));
+    if let Some(address) = args.metrics {
+        let served = Arc::clone(&snapshot);
+        let render = move || served.lock().map(|text| text.clone()).unwrap_or_default();
+        let bound = crate::metrics::serve(address, Arc::clone(&stop), render)?;
+        eprintln!("metrics at http://{bound}/metrics");
+    }
     println!("listening {address}");
     std::io::stdout().flush()?;
     eprintln!(
@@ -357,15 +366,6 @@ pub fn run(args: KvArgs) -> Result<()> {
         cluster.nodes.len(),
         args.unix.as_ref().map(|path| format!(", unix socket {}", path.display())).unwrap_or_default()
     );
-    // Nodes added to the cluster file join the running cache's client; the metrics snapshot is
-    // taken on the cache's own thread and served from another.
-    let snapshot = Arc::new(std::sync::Mutex::new(String::new()));
-    if let Some(address) = args.metrics {
-        let served = Arc::clone(&snapshot);
-        let render = move || served.lock().map(|text| text.clone()).unwrap_or_default();
-        let bound = crate::metrics::serve(address, Arc::clone(&stop), render)?;
-        eprintln!("metrics at http://{bound}/metrics");
-    }
     let publish = args.metrics.is_some();
     let mut watch = crate::cluster_watch::ClusterWatch::new(cluster_path.clone(), &cluster);
     let mut reporter = None;

@@ -300,3 +300,35 @@ fn sigkill_kv(target: &mut Target) {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// A `remem kv` whose `--metrics` port is taken fails before it prints `listening` (a supervisor
+/// waiting for that line must not take a start that then fails for a running server).
+#[test]
+fn a_kv_start_on_a_busy_metrics_port_never_says_listening() {
+    let target = Target::remem_kv("busy-metrics", "rep2", "16MiB", &[]);
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("a port to occupy");
+    let port = busy.local_addr().unwrap().to_string();
+    let cluster = target.cluster.as_ref().expect("a cluster");
+    let output = std::process::Command::new("timeout")
+        .args(["-k", "5", "60"])
+        .arg(binary())
+        .args(["kv", "--cluster"])
+        .arg(&cluster.cluster_file_path)
+        .args([
+            "--name",
+            "second",
+            "--listen",
+            "127.0.0.1:0",
+            "-m",
+            "16MiB",
+            "--ephemeral",
+            "--metrics",
+            &port,
+        ])
+        .output()
+        .expect("remem kv runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success(), "started on a busy metrics port: {stdout}");
+    assert!(!stdout.contains("listening"), "said listening before it could fail: {stdout}");
+    drop(busy);
+}
