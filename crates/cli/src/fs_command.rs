@@ -148,6 +148,12 @@ fn open_client(
         state.clear().with_context(|| format!("clearing the state directory {dir}"))?;
     } else if map_path.exists() {
         let map = SlabMapFile::load(&map_path)?;
+        crate::launcher::check_saved_on_cluster(
+            &map,
+            cluster,
+            cluster_path,
+            &format!("the file system in {dir}"),
+        )?;
         let shape = &config.shape;
         if !map.fits(args.size, shape) {
             bail!(

@@ -242,7 +242,9 @@ pub fn run(args: KvArgs) -> Result<()> {
         state.drop_saved(&secret, &config)?;
     }
     let reopened = match &state {
-        Some(state) => state.reopen(&secret, config.clone(), cache_config.clone())?,
+        Some(state) => {
+            state.reopen(&cluster, &cluster_path, &secret, config.clone(), cache_config.clone())?
+        }
         None => None,
     };
     if takeover.is_some() && reopened.is_none() {

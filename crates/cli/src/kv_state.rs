@@ -91,6 +91,8 @@ impl KvState {
     /// backup region holds. None when nothing is saved.
     pub fn reopen(
         &self,
+        cluster: &remem_client::cluster::ClusterFile,
+        cluster_path: &Path,
         secret: &remem_client::Secret,
         config: ClientConfig,
         cache_config: CacheConfig,
@@ -100,6 +102,12 @@ impl KvState {
             return Ok(None);
         }
         let map = SlabMapFile::load(&map_path)?;
+        crate::launcher::check_saved_on_cluster(
+            &map,
+            cluster,
+            cluster_path,
+            &format!("the cache state in {}", self.dir.display()),
+        )?;
         if !map.fits(config.address_space_bytes, &config.shape) {
             bail!(
                 "{} holds a server of {} at EC({},{}), not {} at EC({},{}): pass its -m, -k and -r, or \

@@ -90,6 +90,28 @@ pub fn default_dir() -> PathBuf {
     std::env::temp_dir().join(format!("remem-{uid}"))
 }
 
+/// Refuses a saved slab map none of whose nodes is in the cluster file (`saved` says what holds
+/// it): it was saved on another cluster, typically before `remem up` started a new one in the
+/// same directory, and reopening it could only fail on unreachable nodes.
+pub fn check_saved_on_cluster(
+    map: &remem_client::SlabMapFile,
+    cluster: &ClusterFile,
+    cluster_path: &Path,
+    saved: &str,
+) -> Result<()> {
+    let ours = |address: &SocketAddr| cluster.nodes.iter().any(|node| node.address == *address);
+    if !map.nodes.is_empty() && !map.nodes.iter().any(ours) {
+        bail!(
+            "{saved} was saved on another cluster: none of its {} nodes is in {} (a new `remem up` \
+             in the same directory starts a new cluster, and its old slabs are gone); pass --fresh \
+             to drop it and start empty, or --cluster of the cluster it was saved on",
+            map.nodes.len(),
+            cluster_path.display()
+        );
+    }
+    Ok(())
+}
+
 /// The cluster file a front end was pointed at (or `remem up`'s default), and its secret.
 pub fn load_cluster(cluster: Option<&Path>) -> Result<(PathBuf, ClusterFile, Secret)> {
     let path = cluster.map(Path::to_path_buf).unwrap_or_else(|| default_dir().join("cluster.json"));

@@ -145,6 +145,12 @@ fn open_export(
             }
             std::fs::remove_file(state_path).with_context(|| format!("removing {}", state_path.display()))?;
         } else {
+            crate::launcher::check_saved_on_cluster(
+                &map,
+                cluster,
+                cluster_path,
+                &format!("the export saved in {}", state_path.display()),
+            )?;
             let shape = &config.shape;
             if !map.fits(size, shape) {
                 bail!(

@@ -332,3 +332,37 @@ fn a_kv_start_on_a_busy_metrics_port_never_says_listening() {
     assert!(!stdout.contains("listening"), "said listening before it could fail: {stdout}");
     drop(busy);
 }
+
+/// A cache state saved on a cluster that is gone (a new `remem up` in the same directory: new
+/// nodes, new secret) is named as such, with `--fresh` in the message, instead of failing on
+/// unreachable nodes; `--fresh` then starts empty.
+#[test]
+fn a_state_saved_on_another_cluster_is_refused_naming_fresh() {
+    let mut target = Target::remem_kv("other-cluster", "rep2", "16MiB", &[]);
+    target.client().set("kept", b"value").expect("set");
+    target.server.stop(Duration::from_secs(10));
+    let mut old = target.cluster.take().expect("a cluster");
+    old.stop(Duration::from_secs(5));
+    drop(old);
+    let options = kv_support::cluster_options(&target.dir);
+    let cluster = remem::launcher::LocalCluster::start(binary(), &options).expect("a new cluster");
+    assert!(cluster.cluster_file_path.parent().unwrap().join("kv-default/slabmap.json").exists());
+    let run = |extra: &[&str]| {
+        std::process::Command::new("timeout")
+            .args(["-k", "5", "30"])
+            .arg(binary())
+            .args(["kv", "--cluster"])
+            .arg(&cluster.cluster_file_path)
+            .args(["--scheme", "rep2", "-m", "16MiB", "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .output()
+            .expect("remem kv runs")
+    };
+    let refused = run(&[]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("saved on another cluster") && stderr.contains("--fresh"), "{stderr}");
+    target.cluster = Some(cluster);
+    restart_kv(&mut target, &["--scheme", "rep2", "-m", "16MiB", "--fresh"], "kv-fresh.log");
+    assert_eq!(target.client().get("kept").expect("get"), None, "--fresh starts empty");
+}
