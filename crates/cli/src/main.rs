@@ -295,8 +295,8 @@ fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
         println!("node {index}: {} ({}) pid {}", node.address, node.failure_domain, node.pid.unwrap_or(0));
     }
     println!("cluster file: {}", cluster.cluster_file_path.display());
-    println!("type `add` to start one more node, `restart N` to restart node N empty on its address;");
-    println!("press Ctrl-C to stop the cluster");
+    println!("type `add` to start one more node, `restart N` to restart node N empty on its address,");
+    println!("`stop N` to SIGKILL node N, `help` for these; press Ctrl-C to stop the cluster");
     std::io::Write::flush(&mut std::io::stdout())?;
     // Commands on standard input change the running cluster; clients that watch the cluster
     // file (`remem nbd`) learn of new nodes, and probe restarted ones, without a restart.
@@ -339,8 +339,24 @@ fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
                     }),
                     Err(_) => Err(anyhow::anyhow!("`restart` takes a node index, got {index:?}")),
                 },
+                ["stop", index] => match index.parse::<usize>() {
+                    Ok(index) if index < cluster.file.nodes.len() => cluster.kill(index).map(|()| {
+                        println!("node {index}: stopped (SIGKILL); `restart {index}` starts it again empty");
+                    }),
+                    _ => Err(anyhow::anyhow!(
+                        "`stop` takes a node index below {}, got {index:?}",
+                        cluster.file.nodes.len()
+                    )),
+                },
+                ["help"] => {
+                    println!("add        start one more node (clients that watch the cluster file take it)");
+                    println!("restart N  restart node N empty on its address (a replaced node)");
+                    println!("stop N     SIGKILL node N (a failure; it shows DOWN in `remem status`)");
+                    println!("help       this list; Ctrl-C or SIGTERM stops the cluster");
+                    Ok(())
+                }
                 [] => Ok(()),
-                _ => Err(anyhow::anyhow!("unknown command {line:?}: `add` or `restart N`")),
+                _ => Err(anyhow::anyhow!("unknown command {line:?}: `add`, `restart N`, `stop N` or `help`")),
             };
             if let Err(error) = result {
                 eprintln!("error: {error:#}");

@@ -116,6 +116,56 @@ fn bench_pages_reports_every_scheme_floor_and_ratio() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `remem up`'s commands on standard input: `help` lists them, `stop N` kills a node (it exits),
+/// an unknown word names the commands.
+#[test]
+fn up_answers_help_and_stop_on_its_standard_input() {
+    use std::io::{BufRead, Write};
+    let dir = std::env::temp_dir().join(format!("remem-test-up-help-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut child = remem()
+        .args(["up", "--nodes", "2", "--capacity", "8MiB", "--slab-size", "1MiB", "--dir"])
+        .arg(&dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let (lines, received) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let wait_for = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match received.recv_timeout(left) {
+                Ok(line) if line.contains(what) => return line,
+                Ok(_) => {}
+                Err(_) => panic!("no line with {what:?} within 30 s"),
+            }
+        }
+    };
+    wait_for("press Ctrl-C");
+    writeln!(stdin, "help").unwrap();
+    assert!(wait_for("stop N").contains("SIGKILL"));
+    let cluster = remem_client::cluster::ClusterFile::load(&dir.join("cluster.json")).unwrap();
+    let pid = cluster.nodes[1].pid.unwrap() as libc::pid_t;
+    writeln!(stdin, "stop 1").unwrap();
+    wait_for("node 1: stopped");
+    // SAFETY: kill with signal 0 only asks whether the process exists.
+    assert!(unsafe { libc::kill(pid, 0) } != 0, "node 1 still runs");
+    // SAFETY: signalling the child we spawned; its nodes die with it.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert!(status.success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn up_starts_a_cluster_idles_with_stdin_closed_and_stops_it_on_sigterm() {
     let dir = std::env::temp_dir().join(format!("remem-test-up-{}", std::process::id()));
