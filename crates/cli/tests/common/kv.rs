@@ -14,9 +14,10 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use remem::kv_bench::{ClientError, ServerProcess, TextClient};
+use remem::kv_bench::{ClientError, ServerProcess, StoreOutcome, TextClient};
 use remem::launcher::{ClusterOptions, LocalCluster, UnixSockets};
 
 pub fn binary() -> &'static Path {
@@ -389,4 +390,60 @@ pub fn read_key(client: &mut TextClient, key: &str) -> Result<Option<(u32, Vec<u
         }
         count => Err(ClientError::Protocol(format!("{count} values for one key"))),
     }
+}
+
+/// A client that sets and reads back its own keys in a loop and times every operation.
+pub struct GoodClient {
+    pub ops: AtomicU64,
+    pub failures: std::sync::Mutex<Vec<String>>,
+    pub slowest_us: AtomicU64,
+}
+
+impl GoodClient {
+    pub fn run(&self, address: std::net::SocketAddr, stop: &AtomicBool) {
+        let mut client = match TextClient::connect(address, Duration::from_secs(10)) {
+            Ok(client) => client,
+            Err(error) => return self.failures.lock().unwrap().push(format!("connect: {error}")),
+        };
+        let mut round = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let key = format!("good-{}", round % 50);
+            let value = remem::kv_bench::value_for(round, round, 100 + (round as usize * 977) % 20_000);
+            let started = Instant::now();
+            let result = client.set(&key, &value).and_then(|answer| {
+                if answer != StoreOutcome::Stored {
+                    return Err(ClientError::Protocol(format!("set answered {answer:?}")));
+                }
+                match client.get(&key)? {
+                    Some(read) if read == value => Ok(()),
+                    Some(read) => {
+                        Err(ClientError::Protocol(format!("read {} B, not the value set", read.len())))
+                    }
+                    None => Err(ClientError::Protocol("a miss right after STORED".to_owned())),
+                }
+            });
+            self.slowest_us.fetch_max(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+            if let Err(error) = result {
+                self.failures.lock().unwrap().push(format!("{key}: {error}"));
+                return;
+            }
+            self.ops.fetch_add(1, Ordering::Relaxed);
+            round += 1;
+        }
+    }
+
+    pub fn ops(&self) -> u64 {
+        self.ops.load(Ordering::Relaxed)
+    }
+}
+
+/// Waits up to 10 s for the good client to complete `more` operations beyond `from`.
+pub fn good_client_progresses(good: &GoodClient, from: u64, more: u64, during: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while good.ops() < from + more && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let failures = good.failures.lock().unwrap().clone();
+    assert!(failures.is_empty(), "the good client failed {during}: {failures:?}");
+    assert!(good.ops() >= from + more, "the good client made no progress {during}");
 }
