@@ -36,17 +36,9 @@ fn state_dir(target: &Target) -> PathBuf {
 
 /// Starts `remem kv --standby` for the target's primary.
 fn spawn_standby(target: &Target, mode: &str, log: &str) -> (ServerProcess, Receiver<String>) {
-    let mut args = args(mode);
-    args.push("--standby".into());
-    let cluster = target.cluster.as_ref().expect("a remem cluster");
-    ServerProcess::spawn_remem_kv(
-        binary(),
-        &cluster.cluster_file_path,
-        &args,
-        &target.dir.join(log),
-        "standby",
-    )
-    .unwrap_or_else(|error| panic!("{error:#}"))
+    let args = args(mode);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    spawn_standby_with(target, &args, log)
 }
 
 /// Starts `remem kv ARGS --standby` for the target's primary.

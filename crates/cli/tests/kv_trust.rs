@@ -4,6 +4,8 @@
 //! read); what was acknowledged within the scheme's tolerance is there after replacements,
 //! restarts and a kill in the middle of a chunk page's rewrite.
 
+#[path = "common/kv_crash.rs"]
+mod kv_crash;
 #[path = "common/kv.rs"]
 mod kv_support;
 
@@ -248,7 +250,7 @@ fn a_kill_during_a_chunk_page_rewrite_loses_no_acknowledged_value() {
             })
             .collect();
         std::thread::sleep(Duration::from_millis(300 + (round * 7919) % 700));
-        sigkill_kv(&mut target);
+        kv_crash::sigkill(&mut target.server);
         for writer in writers {
             let (acknowledged, cut) = writer.join().expect("a writer");
             known.extend(acknowledged);
@@ -289,16 +291,6 @@ fn a_kill_during_a_chunk_page_rewrite_loses_no_acknowledged_value() {
 fn small_value(index: u64, stamp: u64) -> Vec<u8> {
     let length = [17, 60, 100, 300, 700][(stamp % 5) as usize];
     (0..length).map(|byte| (byte as u64 * 13 + index * 31 + stamp * 7) as u8 | 1).collect()
-}
-
-fn sigkill_kv(target: &mut Target) {
-    // SAFETY: kill with the PID of a child the test spawned and has not reaped.
-    unsafe { libc::kill(target.server.pid() as libc::pid_t, libc::SIGKILL) };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while target.server.exited().is_none() {
-        assert!(Instant::now() < deadline, "remem kv did not die");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// A `remem kv` whose `--metrics` port is taken fails before it prints `listening` (a supervisor

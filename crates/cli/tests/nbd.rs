@@ -401,6 +401,20 @@ fn unix_socket_export_rep2_serves_qemu_io_and_nbdcopy() {
     server.assert_running();
 }
 
+/// `remem nbd` of export `test`, 4 MiB on TCP, with `extra`, run to its end (bounded by
+/// `timeout`): for starts that must fail.
+fn nbd_that_should_fail(cluster: &LocalCluster, extra: &[&str]) -> std::process::Output {
+    Command::new("timeout")
+        .args(["-k", "5", "60"])
+        .arg(binary())
+        .args(["nbd", "--cluster"])
+        .arg(&cluster.cluster_file_path)
+        .args(["--size", "4MiB", "--export", "test", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .output()
+        .expect("remem nbd runs")
+}
+
 /// A start that fails (here: the `--metrics` port is taken) fails before it maps or saves
 /// anything and never prints `listening`: the same command then starts an export that serves.
 /// Before, the slab map was saved first, and a later start "reopened" slabs freed after the
@@ -411,14 +425,7 @@ fn a_start_that_fails_on_a_busy_metrics_port_leaves_no_slab_map() {
     let cluster = start_cluster(&dir);
     let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("a port to occupy");
     let port = busy.local_addr().unwrap().to_string();
-    let failed = Command::new("timeout")
-        .args(["-k", "5", "60"])
-        .arg(binary())
-        .args(["nbd", "--cluster"])
-        .arg(&cluster.cluster_file_path)
-        .args(["--size", "4MiB", "--export", "test", "--listen", "127.0.0.1:0", "--metrics", &port])
-        .output()
-        .expect("remem nbd runs");
+    let failed = nbd_that_should_fail(&cluster, &["--metrics", &port]);
     let stdout = String::from_utf8_lossy(&failed.stdout);
     assert!(!failed.status.success(), "started on a busy metrics port: {stdout}");
     assert!(!stdout.contains("listening"), "said listening before it could fail: {stdout}");
@@ -447,14 +454,7 @@ fn fresh_refuses_an_export_a_live_server_serves() {
     std::fs::write(&source, &data).unwrap();
     let mut first = NbdServer::start(&cluster, &dir, "4MiB", ["8", "2", "1"], None);
     run_ok(60, "nbdcopy", &[source.to_str().unwrap(), &first.uri()]);
-    let second = Command::new("timeout")
-        .args(["-k", "5", "60"])
-        .arg(binary())
-        .args(["nbd", "--cluster"])
-        .arg(&cluster.cluster_file_path)
-        .args(["--size", "4MiB", "--export", "test", "--fresh", "--listen", "127.0.0.1:0"])
-        .output()
-        .expect("remem nbd runs");
+    let second = nbd_that_should_fail(&cluster, &["--fresh"]);
     let stderr = String::from_utf8_lossy(&second.stderr);
     assert!(!second.status.success(), "--fresh took a live export: {stderr}");
     assert!(stderr.contains("served by a running process"), "{stderr}");

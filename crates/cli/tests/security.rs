@@ -235,16 +235,23 @@ fn the_handshake_has_one_deadline_not_a_timeout_per_byte() {
     assert!(elapsed >= remem_node::HANDSHAKE_TIMEOUT, "closed before the deadline: {elapsed:?}");
 }
 
-/// `remem nbd --unix socket` on `cluster`: the guard and its first stdout line.
-fn spawn_unix_export(cluster: &LocalCluster, socket: &Path, export: &str) -> (NodeGuard, String) {
+/// `remem nbd --unix socket --export EXPORT EXTRA` on `cluster`: the guard and its first stdout
+/// line; its stderr goes to `SOCKET.EXPORT.log` beside the socket.
+fn spawn_unix_export(
+    cluster: &LocalCluster,
+    socket: &Path,
+    export: &str,
+    extra: &[&str],
+) -> (NodeGuard, String) {
     use std::io::BufRead;
     let mut child = Command::new(binary())
         .args(["nbd", "--cluster"])
         .arg(&cluster.cluster_file_path)
         .args(["--size", "1MiB", "--export", export, "-k", "1", "-r", "0", "--delta", "0", "--unix"])
         .arg(socket)
+        .args(extra)
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(socket.with_extension(format!("{export}.log"))).expect("log file"))
         .spawn()
         .expect("remem nbd starts");
     let mut line = String::new();
@@ -261,18 +268,17 @@ fn a_killed_nbd_servers_unix_socket_is_replaced_and_a_live_ones_is_not() {
     std::fs::create_dir_all(&dir).unwrap();
     let cluster = LocalCluster::start(binary(), &options(dir.join("cluster"))).expect("cluster starts");
     let socket = dir.join("nbd.sock");
-    let (mut first, line) = spawn_unix_export(&cluster, &socket, "first");
+    let (mut first, line) = spawn_unix_export(&cluster, &socket, "first", &[]);
     assert!(line.starts_with("listening unix:"), "{line:?}");
     first.0.kill().expect("SIGKILL");
     first.0.wait().expect("reaped");
     assert!(socket.exists(), "the killed server left its socket");
-    let (second, line) = spawn_unix_export(&cluster, &socket, "first");
+    let (second, line) = spawn_unix_export(&cluster, &socket, "first", &[]);
     assert!(line.starts_with("listening unix:"), "the next start serves on the same path: {line:?}");
-    let (mut third, line) = spawn_unix_export(&cluster, &socket, "other");
+    let (mut third, line) = spawn_unix_export(&cluster, &socket, "other", &[]);
     assert!(line.is_empty(), "a second server took a live socket: {line:?}");
     let status = third.0.wait().expect("the refused server exits");
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut third.0.stderr.take().unwrap(), &mut stderr).unwrap();
+    let stderr = std::fs::read_to_string(socket.with_extension("other.log")).unwrap();
     assert!(!status.success() && stderr.contains("socket of a running server"), "{status}: {stderr}");
     drop(second);
     drop(cluster);
@@ -281,22 +287,10 @@ fn a_killed_nbd_servers_unix_socket_is_replaced_and_a_live_ones_is_not() {
 
 /// Starts `remem nbd --unix socket` on a one-node cluster in `dir`; killed on drop.
 fn start_unix_export(dir: &Path, socket: &Path, extra: &[&str]) -> (LocalCluster, NodeGuard) {
-    use std::io::BufRead;
     let cluster = LocalCluster::start(binary(), &options(dir.join("cluster"))).expect("cluster starts");
-    let mut child = Command::new(binary())
-        .args(["nbd", "--cluster"])
-        .arg(&cluster.cluster_file_path)
-        .args(["--size", "1MiB", "--export", "test", "-k", "1", "-r", "0", "--delta", "0", "--unix"])
-        .arg(socket)
-        .args(extra)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("remem nbd starts");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let (guard, line) = spawn_unix_export(&cluster, socket, "test", extra);
     assert!(line.starts_with("listening unix:"), "unexpected first line {line:?}");
-    (cluster, NodeGuard(child))
+    (cluster, guard)
 }
 
 /// Kills its child (by PID) on drop.
