@@ -364,8 +364,8 @@ impl Cache {
     pub(crate) fn chunk_page_done(&mut self, task: TaskId, done: &IoDone) {
         let Some(page) = self.chunks.page_of_task(task) else { return };
         if done.kind == IoKind::Read {
-            let bytes = match &done.result {
-                Ok(()) => self.io.buffer(done.slot).to_vec(),
+            match &done.result {
+                Ok(()) => {}
                 Err(error) if done.owner.part & MAIN != 0 => {
                     tracing::debug!(%error, "EOR chunk page main copy unreadable; reading the data splits");
                     self.io.read(&mut self.client, page, IoOwner { task, part: FALLBACK });
@@ -378,8 +378,9 @@ impl Cache {
                     self.chunk_page_unreadable(page, scheme);
                     return;
                 }
-            };
-            if self.chunks.loaded(page, &bytes) {
+            }
+            // Copied once, from the read's slot into the cached page.
+            if self.chunks.loaded(page, self.io.buffer(done.slot)) {
                 let scheme = self.chunks.pages[&page].scheme;
                 self.write_chunk_page(page, scheme);
             }
