@@ -76,6 +76,11 @@ pub struct NodeArgs {
     /// While it holds them, another process claiming the same client id is refused.
     #[arg(long, default_value = "2m", value_parser = parse_duration, value_name = "DURATION")]
     pub lease_grace: Duration,
+    /// A client connection that sends nothing for this long, not even the heartbeat an idle
+    /// client sends every second, is closed: a stopped process (SIGSTOP, a debugger, a hung
+    /// event loop) loses its lease like a dead one, so another process can take its slabs over.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub lease_timeout: Duration,
     /// Read settings from this TOML file: keys are the long flag names (`capacity = "4GiB"`,
     /// `no_monitor = true`); a flag on the command line wins over the file. The file may name
     /// the secret's file (`secret_file`), never hold the secret. Example: contrib/node.toml.
@@ -139,6 +144,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
         resource_monitor,
         unix_socket: args.unix,
         lease_grace: args.lease_grace,
+        lease_timeout: args.lease_timeout,
     };
     let node = Node::bind(config).with_context(|| format!("binding {}", args.listen))?;
     // Registered while it serves; dropped after `run`, which revokes the lease.

@@ -1,8 +1,9 @@
 //! Slab leases, with real node processes and real `remem nbd` servers killed with SIGKILL:
 //! a dead client's slabs come back after the grace period (on the previous code they leaked
 //! forever and every later start failed for want of free slabs), a restarted client re-attaches
-//! to its slabs within the grace period, a failed start releases what it mapped at once, and a
-//! second process claiming the same slab map is refused while the first lives.
+//! to its slabs within the grace period, a failed start releases what it mapped at once, a
+//! second process claiming the same slab map is refused while the first lives, and a stopped
+//! one loses its lease as a dead one does.
 
 #[allow(dead_code)] // the shared helpers this suite does not use
 mod common;
@@ -60,18 +61,29 @@ struct Nbd {
 
 impl Nbd {
     fn start(cluster: &LocalCluster, dir: &Path, export: &str, size: &str) -> Nbd {
+        Nbd::try_start(cluster, dir, export, size).unwrap_or_else(|why| panic!("{why}"))
+    }
+
+    /// Starts it, or says why it did not start (it has exited then).
+    fn try_start(cluster: &LocalCluster, dir: &Path, export: &str, size: &str) -> Result<Nbd, String> {
         let log = dir.join(format!("nbd-{export}.log"));
         let (mut child, line) = common::spawn_with_first_line(nbd_command(cluster, export, size), &log);
         let Some(address) = line.trim().strip_prefix("listening ") else {
             let _ = child.kill();
             let _ = child.wait();
-            panic!(
+            return Err(format!(
                 "remem nbd did not start: {line:?}; log: {}",
                 std::fs::read_to_string(&log).unwrap_or_default()
-            );
+            ));
         };
         let uri = format!("nbd://{address}/{export}");
-        Nbd { child, uri }
+        Ok(Nbd { child, uri })
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill(2) on the PID of a child this test started and has not reaped.
+        let result = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        assert_eq!(result, 0, "signal {signal} to remem nbd");
     }
 
     fn sigkill(mut self) {
@@ -194,5 +206,47 @@ fn a_second_process_claiming_a_live_clients_slab_map_is_refused() {
     copy(&second.uri, back.to_str().unwrap());
     assert!(std::fs::read(&back).unwrap()[..data.len()] == data[..], "the successor lost bytes");
     drop(second);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Defect (issue 31): a SIGSTOPped `remem nbd` kept its leases for ever, since its kernel answers
+/// TCP keepalive, so no other process could take its export over until it was killed. Now the
+/// nodes close a claimed connection that sent no heartbeat for the lease timeout (10 s).
+#[test]
+fn a_stopped_servers_lease_lapses_and_another_process_takes_its_export_over() {
+    let dir = test_dir("stopped");
+    let cluster = start_cluster(&dir, None);
+    let data = common::pseudo_random(2 << 20, 13);
+    let source = dir.join("source.img");
+    std::fs::write(&source, &data).unwrap();
+    let first = Nbd::start(&cluster, &dir, "stopped", "16MiB");
+    copy(source.to_str().unwrap(), &first.uri);
+    first.signal(libc::SIGSTOP);
+
+    // Each refused attempt waits out its own 3 s fence retry; the lease lapses 10 s after the
+    // stop, far within this bound (on the previous code it never did).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let second = loop {
+        match Nbd::try_start(&cluster, &dir, "stopped", "16MiB") {
+            Ok(second) => break second,
+            Err(why) => {
+                assert!(why.contains("held by another live process"), "refused for the lease only: {why}");
+                assert!(Instant::now() < deadline, "the stopped server still holds its export: {why}");
+            }
+        }
+    };
+    let back = dir.join("back.img");
+    copy(&second.uri, back.to_str().unwrap());
+    assert!(std::fs::read(&back).unwrap()[..data.len()] == data[..], "the successor lost bytes");
+
+    // The first one, continued, is fenced off: it cannot write over its successor's bytes.
+    first.signal(libc::SIGCONT);
+    let other = dir.join("other.img");
+    std::fs::write(&other, common::pseudo_random(1 << 20, 14)).unwrap();
+    let overwrite = common::run(60, "nbdcopy", &[other.to_str().unwrap(), &first.uri]);
+    assert!(!overwrite.status.success(), "the fenced server acknowledged a write");
+    copy(&second.uri, back.to_str().unwrap());
+    assert!(std::fs::read(&back).unwrap()[..data.len()] == data[..], "the fenced server's write landed");
+    drop((first, second));
     let _ = std::fs::remove_dir_all(&dir);
 }

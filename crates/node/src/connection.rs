@@ -109,6 +109,10 @@ pub enum ConnectionEnd {
     /// A frame was started and not finished within `PARTIAL_FRAME_TIMEOUT`.
     #[error("a frame was not completed in time")]
     PartialFrameTimeout,
+    /// A claimed connection sent nothing, not even a heartbeat, for the lease timeout: its
+    /// process stopped renewing its lease (`leases`).
+    #[error("nothing received for {} s (no request, no heartbeat): the client process stopped renewing its lease", .0.as_secs_f64())]
+    LeaseTimeout(Duration),
 }
 
 pub struct Connection {
@@ -138,6 +142,8 @@ pub struct Connection {
     frame_started: Option<Instant>,
     /// The socket's read timeout as last set.
     read_timeout: Option<Duration>,
+    /// When bytes last arrived: a claimed connection silent for the lease timeout is closed.
+    last_input: Instant,
 }
 
 impl Connection {
@@ -166,6 +172,7 @@ impl Connection {
             charged_bytes: 0,
             frame_started: None,
             read_timeout: None,
+            last_input: Instant::now(),
         }
     }
 
@@ -245,6 +252,7 @@ impl Connection {
         self.flush()?;
         self.stream.set_read_timeout(None)?;
         self.read_timeout = None;
+        self.last_input = Instant::now();
         Ok(())
     }
 

@@ -2,9 +2,13 @@
 //! that went away are freed.
 //!
 //! A client process claims its client id with a random session (`Control::Hello::session`) on
-//! every connection. The lease of that session is live while it has a connection open: the
-//! client's heartbeats keep an idle connection busy, and TCP keepalive (`connection::keepalive`)
-//! closes one whose host died or was cut off, so a dead client's lease lapses within seconds.
+//! every connection. The lease of that session is live while it has a connection open, and a
+//! claimed connection stays open only while the process renews it: the client's engine sends a
+//! heartbeat on a connection that heard nothing for a second, and the node closes a claimed
+//! connection that sent nothing for the lease timeout ([`Leases::timeout`], `--lease-timeout`).
+//! So a process that is stopped (SIGSTOP, a debugger, a hung event loop) loses its lease as a
+//! dead one does, although its kernel still answers TCP keepalive; and TCP keepalive
+//! (`connection::keepalive`) closes the connections of a host that died or was cut off.
 //! A lapsed lease keeps the client's slabs for the grace period (`--lease-grace`), so that the
 //! same client restarted with its saved slab map re-attaches to them; after that, they are freed.
 //!
@@ -25,6 +29,9 @@ use std::time::{Duration, Instant};
 /// The default grace period: long enough to restart a front end (an upgrade, a crash and a
 /// service manager's restart), short enough that a dead client's memory comes back soon.
 pub const DEFAULT_LEASE_GRACE: Duration = Duration::from_secs(120);
+/// The default lease timeout: ten of the reference client's heartbeats (one a second when idle),
+/// so a busy host's scheduling hiccup is not taken for a stopped process.
+pub const DEFAULT_LEASE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
 struct Lease {
@@ -62,16 +69,23 @@ pub struct LeaseCounts {
 /// Every claimed client id of the node.
 pub struct Leases {
     grace: Duration,
+    timeout: Duration,
     leases: Mutex<HashMap<u64, Lease>>,
 }
 
 impl Leases {
-    pub fn new(grace: Duration) -> Leases {
-        Leases { grace, leases: Mutex::new(HashMap::new()) }
+    pub fn new(grace: Duration, timeout: Duration) -> Leases {
+        Leases { grace, timeout, leases: Mutex::new(HashMap::new()) }
     }
 
     pub fn grace(&self) -> Duration {
         self.grace
+    }
+
+    /// A claimed connection that sends nothing (no request, no heartbeat) for this long is
+    /// closed: its process stopped renewing the lease.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<u64, Lease>> {
@@ -155,7 +169,7 @@ mod tests {
 
     #[test]
     fn a_live_lease_fences_other_sessions_and_a_lapsed_one_is_taken_over() {
-        let leases = Leases::new(Duration::from_secs(10));
+        let leases = Leases::new(Duration::from_secs(10), DEFAULT_LEASE_TIMEOUT);
         let start = Instant::now();
         assert_eq!(leases.claim(7, 1), Ok(false));
         assert_eq!(leases.claim(7, 1), Ok(false), "a second connection of the same session");
@@ -177,7 +191,7 @@ mod tests {
 
     #[test]
     fn slabs_are_freed_only_after_the_grace_period_and_never_while_connected() {
-        let leases = Leases::new(Duration::from_secs(10));
+        let leases = Leases::new(Duration::from_secs(10), DEFAULT_LEASE_TIMEOUT);
         let start = Instant::now();
         leases.claim(1, 11).unwrap();
         leases.claim(2, 22).unwrap();
@@ -192,7 +206,7 @@ mod tests {
 
     #[test]
     fn a_reconnection_within_the_grace_period_keeps_the_slabs() {
-        let leases = Leases::new(Duration::from_secs(10));
+        let leases = Leases::new(Duration::from_secs(10), DEFAULT_LEASE_TIMEOUT);
         let start = Instant::now();
         leases.claim(5, 9).unwrap();
         leases.release(5, 9, start);
@@ -204,7 +218,7 @@ mod tests {
 
     #[test]
     fn a_lapsed_lease_without_slabs_ends_at_once() {
-        let leases = Leases::new(Duration::from_secs(10));
+        let leases = Leases::new(Duration::from_secs(10), DEFAULT_LEASE_TIMEOUT);
         let start = Instant::now();
         leases.claim(3, 4).unwrap();
         leases.claim(6, 7).unwrap();

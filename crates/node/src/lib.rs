@@ -111,6 +111,9 @@ pub struct NodeConfig {
     /// How long the slabs of a client whose lease lapsed (its last connection closed, or its
     /// host stopped answering TCP keepalive) are kept for it to re-attach (`leases`).
     pub lease_grace: Duration,
+    /// A claimed connection that sends nothing for this long (no request, no heartbeat) is
+    /// closed, so a stopped client process loses its lease (`leases`).
+    pub lease_timeout: Duration,
 }
 
 /// A bound, not yet serving, memory node.
@@ -248,7 +251,7 @@ impl Node {
                 activity_answers: monitor::ActivityAnswers::default(),
                 max_connections: config.max_connections,
                 buffer_budget: connection::BufferBudget::new(CONNECTION_BUFFER_BUDGET_BYTES),
-                leases: leases::Leases::new(config.lease_grace),
+                leases: leases::Leases::new(config.lease_grace, config.lease_timeout),
                 slabs_freed_by_expiry: AtomicU64::new(0),
             }),
         })

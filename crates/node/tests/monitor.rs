@@ -83,6 +83,7 @@ impl MonitoredNode {
             fault_injection: false,
             unix_socket: None,
             lease_grace: remem_node::leases::DEFAULT_LEASE_GRACE,
+            lease_timeout: remem_node::leases::DEFAULT_LEASE_TIMEOUT,
             resource_monitor: Some(ResourceMonitorConfig {
                 period,
                 filesystem_root: root.to_owned(),

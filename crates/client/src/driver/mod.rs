@@ -451,7 +451,10 @@ impl Client {
 
     /// Runs the event loop for at most `timeout` without page I/O: rebuild progress, eviction
     /// notices, heartbeats, probes of failed nodes. An idle application calls it now and then
-    /// (every 100 ms or so) so the client heals without traffic; `execute` does it too.
+    /// (every 100 ms or so) so the client heals without traffic; `execute` does it too. The
+    /// heartbeats renew the client's leases: a client that neither executes nor calls this for
+    /// the nodes' lease timeout (`remem node --lease-timeout`, 10 s) has its connections closed,
+    /// as a stopped process would, and another process may take its slabs over.
     pub fn poll_background(&mut self, timeout: Duration) {
         if self.engine.active() == 0 {
             self.export_rebuilt_slabs();

@@ -20,8 +20,9 @@
 //!
 //! The read timeout doubles as the clock: a connection that holds anything beyond its small
 //! buffers, or a partial frame, reads with a timeout of [`IDLE_SHRINK_AFTER`] and looks at its
-//! deadlines when it fires; an idle connection with small buffers blocks with none. The timeout
-//! is set only when that state changes, not per read.
+//! deadlines when it fires; an idle connection with small buffers blocks with the lease timeout
+//! if it holds a lease (to close it when its process stopped renewing it, `leases`), else with
+//! none. The timeout is set only when that state changes, not per read.
 
 use super::{end_of_io, Connection, ConnectionEnd};
 use crate::log_limit::BUFFER_LIMIT_CLOSES;
@@ -176,7 +177,9 @@ impl Connection {
                 return Err(ConnectionEnd::PartialFrameTimeout);
             }
             let small = self.charged_bytes == 0;
-            let timeout = if empty && small { None } else { Some(IDLE_SHRINK_AFTER) };
+            // An idle claimed connection wakes once per lease timeout to see whether it lapsed.
+            let lease_timeout = (self.claimed && self.session != 0).then(|| self.shared.leases.timeout());
+            let timeout = if empty && small { lease_timeout } else { Some(IDLE_SHRINK_AFTER) };
             if timeout != self.read_timeout {
                 self.stream.set_read_timeout(timeout).map_err(end_of_io)?;
                 self.read_timeout = timeout;
@@ -184,6 +187,7 @@ impl Connection {
             let buffered = self.end - self.start;
             match self.fill() {
                 Ok(()) => {
+                    self.last_input = Instant::now();
                     if self.frame_started.is_none() {
                         self.frame_started = Some(Instant::now());
                     }
@@ -194,6 +198,11 @@ impl Connection {
                     return Ok(());
                 }
                 Err(ConnectionEnd::Io(error)) if is_timeout(&error) => {
+                    if let Some(lease_timeout) = lease_timeout {
+                        if self.last_input.elapsed() >= lease_timeout {
+                            return Err(ConnectionEnd::LeaseTimeout(lease_timeout));
+                        }
+                    }
                     if buffered == 0 {
                         self.shrink_buffers();
                     }

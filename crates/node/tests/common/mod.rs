@@ -61,6 +61,7 @@ impl TestNode {
             resource_monitor: None,
             unix_socket: None,
             lease_grace: remem_node::leases::DEFAULT_LEASE_GRACE,
+            lease_timeout: remem_node::leases::DEFAULT_LEASE_TIMEOUT,
         })
         .unwrap();
         let addr = node.local_addr();
