@@ -4,7 +4,7 @@
 //! Held bytes are, for each connection: values reserved for its gets in flight (a fetch's
 //! buffer and the reply it becomes, reserved when the key is looked up), finished replies
 //! waiting for their turn, and rendered output not yet written to its socket. A reply that
-//! arrives carries the reservation it replaces ([`crate::cache::Out::reserved`]), so the count is
+//! arrives carries the reservation it replaces ([`crate::reply::Out::reserved`]), so the count is
 //! exact: bytes are added when they are held and taken off when they are written or dropped.
 //!
 //! Invariants: the total is the sum of the open connections' counts plus the reservations of
@@ -16,7 +16,7 @@
 //!
 //! No I/O: the server tells it what it holds and writes, the cache what it reserves.
 
-use crate::cache::ConnRef;
+use crate::reply::ConnRef;
 
 /// Default total of held bytes (`remem kv --output-budget`).
 pub const DEFAULT_OUTPUT_BUDGET_BYTES: usize = 256 << 20;

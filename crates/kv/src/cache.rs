@@ -23,6 +23,7 @@ use remem_client::PollClient;
 use crate::chunks::ChunkCache;
 use crate::index::{EntryId, Index, LocationId, Released};
 use crate::pageio::{IoDone, IoKind, IoOwner, PageIo, TaskId};
+use crate::reply::{render_value, ArithmeticReply, ConnRef, Out, Render};
 use crate::scheme::{EcShape, Policy, Scheme};
 use crate::space::{RegionKind, Space, PAGE_BYTES};
 use crate::stats::Stats;
@@ -40,27 +41,6 @@ pub const REPAIR_TASK: TaskId = 1;
 /// Most items one store evicts to find room in its scheme's region.
 pub(crate) const MAX_EVICTIONS_PER_STORE: usize = 256;
 
-/// A connection as the cache names it; a reply to a connection that closed is dropped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ConnRef {
-    pub index: usize,
-    pub generation: u64,
-}
-
-/// A reply, in the place `seq` of its connection's reply order.
-#[derive(Debug)]
-pub struct Out {
-    pub conn: ConnRef,
-    pub seq: u64,
-    pub bytes: Vec<u8>,
-    /// This reply ends its command early: the places after it up to this one (the rest of a
-    /// multi-key get and its `END`) send nothing.
-    pub ends_through: Option<u64>,
-    /// Bytes reserved in [`Cache::budget`] for this reply when its value was looked up: the
-    /// server releases them as it takes the reply (and holds the reply's own bytes instead).
-    pub reserved: usize,
-}
-
 #[derive(Clone, Debug)]
 pub struct CacheConfig {
     pub memory_limit_bytes: u64,
@@ -70,15 +50,6 @@ pub struct CacheConfig {
     pub bypass: bool,
     /// Transitions the hotness policy runs at once.
     pub max_background_transitions: usize,
-}
-
-/// How a fetched value is rendered for its waiter.
-#[derive(Clone, Debug)]
-pub enum Render {
-    /// Text get/gets: `VALUE key flags bytes [cas]`.
-    Text { key: Box<[u8]>, flags: u32, cas: Option<u64> },
-    /// Meta get: the reply line is built by `commands.rs` with the value.
-    Meta { head: Box<[u8]>, opaque_and_key: Box<[u8]>, return_value: bool },
 }
 
 #[derive(Debug)]
@@ -100,6 +71,9 @@ pub enum Waiter {
     /// A transition waits for the value.
     Transition { task: TaskId },
 }
+
+/// A value read from remote memory, or why it could not be.
+pub type Fetched = Result<Rc<[u8]>, String>;
 
 /// A reply to send when a store finishes: `ok` on success, else SERVER_ERROR.
 #[derive(Debug)]
@@ -149,7 +123,25 @@ pub enum Task {
     Store(Store),
     /// I/O of a cached chunk page (see [`ChunkCache`]).
     ChunkPage,
-    Transition(crate::transition::Transition),
+    Transition(Transition),
+}
+
+/// A move of one object to another scheme in flight (`transition.rs`).
+#[derive(Debug)]
+pub struct Transition {
+    pub key: Box<[u8]>,
+    pub from: LocationId,
+    pub from_scheme: Scheme,
+    pub to: Scheme,
+    pub started: Instant,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub reply: Option<(ConnRef, u64)>,
+    pub outstanding: u32,
+    pub error: Option<String>,
+    pub background: bool,
+    /// Same pages, new scheme (EOR <-> EC).
+    pub in_place: bool,
 }
 
 /// A queued read-modify-write.
@@ -160,7 +152,7 @@ pub struct RmwOp {
     pub seq: u64,
     pub noreply: bool,
     /// Meta arithmetic: how to render the result.
-    pub meta: Option<crate::meta::ArithmeticReply>,
+    pub meta: Option<ArithmeticReply>,
     /// The reply of an append or prepend that succeeds.
     pub ok: Vec<u8>,
 }
@@ -189,6 +181,9 @@ pub struct Cache {
     pub(crate) next_task: TaskId,
     pub fetch_of_location: HashMap<LocationId, TaskId>,
     pub rmw: HashMap<Box<[u8]>, RmwChain>,
+    /// Values fetched for read-modify-write chains, waiting for the command layer to apply them
+    /// (`commands::settle`): the engine hands completions up, it never calls up.
+    pub rmw_values: std::collections::VecDeque<(Box<[u8]>, Fetched)>,
     pub config: CacheConfig,
     pub stats: Stats,
     next_cas: u64,
@@ -229,6 +224,7 @@ impl Cache {
             next_task: 1,
             fetch_of_location: HashMap::new(),
             rmw: HashMap::new(),
+            rmw_values: Default::default(),
             config,
             stats: Stats::default(),
             next_cas: 1,
@@ -501,7 +497,7 @@ impl Cache {
         let place = self.index.location(fetch.location);
         let mismatch = fetch.error.is_none()
             && place.verify
-            && crate::durability::item_crc(&fetch.key, &fetch.value) != place.value_crc;
+            && crate::index::item_crc(&fetch.key, &fetch.value) != place.value_crc;
         if mismatch && fetch.scheme == Scheme::Eor && !fetch.from_data_splits {
             tracing::info!(
                 key = %String::from_utf8_lossy(&fetch.key),
@@ -545,12 +541,35 @@ impl Cache {
         }
     }
 
+    /// Gives an entry's value to a waiter: from its write in flight (bypassing), after that write
+    /// (bypassing off), or by a fetch.
+    pub fn read_entry(&mut self, id: EntryId, waiter: Waiter, now: u64) {
+        self.index.touch_lru(id);
+        let entry = self.index.entry_mut(id);
+        entry.fetched = true;
+        let (pending, location, key) = (entry.pending, entry.location, entry.key.clone());
+        self.count_read(id, now);
+        if let Some(task) = pending {
+            if let Some(Task::Store(store)) = self.tasks.get_mut(&task) {
+                if self.config.bypass {
+                    let value = store.value.clone();
+                    self.stats.bypassed_gets += 1;
+                    self.deliver(waiter, Ok(value));
+                } else {
+                    store.after.push(waiter);
+                }
+                return;
+            }
+        }
+        self.fetch(&key, location, waiter);
+    }
+
     /// Hands a fetched value (or why it could not be read) to one waiter.
     pub fn deliver(&mut self, waiter: Waiter, value: Result<Rc<[u8]>, String>) {
         match waiter {
             Waiter::Get { conn, seq, render, end, reserved } => {
                 let (bytes, ends_through) = match value {
-                    Ok(value) => (crate::commands::render_value(&render, &value), None),
+                    Ok(value) => (render_value(&render, &value), None),
                     Err(error) => {
                         let bytes =
                             format!("SERVER_ERROR remote memory lost the value: {error}\r\n").into_bytes();
@@ -559,8 +578,8 @@ impl Cache {
                 };
                 self.outbox.push(Out { conn, seq, bytes, ends_through, reserved });
             }
-            Waiter::Rmw { key } => crate::commands::rmw_fetched(self, &key, value),
-            Waiter::Transition { task } => crate::transition::fetched(self, task, value),
+            Waiter::Rmw { key } => self.rmw_values.push_back((key, value)),
+            Waiter::Transition { task } => self.transition_fetched(task, value),
         }
     }
 
@@ -589,7 +608,7 @@ impl Cache {
                     Some(Task::Fetch(_)) => self.fetch_done(op.owner.task, &op),
                     Some(Task::Store(_)) => self.store_done(op.owner.task, &op),
                     Some(Task::ChunkPage) => self.chunk_page_done(op.owner.task, &op),
-                    Some(Task::Transition(_)) => crate::transition::io_done(self, op.owner.task, &op),
+                    Some(Task::Transition(_)) => self.transition_io_done(op.owner.task, &op),
                     None if op.owner.task == REPAIR_TASK => {
                         if let Err(error) = &op.result {
                             tracing::debug!(%error, page = op.page, "a read repair failed");
@@ -629,7 +648,7 @@ impl Cache {
                 self.flush_all();
             }
         }
-        crate::transition::cool_down(self, now_unix);
+        self.cool_down(now_unix);
     }
 
     pub fn flush_all(&mut self) {

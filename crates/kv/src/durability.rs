@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::backup::{BackupError, ItemRecord, RecordView, ScanReport, Slot};
 use crate::cache::Cache;
-use crate::index::{Entry, EntryId, LocationId, Recorded, Released};
+use crate::index::{item_crc, Entry, EntryId, LocationId, Recorded, Released};
 use crate::space::RegionKind;
 
 /// foldhash, randomly seeded: the region is this server's own, and a hostile one is bounded by
@@ -39,11 +39,6 @@ pub struct RestoreReport {
     pub expired: u64,
     /// Records naming pages outside this server's regions, or pages another record holds.
     pub refused: u64,
-}
-
-/// CRC32C of `key` then `value`.
-pub fn item_crc(key: &[u8], value: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(key), value)
 }
 
 impl Cache {

@@ -311,6 +311,12 @@ impl Entry {
     }
 }
 
+/// CRC32C of `key` then `value`: what a location's `value_crc` holds for a restored item
+/// (`durability.rs`), checked on its first read.
+pub fn item_crc(key: &[u8], value: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(key), value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

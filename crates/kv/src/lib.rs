@@ -8,9 +8,12 @@
 //!
 //! - `scheme.rs`: schemes and the policy that picks them; `space.rs`: page and chunk
 //!   allocation; `index.rs`: entries, LRU, reference-counted locations;
-//! - `cache.rs`: the work table and fetches; `writes.rs`: stores; `chunks.rs`: pages of small values
-//!   being written; `transition.rs`: moving objects between schemes;
-//! - `commands.rs` and `meta.rs`: what each command does; `report.rs`: `stats`;
+//! - `cache.rs`: the engine (the work table and fetches); `writes.rs`: stores; `chunks.rs`: pages
+//!   of small values being written; `transition.rs`: moving objects between schemes; the engine
+//!   never calls up: fetched read-modify-write values wait in `Cache::rmw_values`;
+//! - `dispatch.rs`: a request to `text.rs` or `meta.rs`, built on `commands.rs` (the operations
+//!   both share, and `settle`, which applies what the engine handed up); `reply.rs`: replies and
+//!   their rendering; `report.rs`: `stats`;
 //! - `pageio.rs`: page ops over the poll driver; `server.rs`: the event loop; `budget.rs`: the
 //!   bytes held for replies and when a connection may start more.
 //!
@@ -24,11 +27,13 @@ pub mod budget;
 pub mod cache;
 mod chunks;
 pub mod commands;
+pub mod dispatch;
 pub mod durability;
 pub mod index;
 pub mod latency;
 pub mod meta;
 pub mod pageio;
+pub mod reply;
 pub mod report;
 pub mod rewrites;
 pub mod scheme;
@@ -36,6 +41,7 @@ pub mod server;
 pub mod space;
 pub mod standby;
 pub mod stats;
+pub mod text;
 pub mod transition;
 mod writes;
 

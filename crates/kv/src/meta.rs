@@ -11,17 +11,11 @@ use std::rc::Rc;
 use remem_memcache::response::meta::{self, DebugInfo, MetaCommand, MetaItem, MetaStatus};
 use remem_memcache::{MetaFlags, MetaSetMode, Request, StoreMode};
 
-use crate::cache::{Cache, ConnRef, Render, RmwKind, RmwOp, Waiter};
-use crate::commands::{self, deadline, After, StoreReplies};
+use crate::cache::{Cache, RmwKind, RmwOp, Waiter};
+use crate::commands::{self, deadline, StoreReplies};
+use crate::reply::{arithmetic_reply, ArithmeticReply, ConnRef, Render};
 use crate::scheme::Scheme;
-
-/// How to answer an `ma` once its number is known.
-#[derive(Debug)]
-pub struct ArithmeticReply {
-    /// The HD line with the return flags (empty when quiet mode hides it).
-    hd_line: Vec<u8>,
-    return_value: bool,
-}
+use crate::text::After;
 
 fn item_of(cache: &Cache, id: crate::index::EntryId, now: u64) -> MetaItem {
     let entry = cache.index.entry(id);
@@ -198,30 +192,7 @@ fn meta_get(cache: &mut Cache, conn: ConnRef, seq: u64, key: &[u8], flags: &Meta
     let reserved = item.size as usize + hd_line.len() + 32;
     cache.budget.hold(conn, reserved);
     let render = Render::Meta { head: hd_line.into(), opaque_and_key: Box::default(), return_value: true };
-    commands::read_entry(cache, id, Waiter::Get { conn, seq, render, end: None, reserved }, now);
-}
-
-/// A meta reply with its value: the HD line turned into `VA <size>` and the data block.
-pub fn render(head: &[u8], _opaque_and_key: &[u8], return_value: bool, value: &[u8]) -> Vec<u8> {
-    if !return_value {
-        return head.to_vec();
-    }
-    let mut out = Vec::with_capacity(head.len() + value.len() + 16);
-    out.extend_from_slice(b"VA ");
-    out.extend_from_slice(value.len().to_string().as_bytes());
-    // `head` is "HD<flags>\r\n": keep the flags.
-    out.extend_from_slice(&head[2..]);
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
-    out
-}
-
-/// The reply of an `ma` whose result is `number`.
-pub fn arithmetic_reply(reply: &ArithmeticReply, number: u64) -> Vec<u8> {
-    if reply.hd_line.is_empty() {
-        return Vec::new();
-    }
-    render(&reply.hd_line, &[], reply.return_value, number.to_string().as_bytes())
+    cache.read_entry(id, Waiter::Get { conn, seq, render, end: None, reserved }, now);
 }
 
 fn meta_arithmetic(cache: &mut Cache, conn: ConnRef, seq: u64, key: &[u8], flags: &MetaFlags<'_>, now: u64) {

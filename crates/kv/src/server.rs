@@ -8,7 +8,7 @@
 //! not admit another value: the bytes held for replies (values being fetched for gets, replies
 //! waiting for their turn, output not yet written) are counted per connection and in all, so
 //! clients that never read cannot grow the server's memory, and a multi-get of many large
-//! values streams a bounded number of them at a time ([`commands::continue_get`]).
+//! values streams a bounded number of them at a time ([`text::continue_get`]).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
@@ -21,8 +21,9 @@ use mio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use mio::{Events, Interest, Poll, Token};
 use remem_memcache::{parse, Limits, Parse};
 
-use crate::cache::{Cache, ConnRef};
-use crate::commands::{self, After, MultiGet};
+use crate::cache::Cache;
+use crate::reply::ConnRef;
+use crate::text::{self, After, MultiGet};
 
 const TCP: Token = Token(0);
 const UNIX: Token = Token(1);
@@ -305,6 +306,8 @@ impl Server {
                 self.cache.on_io(false);
             }
             self.cache.kick();
+            // Read-modify-writes whose values arrived are applied before any request is read.
+            crate::commands::settle(&mut self.cache);
             if self.cache.io.waiting() < MAX_WAITING_PAGE_OPS / 2 {
                 self.resume_paused();
             }
@@ -313,6 +316,7 @@ impl Server {
                 if let Some(hook) = self.on_housekeeping.as_mut() {
                     hook(&mut self.cache);
                 }
+                crate::commands::settle(&mut self.cache);
                 next_housekeeping = Instant::now() + Duration::from_secs(1);
             }
             if let Some(port) = self.standby.as_mut() {
@@ -482,7 +486,7 @@ impl Server {
         loop {
             if let Some(get) = connection.multi_get.as_mut() {
                 // A lost value's SERVER_ERROR ended the answer: the other keys send nothing.
-                if connection.next_to_send > get.end() || commands::continue_get(&mut self.cache, conn, get) {
+                if connection.next_to_send > get.end() || text::continue_get(&mut self.cache, conn, get) {
                     connection.multi_get = None;
                 } else {
                     connection.paused = true;
@@ -528,7 +532,7 @@ impl Server {
                     }
                     let (first, kind) = (connection.next_seq, crate::latency::Kind::of(&request));
                     let parsed = std::time::Instant::now();
-                    match commands::execute(&mut self.cache, conn, &mut connection.next_seq, request) {
+                    match crate::dispatch::execute(&mut self.cache, conn, &mut connection.next_seq, request) {
                         After::Continue => {}
                         After::Close => connection.closing = true,
                         After::Get(get) => connection.multi_get = Some(get),

@@ -17,27 +17,33 @@
 use std::rc::Rc;
 use std::time::Instant;
 
-use crate::cache::{Ack, Cache, ConnRef, Store, Task, Waiter, FALLBACK, MAIN};
-use crate::index::{LocationId, Released};
+use crate::cache::{Ack, Cache, Store, Task, Transition, Waiter, FALLBACK, MAIN};
+use crate::index::Released;
 use crate::pageio::{IoDone, IoKind, IoOwner, TaskId};
+use crate::reply::ConnRef;
 use crate::scheme::Scheme;
 use crate::space::PAGE_BYTES;
 
-#[derive(Debug)]
-pub struct Transition {
-    pub key: Box<[u8]>,
-    pub from: LocationId,
-    pub from_scheme: Scheme,
-    pub to: Scheme,
-    pub started: Instant,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-    pub reply: Option<(ConnRef, u64)>,
-    pub outstanding: u32,
-    pub error: Option<String>,
-    pub background: bool,
-    /// Same pages, new scheme (EOR <-> EC).
-    pub in_place: bool,
+impl Cache {
+    /// A page op of an in-place transition finished (the engine's completion loop).
+    pub(crate) fn transition_io_done(&mut self, task: TaskId, done: &IoDone) {
+        io_done(self, task, done);
+    }
+
+    /// The value a naive transition waited for arrived (or could not be read).
+    pub(crate) fn transition_fetched(&mut self, task: TaskId, value: Result<Rc<[u8]>, String>) {
+        fetched(self, task, value);
+    }
+
+    /// A read of an entry: counts toward its hotness, which may move it out of EC.
+    pub(crate) fn count_read(&mut self, id: crate::index::EntryId, now: u64) {
+        on_read(self, id, now);
+    }
+
+    /// Housekeeping: cold objects near the LRU tail move to EC.
+    pub(crate) fn cool_down(&mut self, now: u64) {
+        cool_down(self, now);
+    }
 }
 
 /// Why a transition did not start.
@@ -122,7 +128,7 @@ pub fn start(
 }
 
 /// A page op of an in-place transition finished.
-pub fn io_done(cache: &mut Cache, task: TaskId, done: &IoDone) {
+fn io_done(cache: &mut Cache, task: TaskId, done: &IoDone) {
     let Some(Task::Transition(transition)) = cache.tasks.get_mut(&task) else { return };
     let index = (done.owner.part & 0x00ff_ffff) as usize;
     let page = cache.index.location(transition.from).extent.pages[index];
@@ -190,7 +196,7 @@ fn transition_to(cache: &Cache, task: TaskId) -> Scheme {
 }
 
 /// The value of a naive transition was read: write it in the new scheme.
-pub fn fetched(cache: &mut Cache, task: TaskId, value: Result<Rc<[u8]>, String>) {
+fn fetched(cache: &mut Cache, task: TaskId, value: Result<Rc<[u8]>, String>) {
     let Some(Task::Transition(transition)) = cache.tasks.get_mut(&task) else { return };
     let value = match value {
         Ok(value) => value,
@@ -326,7 +332,7 @@ fn finish(cache: &mut Cache, task: TaskId) {
 }
 
 /// Hotness: an EC object read often moves back to its size's scheme.
-pub fn on_read(cache: &mut Cache, id: crate::index::EntryId, now: u64) {
+fn on_read(cache: &mut Cache, id: crate::index::EntryId, now: u64) {
     let policy = &cache.config.policy;
     let window = policy.hot_window.as_secs().max(1);
     let entry = cache.index.entry(id);
@@ -353,7 +359,7 @@ pub fn on_read(cache: &mut Cache, id: crate::index::EntryId, now: u64) {
 }
 
 /// Cold objects (not read for `cold_after`) near the LRU tail move to EC.
-pub fn cool_down(cache: &mut Cache, now: u64) {
+fn cool_down(cache: &mut Cache, now: u64) {
     let policy = cache.config.policy.clone();
     if policy.hot_reads == 0 || policy.fixed.is_some() {
         return;
