@@ -14,12 +14,13 @@
 //! records for the new pages), in one `write(2)`, before it returns. Truncate, hole punching
 //! and fallocate append theirs the same way.
 
+use std::collections::BTreeSet;
 use std::time::SystemTime;
 
 use remem_client::PageOp;
 
 use crate::error::{FsError, FsResult};
-use crate::extents::ExtentMap;
+use crate::extents::{ExtentMap, RunSet};
 use crate::filesystem::{recycle, FileSystem, MAX_FILE_BYTES, MAX_IO_BYTES};
 use crate::namespace::{Attributes, Content, Inode};
 use crate::persist::record::{Record, Run};
@@ -181,28 +182,8 @@ impl<S: PageStore> FileSystem<S> {
         let result = store.execute(&mut ops);
         *spare_ops = recycle(ops);
         result?;
-        let now = SystemTime::now();
-        let grew = end > attributes.size_bytes;
-        attributes.size_bytes = attributes.size_bytes.max(end);
-        attributes.mtime = now;
-        attributes.ctime = now;
-        let mut touched_unwritten = false;
-        if !unwritten.is_empty() {
-            extents.for_each_run_in(first_page, last_page + 1, |_, remote, len| {
-                touched_unwritten |= unwritten.remove(remote, len);
-            });
-        }
-        if grew || touched_unwritten {
-            pending.push(Record::Write {
-                inode,
-                size_bytes: attributes.size_bytes,
-                time: now,
-                first_page,
-                end_page: last_page + 1,
-            });
-        } else {
-            dirty_times.insert(inode);
-        }
+        let journal = Journal { pending, unwritten, dirty_times };
+        note_write(journal, inode, attributes, extents, (first_page, last_page + 1), end);
         Ok(data.len() as u32)
     }
 
@@ -352,6 +333,48 @@ impl<S: PageStore> FileSystem<S> {
             push_allocation(pending, unwritten, inode, &new_runs, attributes.size_bytes, time);
         }
         Ok(())
+    }
+}
+/// The journal state a write updates: records to persist, pages allocated but never written,
+/// inodes whose times changed with nothing else to journal.
+struct Journal<'a> {
+    pending: &'a mut Vec<Record>,
+    unwritten: &'a mut RunSet,
+    dirty_times: &'a mut BTreeSet<u64>,
+}
+
+/// After a write's pages are stored: the file's size and times, and what the journal must say
+/// (a size change or first writes of allocated pages are records; times alone are batched).
+fn note_write(
+    journal: Journal<'_>,
+    inode: u64,
+    attributes: &mut Attributes,
+    extents: &ExtentMap,
+    (first_page, end_page): (u64, u64),
+    end: u64,
+) {
+    let Journal { pending, unwritten, dirty_times } = journal;
+    let now = SystemTime::now();
+    let grew = end > attributes.size_bytes;
+    attributes.size_bytes = attributes.size_bytes.max(end);
+    attributes.mtime = now;
+    attributes.ctime = now;
+    let mut touched_unwritten = false;
+    if !unwritten.is_empty() {
+        extents.for_each_run_in(first_page, end_page, |_, remote, len| {
+            touched_unwritten |= unwritten.remove(remote, len);
+        });
+    }
+    if grew || touched_unwritten {
+        pending.push(Record::Write {
+            inode,
+            size_bytes: attributes.size_bytes,
+            time: now,
+            first_page,
+            end_page,
+        });
+    } else {
+        dirty_times.insert(inode);
     }
 }
 

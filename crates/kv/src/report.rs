@@ -222,6 +222,113 @@ fn schemes(cache: &Cache, out: &mut Vec<u8>) {
 }
 
 /// The cache's counters in Prometheus text format (0.0.4), for `remem kv --metrics`.
+/// A metric with one sample: its name after `remem_kv_`, its type, its help, and its value.
+type Plain = (&'static str, &'static str, &'static str, fn(&mut Cache) -> u64);
+
+/// The cache's metrics with one sample each, in the order `/metrics` shows them.
+const PLAIN_METRICS: &[Plain] = &[
+    ("gets_total", "counter", "Keys asked by get, gets, gat, gats and mg.", |cache| cache.stats.cmd_get),
+    ("sets_total", "counter", "Storage commands.", |cache| cache.stats.cmd_set),
+    ("get_hits_total", "counter", "Keys found.", |cache| cache.stats.get_hits),
+    ("get_misses_total", "counter", "Keys not found.", |cache| cache.stats.get_misses),
+    ("evictions_total", "counter", "Items evicted by the LRU.", |cache| cache.stats.evictions),
+    (
+        "degraded_reads_total",
+        "counter",
+        "Reads that decoded or fell back to an EOR's data splits.",
+        |cache| cache.stats.degraded_reads,
+    ),
+    (
+        "lost_reads_total",
+        "counter",
+        "Values remote memory lost (more failures than their scheme survives).",
+        |cache| cache.stats.lost_reads,
+    ),
+    ("failed_writes_total", "counter", "Writes remote memory refused.", |cache| cache.stats.failed_writes),
+    (
+        "unreadable_chunk_pages_total",
+        "counter",
+        "Chunk pages a set could not read to fill a free chunk (left as they were).",
+        |cache| cache.stats.unreadable_chunk_pages,
+    ),
+    (
+        "eor_whole_page_writes_total",
+        "counter",
+        "EOR pages written whole (data and parities) because a data split's node was down.",
+        |cache| cache.stats.eor_whole_page_writes,
+    ),
+    (
+        "backup_records_written_total",
+        "counter",
+        "Item records written to the backup region (docs/KV.md Restarts).",
+        |cache| cache.stats.backup_records_written,
+    ),
+    (
+        "backup_failures_total",
+        "counter",
+        "Items the backup region could not record (full): answered with an error.",
+        |cache| cache.stats.backup_failures,
+    ),
+    (
+        "restored_mismatches_total",
+        "counter",
+        "Restored values whose bytes did not match their record's checksum (dropped).",
+        |cache| cache.stats.restored_mismatches,
+    ),
+    ("backup_chunks_used", "gauge", "1 MiB chunks of the backup region in use.", |cache| {
+        cache.backup.as_ref().map_or(0, |backup| u64::from(backup.chunks_used().0))
+    }),
+    ("backup_chunks", "gauge", "1 MiB chunks of the backup region.", |cache| {
+        cache.backup.as_ref().map_or(0, |backup| u64::from(backup.chunks_used().1))
+    }),
+    ("read_repairs_total", "counter", "EOR halves written back after a read.", |cache| cache.stats.repairs),
+    ("bypassed_gets_total", "counter", "Gets answered from a write in flight.", |cache| {
+        cache.stats.bypassed_gets
+    }),
+    ("transitions_total", "counter", "Objects moved to another scheme.", |cache| cache.stats.transitions),
+    ("remote_read_bytes_total", "counter", "Page bytes read from remote memory.", |cache| {
+        cache.stats.bytes_read_remote
+    }),
+    ("remote_written_bytes_total", "counter", "Page bytes written to remote memory.", |cache| {
+        cache.stats.bytes_written_remote
+    }),
+    ("connections", "gauge", "Client connections open.", |cache| cache.stats.curr_connections),
+    (
+        "output_held_bytes",
+        "gauge",
+        "Bytes held for replies: values fetched for gets, replies waiting, output not yet written.",
+        |cache| cache.budget.held_bytes() as u64,
+    ),
+    (
+        "output_budget_bytes",
+        "gauge",
+        "--output-budget: held bytes beyond which connections wait for their clients to read.",
+        |cache| cache.budget.total_limit_bytes() as u64,
+    ),
+    (
+        "output_budget_waits_total",
+        "counter",
+        "Times a connection's next value or request waited for the output budget.",
+        |cache| cache.budget.waits,
+    ),
+    ("items", "gauge", "Items in the cache.", |cache| cache.index.len() as u64),
+    ("item_bytes", "gauge", "Bytes counted against --memory-limit.", |cache| cache.index.bytes_used),
+    ("memory_limit_bytes", "gauge", "--memory-limit.", |cache| cache.config.memory_limit_bytes),
+];
+
+/// The client's view of the cluster, after the per-scheme metrics.
+const NODE_METRICS: &[Plain] = &[
+    ("nodes", "gauge", "Memory nodes the cache's client knows.", |cache| member_nodes(cache).0),
+    ("nodes_connected", "gauge", "Memory nodes connected now.", |cache| member_nodes(cache).1),
+];
+
+/// Member nodes the cache's client knows, and how many of them are connected.
+fn member_nodes(cache: &mut Cache) -> (u64, u64) {
+    let engine = cache.client.client().engine();
+    let members = engine.nodes().iter().filter(|node| node.membership == Membership::Member);
+    members.fold((0u64, 0u64), |(all, up), node| (all + 1, up + u64::from(node.connected)))
+}
+
 pub fn prometheus(cache: &mut Cache) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
@@ -232,105 +339,9 @@ pub fn prometheus(cache: &mut Cache) -> String {
         }
     };
     let plain = |value: u64| vec![(String::new(), value as f64)];
-    let stats = &cache.stats;
-    metric("gets_total", "counter", "Keys asked by get, gets, gat, gats and mg.", &plain(stats.cmd_get));
-    metric("sets_total", "counter", "Storage commands.", &plain(stats.cmd_set));
-    metric("get_hits_total", "counter", "Keys found.", &plain(stats.get_hits));
-    metric("get_misses_total", "counter", "Keys not found.", &plain(stats.get_misses));
-    metric("evictions_total", "counter", "Items evicted by the LRU.", &plain(stats.evictions));
-    metric(
-        "degraded_reads_total",
-        "counter",
-        "Reads that decoded or fell back to an EOR's data splits.",
-        &plain(stats.degraded_reads),
-    );
-    metric(
-        "lost_reads_total",
-        "counter",
-        "Values remote memory lost (more failures than their scheme survives).",
-        &plain(stats.lost_reads),
-    );
-    metric("failed_writes_total", "counter", "Writes remote memory refused.", &plain(stats.failed_writes));
-    metric(
-        "unreadable_chunk_pages_total",
-        "counter",
-        "Chunk pages a set could not read to fill a free chunk (left as they were).",
-        &plain(stats.unreadable_chunk_pages),
-    );
-    metric(
-        "eor_whole_page_writes_total",
-        "counter",
-        "EOR pages written whole (data and parities) because a data split's node was down.",
-        &plain(stats.eor_whole_page_writes),
-    );
-    metric(
-        "backup_records_written_total",
-        "counter",
-        "Item records written to the backup region (docs/KV.md Restarts).",
-        &plain(stats.backup_records_written),
-    );
-    metric(
-        "backup_failures_total",
-        "counter",
-        "Items the backup region could not record (full): answered with an error.",
-        &plain(stats.backup_failures),
-    );
-    metric(
-        "restored_mismatches_total",
-        "counter",
-        "Restored values whose bytes did not match their record's checksum (dropped).",
-        &plain(stats.restored_mismatches),
-    );
-    let (chunks_used, chunks) = cache.backup.as_ref().map(|backup| backup.chunks_used()).unwrap_or((0, 0));
-    metric(
-        "backup_chunks_used",
-        "gauge",
-        "1 MiB chunks of the backup region in use.",
-        &plain(u64::from(chunks_used)),
-    );
-    metric("backup_chunks", "gauge", "1 MiB chunks of the backup region.", &plain(u64::from(chunks)));
-    metric("read_repairs_total", "counter", "EOR halves written back after a read.", &plain(stats.repairs));
-    metric(
-        "bypassed_gets_total",
-        "counter",
-        "Gets answered from a write in flight.",
-        &plain(stats.bypassed_gets),
-    );
-    metric("transitions_total", "counter", "Objects moved to another scheme.", &plain(stats.transitions));
-    metric(
-        "remote_read_bytes_total",
-        "counter",
-        "Page bytes read from remote memory.",
-        &plain(stats.bytes_read_remote),
-    );
-    metric(
-        "remote_written_bytes_total",
-        "counter",
-        "Page bytes written to remote memory.",
-        &plain(stats.bytes_written_remote),
-    );
-    metric("connections", "gauge", "Client connections open.", &plain(stats.curr_connections));
-    metric(
-        "output_held_bytes",
-        "gauge",
-        "Bytes held for replies: values fetched for gets, replies waiting, output not yet written.",
-        &plain(cache.budget.held_bytes() as u64),
-    );
-    metric(
-        "output_budget_bytes",
-        "gauge",
-        "--output-budget: held bytes beyond which connections wait for their clients to read.",
-        &plain(cache.budget.total_limit_bytes() as u64),
-    );
-    metric(
-        "output_budget_waits_total",
-        "counter",
-        "Times a connection's next value or request waited for the output budget.",
-        &plain(cache.budget.waits),
-    );
-    metric("items", "gauge", "Items in the cache.", &plain(cache.index.len() as u64));
-    metric("item_bytes", "gauge", "Bytes counted against --memory-limit.", &plain(cache.index.bytes_used));
-    metric("memory_limit_bytes", "gauge", "--memory-limit.", &plain(cache.config.memory_limit_bytes));
+    for (name, kind, help, read) in PLAIN_METRICS {
+        metric(name, kind, help, &plain(read(cache)));
+    }
     let totals = scheme_totals(cache);
     let per_scheme = |pick: fn((u64, u64)) -> u64| -> Vec<(String, f64)> {
         Scheme::ALL
@@ -347,13 +358,9 @@ pub fn prometheus(cache: &mut Cache) -> String {
         "Value bytes per redundancy scheme.",
         &per_scheme(|(_, bytes)| bytes),
     );
-    let (nodes, connected) = {
-        let engine = cache.client.client().engine();
-        let members = engine.nodes().iter().filter(|node| node.membership == Membership::Member);
-        members.fold((0u64, 0u64), |(all, up), node| (all + 1, up + u64::from(node.connected)))
-    };
-    metric("nodes", "gauge", "Memory nodes the cache's client knows.", &plain(nodes));
-    metric("nodes_connected", "gauge", "Memory nodes connected now.", &plain(connected));
+    for (name, kind, help, read) in NODE_METRICS {
+        metric(name, kind, help, &plain(read(cache)));
+    }
     cache.stats.latency.render(&mut out);
     out
 }

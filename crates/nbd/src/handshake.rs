@@ -166,21 +166,8 @@ pub fn haggle<S: Read + Write>(
     let mut data = Vec::new();
     while haggling.options_left > 0 {
         haggling.options_left -= 1;
-        let mut header_bytes = [0u8; OPTION_HEADER_BYTES];
-        match stream.read_exact(&mut header_bytes) {
-            Ok(()) => {}
-            Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(HandshakeOutcome::Ended),
-            Err(error) => return Err(error.into()),
-        }
-        let header = decode_option_header(&header_bytes)?;
-        if header.length > MAX_OPTION_BYTES {
-            return Err(HandshakeError::OptionTooLong { option: header.option, length: header.length });
-        }
-        data.clear();
-        data.resize(header.length as usize, 0);
-        stream.read_exact(&mut data)?;
+        let Some(option) = read_option(stream, &mut data)? else { return Ok(HandshakeOutcome::Ended) };
         out.clear();
-        let option = header.option;
         let tls_missing = haggling.tls == Tls::Offered { required: true };
         let structured_replies = haggling.structured_replies;
         match option {
@@ -234,17 +221,7 @@ pub fn haggle<S: Read + Write>(
                 b"TLS is required: send NBD_OPT_STARTTLS",
                 &mut out,
             ),
-            OPT_LIST => {
-                if data.is_empty() {
-                    let mut payload = Vec::with_capacity(4 + export.name.len());
-                    payload.extend_from_slice(&(export.name.len() as u32).to_be_bytes());
-                    payload.extend_from_slice(export.name.as_bytes());
-                    encode_option_reply(option, REP_SERVER, &payload, &mut out);
-                    encode_option_reply(option, REP_ACK, &[], &mut out);
-                } else {
-                    encode_option_reply(option, REP_ERR_INVALID, b"NBD_OPT_LIST takes no data", &mut out);
-                }
-            }
+            OPT_LIST => list_reply(&data, export, &mut out),
             OPT_STRUCTURED_REPLY => {
                 if data.is_empty() {
                     haggling.structured_replies = true;
@@ -254,24 +231,7 @@ pub fn haggle<S: Read + Write>(
                 }
             }
             OPT_INFO | OPT_GO => {
-                let go = match decode_info_request(&data) {
-                    Err(error) => {
-                        encode_option_reply(option, REP_ERR_INVALID, error.to_string().as_bytes(), &mut out);
-                        false
-                    }
-                    Ok(request) if !export.matches(request.name) => {
-                        encode_option_reply(option, REP_ERR_UNKNOWN, b"no such export", &mut out);
-                        false
-                    }
-                    Ok(_) if option == OPT_GO && !admit() => {
-                        encode_option_reply(option, REP_ERR_POLICY, b"too many connections", &mut out);
-                        false
-                    }
-                    Ok(request) => {
-                        encode_info_replies(option, &request, export, structured_replies, &mut out);
-                        option == OPT_GO
-                    }
-                };
+                let go = info_or_go(option, &data, export, structured_replies, admit, &mut out);
                 stream.write_all(&out)?;
                 stream.flush()?;
                 if go {
@@ -291,6 +251,67 @@ pub fn haggle<S: Read + Write>(
         stream.flush()?;
     }
     Err(HandshakeError::TooManyOptions)
+}
+
+/// Reads the next option's header and data into `data`: its option number, or `None` when the
+/// client closed the connection between options.
+fn read_option<S: Read>(stream: &mut S, data: &mut Vec<u8>) -> Result<Option<u32>, HandshakeError> {
+    let mut header_bytes = [0u8; OPTION_HEADER_BYTES];
+    match stream.read_exact(&mut header_bytes) {
+        Ok(()) => {}
+        Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(error) => return Err(error.into()),
+    }
+    let header = decode_option_header(&header_bytes)?;
+    if header.length > MAX_OPTION_BYTES {
+        return Err(HandshakeError::OptionTooLong { option: header.option, length: header.length });
+    }
+    data.clear();
+    data.resize(header.length as usize, 0);
+    stream.read_exact(data)?;
+    Ok(Some(header.option))
+}
+
+/// `NBD_OPT_LIST`: the one export, then the ACK.
+fn list_reply(data: &[u8], export: &Export, out: &mut Vec<u8>) {
+    if !data.is_empty() {
+        return encode_option_reply(OPT_LIST, REP_ERR_INVALID, b"NBD_OPT_LIST takes no data", out);
+    }
+    let mut payload = Vec::with_capacity(4 + export.name.len());
+    payload.extend_from_slice(&(export.name.len() as u32).to_be_bytes());
+    payload.extend_from_slice(export.name.as_bytes());
+    encode_option_reply(OPT_LIST, REP_SERVER, &payload, out);
+    encode_option_reply(OPT_LIST, REP_ACK, &[], out);
+}
+
+/// `NBD_OPT_INFO` or `NBD_OPT_GO`: the replies into `out`; true when transmission starts (a GO
+/// for this export that got a transmission slot from `admit`).
+fn info_or_go(
+    option: u32,
+    data: &[u8],
+    export: &Export,
+    structured_replies: bool,
+    admit: &dyn Fn() -> bool,
+    out: &mut Vec<u8>,
+) -> bool {
+    match decode_info_request(data) {
+        Err(error) => {
+            encode_option_reply(option, REP_ERR_INVALID, error.to_string().as_bytes(), out);
+            false
+        }
+        Ok(request) if !export.matches(request.name) => {
+            encode_option_reply(option, REP_ERR_UNKNOWN, b"no such export", out);
+            false
+        }
+        Ok(_) if option == OPT_GO && !admit() => {
+            encode_option_reply(option, REP_ERR_POLICY, b"too many connections", out);
+            false
+        }
+        Ok(request) => {
+            encode_info_replies(option, &request, export, structured_replies, out);
+            option == OPT_GO
+        }
+    }
 }
 
 fn encode_info_replies(

@@ -364,152 +364,22 @@ impl<'a, S: SharedStore, T: Socket> Transmission<'a, S, T> {
     /// Runs the batch on the store (under its lock) and leaves the replies in `output`.
     fn run_batch(&mut self) -> Result<(), ConnectionError> {
         let page_bytes = self.page_bytes;
-        let page_size = page_bytes as u32;
-        let Batch { pending, edges, owners, read_arena, edge_arena, ops, .. } = &mut self.batch;
+        let batch = &mut self.batch;
         let input = &self.input[..self.end];
-
-        // Plan: arena space for reads, the partial pages of writes.
-        edges.clear();
-        let mut read_bytes = 0;
-        for (index, request) in pending.iter_mut().enumerate() {
-            match request.command {
-                Ok(Command::Read { offset, length }) => {
-                    if let Some((first, last)) = page_span(offset, length, page_size) {
-                        request.arena_start = read_bytes;
-                        read_bytes += (last - first + 1) as usize * page_bytes;
-                    }
-                }
-                Ok(Command::Write { offset, length }) | Ok(Command::WriteZeroes { offset, length, .. }) => {
-                    if let Some((first, last)) = page_span(offset, length, page_size) {
-                        for page in [first, last] {
-                            let partial = page_cover(offset, length, page_size, page).1 < page_bytes;
-                            if partial
-                                && edges.last().is_none_or(|edge| edge.page != page || edge.pending != index)
-                            {
-                                edges.push(Edge { pending: index, page });
-                            }
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        if read_arena.len() < read_bytes {
-            read_arena.resize(read_bytes, 0);
-        }
-        if edge_arena.len() < edges.len() * page_bytes {
-            edge_arena.resize(edges.len() * page_bytes, 0);
-        }
-
-        let shared = self.store;
-        shared.with_store(self.connection, &mut |store: &mut dyn PageStore| {
-            // Phase 1: read the pages that writes cover in part, then patch them.
-            if !edges.is_empty() {
-                let mut edge_ops = recycle(std::mem::take(ops));
-                for (edge, buf) in edges.iter().zip(edge_arena.chunks_mut(page_bytes)) {
-                    edge_ops.push(PageOp::Read { page: edge.page, buf });
-                }
-                store.execute(&mut edge_ops, &mut |done| {
-                    if let Err(error) = &done.result {
-                        pending[edges[done.index].pending].fail(error);
-                    }
-                });
-                *ops = recycle(edge_ops);
-                for (edge, buf) in edges.iter().zip(edge_arena.chunks_mut(page_bytes)) {
-                    let request = &pending[edge.pending];
-                    if request.error.is_some() {
-                        continue;
-                    }
-                    match request.command {
-                        Ok(Command::Write { offset, length }) => {
-                            let (start, len) = page_cover(offset, length, page_size, edge.page);
-                            let source = request.payload_start
-                                + (edge.page * page_bytes as u64 + start as u64 - offset) as usize;
-                            buf[start..start + len].copy_from_slice(&input[source..source + len]);
-                        }
-                        Ok(Command::WriteZeroes { offset, length, .. }) => {
-                            let (start, len) = page_cover(offset, length, page_size, edge.page);
-                            buf[start..start + len].fill(0);
-                        }
-                        _ => unreachable!("only writes have edges"),
-                    }
-                }
-            }
-
-            // Discards: only barrier batches have them, so no op of this batch is in flight.
-            for request in pending.iter_mut() {
-                let (offset, length) = match request.command {
-                    Ok(Command::Trim { offset, length }) => (offset, length),
-                    Ok(Command::WriteZeroes { offset, length, .. }) if request.error.is_none() => {
-                        (offset, length)
-                    }
-                    _ => continue,
-                };
-                // Whole pages only: a trim may round inwards (spec), and write-zeroes rewrites the
-                // partial pages in phase 2.
-                let first = offset.div_ceil(page_bytes as u64);
-                let end = (offset + length as u64) / page_bytes as u64;
-                for page in first..end {
-                    if let Err(error) = store.discard_page(page) {
-                        request.fail(&error);
-                        break;
-                    }
-                }
-            }
-
-            // Phase 2: reads and writes, in request order.
-            owners.clear();
-            let mut main_ops = recycle(std::mem::take(ops));
-            let mut read_pages = read_arena.chunks_mut(page_bytes);
-            let mut edge_pages = edges.iter().zip(edge_arena.chunks(page_bytes)).peekable();
-            for (index, request) in pending.iter().enumerate() {
-                let owner = index as u32;
-                match request.command {
-                    Ok(Command::Read { offset, length }) => {
-                        let Some((first, last)) = page_span(offset, length, page_size) else { continue };
-                        for page in first..=last {
-                            let buf = read_pages.next().expect("the arena holds every read page");
-                            main_ops.push(PageOp::Read { page, buf });
-                            owners.push(owner);
-                        }
-                    }
-                    Ok(Command::Write { offset, length })
-                    | Ok(Command::WriteZeroes { offset, length, .. }) => {
-                        let zeroes = matches!(request.command, Ok(Command::WriteZeroes { .. }));
-                        let Some((first, last)) = page_span(offset, length, page_size) else { continue };
-                        for page in first..=last {
-                            let edge =
-                                edge_pages.next_if(|(edge, _)| edge.pending == index && edge.page == page);
-                            let data = match edge {
-                                Some((_, patched)) => patched,
-                                // Whole pages of write-zeroes were discarded above.
-                                None if zeroes => continue,
-                                None => {
-                                    let source =
-                                        request.payload_start + (page * page_bytes as u64 - offset) as usize;
-                                    &input[source..source + page_bytes]
-                                }
-                            };
-                            if request.error.is_none() {
-                                main_ops.push(PageOp::Write { page, data });
-                                owners.push(owner);
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            if !main_ops.is_empty() {
-                store.execute(&mut main_ops, &mut |done| {
-                    if let Err(error) = &done.result {
-                        pending[owners[done.index] as usize].fail(error);
-                    }
-                });
-            }
-            *ops = recycle(main_ops);
+        batch.plan(page_bytes);
+        self.store.with_store(self.connection, &mut |store: &mut dyn PageStore| {
+            batch.patch_edges(store, input, page_bytes);
+            batch.discard_whole_pages(store, page_bytes);
+            batch.read_and_write(store, input, page_bytes);
         })?;
+        self.encode_replies();
+        Ok(())
+    }
 
-        // Replies, in request order.
+    /// The replies of the batch, in request order, into `output`.
+    fn encode_replies(&mut self) {
+        let page_bytes = self.page_bytes;
+        let Batch { pending, read_arena, .. } = &self.batch;
         self.output.clear();
         let structured = self.negotiated.structured_replies;
         for request in pending.iter() {
@@ -552,6 +422,159 @@ impl<'a, S: SharedStore, T: Socket> Transmission<'a, S, T> {
                 (None, _) => encode_simple_reply(0, handle, &mut self.output),
             }
         }
-        Ok(())
+    }
+}
+
+/// The steps of a batch on the store, in order (`Transmission::run_batch`).
+impl Batch {
+    /// Plan: arena space for reads, the partial pages of writes (`edges`).
+    fn plan(&mut self, page_bytes: usize) {
+        let page_size = page_bytes as u32;
+        let Batch { pending, edges, read_arena, edge_arena, .. } = self;
+        edges.clear();
+        let mut read_bytes = 0;
+        for (index, request) in pending.iter_mut().enumerate() {
+            match request.command {
+                Ok(Command::Read { offset, length }) => {
+                    if let Some((first, last)) = page_span(offset, length, page_size) {
+                        request.arena_start = read_bytes;
+                        read_bytes += (last - first + 1) as usize * page_bytes;
+                    }
+                }
+                Ok(Command::Write { offset, length }) | Ok(Command::WriteZeroes { offset, length, .. }) => {
+                    if let Some((first, last)) = page_span(offset, length, page_size) {
+                        for page in [first, last] {
+                            let partial = page_cover(offset, length, page_size, page).1 < page_bytes;
+                            if partial
+                                && edges.last().is_none_or(|edge| edge.page != page || edge.pending != index)
+                            {
+                                edges.push(Edge { pending: index, page });
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if read_arena.len() < read_bytes {
+            read_arena.resize(read_bytes, 0);
+        }
+        if edge_arena.len() < edges.len() * page_bytes {
+            edge_arena.resize(edges.len() * page_bytes, 0);
+        }
+    }
+
+    /// Phase 1: reads the pages that writes cover in part, then patches them.
+    fn patch_edges(&mut self, store: &mut dyn PageStore, input: &[u8], page_bytes: usize) {
+        let page_size = page_bytes as u32;
+        let Batch { pending, edges, edge_arena, ops, .. } = self;
+        if !edges.is_empty() {
+            let mut edge_ops = recycle(std::mem::take(ops));
+            for (edge, buf) in edges.iter().zip(edge_arena.chunks_mut(page_bytes)) {
+                edge_ops.push(PageOp::Read { page: edge.page, buf });
+            }
+            store.execute(&mut edge_ops, &mut |done| {
+                if let Err(error) = &done.result {
+                    pending[edges[done.index].pending].fail(error);
+                }
+            });
+            *ops = recycle(edge_ops);
+            for (edge, buf) in edges.iter().zip(edge_arena.chunks_mut(page_bytes)) {
+                let request = &pending[edge.pending];
+                if request.error.is_some() {
+                    continue;
+                }
+                match request.command {
+                    Ok(Command::Write { offset, length }) => {
+                        let (start, len) = page_cover(offset, length, page_size, edge.page);
+                        let source = request.payload_start
+                            + (edge.page * page_bytes as u64 + start as u64 - offset) as usize;
+                        buf[start..start + len].copy_from_slice(&input[source..source + len]);
+                    }
+                    Ok(Command::WriteZeroes { offset, length, .. }) => {
+                        let (start, len) = page_cover(offset, length, page_size, edge.page);
+                        buf[start..start + len].fill(0);
+                    }
+                    _ => unreachable!("only writes have edges"),
+                }
+            }
+        }
+    }
+
+    /// Discards: only barrier batches have them, so no op of this batch is in flight.
+    fn discard_whole_pages(&mut self, store: &mut dyn PageStore, page_bytes: usize) {
+        let pending = &mut self.pending;
+        for request in pending.iter_mut() {
+            let (offset, length) = match request.command {
+                Ok(Command::Trim { offset, length }) => (offset, length),
+                Ok(Command::WriteZeroes { offset, length, .. }) if request.error.is_none() => {
+                    (offset, length)
+                }
+                _ => continue,
+            };
+            // Whole pages only: a trim may round inwards (spec), and write-zeroes rewrites the
+            // partial pages in phase 2.
+            let first = offset.div_ceil(page_bytes as u64);
+            let end = (offset + length as u64) / page_bytes as u64;
+            for page in first..end {
+                if let Err(error) = store.discard_page(page) {
+                    request.fail(&error);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Phase 2: reads and writes, in request order.
+    fn read_and_write(&mut self, store: &mut dyn PageStore, input: &[u8], page_bytes: usize) {
+        let page_size = page_bytes as u32;
+        let Batch { pending, edges, owners, read_arena, edge_arena, ops, .. } = self;
+        owners.clear();
+        let mut main_ops = recycle(std::mem::take(ops));
+        let mut read_pages = read_arena.chunks_mut(page_bytes);
+        let mut edge_pages = edges.iter().zip(edge_arena.chunks(page_bytes)).peekable();
+        for (index, request) in pending.iter().enumerate() {
+            let owner = index as u32;
+            match request.command {
+                Ok(Command::Read { offset, length }) => {
+                    let Some((first, last)) = page_span(offset, length, page_size) else { continue };
+                    for page in first..=last {
+                        let buf = read_pages.next().expect("the arena holds every read page");
+                        main_ops.push(PageOp::Read { page, buf });
+                        owners.push(owner);
+                    }
+                }
+                Ok(Command::Write { offset, length }) | Ok(Command::WriteZeroes { offset, length, .. }) => {
+                    let zeroes = matches!(request.command, Ok(Command::WriteZeroes { .. }));
+                    let Some((first, last)) = page_span(offset, length, page_size) else { continue };
+                    for page in first..=last {
+                        let edge = edge_pages.next_if(|(edge, _)| edge.pending == index && edge.page == page);
+                        let data = match edge {
+                            Some((_, patched)) => patched,
+                            // Whole pages of write-zeroes were discarded above.
+                            None if zeroes => continue,
+                            None => {
+                                let source =
+                                    request.payload_start + (page * page_bytes as u64 - offset) as usize;
+                                &input[source..source + page_bytes]
+                            }
+                        };
+                        if request.error.is_none() {
+                            main_ops.push(PageOp::Write { page, data });
+                            owners.push(owner);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if !main_ops.is_empty() {
+            store.execute(&mut main_ops, &mut |done| {
+                if let Err(error) = &done.result {
+                    pending[owners[done.index] as usize].fail(error);
+                }
+            });
+        }
+        *ops = recycle(main_ops);
     }
 }

@@ -269,28 +269,7 @@ impl Control {
             Control::UnmapSlab { slab_id } => out.extend_from_slice(&slab_id.to_le_bytes()),
             Control::Ok | Control::NodeInfo | Control::Ping | Control::Pong => {}
             Control::WriteSplitOk => {}
-            Control::NodeInfoReply(info) => {
-                assert!(
-                    info.failure_domain.len() <= MAX_FAILURE_DOMAIN_BYTES,
-                    "failure domain longer than {MAX_FAILURE_DOMAIN_BYTES} bytes"
-                );
-                out.extend_from_slice(&info.node_id.to_le_bytes());
-                out.extend_from_slice(&info.capacity_bytes.to_le_bytes());
-                out.extend_from_slice(&info.free_bytes.to_le_bytes());
-                out.extend_from_slice(&info.slab_size_bytes.to_le_bytes());
-                out.extend_from_slice(&info.slabs_mapped.to_le_bytes());
-                out.extend_from_slice(&info.clients_live.to_le_bytes());
-                out.extend_from_slice(&info.metadata_bytes.to_le_bytes());
-                out.extend_from_slice(&info.requests_served.to_le_bytes());
-                out.extend_from_slice(&info.regenerating_slabs.to_le_bytes());
-                out.extend_from_slice(&info.clients_in_grace.to_le_bytes());
-                out.extend_from_slice(&info.regeneration_pages_done.to_le_bytes());
-                out.extend_from_slice(&info.regeneration_pages_total.to_le_bytes());
-                out.extend_from_slice(&info.slabs_in_grace.to_le_bytes());
-                out.extend_from_slice(&0u32.to_le_bytes());
-                out.push(info.failure_domain.len() as u8);
-                out.extend_from_slice(info.failure_domain.as_bytes());
-            }
+            Control::NodeInfoReply(info) => encode_node_info(info, out),
             Control::Error { code, message } => {
                 let message = truncate_utf8(message, MAX_ERROR_MESSAGE_BYTES);
                 out.extend_from_slice(&(*code as u16).to_le_bytes());
@@ -325,30 +304,13 @@ impl Control {
             }
             Control::SlabEvicted { slab_id } => out.extend_from_slice(&slab_id.to_le_bytes()),
             Control::Regenerate { slab_id, data_splits, parity_splits, page_bytes, pages, sources } => {
-                assert!(
-                    (1..=MAX_REGENERATION_SOURCES).contains(&sources.len()),
-                    "Regenerate with {} sources, 1..={MAX_REGENERATION_SOURCES} allowed",
-                    sources.len()
-                );
-                out.extend_from_slice(&slab_id.to_le_bytes());
-                out.push(*data_splits);
-                out.push(*parity_splits);
-                out.push(sources.len() as u8);
-                out.push(0);
-                out.extend_from_slice(&page_bytes.to_le_bytes());
-                out.extend_from_slice(&pages.to_le_bytes());
-                for source in sources {
-                    out.push(source.split_index);
-                    out.extend_from_slice(&[0u8; 3]);
-                    out.extend_from_slice(&source.slab_id.to_le_bytes());
-                    let ip = match source.address {
-                        SocketAddr::V4(address) => address.ip().to_ipv6_mapped(),
-                        SocketAddr::V6(address) => *address.ip(),
-                    };
-                    out.extend_from_slice(&ip.octets());
-                    out.extend_from_slice(&source.address.port().to_le_bytes());
-                    out.extend_from_slice(&[0u8; 2]);
-                }
+                encode_regenerate(
+                    *slab_id,
+                    (*data_splits, *parity_splits),
+                    (*page_bytes, *pages),
+                    sources,
+                    out,
+                )
             }
             Control::RegenerationDone { slab_id, pages_rebuilt, pages_skipped, pages_lost } => {
                 out.extend_from_slice(&slab_id.to_le_bytes());
@@ -366,22 +328,7 @@ impl Control {
                 out.extend_from_slice(&accesses.to_le_bytes());
             }
             Control::SlabExported { slab_id, epoch, layout } => {
-                assert_eq!(
-                    ShmLayout::new(layout.slab_bytes, layout.split_bytes),
-                    Some(*layout),
-                    "a SlabExported layout is the computed one"
-                );
-                assert_ne!(*epoch, 0, "epochs start at 1");
-                out.extend_from_slice(&slab_id.to_le_bytes());
-                out.extend_from_slice(&layout.split_bytes.to_le_bytes());
-                out.extend_from_slice(&layout.slots.to_le_bytes());
-                out.extend_from_slice(&0u32.to_le_bytes());
-                out.extend_from_slice(&epoch.to_le_bytes());
-                out.extend_from_slice(&layout.slab_bytes.to_le_bytes());
-                out.extend_from_slice(&layout.checksums_offset.to_le_bytes());
-                out.extend_from_slice(&layout.versions_offset.to_le_bytes());
-                out.extend_from_slice(&layout.header_offset.to_le_bytes());
-                out.extend_from_slice(&layout.total_bytes.to_le_bytes());
+                encode_slab_exported(*slab_id, *epoch, layout, out)
             }
         }
         let body_len = u32::try_from(out.len() - body_at).expect("control bodies are small");
@@ -430,41 +377,7 @@ impl Control {
             Kind::Ping => Control::Ping,
             Kind::Pong => Control::Pong,
             Kind::WriteSplitOk => Control::WriteSplitOk,
-            Kind::NodeInfoReply => {
-                let node_id = reader.u64();
-                let capacity_bytes = reader.u64();
-                let free_bytes = reader.u64();
-                let slab_size_bytes = reader.u64();
-                let slabs_mapped = reader.u32();
-                let clients_live = reader.u32();
-                let metadata_bytes = reader.u64();
-                let requests_served = reader.u64();
-                let regenerating_slabs = reader.u32();
-                let clients_in_grace = reader.u32();
-                let regeneration_pages_done = reader.u64();
-                let regeneration_pages_total = reader.u64();
-                let slabs_in_grace = reader.u32();
-                reader.reserved::<4>()?;
-                let domain_len = reader.u8();
-                debug_assert_eq!(body.len() - reader.bytes.len(), NODE_INFO_FIXED_BYTES as usize);
-                let failure_domain = reader.text("domain_len", usize::from(domain_len))?;
-                Control::NodeInfoReply(NodeInfo {
-                    node_id,
-                    capacity_bytes,
-                    free_bytes,
-                    slab_size_bytes,
-                    slabs_mapped,
-                    metadata_bytes,
-                    requests_served,
-                    regenerating_slabs,
-                    regeneration_pages_done,
-                    regeneration_pages_total,
-                    clients_live,
-                    clients_in_grace,
-                    slabs_in_grace,
-                    failure_domain,
-                })
-            }
+            Kind::NodeInfoReply => decode_node_info(&mut reader, body)?,
             Kind::Error => {
                 let raw_code = reader.u16();
                 let code =
@@ -484,32 +397,7 @@ impl Control {
                 }
                 Control::ReadSplits { slab_id, first_slot, count }
             }
-            Kind::InjectFault => {
-                let raw_fault = reader.u8();
-                let fault =
-                    FaultKind::from_u8(raw_fault).ok_or(DecodeError::UnknownFault { found: raw_fault })?;
-                reader.reserved::<3>()?;
-                let slab_id = reader.u32();
-                let delay_us = reader.u32();
-                let fraction_ppm = reader.u32();
-                if fraction_ppm > MAX_FRACTION_PPM {
-                    return Err(DecodeError::FieldOutOfRange {
-                        kind,
-                        field: "fraction_ppm",
-                        value: u64::from(fraction_ppm),
-                        min: 0,
-                        max: u64::from(MAX_FRACTION_PPM),
-                    });
-                }
-                Control::InjectFault {
-                    fault,
-                    slab_id,
-                    delay_us,
-                    fraction_ppm,
-                    flips: reader.u32(),
-                    seed: reader.u64(),
-                }
-            }
+            Kind::InjectFault => decode_inject_fault(&mut reader)?,
             Kind::SlabEvicted => Control::SlabEvicted { slab_id: reader.u32() },
             Kind::Regenerate => {
                 let slab_id = reader.u32();
@@ -541,35 +429,7 @@ impl Control {
                 reader.reserved::<4>()?;
                 Control::SlabActivity { slab_id, accesses: reader.u64() }
             }
-            Kind::SlabExported => {
-                let slab_id = reader.u32();
-                let split_bytes = reader.u32();
-                let slots = reader.u32();
-                reader.reserved::<4>()?;
-                let epoch = reader.u64();
-                let layout = ShmLayout {
-                    slab_bytes: reader.u64(),
-                    split_bytes,
-                    slots,
-                    checksums_offset: reader.u64(),
-                    versions_offset: reader.u64(),
-                    header_offset: reader.u64(),
-                    total_bytes: reader.u64(),
-                };
-                if epoch == 0 {
-                    return Err(DecodeError::FieldOutOfRange {
-                        kind,
-                        field: "epoch",
-                        value: 0,
-                        min: 1,
-                        max: u64::MAX,
-                    });
-                }
-                if ShmLayout::new(layout.slab_bytes, layout.split_bytes) != Some(layout) {
-                    return Err(DecodeError::BadLayout { kind });
-                }
-                Control::SlabExported { slab_id, epoch, layout }
-            }
+            Kind::SlabExported => decode_slab_exported(&mut reader)?,
             Kind::WriteSplit | Kind::ReadSplitReply | Kind::ReadSplitsReply => {
                 unreachable!("payload kinds were rejected above")
             }
@@ -579,6 +439,173 @@ impl Control {
         assert!(reader.bytes.is_empty(), "{kind:?} decoder left bytes unread");
         Ok(control)
     }
+}
+
+fn encode_node_info(info: &NodeInfo, out: &mut Vec<u8>) {
+    assert!(
+        info.failure_domain.len() <= MAX_FAILURE_DOMAIN_BYTES,
+        "failure domain longer than {MAX_FAILURE_DOMAIN_BYTES} bytes"
+    );
+    out.extend_from_slice(&info.node_id.to_le_bytes());
+    out.extend_from_slice(&info.capacity_bytes.to_le_bytes());
+    out.extend_from_slice(&info.free_bytes.to_le_bytes());
+    out.extend_from_slice(&info.slab_size_bytes.to_le_bytes());
+    out.extend_from_slice(&info.slabs_mapped.to_le_bytes());
+    out.extend_from_slice(&info.clients_live.to_le_bytes());
+    out.extend_from_slice(&info.metadata_bytes.to_le_bytes());
+    out.extend_from_slice(&info.requests_served.to_le_bytes());
+    out.extend_from_slice(&info.regenerating_slabs.to_le_bytes());
+    out.extend_from_slice(&info.clients_in_grace.to_le_bytes());
+    out.extend_from_slice(&info.regeneration_pages_done.to_le_bytes());
+    out.extend_from_slice(&info.regeneration_pages_total.to_le_bytes());
+    out.extend_from_slice(&info.slabs_in_grace.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.push(info.failure_domain.len() as u8);
+    out.extend_from_slice(info.failure_domain.as_bytes());
+}
+
+fn encode_regenerate(
+    slab_id: u32,
+    (data_splits, parity_splits): (u8, u8),
+    (page_bytes, pages): (u32, u32),
+    sources: &[RegenerationSource],
+    out: &mut Vec<u8>,
+) {
+    assert!(
+        (1..=MAX_REGENERATION_SOURCES).contains(&sources.len()),
+        "Regenerate with {} sources, 1..={MAX_REGENERATION_SOURCES} allowed",
+        sources.len()
+    );
+    out.extend_from_slice(&slab_id.to_le_bytes());
+    out.push(data_splits);
+    out.push(parity_splits);
+    out.push(sources.len() as u8);
+    out.push(0);
+    out.extend_from_slice(&page_bytes.to_le_bytes());
+    out.extend_from_slice(&pages.to_le_bytes());
+    for source in sources {
+        out.push(source.split_index);
+        out.extend_from_slice(&[0u8; 3]);
+        out.extend_from_slice(&source.slab_id.to_le_bytes());
+        let ip = match source.address {
+            SocketAddr::V4(address) => address.ip().to_ipv6_mapped(),
+            SocketAddr::V6(address) => *address.ip(),
+        };
+        out.extend_from_slice(&ip.octets());
+        out.extend_from_slice(&source.address.port().to_le_bytes());
+        out.extend_from_slice(&[0u8; 2]);
+    }
+}
+
+fn encode_slab_exported(slab_id: u32, epoch: u64, layout: &ShmLayout, out: &mut Vec<u8>) {
+    assert_eq!(
+        ShmLayout::new(layout.slab_bytes, layout.split_bytes),
+        Some(*layout),
+        "a SlabExported layout is the computed one"
+    );
+    assert_ne!(epoch, 0, "epochs start at 1");
+    out.extend_from_slice(&slab_id.to_le_bytes());
+    out.extend_from_slice(&layout.split_bytes.to_le_bytes());
+    out.extend_from_slice(&layout.slots.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&epoch.to_le_bytes());
+    out.extend_from_slice(&layout.slab_bytes.to_le_bytes());
+    out.extend_from_slice(&layout.checksums_offset.to_le_bytes());
+    out.extend_from_slice(&layout.versions_offset.to_le_bytes());
+    out.extend_from_slice(&layout.header_offset.to_le_bytes());
+    out.extend_from_slice(&layout.total_bytes.to_le_bytes());
+}
+
+fn decode_node_info(reader: &mut Reader<'_>, body: &[u8]) -> Result<Control, DecodeError> {
+    let node_id = reader.u64();
+    let capacity_bytes = reader.u64();
+    let free_bytes = reader.u64();
+    let slab_size_bytes = reader.u64();
+    let slabs_mapped = reader.u32();
+    let clients_live = reader.u32();
+    let metadata_bytes = reader.u64();
+    let requests_served = reader.u64();
+    let regenerating_slabs = reader.u32();
+    let clients_in_grace = reader.u32();
+    let regeneration_pages_done = reader.u64();
+    let regeneration_pages_total = reader.u64();
+    let slabs_in_grace = reader.u32();
+    reader.reserved::<4>()?;
+    let domain_len = reader.u8();
+    debug_assert_eq!(body.len() - reader.bytes.len(), NODE_INFO_FIXED_BYTES as usize);
+    let failure_domain = reader.text("domain_len", usize::from(domain_len))?;
+    Ok(Control::NodeInfoReply(NodeInfo {
+        node_id,
+        capacity_bytes,
+        free_bytes,
+        slab_size_bytes,
+        slabs_mapped,
+        metadata_bytes,
+        requests_served,
+        regenerating_slabs,
+        regeneration_pages_done,
+        regeneration_pages_total,
+        clients_live,
+        clients_in_grace,
+        slabs_in_grace,
+        failure_domain,
+    }))
+}
+
+fn decode_inject_fault(reader: &mut Reader<'_>) -> Result<Control, DecodeError> {
+    let raw_fault = reader.u8();
+    let fault = FaultKind::from_u8(raw_fault).ok_or(DecodeError::UnknownFault { found: raw_fault })?;
+    reader.reserved::<3>()?;
+    let slab_id = reader.u32();
+    let delay_us = reader.u32();
+    let fraction_ppm = reader.u32();
+    if fraction_ppm > MAX_FRACTION_PPM {
+        return Err(DecodeError::FieldOutOfRange {
+            kind: reader.kind,
+            field: "fraction_ppm",
+            value: u64::from(fraction_ppm),
+            min: 0,
+            max: u64::from(MAX_FRACTION_PPM),
+        });
+    }
+    Ok(Control::InjectFault {
+        fault,
+        slab_id,
+        delay_us,
+        fraction_ppm,
+        flips: reader.u32(),
+        seed: reader.u64(),
+    })
+}
+
+fn decode_slab_exported(reader: &mut Reader<'_>) -> Result<Control, DecodeError> {
+    let slab_id = reader.u32();
+    let split_bytes = reader.u32();
+    let slots = reader.u32();
+    reader.reserved::<4>()?;
+    let epoch = reader.u64();
+    let layout = ShmLayout {
+        slab_bytes: reader.u64(),
+        split_bytes,
+        slots,
+        checksums_offset: reader.u64(),
+        versions_offset: reader.u64(),
+        header_offset: reader.u64(),
+        total_bytes: reader.u64(),
+    };
+    if epoch == 0 {
+        return Err(DecodeError::FieldOutOfRange {
+            kind: reader.kind,
+            field: "epoch",
+            value: 0,
+            min: 1,
+            max: u64::MAX,
+        });
+    }
+    if ShmLayout::new(layout.slab_bytes, layout.split_bytes) != Some(layout) {
+        return Err(DecodeError::BadLayout { kind: reader.kind });
+    }
+    Ok(Control::SlabExported { slab_id, epoch, layout })
 }
 
 fn truncate_utf8(text: &str, max_bytes: usize) -> &str {

@@ -290,27 +290,7 @@ impl Record {
         let mut decoder = Decoder::new(payload);
         let seq = decoder.u64()?;
         let record = match decoder.u8()? {
-            CREATE => {
-                let parent = decoder.u64()?;
-                let name = decoder.name("name", MAX_NAME_BYTES)?;
-                let inode = decoder.u64()?;
-                let kind = decode_kind(decoder.u8()?)?;
-                let mode = decoder.u16()?;
-                let uid = decoder.u32()?;
-                let gid = decoder.u32()?;
-                let time = decoder.time()?;
-                let target = if decoder.bool()? {
-                    Some(decoder.name("symlink target", MAX_SYMLINK_BYTES)?)
-                } else {
-                    None
-                };
-                if target.is_some() != (kind == FileKind::Symlink) {
-                    return Err(DecodeError::Bad(
-                        "a symlink target on a non-symlink, or none on a symlink".into(),
-                    ));
-                }
-                Record::Create { parent, name, inode, kind, mode, uid, gid, time, target }
-            }
+            CREATE => decode_create(&mut decoder)?,
             LINK => Record::Link {
                 inode: decoder.u64()?,
                 parent: decoder.u64()?,
@@ -336,23 +316,7 @@ impl Record {
                 exchange: decoder.bool()?,
                 time: decoder.time()?,
             },
-            SET_ATTRIBUTES => {
-                let inode = decoder.u64()?;
-                let mode = decode_optional_u32(&mut decoder)?;
-                let mode = match mode {
-                    Some(mode) if mode > 0o7777 => return Err(DecodeError::Bad(format!("mode {mode:o}"))),
-                    other => other.map(|mode| mode as u16),
-                };
-                Record::SetAttributes {
-                    inode,
-                    mode,
-                    uid: decode_optional_u32(&mut decoder)?,
-                    gid: decode_optional_u32(&mut decoder)?,
-                    atime: decoder.optional_time()?,
-                    mtime: decoder.optional_time()?,
-                    ctime: decoder.time()?,
-                }
-            }
+            SET_ATTRIBUTES => decode_set_attributes(&mut decoder)?,
             TRUNCATE => {
                 Record::Truncate { inode: decoder.u64()?, size_bytes: decoder.u64()?, time: decoder.time()? }
             }
@@ -363,24 +327,7 @@ impl Record {
                 first_page: decoder.u64()?,
                 end_page: decoder.u64()?,
             },
-            ALLOCATE => {
-                let inode = decoder.u64()?;
-                let size_bytes = decoder.u64()?;
-                let time = decoder.optional_time()?;
-                let count = decoder.count("runs", 24)?;
-                if count > MAX_RUNS_PER_RECORD as u64 {
-                    return Err(DecodeError::TooLong {
-                        what: "runs",
-                        len: count,
-                        max: MAX_RUNS_PER_RECORD as u64,
-                    });
-                }
-                let mut runs = Vec::new();
-                for _ in 0..count {
-                    runs.push(Run { file_page: decoder.u64()?, remote: decoder.u64()?, len: decoder.u64()? });
-                }
-                Record::Allocate { inode, runs, size_bytes, time }
-            }
+            ALLOCATE => decode_allocate(&mut decoder)?,
             PUNCH => Record::Punch {
                 inode: decoder.u64()?,
                 first_page: decoder.u64()?,
@@ -399,6 +346,59 @@ impl Record {
         decoder.finish("the record")?;
         Ok((seq, record))
     }
+}
+
+/// A `Create` record's fields.
+fn decode_create(decoder: &mut Decoder<'_>) -> Result<Record, DecodeError> {
+    let parent = decoder.u64()?;
+    let name = decoder.name("name", MAX_NAME_BYTES)?;
+    let inode = decoder.u64()?;
+    let kind = decode_kind(decoder.u8()?)?;
+    let mode = decoder.u16()?;
+    let uid = decoder.u32()?;
+    let gid = decoder.u32()?;
+    let time = decoder.time()?;
+    let target =
+        if decoder.bool()? { Some(decoder.name("symlink target", MAX_SYMLINK_BYTES)?) } else { None };
+    if target.is_some() != (kind == FileKind::Symlink) {
+        return Err(DecodeError::Bad("a symlink target on a non-symlink, or none on a symlink".into()));
+    }
+    Ok(Record::Create { parent, name, inode, kind, mode, uid, gid, time, target })
+}
+
+/// A `SetAttributes` record's fields.
+fn decode_set_attributes(decoder: &mut Decoder<'_>) -> Result<Record, DecodeError> {
+    let inode = decoder.u64()?;
+    let mode = decode_optional_u32(decoder)?;
+    let mode = match mode {
+        Some(mode) if mode > 0o7777 => return Err(DecodeError::Bad(format!("mode {mode:o}"))),
+        other => other.map(|mode| mode as u16),
+    };
+    Ok(Record::SetAttributes {
+        inode,
+        mode,
+        uid: decode_optional_u32(decoder)?,
+        gid: decode_optional_u32(decoder)?,
+        atime: decoder.optional_time()?,
+        mtime: decoder.optional_time()?,
+        ctime: decoder.time()?,
+    })
+}
+
+/// An `Allocate` record's fields, its run count checked before any run is read.
+fn decode_allocate(decoder: &mut Decoder<'_>) -> Result<Record, DecodeError> {
+    let inode = decoder.u64()?;
+    let size_bytes = decoder.u64()?;
+    let time = decoder.optional_time()?;
+    let count = decoder.count("runs", 24)?;
+    if count > MAX_RUNS_PER_RECORD as u64 {
+        return Err(DecodeError::TooLong { what: "runs", len: count, max: MAX_RUNS_PER_RECORD as u64 });
+    }
+    let mut runs = Vec::new();
+    for _ in 0..count {
+        runs.push(Run { file_page: decoder.u64()?, remote: decoder.u64()?, len: decoder.u64()? });
+    }
+    Ok(Record::Allocate { inode, runs, size_bytes, time })
 }
 
 /// The bad bytes at the end of a journal left by a crash mid-append.

@@ -6,10 +6,13 @@
 //! apply is an error naming it; nothing here panics on what a record says. Pages freed here
 //! are not discarded one by one: `FileSystem::open` discards every free page afterwards.
 
+use std::ffi::{OsStr, OsString};
+use std::time::SystemTime;
+
 use crate::extents::ExtentMap;
 use crate::filesystem::{FileSystem, MAX_FILE_BYTES};
 use crate::namespace::{Attributes, Content, Creator, Directory, FileKind, Inode, MAX_SYMLINK_BYTES};
-use crate::persist::record::Record;
+use crate::persist::record::{Record, Run};
 use crate::store::PageStore;
 
 fn file_mut(fs_inode: Option<&mut Inode>, inode: u64) -> Result<(&mut Attributes, &mut ExtentMap), String> {
@@ -54,31 +57,8 @@ impl<S: PageStore> FileSystem<S> {
         let max_file_pages = MAX_FILE_BYTES / page_bytes;
         match record {
             Record::Create { parent, name, inode, kind, mode, uid, gid, time, target } => {
-                if *inode != self.namespace.next_inode() {
-                    return Err(format!(
-                        "creates inode {inode}, the next is {}",
-                        self.namespace.next_inode()
-                    ));
-                }
-                if *mode > 0o7777 {
-                    return Err(format!("mode {mode:o}"));
-                }
-                let content = match (kind, target) {
-                    (FileKind::File, None) => Content::File(ExtentMap::default()),
-                    (FileKind::Directory, None) => Content::Directory(Directory::default()),
-                    (FileKind::Symlink, Some(target))
-                        if !target.is_empty() && target.len() <= MAX_SYMLINK_BYTES =>
-                    {
-                        Content::Symlink(target.clone())
-                    }
-                    _ => return Err("a symlink without a valid target, or a target on another kind".into()),
-                };
                 let creator = Creator { uid: *uid, gid: *gid, mode: *mode };
-                let created = self
-                    .namespace
-                    .create(*parent, name, creator, content, *time)
-                    .map_err(|error| format!("create {name:?} in {parent}: {error}"))?;
-                assert_eq!(created, *inode, "the namespace numbers inodes in order");
+                self.replay_create((*parent, name, *inode), (*kind, target.as_ref()), creator, *time)?;
             }
             Record::Link { inode, parent, name, time } => {
                 self.namespace
@@ -145,28 +125,7 @@ impl<S: PageStore> FileSystem<S> {
                 }
             }
             Record::Allocate { inode, runs, size_bytes, time } => {
-                if *size_bytes > MAX_FILE_BYTES {
-                    return Err(format!("size {size_bytes}"));
-                }
-                let FileSystem { namespace, allocator, unwritten, .. } = self;
-                let (attributes, extents) = file_mut(namespace.get_mut(*inode).ok(), *inode)?;
-                for run in runs {
-                    let in_file = run.file_page.checked_add(run.len).is_some_and(|end| end <= max_file_pages);
-                    if !in_file || !allocator.take(run.remote, run.len) {
-                        return Err(format!("inode {inode}: run {run:?} is outside the file or not free"));
-                    }
-                    if !extents.insert_mapping(run.file_page, run.remote, run.len) {
-                        allocator.release(run.remote, run.len);
-                        return Err(format!("inode {inode}: run {run:?} overlaps the file's pages"));
-                    }
-                    unwritten.insert(run.remote, run.len);
-                }
-                attributes.mapped_pages = extents.mapped_pages();
-                attributes.size_bytes = *size_bytes;
-                if let Some(time) = time {
-                    attributes.mtime = *time;
-                    attributes.ctime = *time;
-                }
+                self.replay_allocate(*inode, runs, *size_bytes, *time)?;
             }
             Record::Punch { inode, first_page, end_page, time } => {
                 if first_page < end_page {
@@ -190,6 +149,70 @@ impl<S: PageStore> FileSystem<S> {
                 entry.attributes.mtime = *mtime;
                 entry.attributes.ctime = *ctime;
             }
+        }
+        Ok(())
+    }
+
+    /// A `Create` record: the inode it names must be the next one, its kind and target agree.
+    fn replay_create(
+        &mut self,
+        (parent, name, inode): (u64, &OsStr, u64),
+        (kind, target): (FileKind, Option<&OsString>),
+        creator: Creator,
+        time: SystemTime,
+    ) -> Result<(), String> {
+        if inode != self.namespace.next_inode() {
+            return Err(format!("creates inode {inode}, the next is {}", self.namespace.next_inode()));
+        }
+        if creator.mode > 0o7777 {
+            return Err(format!("mode {:o}", creator.mode));
+        }
+        let content = match (kind, target) {
+            (FileKind::File, None) => Content::File(ExtentMap::default()),
+            (FileKind::Directory, None) => Content::Directory(Directory::default()),
+            (FileKind::Symlink, Some(target)) if !target.is_empty() && target.len() <= MAX_SYMLINK_BYTES => {
+                Content::Symlink(target.clone())
+            }
+            _ => return Err("a symlink without a valid target, or a target on another kind".into()),
+        };
+        let created = self
+            .namespace
+            .create(parent, name, creator, content, time)
+            .map_err(|error| format!("create {name:?} in {parent}: {error}"))?;
+        assert_eq!(created, inode, "the namespace numbers inodes in order");
+        Ok(())
+    }
+
+    /// An `Allocate` record: every run must be free and inside the file.
+    fn replay_allocate(
+        &mut self,
+        inode: u64,
+        runs: &[Run],
+        size_bytes: u64,
+        time: Option<SystemTime>,
+    ) -> Result<(), String> {
+        let max_file_pages = MAX_FILE_BYTES / self.page_bytes as u64;
+        if size_bytes > MAX_FILE_BYTES {
+            return Err(format!("size {size_bytes}"));
+        }
+        let FileSystem { namespace, allocator, unwritten, .. } = self;
+        let (attributes, extents) = file_mut(namespace.get_mut(inode).ok(), inode)?;
+        for run in runs {
+            let in_file = run.file_page.checked_add(run.len).is_some_and(|end| end <= max_file_pages);
+            if !in_file || !allocator.take(run.remote, run.len) {
+                return Err(format!("inode {inode}: run {run:?} is outside the file or not free"));
+            }
+            if !extents.insert_mapping(run.file_page, run.remote, run.len) {
+                allocator.release(run.remote, run.len);
+                return Err(format!("inode {inode}: run {run:?} overlaps the file's pages"));
+            }
+            unwritten.insert(run.remote, run.len);
+        }
+        attributes.mapped_pages = extents.mapped_pages();
+        attributes.size_bytes = size_bytes;
+        if let Some(time) = time {
+            attributes.mtime = time;
+            attributes.ctime = time;
         }
         Ok(())
     }

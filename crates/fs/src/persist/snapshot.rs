@@ -172,47 +172,8 @@ pub fn decode(bytes: &[u8], page_bytes: usize, total_pages: u64) -> Result<Resto
             *time = decoder.time()?;
         }
         let [atime, mtime, ctime, crtime] = times;
-        let content = match kind {
-            FileKind::File => {
-                let mut extents = ExtentMap::default();
-                for _ in 0..decoder.count("runs", 24)? {
-                    let (first, remote, len) = (decoder.u64()?, decoder.u64()?, decoder.u64()?);
-                    let in_file = first.checked_add(len).is_some_and(|end| end <= max_file_pages);
-                    if !in_file || !extents.insert_mapping(first, remote, len) || !allocator.take(remote, len)
-                    {
-                        return Err(invalid(format!(
-                            "inode {number}: run of {len} pages at file page {first} -> remem page {remote} \
-                             overlaps another run or lies outside the address space"
-                        )));
-                    }
-                }
-                Content::File(extents)
-            }
-            FileKind::Directory => {
-                let mut directory = Directory::new(decoder.u64()?);
-                for _ in 0..decoder.count("entries", 10)? {
-                    let name = decoder.name("name", MAX_NAME_BYTES)?;
-                    let entry = decoder.u64()?;
-                    check_name(&name)
-                        .map_err(|_| invalid(format!("directory {number}: bad name {name:?}")))?;
-                    if directory.get(&name).is_some() {
-                        return Err(invalid(format!("directory {number}: {name:?} listed twice")));
-                    }
-                    directory.insert(&name, entry);
-                }
-                Content::Directory(directory)
-            }
-            FileKind::Symlink => {
-                let target = decoder.name("symlink target", MAX_SYMLINK_BYTES)?;
-                if target.is_empty() || size_bytes != target.len() as u64 {
-                    return Err(invalid(format!(
-                        "symlink {number}: target of {} bytes, size {size_bytes}",
-                        target.len()
-                    )));
-                }
-                Content::Symlink(target)
-            }
-        };
+        let content =
+            decode_content(&mut decoder, (number, kind, size_bytes), max_file_pages, &mut allocator)?;
         let mapped_pages = match &content {
             Content::File(extents) => extents.mapped_pages(),
             _ => 0,
@@ -251,6 +212,55 @@ pub fn decode(bytes: &[u8], page_bytes: usize, total_pages: u64) -> Result<Resto
     decoder.finish("the snapshot")?;
     check_tree(&inodes)?;
     Ok(Restored { namespace: Namespace::from_parts(inodes, next_inode), allocator, unwritten, last_seq })
+}
+
+/// The content of inode `number`: a file's runs (each taken from `allocator`), a directory's
+/// entries, a symlink's target.
+fn decode_content(
+    decoder: &mut Decoder<'_>,
+    (number, kind, size_bytes): (u64, FileKind, u64),
+    max_file_pages: u64,
+    allocator: &mut Allocator,
+) -> Result<Content, SnapshotError> {
+    Ok(match kind {
+        FileKind::File => {
+            let mut extents = ExtentMap::default();
+            for _ in 0..decoder.count("runs", 24)? {
+                let (first, remote, len) = (decoder.u64()?, decoder.u64()?, decoder.u64()?);
+                let in_file = first.checked_add(len).is_some_and(|end| end <= max_file_pages);
+                if !in_file || !extents.insert_mapping(first, remote, len) || !allocator.take(remote, len) {
+                    return Err(invalid(format!(
+                        "inode {number}: run of {len} pages at file page {first} -> remem page {remote} \
+                         overlaps another run or lies outside the address space"
+                    )));
+                }
+            }
+            Content::File(extents)
+        }
+        FileKind::Directory => {
+            let mut directory = Directory::new(decoder.u64()?);
+            for _ in 0..decoder.count("entries", 10)? {
+                let name = decoder.name("name", MAX_NAME_BYTES)?;
+                let entry = decoder.u64()?;
+                check_name(&name).map_err(|_| invalid(format!("directory {number}: bad name {name:?}")))?;
+                if directory.get(&name).is_some() {
+                    return Err(invalid(format!("directory {number}: {name:?} listed twice")));
+                }
+                directory.insert(&name, entry);
+            }
+            Content::Directory(directory)
+        }
+        FileKind::Symlink => {
+            let target = decoder.name("symlink target", MAX_SYMLINK_BYTES)?;
+            if target.is_empty() || size_bytes != target.len() as u64 {
+                return Err(invalid(format!(
+                    "symlink {number}: target of {} bytes, size {size_bytes}",
+                    target.len()
+                )));
+            }
+            Content::Symlink(target)
+        }
+    })
 }
 
 /// The namespace invariants (see `crate::namespace`), checked whole.
