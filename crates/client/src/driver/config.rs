@@ -56,7 +56,8 @@ pub struct ClientConfig {
     pub heartbeat_interval: Duration,
     pub probe_interval: Duration,
     /// Map a range with more than r splits in one failure domain (losing that domain loses
-    /// data) when the cluster's domains allow no better, with a warning, instead of refusing.
+    /// data) when the cluster's domains allow no better, with a warning, instead of refusing;
+    /// likewise, rebuild a lost slab into such a domain rather than leave it unrebuilt.
     pub allow_shared_domains: bool,
 }
 
@@ -96,6 +97,7 @@ impl ClientConfig {
             regenerate: self.regenerate,
             heartbeat_interval: self.heartbeat_interval,
             probe_interval: self.probe_interval,
+            allow_shared_domains: self.allow_shared_domains,
         }
     }
 }

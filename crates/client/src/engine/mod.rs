@@ -110,6 +110,10 @@ pub struct EngineConfig {
     pub heartbeat_interval: Duration,
     /// A failed node is probed (reconnected) this often, to be readmitted when it answers.
     pub probe_interval: Duration,
+    /// A rebuilt slab may go to a failure domain that already holds r splits of its range when
+    /// no other node can take it (`ClientConfig::allow_shared_domains`). Without it, such a
+    /// slab stays unrebuilt until a node in another domain can take it.
+    pub allow_shared_domains: bool,
 }
 
 impl EngineConfig {
@@ -125,6 +129,7 @@ impl EngineConfig {
             regenerate: true,
             heartbeat_interval: Duration::from_secs(1),
             probe_interval: Duration::from_secs(1),
+            allow_shared_domains: false,
         }
     }
 }

@@ -18,6 +18,16 @@
 //!   a drained node, a stalled node that came back): its good splits may be what some pages
 //!   need. Stale splits there are harmless: the rebuild keeps the newest version with k splits.
 //!   It is released only when its replacement is complete.
+//! - a refused attempt (`NoCapacity`: four rebuilds running there, or no room) releases its new
+//!   slab and is placed again after the retry delay, on another node if one can take it, else on
+//!   the same one. The node of a dropped target stays a candidate: after a stall the readmitted
+//!   node is often the only one outside a range, and ruling it out for the attempt it refused
+//!   left the range degraded until more nodes died (issue 31, item 6);
+//! - the new slab never makes a failure domain hold more than r splits of the range unless
+//!   `allow_shared_domains`: the slab stays unrebuilt instead, as the range's first placement is
+//!   refused instead;
+//! - the client counts slabs it maps and unmaps in its view of each node's room, so attempts that
+//!   were refused do not make the cluster look full.
 //!
 //! - a slab of a range without redundancy (r = 0) can only be copied from the slab it replaces:
 //!   when that one cannot be read, the range's written pages are lost (marked unreadable) and the
@@ -38,6 +48,8 @@
 use std::time::{Duration, Instant};
 
 use remem_proto::{Control, RegenerationSource, MAX_REGENERATION_SOURCES};
+
+use remem_placement::NodeLoad;
 
 use super::{Engine, Membership, NodeId, SlabRef};
 
@@ -60,6 +72,14 @@ pub(super) struct Regeneration {
     attempts: u32,
     /// Pages the previous attempt lost, if it lost any.
     lost_before: Option<u64>,
+    /// The node of the slab that was lost: never the replacement's (its old slab may still be
+    /// there, and a node that evicted or corrupted it is a poor home for it).
+    lost_node: NodeId,
+    /// The node that last refused this rebuild (no room, too many rebuilds running): the next
+    /// attempt goes elsewhere when another node can take it, else back to it.
+    refused_by: Option<NodeId>,
+    /// "Only crowded failure domains can take it" was logged for this rebuild.
+    domain_warned: bool,
 }
 
 #[derive(Debug)]
@@ -128,9 +148,13 @@ impl Engine {
             target: None,
             attempts: 0,
             lost_before: None,
+            lost_node: old.node,
+            refused_by: None,
+            domain_warned: false,
         });
         if !keep_old {
-            self.release_slab(old);
+            let split_bytes = self.regions[self.ranges[range].region].split_bytes;
+            self.release_slab(old, split_bytes);
         }
     }
 
@@ -167,20 +191,10 @@ impl Engine {
             self.regenerations[index].target = None;
         }
         let (range, split) = (self.regenerations[index].range, self.regenerations[index].split);
-        // The range's nodes include those of its other rebuilds in flight: two rebuilds of one
-        // range started together must not land on the same node.
-        let mut in_range: Vec<usize> = self.ranges[range].slabs.iter().map(|slab| slab.node).collect();
-        for task in self.regenerations.iter().filter(|task| task.range == range) {
-            if let State::Mapping { node, .. } | State::Rebuilding { node, .. } = task.state {
-                in_range.push(node);
-            }
-            in_range.extend(task.target.map(|target| target.node));
-        }
-        let region = &self.regions[self.ranges[range].region];
-        let split_bytes = region.split_bytes;
+        let excluded = self.replacement_excluded(index);
+        let split_bytes = self.regions[self.ranges[range].region].split_bytes;
         let candidates = self.placement_candidates(split_bytes);
-        let Ok(node) = self.placement.replace(&candidates, &in_range) else {
-            tracing::warn!(range, split, "no node can take the rebuilt slab yet; retrying");
+        let Some(node) = self.choose_replacement(index, candidates, &excluded) else {
             return self.requeue(index);
         };
         let region = &self.regions[self.ranges[range].region];
@@ -194,6 +208,128 @@ impl Engine {
         // Count the slab now so that two rebuilds do not pile onto one node.
         self.count_mapped_slab(node, split_bytes);
         self.regenerations[index].state = State::Mapping { node, request_id };
+    }
+
+    /// The nodes the new slab of rebuild `index` must not go to: those of the range's other
+    /// splits, including the nodes of their own rebuilds in flight (two rebuilds of one range
+    /// started together must not land on one node), and the node of the lost slab. Not the node
+    /// the range names for this split when that is a target this rebuild dropped (refused,
+    /// abandoned): that node may be the only one that can take the slab.
+    fn replacement_excluded(&self, index: usize) -> Vec<NodeId> {
+        let task = &self.regenerations[index];
+        let (range, split) = (task.range, task.split);
+        let mut excluded: Vec<NodeId> = self.ranges[range]
+            .slabs
+            .iter()
+            .enumerate()
+            .filter(|(other, _)| *other != split)
+            .map(|(_, slab)| slab.node)
+            .collect();
+        excluded.push(task.lost_node);
+        for other in self.regenerations.iter().filter(|other| other.range == range && other.split != split) {
+            if let State::Mapping { node, .. } | State::Rebuilding { node, .. } = other.state {
+                excluded.push(node);
+            }
+            excluded.extend(other.target.map(|target| target.node));
+        }
+        excluded
+    }
+
+    /// The node that takes the new slab of rebuild `index`, by the placement policy, or `None`
+    /// (logged) when none can now. A node in a failure domain that already holds r of the
+    /// range's other splits is taken only with `allow_shared_domains` and only when no other
+    /// can take the slab: losing that domain would lose data. The node that last refused this
+    /// rebuild is taken only when no other can.
+    fn choose_replacement(
+        &mut self,
+        index: usize,
+        mut candidates: Vec<NodeLoad>,
+        excluded: &[NodeId],
+    ) -> Option<NodeId> {
+        let task = &self.regenerations[index];
+        let (range, split, refused_by) = (task.range, task.split, task.refused_by);
+        let crowded = self.crowded_domains(index);
+        let in_crowded: Vec<bool> = candidates
+            .iter()
+            .map(|candidate| crowded.contains(&self.domain_key(candidate.node_index)))
+            .collect();
+        let free: Vec<u64> = candidates.iter().map(|candidate| candidate.slabs_free).collect();
+        // Placement ignores a candidate without a free slab: that is how one is ruled out here
+        // (leaving it out of the list would tell CodingSets it left the cluster).
+        let mut attempt = |candidates: &mut [NodeLoad], allow_crowded: bool, allow_refuser: bool| {
+            for (position, candidate) in candidates.iter_mut().enumerate() {
+                let ruled_out = (in_crowded[position] && !allow_crowded)
+                    || (refused_by == Some(candidate.node_index) && !allow_refuser);
+                candidate.slabs_free = if ruled_out { 0 } else { free[position] };
+            }
+            self.placement.replace(candidates, excluded).ok()
+        };
+        let spread = attempt(&mut candidates, false, false).or_else(|| attempt(&mut candidates, false, true));
+        if spread.is_some() {
+            return spread;
+        }
+        let Some(crowding) = attempt(&mut candidates, true, true) else {
+            tracing::warn!(range, split, "no node can take the rebuilt slab yet; retrying");
+            return None;
+        };
+        let parity_splits = self.regions[self.ranges[range].region].shape.parity_splits;
+        let address = self.nodes[crowding].address;
+        if self.config.allow_shared_domains {
+            tracing::warn!(range, split, node = %address, parity_splits,
+                "rebuilt slab placed in a failure domain that already holds r splits of its range");
+            return Some(crowding);
+        }
+        if !std::mem::replace(&mut self.regenerations[index].domain_warned, true) {
+            tracing::warn!(range, split, parity_splits,
+                "only failure domains already holding r splits of the range can take the rebuilt slab: \
+                 it stays unrebuilt until a node in another domain can (allow_shared_domains accepts the risk)");
+        }
+        None
+    }
+
+    /// The failure domains that already hold r splits of rebuild `index`'s range, counting the
+    /// range's other splits where they will be: a split being rebuilt counts at its new node
+    /// once chosen (not at all before). Empty without parities (any loss loses data then).
+    fn crowded_domains(&self, index: usize) -> Vec<(&str, usize)> {
+        let task = &self.regenerations[index];
+        let (range, split) = (task.range, task.split);
+        let parity_splits = self.regions[self.ranges[range].region].shape.parity_splits;
+        if parity_splits == 0 {
+            return Vec::new();
+        }
+        let mut per_domain: Vec<((&str, usize), usize)> = Vec::new();
+        for (other, slab) in self.ranges[range].slabs.iter().enumerate() {
+            if other == split {
+                continue;
+            }
+            let rebuild = self.regenerations.iter().find(|task| task.range == range && task.split == other);
+            let node = match rebuild {
+                Some(rebuild) => match rebuild.state {
+                    State::Mapping { node, .. } | State::Rebuilding { node, .. } => Some(node),
+                    State::Queued { .. } => rebuild.target.map(|target| target.node),
+                },
+                None => Some(slab.node),
+            };
+            let Some(node) = node else { continue };
+            let key = self.domain_key(node);
+            match per_domain.iter_mut().find(|(domain, _)| *domain == key) {
+                Some((_, count)) => *count += 1,
+                None => per_domain.push((key, 1)),
+            }
+        }
+        per_domain
+            .into_iter()
+            .filter(|(_, count)| *count >= parity_splits)
+            .map(|(domain, _)| domain)
+            .collect()
+    }
+
+    /// A node's failure domain as placement counts it: an empty label is a domain of its own.
+    fn domain_key(&self, node: NodeId) -> (&str, usize) {
+        match self.nodes[node].info.failure_domain.as_str() {
+            "" => ("", node),
+            domain => (domain, usize::MAX),
+        }
     }
 
     /// Points the range at the new slab for writes and hands the rebuild to its node.
@@ -285,6 +421,8 @@ impl Engine {
                 if u64::from(*slots) != pages_per_range {
                     tracing::error!(node = %self.nodes[target.node].address, slots, "rebuild slab has the wrong size");
                     self.unmap_quietly(target.node, target.slab_id);
+                    let split_bytes = self.regions[self.ranges[range].region].split_bytes;
+                    self.count_unmapped_slab(target.node, split_bytes);
                     return {
                         self.requeue(index);
                         true
@@ -326,14 +464,27 @@ impl Engine {
             }
             (state, Control::Error { code, message }) => {
                 tracing::warn!(range, split, ?state, ?code, %message, "rebuild refused; retrying");
-                if let State::Rebuilding { node, .. } = *state {
+                let (refusing, rebuilding) = match *state {
+                    State::Mapping { node, .. } => (node, false),
+                    State::Rebuilding { node, .. } => (node, true),
+                    State::Queued { .. } => unreachable!("replies are routed only to rebuilds awaiting one"),
+                };
+                let split_bytes = self.regions[self.ranges[range].region].split_bytes;
+                if rebuilding {
                     self.ranges[range].rebuilding &= !bit;
                     if let Some(target) = self.regenerations[index].target.take() {
-                        if target.node == node {
-                            self.unmap_quietly(node, target.slab_id);
+                        if target.node == refusing {
+                            self.unmap_quietly(refusing, target.slab_id);
+                            self.count_unmapped_slab(refusing, split_bytes);
                         }
                     }
+                } else {
+                    // The map was refused: the slab counted when it was asked for never was.
+                    self.count_unmapped_slab(refusing, split_bytes);
                 }
+                // The next attempt goes to another node if one can take the slab: the range
+                // must not wait on a node busy with other rebuilds while another is free.
+                self.regenerations[index].refused_by = Some(refusing);
                 self.requeue(index);
             }
             (state, other) => {
@@ -357,7 +508,8 @@ impl Engine {
         }
         self.forget_previous(range, split);
         if let Some(old) = task.old {
-            self.release_slab(old);
+            let split_bytes = self.regions[self.ranges[range].region].split_bytes;
+            self.release_slab(old, split_bytes);
         }
         self.regenerations_done += 1;
     }
@@ -383,12 +535,16 @@ impl Engine {
         lost <= self.ranges[range].unreadable_pages + readable_stale
     }
 
-    /// Releases a slab no range names any more: unmapped now if its node is reachable, else
-    /// remembered and released when the node answers again.
-    pub(super) fn release_slab(&mut self, slab: SlabRef) {
+    /// Releases a slab (of splits of `split_bytes`) no range names any more: unmapped now if its
+    /// node is reachable, and its room counted free again, else remembered and released when
+    /// the node answers again (its room is known again from the node then).
+    pub(super) fn release_slab(&mut self, slab: SlabRef, split_bytes: usize) {
         match (self.nodes[slab.node].connected, self.nodes[slab.node].membership) {
             (_, Membership::Removed) => {}
-            (true, _) => self.unmap_quietly(slab.node, slab.slab_id),
+            (true, _) => {
+                self.unmap_quietly(slab.node, slab.slab_id);
+                self.count_unmapped_slab(slab.node, split_bytes);
+            }
             (false, _) => self.nodes[slab.node].orphans.push(slab.slab_id),
         }
     }

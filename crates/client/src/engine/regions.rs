@@ -235,6 +235,15 @@ impl Engine {
         info.free_bytes = info.free_bytes.saturating_sub(footprint);
     }
 
+    /// Undoes [`Engine::count_mapped_slab`] for a slab this client unmapped (or whose map was
+    /// refused): placement must not see a node fill up with slabs it no longer holds.
+    pub(super) fn count_unmapped_slab(&mut self, node: NodeId, split_bytes: usize) {
+        let info = &mut self.nodes[node].info;
+        info.slabs_mapped = info.slabs_mapped.saturating_sub(1);
+        let footprint = super::slab_footprint_bytes(info.slab_size_bytes, split_bytes);
+        info.free_bytes = info.free_bytes.saturating_add(footprint).min(info.capacity_bytes);
+    }
+
     pub fn shape_of_range(&self, range: usize) -> Shape {
         self.regions[self.ranges[range].region].shape
     }

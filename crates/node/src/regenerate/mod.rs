@@ -38,7 +38,10 @@
 //! 0 (an erasure), never as wrong data.
 //!
 //! Invariant: at most [`MAX_CONCURRENT_REGENERATIONS`] rebuilds run at once, one thread each; the
-//! node stops them (and joins them) before it unmaps its slabs.
+//! node stops them (and joins them) before it unmaps its slabs. A rebuild holds its place only
+//! while someone waits for it: it ends (and frees the place) when the node stops, its slab is
+//! unmapped, or the connection that asked for it closes, checked between batches; every read of
+//! a source has a deadline (`sources`), so a stalled source holds a batch for that long at most.
 
 mod sources;
 
@@ -394,6 +397,17 @@ fn rebuild(job: &mut Job) -> RegenerationReport {
             tracing::warn!(
                 slab_id = job.request.slab_id,
                 "regeneration abandoned: node stopping or slab gone"
+            );
+            break;
+        }
+        if job.shared.peers.get(job.request.connection).is_none() {
+            // The requester gave up on this rebuild (it drops a connection only when it
+            // declares the node failed, and then starts the rebuild over elsewhere): nobody
+            // would hear the report, and the place among the running rebuilds is wanted.
+            tracing::warn!(
+                client_id = job.request.client_id,
+                slab_id = job.request.slab_id,
+                "regeneration abandoned: the requesting connection is gone"
             );
             break;
         }
