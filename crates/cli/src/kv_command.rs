@@ -16,7 +16,9 @@ use clap::Args;
 use remem_client::{Client, ClientConfig};
 use remem_kv::{CacheConfig, EcShape, Policy, Scheme, Server, ServerConfig};
 
+use crate::kv_state::{KvState, ReopenTimes};
 use crate::units::{format_bytes, parse_bytes};
+use remem_kv::durability::RestoreReport;
 
 #[derive(Args, Debug)]
 pub struct KvArgs {
@@ -145,7 +147,8 @@ fn parse_scheme(text: &str, ec: EcShape) -> Result<Scheme> {
     Scheme::parse(text.as_bytes(), ec).map_err(|error| anyhow::anyhow!("{error}"))
 }
 
-pub fn run(args: KvArgs) -> Result<()> {
+/// The limits clap cannot check alone, before anything is connected or mapped.
+fn check_args(args: &KvArgs) -> Result<()> {
     if args.data_splits == 0 || args.data_splits + args.parity_splits > 32 {
         bail!(
             "-k must be at least 1 and k + r at most 32 (got k={}, r={})",
@@ -165,12 +168,12 @@ pub fn run(args: KvArgs) -> Result<()> {
     if args.output_budget < 1 << 20 || args.output_budget > 1 << 40 {
         bail!("--output-budget must be between 1 MiB and 1 TiB");
     }
-    // Refused before anything is mapped on the nodes.
-    let auth = match &args.auth_file {
-        Some(path) => Some(remem_kv::auth::Credentials::load(path)?),
-        None => None,
-    };
-    let ec = EcShape { data_splits: args.data_splits, parity_splits: args.parity_splits };
+    Ok(())
+}
+
+/// The scheme policy of `--scheme`, `--small-*`, `--large-scheme`, `--prefix-scheme` and the
+/// hotness flags.
+fn scheme_policy(args: &KvArgs, ec: EcShape) -> Result<Policy> {
     let mut policy = Policy {
         small_below_bytes: args.small_below as usize,
         small_scheme: parse_scheme(&args.small_scheme, ec)?,
@@ -188,7 +191,140 @@ pub fn run(args: KvArgs) -> Result<()> {
         };
         policy.prefixes.push((prefix.as_bytes().to_vec(), parse_scheme(scheme, ec)?));
     }
+    Ok(policy)
+}
 
+/// What a restart found in the state directory `dir`, and how long reopening took.
+fn report_reopened(dir: &Path, report: &RestoreReport, times: &ReopenTimes) {
+    eprintln!(
+        "reopened {}: {} items restored ({} superseded, {} expired, {} refused; {} damaged and \
+         {} invalid records dropped); --fresh starts empty",
+        dir.display(),
+        report.restored,
+        report.superseded,
+        report.expired,
+        report.refused,
+        report.scan.damaged,
+        report.scan.invalid
+    );
+    eprintln!(
+        "reopening took {:.3} s: slabs {:.3} s, region scan {:.3} s, index rebuilt {:.3} s",
+        (times.slabs + times.scan + times.restore).as_secs_f64(),
+        times.slabs.as_secs_f64(),
+        times.scan.as_secs_f64(),
+        times.restore.as_secs_f64()
+    );
+    if report.refused + report.scan.damaged + report.scan.invalid > 0 {
+        tracing::warn!(?report, "the backup region held records that were not restored");
+    }
+}
+
+/// A new cache on the cluster: its regions, and with a state directory its backup region, an
+/// empty rewrites file and the slab map saved.
+fn new_cache(
+    cluster: &remem_client::cluster::ClusterFile,
+    cluster_path: &Path,
+    secret: &remem_client::Secret,
+    (config, placement): (ClientConfig, Box<dyn remem_placement::Placement>),
+    cache_config: CacheConfig,
+    state: Option<&KvState>,
+    args: &KvArgs,
+) -> Result<remem_kv::Cache> {
+    let client = Client::connect(&cluster.addresses(), secret, config, placement)
+        .with_context(|| format!("connecting to the cluster of {}", cluster_path.display()))?;
+    let region_bytes = args.memory_limit.div_ceil(4096) * 4096;
+    let mut cache =
+        remem_kv::build_cache(client, cache_config, region_bytes).context("creating the regions")?;
+    if let Some(state) = state {
+        let bytes = args.backup_size.unwrap_or(crate::kv_state::default_backup_bytes(args.memory_limit));
+        cache.backup = Some(state.create_backup(bytes)?);
+        // A new server: no rewrite of its pages was cut short; anything in the file is
+        // another server's.
+        let (mut log, intents) = state.open_rewrites()?;
+        for intent in intents {
+            log.clear(intent.slot).context("clearing the rewrites file")?;
+        }
+        cache.rewrites = Some(log);
+        let map_path = state.map_path();
+        cache
+            .client
+            .client()
+            .save_map(&map_path)
+            .with_context(|| format!("saving the slab map to {}", map_path.display()))?;
+    }
+    Ok(cache)
+}
+
+/// The door a standby attaches through (`standby.sock` in the state directory).
+fn serve_standbys(
+    server: &mut Server,
+    state: &KvState,
+    args: &KvArgs,
+    (address, unix): (SocketAddr, Option<&Path>),
+    cluster_path: &Path,
+) -> Result<()> {
+    let mode = remem_kv::backup::wire::Mode::parse(&args.replication).expect("checked by clap");
+    let policy = remem_kv::backup::SyncPolicy::parse(&args.sync).expect("checked by clap");
+    let unix_text = unix.map(|path| path.display().to_string()).unwrap_or_default();
+    let settings =
+        crate::kv_standby::standby_settings(cluster_path, &server.cache.config, args.auth_file.as_deref());
+    let port = remem_kv::standby::StandbyPort::bind(
+        &state.dir,
+        mode,
+        policy,
+        (address.to_string(), unix_text),
+        settings,
+    )
+    .context("listening for a standby")?;
+    server.serve_standbys(port).context("listening for a standby")?;
+    Ok(())
+}
+
+/// What the server does once a second beside its own housekeeping: publish the client's report
+/// for `remem status` and the metrics snapshot, save the slab map after rebuilds (so a restart
+/// finds the slabs where they are now), and hand new nodes of the cluster file to the client.
+fn housekeeping(
+    cache: &mut remem_kv::Cache,
+    cluster_path: PathBuf,
+    cluster: &remem_client::cluster::ClusterFile,
+    map_path: Option<PathBuf>,
+    metrics: Option<Arc<std::sync::Mutex<String>>>,
+    name: String,
+) -> Box<dyn FnMut(&mut remem_kv::Cache)> {
+    let mut watch = crate::cluster_watch::ClusterWatch::new(cluster_path.clone(), cluster);
+    let mut reporter = None;
+    let mut rebuilds_saved = cache.client.client().regeneration_status().done;
+    Box::new(move |cache: &mut remem_kv::Cache| {
+        let client = cache.client.client();
+        let reporter = reporter.get_or_insert_with(|| {
+            crate::client_report::ClientReporter::new(&cluster_path, "kv", &name, client.client_id())
+        });
+        reporter.publish(|| client.region_health());
+        if let Some(snapshot) = &metrics {
+            let text = remem_kv::report::prometheus(cache);
+            if let Ok(mut shared) = snapshot.lock() {
+                *shared = text;
+            }
+        }
+        if let Some(map_path) = &map_path {
+            let done = cache.client.client().regeneration_status().done;
+            if done != rebuilds_saved {
+                match cache.client.client().save_map(map_path) {
+                    Ok(()) => rebuilds_saved = done,
+                    Err(error) => tracing::warn!(%error, "cannot save the slab map after a rebuild"),
+                }
+            }
+        }
+        let nodes = watch.new_nodes();
+        let client = cache.client.client();
+        crate::cluster_watch::hand_new_nodes(nodes, client, "the cache's client", |address| {
+            watch.joined(address)
+        });
+    })
+}
+
+/// The client of the cache's regions: its placement policy and settings.
+fn client_config(args: &KvArgs, ec: EcShape) -> Result<(ClientConfig, Box<dyn remem_placement::Placement>)> {
     let placement = match remem_sim::Policy::parse(&args.placement) {
         Some(policy) if !policy.name().starts_with("codingsets") => policy.build(rand::random(), 0),
         Some(_) => bail!(
@@ -197,8 +333,6 @@ pub fn run(args: KvArgs) -> Result<()> {
         ),
         None => bail!("unknown --placement {:?}", args.placement),
     };
-    let (cluster_path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
-    crate::bench::check_transport(args.transport, &cluster, &cluster_path)?;
     let region_bytes = args.memory_limit.div_ceil(4096) * 4096;
     let shape = remem_kv::region_shape(Scheme::Ec, ec);
     let mut config = ClientConfig::new(shape, region_bytes);
@@ -206,6 +340,72 @@ pub fn run(args: KvArgs) -> Result<()> {
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
     config.shared_memory = args.transport == crate::bench::Transport::Shm;
     config.release_on_drop = args.ephemeral;
+    Ok((config, placement))
+}
+
+/// The state directory (locked), or with `--standby` the one taken over; none with `--ephemeral`.
+fn open_state(
+    args: &KvArgs,
+    cluster_path: &Path,
+    cache_config: &CacheConfig,
+) -> Result<(Option<KvState>, Option<crate::kv_standby::Takeover>)> {
+    if args.ephemeral {
+        return Ok((None, None));
+    }
+    let dir = match &args.state {
+        Some(dir) => dir.clone(),
+        None => {
+            let name = &args.name;
+            if name.is_empty() || name.contains('/') || name == "." || name == ".." || name.len() > 200 {
+                bail!("--name {name:?} must be a plain file name");
+            }
+            cluster_path.parent().unwrap_or(Path::new(".")).join(format!("kv-{}", args.name))
+        }
+    };
+    if args.standby {
+        let settings =
+            crate::kv_standby::standby_settings(cluster_path, cache_config, args.auth_file.as_deref());
+        let (found, state) = crate::kv_standby::stand_by(&dir, &settings)?;
+        Ok((Some(state), Some(found)))
+    } else {
+        Ok((Some(KvState::lock(&dir)?), None))
+    }
+}
+
+/// The start's summary line, after `listening`.
+fn announce(args: &KvArgs, policy: &Policy, ec: EcShape, nodes: usize) {
+    eprintln!(
+        "remem kv: {} of items, schemes {}, across {} nodes{}",
+        format_bytes(args.memory_limit),
+        remem_kv::schemes_needed(policy).iter().map(|scheme| scheme.label(ec)).collect::<Vec<_>>().join(", "),
+        nodes,
+        args.unix.as_ref().map(|path| format!(", unix socket {}", path.display())).unwrap_or_default()
+    );
+}
+
+/// What a standby that took over says.
+fn took_over(takeover: &crate::kv_standby::Takeover) -> String {
+    format!(
+        "took over from the primary{}, found dead because {}: serving {} ms after",
+        takeover.primary_pid.map(|pid| format!(" (pid {pid})")).unwrap_or_default(),
+        takeover.how,
+        takeover.detected_at.elapsed().as_millis()
+    )
+}
+
+pub fn run(args: KvArgs) -> Result<()> {
+    check_args(&args)?;
+    // Refused before anything is mapped on the nodes.
+    let auth = match &args.auth_file {
+        Some(path) => Some(remem_kv::auth::Credentials::load(path)?),
+        None => None,
+    };
+    let ec = EcShape { data_splits: args.data_splits, parity_splits: args.parity_splits };
+    let policy = scheme_policy(&args, ec)?;
+
+    let (config, placement) = client_config(&args, ec)?;
+    let (cluster_path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
+    crate::bench::check_transport(args.transport, &cluster, &cluster_path)?;
     let cache_config = CacheConfig {
         memory_limit_bytes: args.memory_limit,
         max_item_bytes: args.max_item_size as usize,
@@ -214,30 +414,7 @@ pub fn run(args: KvArgs) -> Result<()> {
         bypass: !args.no_bypass,
         max_background_transitions: 8,
     };
-    let mut takeover = None;
-    let state = if args.ephemeral {
-        None
-    } else {
-        let dir = match &args.state {
-            Some(dir) => dir.clone(),
-            None => {
-                let name = &args.name;
-                if name.is_empty() || name.contains('/') || name == "." || name == ".." || name.len() > 200 {
-                    bail!("--name {name:?} must be a plain file name");
-                }
-                cluster_path.parent().unwrap_or(Path::new(".")).join(format!("kv-{}", args.name))
-            }
-        };
-        if args.standby {
-            let settings =
-                crate::kv_standby::standby_settings(&cluster_path, &cache_config, args.auth_file.as_deref());
-            let (found, state) = crate::kv_standby::stand_by(&dir, &settings)?;
-            takeover = Some(found);
-            Some(state)
-        } else {
-            Some(crate::kv_state::KvState::lock(&dir)?)
-        }
-    };
+    let (state, takeover) = open_state(&args, &cluster_path, &cache_config)?;
     if let (Some(state), true) = (&state, args.fresh) {
         state.drop_saved(&secret, &config)?;
     }
@@ -252,54 +429,19 @@ pub fn run(args: KvArgs) -> Result<()> {
     }
     let cache = match reopened {
         Some((cache, report, times)) => {
-            eprintln!(
-                "reopened {}: {} items restored ({} superseded, {} expired, {} refused; {} damaged and \
-                 {} invalid records dropped); --fresh starts empty",
-                state.as_ref().expect("reopened from a state").dir.display(),
-                report.restored,
-                report.superseded,
-                report.expired,
-                report.refused,
-                report.scan.damaged,
-                report.scan.invalid
-            );
-            eprintln!(
-                "reopening took {:.3} s: slabs {:.3} s, region scan {:.3} s, index rebuilt {:.3} s",
-                (times.slabs + times.scan + times.restore).as_secs_f64(),
-                times.slabs.as_secs_f64(),
-                times.scan.as_secs_f64(),
-                times.restore.as_secs_f64()
-            );
-            if report.refused + report.scan.damaged + report.scan.invalid > 0 {
-                tracing::warn!(?report, "the backup region held records that were not restored");
-            }
+            let dir = &state.as_ref().expect("reopened from a state").dir;
+            report_reopened(dir, &report, &times);
             cache
         }
-        None => {
-            let client = Client::connect(&cluster.addresses(), &secret, config, placement)
-                .with_context(|| format!("connecting to the cluster of {}", cluster_path.display()))?;
-            let mut cache =
-                remem_kv::build_cache(client, cache_config, region_bytes).context("creating the regions")?;
-            if let Some(state) = &state {
-                let bytes =
-                    args.backup_size.unwrap_or(crate::kv_state::default_backup_bytes(args.memory_limit));
-                cache.backup = Some(state.create_backup(bytes)?);
-                // A new server: no rewrite of its pages was cut short; anything in the file is
-                // another server's.
-                let (mut log, intents) = state.open_rewrites()?;
-                for intent in intents {
-                    log.clear(intent.slot).context("clearing the rewrites file")?;
-                }
-                cache.rewrites = Some(log);
-                let map_path = state.map_path();
-                cache
-                    .client
-                    .client()
-                    .save_map(&map_path)
-                    .with_context(|| format!("saving the slab map to {}", map_path.display()))?;
-            }
-            cache
-        }
+        None => new_cache(
+            &cluster,
+            &cluster_path,
+            &secret,
+            (config, placement),
+            cache_config,
+            state.as_ref(),
+            &args,
+        )?,
     };
     let limits = remem_memcache::Limits { max_item_bytes: args.max_item_size as usize, ..Default::default() };
     let (listen, unix) = match &takeover {
@@ -320,31 +462,10 @@ pub fn run(args: KvArgs) -> Result<()> {
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
     let address = server.local_addr().expect("a TCP listener");
     if let Some(state) = &state {
-        let mode = remem_kv::backup::wire::Mode::parse(&args.replication).expect("checked by clap");
-        let policy = remem_kv::backup::SyncPolicy::parse(&args.sync).expect("checked by clap");
-        let unix_text = unix.as_ref().map(|path| path.display().to_string()).unwrap_or_default();
-        let settings = crate::kv_standby::standby_settings(
-            &cluster_path,
-            &server.cache.config,
-            args.auth_file.as_deref(),
-        );
-        let port = remem_kv::standby::StandbyPort::bind(
-            &state.dir,
-            mode,
-            policy,
-            (address.to_string(), unix_text),
-            settings,
-        )
-        .context("listening for a standby")?;
-        server.serve_standbys(port).context("listening for a standby")?;
+        serve_standbys(&mut server, state, &args, (address, unix.as_deref()), &cluster_path)?;
     }
     if let Some(takeover) = &takeover {
-        eprintln!(
-            "took over from the primary{}, found dead because {}: serving {} ms after",
-            takeover.primary_pid.map(|pid| format!(" (pid {pid})")).unwrap_or_default(),
-            takeover.how,
-            takeover.detected_at.elapsed().as_millis()
-        );
+        eprintln!("{}", took_over(takeover));
     }
     // The metrics snapshot is taken on the cache's own thread and served from another; its port
     // is bound before `listening` is printed, so a busy one fails the start before it says so.
@@ -357,51 +478,12 @@ pub fn run(args: KvArgs) -> Result<()> {
     }
     println!("listening {address}");
     std::io::stdout().flush()?;
-    eprintln!(
-        "remem kv: {} of items, schemes {}, across {} nodes{}",
-        format_bytes(args.memory_limit),
-        remem_kv::schemes_needed(&server.cache.config.policy)
-            .iter()
-            .map(|scheme| scheme.label(ec))
-            .collect::<Vec<_>>()
-            .join(", "),
-        cluster.nodes.len(),
-        args.unix.as_ref().map(|path| format!(", unix socket {}", path.display())).unwrap_or_default()
-    );
-    let publish = args.metrics.is_some();
-    let mut watch = crate::cluster_watch::ClusterWatch::new(cluster_path.clone(), &cluster);
-    let mut reporter = None;
-    let map_path = state.as_ref().map(|state| state.map_path());
-    let mut rebuilds_saved = server.cache.client.client().regeneration_status().done;
+    announce(&args, &server.cache.config.policy, ec, cluster.nodes.len());
     let name = args.listen.to_string();
-    server.on_housekeeping = Some(Box::new(move |cache: &mut remem_kv::Cache| {
-        let client = cache.client.client();
-        let reporter = reporter.get_or_insert_with(|| {
-            crate::client_report::ClientReporter::new(&cluster_path, "kv", &name, client.client_id())
-        });
-        reporter.publish(|| client.region_health());
-        if publish {
-            let text = remem_kv::report::prometheus(cache);
-            if let Ok(mut shared) = snapshot.lock() {
-                *shared = text;
-            }
-        }
-        // The slab map follows rebuilds, so a restart finds the slabs where they are now.
-        if let Some(map_path) = &map_path {
-            let done = cache.client.client().regeneration_status().done;
-            if done != rebuilds_saved {
-                match cache.client.client().save_map(map_path) {
-                    Ok(()) => rebuilds_saved = done,
-                    Err(error) => tracing::warn!(%error, "cannot save the slab map after a rebuild"),
-                }
-            }
-        }
-        let nodes = watch.new_nodes();
-        let client = cache.client.client();
-        crate::cluster_watch::hand_new_nodes(nodes, client, "the cache's client", |address| {
-            watch.joined(address)
-        });
-    }));
+    let saved_map = state.as_ref().map(|state| state.map_path());
+    let publish = args.metrics.is_some().then_some(snapshot);
+    server.on_housekeeping =
+        Some(housekeeping(&mut server.cache, cluster_path, &cluster, saved_map, publish, name));
     let result = server.run(&stop);
     if let Some(path) = &unix {
         let _ = std::fs::remove_file(path);
