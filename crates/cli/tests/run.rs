@@ -202,6 +202,72 @@ fn an_interrupt_during_swap_set_up_leaves_nothing_attached() {
     }
 }
 
+/// Whether a loop device backed under `runtime_dir` is a swap area.
+fn swap_on_under(runtime_dir: &Path) -> bool {
+    let prefix = runtime_dir.to_string_lossy().into_owned();
+    let swaps = std::fs::read_to_string("/proc/swaps").expect("/proc/swaps");
+    std::fs::read_dir("/sys/block").expect("/sys/block").flatten().any(|entry| {
+        let backing = std::fs::read_to_string(entry.path().join("loop/backing_file")).unwrap_or_default();
+        let device = format!("/dev/{} ", entry.file_name().to_string_lossy());
+        backing.starts_with(&prefix) && swaps.lines().any(|line| line.starts_with(&device))
+    })
+}
+
+/// `remem run --swap-size` SIGKILLed mid-set-up leaves its `remem swap on` to finish: swap on,
+/// a daemon, a mount, in `run-swap-PID` of the default directory. The next `remem run
+/// --swap-size` turns it off and removes the directory, saying so.
+#[test]
+fn the_next_run_turns_off_the_swap_a_sigkilled_run_left() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "remem run needs root (CI runs as root)");
+    let _lock = swap_lock();
+    let cluster = common::start_cluster("run", "leftover", 10, UnixSockets::None);
+    // The default directory is $XDG_RUNTIME_DIR/remem: a private one for this test.
+    let runtime = std::env::temp_dir().join(format!("remem-run-leftover-xdg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&runtime);
+    std::fs::create_dir_all(&runtime).expect("runtime directory");
+    let run = |command: &str| {
+        let mut run = Command::new(binary());
+        run.env("XDG_RUNTIME_DIR", &runtime)
+            .args(["run", "--memory-limit", "24MiB", "--swap-size", "64MiB", "--cluster"])
+            .arg(&cluster.cluster_file_path)
+            .args(["--", command])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        run
+    };
+    let mut first = run("true").spawn().expect("remem run starts");
+    let left = runtime.join("remem").join(format!("run-swap-{}", first.id()));
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    while !mounted_under(&left) {
+        assert!(first.try_wait().expect("waiting").is_none(), "the first run ended before it mounted");
+        assert!(Instant::now() < deadline, "the first run never mounted");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    first.kill().expect("SIGKILL remem run");
+    first.wait().expect("reaped");
+    // Its `remem swap on` goes on to the end.
+    while !swap_on_under(&left) {
+        assert!(Instant::now() < deadline, "the orphaned remem swap on never turned swap on");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
+    let output = Command::new("timeout")
+        .args(["-k", "5", "120"])
+        .arg(run("true").get_program())
+        .args(run("true").get_args())
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .stdin(Stdio::null())
+        .output()
+        .expect("remem run runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the next run: {stderr}");
+    assert!(stderr.contains("left by a run that is gone"), "the next run says what it cleaned: {stderr}");
+    assert_nothing_attached(&left, Path::new("/sys/fs/cgroup/remem-run-no-cgroup"));
+    let _ = std::fs::remove_dir_all(&runtime);
+}
+
 /// Runs `remem bench apps --quick --json` with `args` in a fresh work directory on the target
 /// directory's disk (not /tmp, which may be tmpfs: the baseline is a disk swap file); checks
 /// that it left nothing behind, and returns its applications' reports.
