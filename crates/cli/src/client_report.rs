@@ -1,11 +1,15 @@
-//! Front ends (`remem nbd`, `remem kv`) publish their client's region health beside the cluster
-//! file, in `clients/FRONTEND-PID.json`, at most once a second; `remem status` shows them.
+//! Front ends (`remem nbd`, `remem kv`, `remem fs`) publish their client's region health beside
+//! the cluster file, in `clients/FRONTEND-PID.json`, at most once a second; `remem status` shows
+//! them.
 //!
 //! Nodes know which client owns each slab, not what a client's ranges look like: only the
 //! client knows that a range lost a split to a dead node (whose slabs nobody can list any more),
 //! is rebuilding, or is lost. So each client says it itself. A report's file is written
 //! atomically (temp file, rename) and private (0600), removed when its front end exits cleanly;
-//! a report whose process is gone is shown as such (its slabs wait out the nodes' lease grace).
+//! a report whose process is gone is shown as such (its slabs wait out the nodes' lease grace),
+//! and removed by the `remem status` that finds it older than [`DEAD_REPORT_KEPT`]. A process is
+//! the report's only while its PID runs with the start time the report names (not a zombie, not
+//! a reused PID).
 //!
 //! Reports are read back as input: a file over 1 MiB or that does not parse is skipped with a
 //! note, never trusted.
@@ -20,6 +24,9 @@ use serde::{Deserialize, Serialize};
 const PUBLISH_PERIOD: Duration = Duration::from_secs(1);
 /// Larger report files are not read.
 const MAX_REPORT_BYTES: u64 = 1 << 20;
+/// How long after its last update the report of a process that is gone is still shown: well past
+/// the nodes' default lease grace (2 minutes), while its slabs may still be waiting.
+pub const DEAD_REPORT_KEPT: Duration = Duration::from_secs(600);
 
 /// What one front end's client says of itself.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -29,6 +36,10 @@ pub struct ClientReport {
     /// The export, mount point or listen address.
     pub name: String,
     pub pid: u32,
+    /// The process's start time, in clock ticks after boot (/proc/PID/stat): with the PID, which
+    /// process wrote the report (0 in reports of older versions: the PID alone then).
+    #[serde(default)]
+    pub process_start: u64,
     /// The client id that owns its slabs, in hex.
     pub client_id: String,
     /// When it was written, in milliseconds since the Unix epoch.
@@ -63,6 +74,7 @@ impl ClientReporter {
             front_end: self.front_end.clone(),
             name: self.name.clone(),
             pid: std::process::id(),
+            process_start: process_start(std::process::id()).unwrap_or(0),
             client_id: format!("{:#x}", self.client_id),
             updated_unix_ms: unix_ms(SystemTime::now()),
             regions: regions(),
@@ -89,6 +101,25 @@ impl Drop for ClientReporter {
     }
 }
 
+/// The start time of running process `pid` in clock ticks after boot, from /proc/PID/stat; None
+/// when there is no such process or it has exited (a zombie, or being reaped).
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name in parentheses: state (field 3) ... starttime (field 22).
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    if matches!(fields.first(), Some(&"Z" | &"X" | &"x")) {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+/// Whether the process that wrote `report` still runs.
+fn writer_alive(report: &ClientReport) -> bool {
+    report.pid != 0
+        && process_start(report.pid)
+            .is_some_and(|start| report.process_start == 0 || start == report.process_start)
+}
+
 fn reports_dir(cluster_path: &Path) -> PathBuf {
     cluster_path.parent().unwrap_or(Path::new(".")).join("clients")
 }
@@ -108,7 +139,8 @@ pub struct ClientRow {
 }
 
 /// Every report beside the cluster file, sorted by front end and PID. Unreadable ones are
-/// skipped.
+/// skipped; those of gone processes older than [`DEAD_REPORT_KEPT`] are removed (when this user
+/// may) and skipped.
 pub fn read_reports(cluster_path: &Path) -> Vec<ClientRow> {
     let Ok(entries) = std::fs::read_dir(reports_dir(cluster_path)) else { return Vec::new() };
     let now = unix_ms(SystemTime::now());
@@ -119,9 +151,12 @@ pub fn read_reports(cluster_path: &Path) -> Vec<ClientRow> {
         .filter_map(|entry| {
             let text = std::fs::read_to_string(entry.path()).ok()?;
             let report: ClientReport = serde_json::from_str(&text).ok()?;
-            // SAFETY: kill with signal 0 sends nothing; it only asks whether the PID exists.
-            let alive = report.pid != 0 && unsafe { libc::kill(report.pid as libc::pid_t, 0) } == 0;
+            let alive = writer_alive(&report);
             let age_secs = now.saturating_sub(report.updated_unix_ms) as f64 / 1000.0;
+            if !alive && age_secs > DEAD_REPORT_KEPT.as_secs_f64() {
+                let _ = std::fs::remove_file(entry.path());
+                return None;
+            }
             Some(ClientRow { report, alive, age_secs })
         })
         .collect();

@@ -4,7 +4,8 @@
 //! Thin: check /dev/fuse and the mount point, lock the state directory, reopen the saved file
 //! system (slab map, snapshot, journal) or connect a new client, optionally lock memory, mount,
 //! print `mounted MOUNTPOINT` as the first stdout line (tests, scripts and `remem swap on` wait
-//! for it), and unmount on a signal. The file system lives in crates/fs; the semantics and the
+//! for it), and unmount on a signal (lazily: the mount point is free even with files open). A
+//! dead mount a SIGKILLed `remem fs` left on the mount point is detached first. The file system lives in crates/fs; the semantics and the
 //! state directory in docs/FS.md. Its metrics and region report are in `crate::fs_metrics`.
 
 use std::io::Write;
@@ -183,6 +184,75 @@ fn open_client(
     Ok((client, false))
 }
 
+/// Detaches the dead mount a SIGKILLed `remem fs` left at `mountpoint` (every access to it fails
+/// with `ENOTCONN`), lazily, saying so. Another file system's dead mount is refused, naming the
+/// fix; a live mount or a plain directory is left as it is.
+pub fn detach_dead_mount(mountpoint: &Path) -> Result<()> {
+    // statfs, not stat: FUSE answers stat of the root from its attribute cache after the
+    // daemon is gone, while statfs always asks the daemon.
+    use std::os::unix::ffi::OsStrExt;
+    let path =
+        std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).context("mount point has a NUL byte")?;
+    let mut buffer = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: a valid NUL-terminated path and a buffer of the size statfs writes.
+    if unsafe { libc::statfs(path.as_ptr(), buffer.as_mut_ptr()) } == 0
+        || std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOTCONN)
+    {
+        return Ok(());
+    }
+    // The mount point itself cannot be entered: resolve its parent.
+    let absolute = match (mountpoint.parent(), mountpoint.file_name()) {
+        (Some(parent), Some(name)) => {
+            let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+            parent.canonicalize().context("resolving the mount point's directory")?.join(name)
+        }
+        _ => std::path::absolute(mountpoint).context("resolving the mount point")?,
+    };
+    let found = mount_type(&absolute);
+    match found.as_ref().map(|(kind, source)| (kind.as_str(), source.as_str())) {
+        // fuser's own mount says `fuse` and source `remem`; fusermount3's `fuse.remem`.
+        Some(("fuse" | "fuse.remem", "remem")) => {
+            remem_fs::detach_lazily(&absolute)
+                .with_context(|| format!("detaching the dead mount on {}", absolute.display()))?;
+            eprintln!(
+                "{} was the dead mount of a remem fs that was killed: detached it (lazily)",
+                absolute.display()
+            );
+            Ok(())
+        }
+        Some((other, _)) => bail!(
+            "{} is a dead {other} mount (its daemon is gone): detach it (fusermount3 -u -z, or umount -l) first",
+            absolute.display()
+        ),
+        None => bail!("mount point {}: transport endpoint is not connected", absolute.display()),
+    }
+}
+
+/// The file system type and source of the topmost mount at `mountpoint` (an absolute path), from
+/// /proc/self/mountinfo.
+fn mount_type(mountpoint: &Path) -> Option<(String, String)> {
+    let mut escaped = String::new();
+    for character in mountpoint.to_string_lossy().chars() {
+        match character {
+            ' ' => escaped.push_str("\\040"),
+            '\t' => escaped.push_str("\\011"),
+            '\n' => escaped.push_str("\\012"),
+            '\\' => escaped.push_str("\\134"),
+            other => escaped.push(other),
+        }
+    }
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER_OPTIONS
+    mountinfo
+        .lines()
+        .filter(|line| line.split(' ').nth(4) == Some(escaped.as_str()))
+        .filter_map(|line| {
+            let mut fields = line.split(" - ").nth(1)?.split(' ');
+            Some((fields.next()?.to_owned(), fields.next()?.to_owned()))
+        })
+        .next_back()
+}
+
 /// Fails with the reason when this host cannot mount a FUSE file system at `mountpoint`.
 pub fn check_fuse_available(mountpoint: &Path) -> Result<()> {
     if !Path::new("/dev/fuse").exists() {
@@ -200,6 +270,7 @@ pub fn run(args: FsArgs) -> Result<()> {
     if args.size == 0 || !args.size.is_multiple_of(4096) {
         bail!("--size {} is not a positive multiple of 4096 bytes", args.size);
     }
+    detach_dead_mount(&args.mountpoint)?;
     check_fuse_available(&args.mountpoint)?;
     let mountpoint = args.mountpoint.canonicalize().context("resolving the mount point")?;
     let shape = args.code.shape()?;
@@ -279,7 +350,10 @@ pub fn run(args: FsArgs) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     if !mounted.unmount(Duration::from_secs(5)) {
-        eprintln!("files were still open on {}: they fail with ENOTCONN from now on", mountpoint.display());
+        eprintln!(
+            "files were still open on {}: the mount is detached, and they fail with ENOTCONN from now on",
+            mountpoint.display()
+        );
     }
     Ok(())
 }

@@ -43,22 +43,27 @@ pub struct NbdArgs {
     /// Export name clients ask for (the empty name also selects it).
     #[arg(long, default_value = "remem")]
     pub export: String,
-    /// TCP address to listen on (port 0 picks one; the address is printed as `listening ...`).
-    #[arg(long, default_value = "127.0.0.1:10809", conflicts_with = "unix")]
-    pub listen: SocketAddr,
-    /// Listen on this Unix socket instead of TCP: the recommended mode on one host (qemu,
-    /// nbdcopy, nbd-client speak NBD over Unix sockets). Only the socket's owner may connect
-    /// unless `--unix-mode`/`--unix-group` say otherwise.
+    /// Listen on TCP at this address instead of a Unix socket (port 0 picks one; the address is
+    /// printed as `listening ...`), e.g. 127.0.0.1:10809. Whoever can reach it may connect: any
+    /// local user on 127.0.0.1, and other hosts on other addresses, unless TLS with client
+    /// certificates (`--tls-ca`) keeps them out (docs/SECURITY.md).
+    #[arg(long, value_name = "ADDRESS", conflicts_with = "unix")]
+    pub listen: Option<SocketAddr>,
+    /// The Unix socket to listen on (default, without --listen: `nbd-EXPORT.sock` beside the
+    /// cluster file, or in the `remem up` default directory with --etcd). The recommended mode
+    /// on one host (qemu, nbdcopy, nbd-client speak NBD over Unix sockets). Only the socket's
+    /// owner may connect unless `--unix-mode`/`--unix-group` say otherwise.
     #[arg(long)]
     pub unix: Option<PathBuf>,
     /// Permissions of the Unix socket, in octal (connecting needs write permission).
-    #[arg(long, default_value = "600", value_parser = parse_mode, requires = "unix")]
+    #[arg(long, default_value = "600", value_parser = parse_mode, conflicts_with = "listen")]
     pub unix_mode: u32,
     /// Group of the Unix socket (a name or a number), for `--unix-mode 660`.
-    #[arg(long, requires = "unix")]
+    #[arg(long, conflicts_with = "listen")]
     pub unix_group: Option<String>,
-    /// Offer TLS (NBD_OPT_STARTTLS) with this certificate chain (PEM) on the TCP listener.
-    #[arg(long, requires = "tls_key", conflicts_with = "unix")]
+    /// Offer TLS (NBD_OPT_STARTTLS) with this certificate chain (PEM) on the TCP listener
+    /// (`--listen`).
+    #[arg(long, requires_all = ["tls_key", "listen"])]
     pub tls_cert: Option<PathBuf>,
     /// The private key of `--tls-cert` (PEM).
     #[arg(long, requires = "tls_cert")]
@@ -215,23 +220,34 @@ pub fn run(args: NbdArgs) -> Result<()> {
         }
         _ => None,
     };
-    let (listener, shown) = match &args.unix {
-        Some(path) => {
+    let unix_path = match args.listen {
+        Some(_) => None,
+        None => Some(unix_socket_path(&args)?),
+    };
+    let (listener, shown) = match (&unix_path, args.listen) {
+        (Some(path), _) => {
             let listener = bind_unix(path, args.unix_mode, args.unix_group.as_deref())?;
             (Listener::Unix(listener), format!("unix:{}", path.display()))
         }
-        None => {
-            let listener =
-                TcpListener::bind(args.listen).with_context(|| format!("binding {}", args.listen))?;
+        (None, Some(address)) => {
+            let listener = TcpListener::bind(address).with_context(|| format!("binding {address}"))?;
             let address = listener.local_addr()?;
+            if tls.is_none() {
+                tracing::warn!(
+                    "NBD on TCP {address} without TLS: any local user (and any host that reaches it) \
+                     can connect and read or overwrite the export; leave out --listen for an \
+                     owner-only Unix socket, or add --tls-cert/--tls-key/--tls-ca"
+                );
+            }
             (Listener::Tcp(listener), address.to_string())
         }
+        (None, None) => unreachable!("a Unix path is chosen whenever --listen is absent"),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let snapshot = Arc::new(Mutex::new(String::new()));
     let opened = metrics_then_export(&args, config, &stop, &snapshot).inspect_err(|_| {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        remove_socket(&args);
+        remove_socket(unix_path.as_deref());
     })?;
     let client = &opened[0].0;
     let page_bytes = client.page_bytes() as u32;
@@ -274,13 +290,13 @@ pub fn run(args: NbdArgs) -> Result<()> {
         one.metrics = args.metrics.map(|_| crate::nbd_metrics::NbdMetrics::new(snapshot));
         let store = Mutex::new(watched.pop().expect("one engine"));
         let result = remem_nbd::serve(&listener, &store, &server_config, &stop);
-        remove_socket(&args);
+        remove_socket(unix_path.as_deref());
         result.context("serving NBD")?;
         store.into_inner().ok().and_then(|store| store.home.fenced())
     } else {
         let store = remem_nbd::Shards::new(watched, args.size / 4096);
         let result = remem_nbd::serve(&listener, &store, &server_config, &stop);
-        remove_socket(&args);
+        remove_socket(unix_path.as_deref());
         result.context("serving NBD")?;
         store.into_inner().iter().find_map(|engine| engine.home.fenced())
     };
@@ -327,10 +343,36 @@ fn metrics_then_export(
     })
 }
 
-fn remove_socket(args: &NbdArgs) {
-    if let Some(path) = &args.unix {
+fn remove_socket(path: Option<&Path>) {
+    if let Some(path) = path {
         let _ = std::fs::remove_file(path);
     }
+}
+
+/// The Unix socket to serve on: `--unix`, else `nbd-EXPORT.sock` beside the cluster file (with
+/// `--etcd`, in the `remem up` default directory, created private if missing).
+fn unix_socket_path(args: &NbdArgs) -> Result<PathBuf> {
+    if let Some(path) = &args.unix {
+        return Ok(path.clone());
+    }
+    let directory = match (&args.cluster, args.etcd.etcd.is_some()) {
+        (Some(cluster), _) => cluster.parent().map(Path::to_path_buf).unwrap_or_default(),
+        (None, false) => crate::launcher::default_dir(),
+        (None, true) => {
+            let directory = crate::launcher::default_dir();
+            crate::launcher::private_directory(&directory)?;
+            directory
+        }
+    };
+    let path = directory.join(format!("nbd-{}.sock", args.export));
+    // sun_path holds 108 bytes with its terminating NUL.
+    if path.as_os_str().len() > 107 {
+        bail!(
+            "the default socket path {} is too long for a Unix socket: pass a shorter --unix PATH",
+            path.display()
+        );
+    }
+    Ok(path)
 }
 
 /// An engine's client, where its nodes and slab map live, and where its status report goes.

@@ -11,8 +11,11 @@
 //!
 //! Cleanup invariant: the cgroup is removed (its leftover processes SIGKILLed first) and a swap
 //! area turned on by `--swap-size` is turned off, on success, on error and on panic, by guards.
-//! Only a SIGKILL of `remem run` itself leaves them; `remem swap off --runtime-dir DIR` and
-//! `rmdir` of the cgroup clean up then.
+//! SIGINT or SIGTERM during the swap set-up is handed to `remem swap on`, which undoes its steps;
+//! `remem run` then turns off whatever was turned on and fails. Only a SIGKILL of `remem run`
+//! itself leaves them: the next `remem run --swap-size` turns off the swap of runs that are gone
+//! (their `run-swap-PID` directories in the default directory) and removes their directories;
+//! `remem swap off --runtime-dir DIR` and `rmdir` of the cgroup clean up otherwise.
 
 use std::ffi::CString;
 use std::os::fd::AsFd;
@@ -108,8 +111,15 @@ impl RunReport {
 
 /// Runs the command as `args` say and returns its exit code (after cleanup).
 pub fn run(args: RunArgs, binary: &Path) -> Result<i32> {
+    // Until the command runs, an interrupt means: undo the set-up and stop.
+    let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut handlers = Vec::new();
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        handlers.push(signal_hook::flag::register(signal, std::sync::Arc::clone(&interrupted))?);
+    }
     let _swap = match args.swap_size {
         Some(size) => {
+            clean_runs_that_are_gone(binary);
             let runtime_dir = args.swap_runtime_dir.clone().unwrap_or_else(|| {
                 crate::launcher::default_dir().join(format!("run-swap-{}", std::process::id()))
             });
@@ -122,7 +132,12 @@ pub fn run(args: RunArgs, binary: &Path) -> Result<i32> {
                 shared_memory: false,
                 metrics: None,
             };
-            Some(RememSwap::on(binary, &options)?)
+            let swap = RememSwap::on_unless_interrupted(binary, &options, &interrupted)?;
+            if interrupted.load(std::sync::atomic::Ordering::Relaxed) {
+                drop(swap);
+                bail!("interrupted while turning swap on: what was set up is undone");
+            }
+            Some(swap)
         }
         None => {
             if swap_total_bytes() == 0 {
@@ -134,6 +149,13 @@ pub fn run(args: RunArgs, binary: &Path) -> Result<i32> {
             None
         }
     };
+    // The set-up is done: signals act as before it (SIGTERM ends this process).
+    for handler in handlers {
+        signal_hook::low_level::unregister(handler);
+    }
+    // SAFETY: setting a signal disposition to its default has no preconditions (signal-hook's
+    // handler, whose actions are all gone, would otherwise swallow SIGTERM).
+    unsafe { libc::signal(libc::SIGTERM, libc::SIG_DFL) };
     // SIGINT reaches the command from the terminal; this process outlives it to clean up.
     // SAFETY: setting a signal disposition to SIG_IGN has no preconditions.
     let previous_sigint = unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
@@ -390,6 +412,17 @@ pub struct RememSwap {
 impl RememSwap {
     /// Turns it on; errors when `remem swap on` fails (which undoes itself).
     pub fn on(binary: &Path, options: &RememSwapOptions) -> Result<RememSwap> {
+        RememSwap::on_unless_interrupted(binary, options, &std::sync::atomic::AtomicBool::new(false))
+    }
+
+    /// [`RememSwap::on`], handing `remem swap on` a SIGINT when `interrupted` is raised meanwhile
+    /// (it undoes its steps and fails). A swap turned on anyway is returned, for the caller to
+    /// turn off.
+    pub fn on_unless_interrupted(
+        binary: &Path,
+        options: &RememSwapOptions,
+        interrupted: &std::sync::atomic::AtomicBool,
+    ) -> Result<RememSwap> {
         let args = options;
         let size = options.size_bytes;
         let guard = RememSwap { binary: binary.to_owned(), runtime_dir: options.runtime_dir.clone() };
@@ -405,8 +438,20 @@ impl RememSwap {
         if let Some(cluster) = &args.cluster {
             command.arg("--cluster").arg(cluster);
         }
-        let status =
-            command.stdin(Stdio::null()).stdout(stderr_stdio()?).status().context("running remem swap on")?;
+        let mut child =
+            command.stdin(Stdio::null()).stdout(stderr_stdio()?).spawn().context("running remem swap on")?;
+        let mut handed_on = false;
+        let status = loop {
+            if let Some(status) = child.try_wait().context("waiting for remem swap on")? {
+                break status;
+            }
+            if !handed_on && interrupted.load(std::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: kill with the PID of our child, not yet reaped.
+                unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+                handed_on = true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
         if !status.success() {
             bail!("remem swap on --size {} failed ({status})", format_bytes(size));
         }
@@ -439,6 +484,34 @@ impl Drop for RememSwap {
             Err(error) => eprintln!("remem run: {error:#}"),
         }
     }
+}
+
+/// Turns off the swap of earlier `remem run --swap-size` runs that are gone (SIGKILLed or
+/// crashed: their `run-swap-PID` directory is left in the default directory, and no `remem run`
+/// has that PID), and removes their directories, saying so.
+fn clean_runs_that_are_gone(binary: &Path) {
+    let Ok(entries) = std::fs::read_dir(crate::launcher::default_dir()) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("run-swap-").and_then(|pid| pid.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() || is_remem_run(pid) {
+            continue;
+        }
+        eprintln!(
+            "remem run: {} is left by a run that is gone (pid {pid}): turning its swap off",
+            entry.path().display()
+        );
+        drop(RememSwap { binary: binary.to_owned(), runtime_dir: entry.path() });
+    }
+}
+
+/// Whether `pid` is a running `remem run` (not a recycled PID).
+fn is_remem_run(pid: u32) -> bool {
+    let Ok(command_line) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+    let words: Vec<&[u8]> = command_line.split(|&byte| byte == 0).collect();
+    words.len() > 1 && words[0].ends_with(b"remem") && words[1] == b"run"
 }
 
 fn stderr_stdio() -> Result<Stdio> {

@@ -301,7 +301,10 @@ pub fn print_table(status: &ClusterStatus, out: &mut impl Write) -> std::io::Res
         let state = if client.alive {
             format!("updated {:.0} s ago", client.age_secs)
         } else {
-            "process gone: its slabs wait out the nodes' lease grace".to_owned()
+            format!(
+                "process gone (last report {:.0} s ago): its slabs wait out the nodes' lease grace",
+                client.age_secs
+            )
         };
         writeln!(
             out,

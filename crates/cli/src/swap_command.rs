@@ -5,7 +5,9 @@
 //! taken, and `off` undoes whatever it finds, from that file and from the system itself: swap
 //! areas and loop devices whose backing file lies under the runtime directory's mount point,
 //! the `remem fs` daemon (by its PID, checked against its command line), and the mount. So
-//! `off` cleans up after a crash of `on`, of the daemon, or of the whole command. Deadlock
+//! `off` cleans up after a crash of `on`, of the daemon, or of the whole command. SIGINT or
+//! SIGTERM during `on` is taken between steps (and while the daemon mounts): `on` then undoes
+//! what it set up and fails. Deadlock
 //! caveats and how they are avoided: docs/FS.md, SWAP.
 
 use std::io::{BufRead, BufReader};
@@ -121,6 +123,12 @@ fn on(args: SwapOnArgs, binary: &Path) -> Result<()> {
     if args.size < (1 << 20) || !args.size.is_multiple_of(4096) {
         bail!("--size {} must be a multiple of 4 KiB and at least 1 MiB", args.size);
     }
+    // A Ctrl-C or SIGTERM from now on is a request to give up: taken between steps, so every
+    // step taken is in the state file for the undo.
+    let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, std::sync::Arc::clone(&interrupted))?;
+    }
     let runtime_dir = &args.runtime_dir;
     crate::launcher::private_directory(runtime_dir)?;
     if state_path(runtime_dir).exists() {
@@ -135,7 +143,7 @@ fn on(args: SwapOnArgs, binary: &Path) -> Result<()> {
     let mut state =
         SwapState { mountpoint: mountpoint.clone(), size_bytes: args.size, ..SwapState::default() };
     save(runtime_dir, &state)?;
-    let result = set_up(&args, binary, &mut state);
+    let result = set_up(&args, binary, &mut state, &interrupted);
     if let Err(error) = result {
         eprintln!("swap on failed, undoing: {error:#}");
         if let Err(undo_error) = off(runtime_dir) {
@@ -153,7 +161,20 @@ fn on(args: SwapOnArgs, binary: &Path) -> Result<()> {
     Ok(())
 }
 
-fn set_up(args: &SwapOnArgs, binary: &Path, state: &mut SwapState) -> Result<()> {
+/// Fails when `interrupted` was raised (SIGINT or SIGTERM): the caller undoes what was set up.
+fn check_interrupt(interrupted: &std::sync::atomic::AtomicBool) -> Result<()> {
+    if interrupted.load(std::sync::atomic::Ordering::Relaxed) {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+fn set_up(
+    args: &SwapOnArgs,
+    binary: &Path,
+    state: &mut SwapState,
+    interrupted: &std::sync::atomic::AtomicBool,
+) -> Result<()> {
     let runtime_dir = &args.runtime_dir;
     // The file system holds the swap file and a little metadata slack.
     let fs_size = args.size + (1 << 20);
@@ -190,13 +211,22 @@ fn set_up(args: &SwapOnArgs, binary: &Path, state: &mut SwapState) -> Result<()>
         let _ = BufReader::new(stdout).read_line(&mut line);
         let _ = sender.send(line);
     });
-    let line = receiver.recv_timeout(Duration::from_secs(60)).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let line = loop {
+        check_interrupt(interrupted)?;
+        match receiver.recv_timeout(Duration::from_millis(100)) {
+            Ok(line) => break line,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {}
+            Err(_) => break String::new(),
+        }
+    };
     if !line.starts_with("mounted ") {
         let log = std::fs::read_to_string(runtime_dir.join("fs.log")).unwrap_or_default();
         bail!("remem fs did not mount: {}", log.trim());
     }
     // The daemon is not waited for: it outlives this command, and `off` stops it by PID.
     std::mem::forget(child);
+    check_interrupt(interrupted)?;
 
     let swap_file = state.mountpoint.join("swapfile");
     let file = std::fs::OpenOptions::new()
@@ -213,6 +243,7 @@ fn set_up(args: &SwapOnArgs, binary: &Path, state: &mut SwapState) -> Result<()>
         return Err(std::io::Error::last_os_error()).context("fallocate of the swap file");
     }
     drop(file);
+    check_interrupt(interrupted)?;
     let swap_file_arg = swap_file.to_str().context("runtime directory is not UTF-8")?;
     let device = tool("losetup", &["--direct-io=on", "--find", "--show", swap_file_arg])?;
     state.loop_device = Some(device.clone());
@@ -222,13 +253,17 @@ fn set_up(args: &SwapOnArgs, binary: &Path, state: &mut SwapState) -> Result<()>
     if dio.trim() != "1" {
         bail!("{device} did not take direct I/O: swap through the page cache of a FUSE file can deadlock");
     }
+    check_interrupt(interrupted)?;
     tool("mkswap", &[&device])?;
+    check_interrupt(interrupted)?;
     let priority = args.priority.map(|priority| priority.to_string());
     let mut swapon_args = vec![device.as_str()];
     if let Some(priority) = &priority {
         swapon_args.extend(["-p", priority.as_str()]);
     }
     tool("swapon", &swapon_args)?;
+    // An interrupt during swapon still undoes it: the caller asked for nothing to be left.
+    check_interrupt(interrupted)?;
     Ok(())
 }
 

@@ -12,126 +12,25 @@
 
 #[allow(dead_code)] // the shared helpers this test does not use
 mod common;
+#[path = "common/fs.rs"]
+#[allow(dead_code)] // the helpers fs_mounts.rs uses and this test does not
+mod fs_support;
 
 use common::run_ok;
+use fs_support::{detach, fs_command, FsMount};
 
 use std::ffi::CString;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use remem::launcher::{LocalCluster, UnixSockets};
 
 fn binary() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_remem"))
-}
-
-/// A `remem fs` process and its mount; unmounted and stopped on drop, whatever happened.
-struct FsMount {
-    child: Child,
-    mountpoint: PathBuf,
-    log: PathBuf,
-    /// The child was killed and reaped: its PID must not be signalled again.
-    reaped: bool,
-}
-
-/// The `remem fs` command line for a mount on `dir/mnt`.
-fn fs_command(cluster: &LocalCluster, dir: &Path, size: &str, extra: &[&str]) -> Command {
-    let mountpoint = dir.join("mnt");
-    std::fs::create_dir_all(&mountpoint).expect("mount point");
-    let mut command = Command::new(binary());
-    command.arg("fs").arg(&mountpoint).arg("--cluster").arg(&cluster.cluster_file_path).args([
-        "--size",
-        size,
-        "-k",
-        "8",
-        "-r",
-        "2",
-        "--request-timeout-ms",
-        "1000",
-    ]);
-    command.args(extra);
-    command
-}
-
-impl FsMount {
-    fn start(cluster: &LocalCluster, dir: &Path, size: &str) -> FsMount {
-        FsMount::start_with(cluster, dir, size, &[])
-    }
-
-    fn start_with(cluster: &LocalCluster, dir: &Path, size: &str, extra: &[&str]) -> FsMount {
-        assert!(
-            Path::new("/dev/fuse").exists(),
-            "/dev/fuse is missing: these tests need FUSE (modprobe fuse, or pass the device into the container)"
-        );
-        let mountpoint = dir.join("mnt");
-        let log = dir.join("fs.log");
-        let command = fs_command(cluster, dir, size, extra);
-        let (child, line) = common::spawn_with_first_line(command, &log);
-        let mount = FsMount { child, mountpoint, log, reaped: false };
-        assert!(
-            line.starts_with("mounted "),
-            "remem fs did not mount: {line:?}; log: {}",
-            std::fs::read_to_string(&mount.log).unwrap_or_default()
-        );
-        mount
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.mountpoint.join(name)
-    }
-
-    /// What `remem fs` wrote to stderr so far.
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// SIGTERM (a clean unmount) and wait for the process to end.
-    fn stop(mut self) {
-        self.stop_in_place();
-    }
-
-    fn stop_in_place(&mut self) {
-        if self.reaped {
-            return;
-        }
-        // SAFETY: kill with the PID of a child we spawned and have not reaped.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(8);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        self.reaped = true;
-    }
-
-    /// SIGKILL: the process dies at once, its mount is left dead (detached by drop).
-    fn sigkill(mut self) {
-        self.child.kill().expect("SIGKILL remem fs");
-        let _ = self.child.wait();
-        self.reaped = true;
-    }
-}
-
-impl Drop for FsMount {
-    fn drop(&mut self) {
-        self.stop_in_place();
-        // Whatever the daemon managed, leave no mount behind (a no-op when it unmounted).
-        let _ = Command::new("fusermount3")
-            .arg("-u")
-            .arg("-z")
-            .arg(&self.mountpoint)
-            .stderr(Stdio::null())
-            .status();
-        let _ = Command::new("umount").arg("-l").arg(&self.mountpoint).stderr(Stdio::null()).status();
-    }
 }
 
 fn test_dir(name: &str) -> common::ScratchDir {
@@ -543,15 +442,6 @@ fn fill_tree(mount: &FsMount, dir: &Path) -> Vec<&'static str> {
         .expect("chmod");
     std::fs::create_dir(mount.path("empty")).expect("mkdir empty");
     vec!["sparse"]
-}
-
-/// Detaches a dead FUSE mount (its daemon was SIGKILLed): `fusermount3 -u -z`, else `umount -l`.
-fn detach(mountpoint: &Path) {
-    let fusermount =
-        Command::new("fusermount3").arg("-u").arg("-z").arg(mountpoint).stderr(Stdio::null()).status();
-    if !fusermount.is_ok_and(|status| status.success()) {
-        let _ = Command::new("umount").arg("-l").arg(mountpoint).stderr(Stdio::null()).status();
-    }
 }
 
 #[test]

@@ -132,6 +132,142 @@ fn run_pages_a_limited_command_to_remem_swap_and_leaves_nothing_attached() {
     eprintln!("run test took {:?}", started.elapsed());
 }
 
+/// Whether anything of a swap set-up is under `runtime_dir`: a mount or a loop device.
+fn mounted_under(runtime_dir: &Path) -> bool {
+    let prefix = runtime_dir.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo").contains(&prefix)
+}
+
+fn loop_device_under(runtime_dir: &Path) -> bool {
+    let prefix = runtime_dir.to_string_lossy().into_owned();
+    std::fs::read_dir("/sys/block").expect("/sys/block").flatten().any(|entry| {
+        std::fs::read_to_string(entry.path().join("loop/backing_file"))
+            .unwrap_or_default()
+            .starts_with(&prefix)
+    })
+}
+
+/// Ctrl-C (SIGINT to `remem run` alone, as a supervisor sends it) at three points of the
+/// `--swap-size` set-up: once its runtime directory exists, once the file system is mounted,
+/// once the loop device is attached. Each time nothing may be left: no mount, loop device,
+/// swap area or runtime directory (before: `remem run` died and `remem swap on` went on to turn
+/// swap on). The command is `true`: a SIGINT that comes after the set-up ends the run normally,
+/// which leaves nothing either.
+#[test]
+fn an_interrupt_during_swap_set_up_leaves_nothing_attached() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "remem run needs root (CI runs as root)");
+    let _lock = swap_lock();
+    let cluster = common::start_cluster("run", "interrupt", 10, UnixSockets::None);
+    type Ready = fn(&Path) -> bool;
+    let points: [(&str, Ready); 3] = [
+        ("the runtime directory exists", |dir| dir.exists()),
+        ("mounted", mounted_under),
+        ("the loop device is attached", loop_device_under),
+    ];
+    for (index, (point, ready)) in points.into_iter().enumerate() {
+        let runtime_dir =
+            std::env::temp_dir().join(format!("remem-run-interrupt-{}-{index}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&runtime_dir);
+        let mut child = Command::new(binary())
+            .args(["run", "--memory-limit", "24MiB", "--swap-size", "64MiB", "--cluster"])
+            .arg(&cluster.cluster_file_path)
+            .arg("--swap-runtime-dir")
+            .arg(&runtime_dir)
+            .args(["--", "true"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("remem run starts");
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        while !ready(&runtime_dir) && child.try_wait().expect("waiting").is_none() {
+            assert!(Instant::now() < deadline, "{point}: never reached");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // SAFETY: kill with the PID of our child, not yet reaped (a no-op if it has exited).
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        while child.try_wait().expect("waiting").is_none() {
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                panic!("{point}: remem run did not end after SIGINT");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let output = child.wait_with_output().expect("remem run's output");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        eprintln!("SIGINT when {point}: {}\n{stderr}", output.status);
+        assert_nothing_attached(&runtime_dir, Path::new("/sys/fs/cgroup/remem-run-no-cgroup"));
+    }
+}
+
+/// Whether a loop device backed under `runtime_dir` is a swap area.
+fn swap_on_under(runtime_dir: &Path) -> bool {
+    let prefix = runtime_dir.to_string_lossy().into_owned();
+    let swaps = std::fs::read_to_string("/proc/swaps").expect("/proc/swaps");
+    std::fs::read_dir("/sys/block").expect("/sys/block").flatten().any(|entry| {
+        let backing = std::fs::read_to_string(entry.path().join("loop/backing_file")).unwrap_or_default();
+        let device = format!("/dev/{} ", entry.file_name().to_string_lossy());
+        backing.starts_with(&prefix) && swaps.lines().any(|line| line.starts_with(&device))
+    })
+}
+
+/// `remem run --swap-size` SIGKILLed mid-set-up leaves its `remem swap on` to finish: swap on,
+/// a daemon, a mount, in `run-swap-PID` of the default directory. The next `remem run
+/// --swap-size` turns it off and removes the directory, saying so.
+#[test]
+fn the_next_run_turns_off_the_swap_a_sigkilled_run_left() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "remem run needs root (CI runs as root)");
+    let _lock = swap_lock();
+    let cluster = common::start_cluster("run", "leftover", 10, UnixSockets::None);
+    // The default directory is $XDG_RUNTIME_DIR/remem: a private one for this test.
+    let runtime = std::env::temp_dir().join(format!("remem-run-leftover-xdg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&runtime);
+    std::fs::create_dir_all(&runtime).expect("runtime directory");
+    let run = |command: &str| {
+        let mut run = Command::new(binary());
+        run.env("XDG_RUNTIME_DIR", &runtime)
+            .args(["run", "--memory-limit", "24MiB", "--swap-size", "64MiB", "--cluster"])
+            .arg(&cluster.cluster_file_path)
+            .args(["--", command])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        run
+    };
+    let mut first = run("true").spawn().expect("remem run starts");
+    let left = runtime.join("remem").join(format!("run-swap-{}", first.id()));
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    while !mounted_under(&left) {
+        assert!(first.try_wait().expect("waiting").is_none(), "the first run ended before it mounted");
+        assert!(Instant::now() < deadline, "the first run never mounted");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    first.kill().expect("SIGKILL remem run");
+    first.wait().expect("reaped");
+    // Its `remem swap on` goes on to the end.
+    while !swap_on_under(&left) {
+        assert!(Instant::now() < deadline, "the orphaned remem swap on never turned swap on");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
+    let output = Command::new("timeout")
+        .args(["-k", "5", "120"])
+        .arg(run("true").get_program())
+        .args(run("true").get_args())
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .stdin(Stdio::null())
+        .output()
+        .expect("remem run runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the next run: {stderr}");
+    assert!(stderr.contains("left by a run that is gone"), "the next run says what it cleaned: {stderr}");
+    assert_nothing_attached(&left, Path::new("/sys/fs/cgroup/remem-run-no-cgroup"));
+    let _ = std::fs::remove_dir_all(&runtime);
+}
+
 /// Runs `remem bench apps --quick --json` with `args` in a fresh work directory on the target
 /// directory's disk (not /tmp, which may be tmpfs: the baseline is a disk swap file); checks
 /// that it left nothing behind, and returns its applications' reports.

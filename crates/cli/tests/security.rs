@@ -340,3 +340,98 @@ fn an_nbd_unix_socket_is_for_its_owner_only_unless_widened() {
     drop((server, cluster));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Inodes of the TCP sockets in LISTEN state on this host (/proc/net/tcp and tcp6), with their
+/// local port.
+fn tcp_listeners() -> Vec<(u64, u16)> {
+    let mut found = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local_address is ADDRESS:PORT in hex; state 0A is LISTEN; field 9 the inode.
+            if fields.len() > 9 && fields[3] == "0A" {
+                let port = fields[1].rsplit(':').next().and_then(|port| u16::from_str_radix(port, 16).ok());
+                if let (Some(port), Ok(inode)) = (port, fields[9].parse()) {
+                    found.push((inode, port));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Inodes of the sockets process `pid` holds open.
+fn socket_inodes(pid: u32) -> Vec<u64> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the process's descriptors")
+        .flatten()
+        .filter_map(|entry| std::fs::read_link(entry.path()).ok())
+        .filter_map(|target| {
+            let text = target.to_string_lossy().into_owned();
+            text.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect()
+}
+
+/// `remem nbd` with no listener flag serves an owner-only Unix socket beside the cluster file,
+/// named in its `listening` line, and listens on no TCP port (before: TCP 127.0.0.1:10809, open
+/// to every local user): `nobody` cannot connect, though the directory lets it in.
+#[test]
+fn nbd_by_default_listens_on_an_owner_only_unix_socket_and_no_tcp_port() {
+    assert_root();
+    let dir = fresh_dir("nbd-default");
+    std::fs::create_dir_all(&dir).unwrap();
+    let cluster = LocalCluster::start(binary(), &options(dir.join("cluster"))).expect("cluster starts");
+    // Every user may enter the directories: only the socket's own mode stands in the way.
+    for open in [&dir, &dir.join("cluster")] {
+        std::fs::set_permissions(open, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let (server, line) = spawn_export(&cluster, "test", &[]);
+    let socket = dir.join("cluster").join("nbd-test.sock");
+    assert_eq!(line.trim_end(), format!("listening unix:{}", socket.display()), "the default listener");
+    let mode = std::fs::metadata(&socket).expect("the default socket exists").mode() & 0o777;
+    assert_eq!(mode, 0o600, "the socket has mode {mode:o}");
+    let sockets = socket_inodes(server.0.id());
+    let listening: Vec<(u64, u16)> =
+        tcp_listeners().into_iter().filter(|(inode, _)| sockets.contains(inode)).collect();
+    assert!(listening.is_empty(), "remem nbd listens on TCP ports {listening:?}");
+    let refused = nobody_nbdinfo(&socket);
+    assert!(!refused.status.success(), "another user used the export");
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(message.contains("Permission denied"), "unexpected error: {message}");
+    // SAFETY: kill with the PID of our child, not yet reaped.
+    unsafe { libc::kill(server.0.id() as libc::pid_t, libc::SIGTERM) };
+    let mut server = server;
+    let status = server.0.wait().expect("remem nbd stops on SIGTERM");
+    assert!(status.success(), "remem nbd stopped with {status}");
+    assert!(!socket.exists(), "a stopped server removes its socket");
+
+    // TCP only when asked for, with one loud warning when without TLS.
+    let (server, line) = spawn_export(&cluster, "tcp", &["--listen", "127.0.0.1:0"]);
+    assert!(line.starts_with("listening 127.0.0.1:"), "{line:?}");
+    drop(server);
+    let log = std::fs::read_to_string(dir.join("cluster").join("nbd-tcp.log")).unwrap();
+    assert_eq!(log.matches("without TLS: any local user").count(), 1, "{log}");
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `remem nbd --export EXPORT EXTRA` on `cluster` with no listener of its own choosing: the
+/// guard and its first stdout line; its stderr goes to `nbd-EXPORT.log` beside the cluster file.
+fn spawn_export(cluster: &LocalCluster, export: &str, extra: &[&str]) -> (NodeGuard, String) {
+    let log = cluster.cluster_file_path.with_file_name(format!("nbd-{export}.log"));
+    use std::io::BufRead;
+    let mut child = Command::new(binary())
+        .args(["nbd", "--cluster"])
+        .arg(&cluster.cluster_file_path)
+        .args(["--size", "1MiB", "--export", export, "-k", "1", "-r", "0", "--delta", "0"])
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(log).expect("log file"))
+        .spawn()
+        .expect("remem nbd starts");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    (NodeGuard(child), line)
+}

@@ -244,3 +244,50 @@ fn status_shows_a_running_rebuild_with_its_speed_and_eta() {
         .expect("clear the delay");
     assert!(client.wait_for_regenerations(Duration::from_secs(30)), "the rebuild finishes");
 }
+
+/// A SIGKILLed front end's report is shown dead in the next `remem status`, even before its
+/// parent reaps it (a zombie's PID still answers `kill(pid, 0)`: it was shown alive), and once
+/// older than the ten minutes a dead report is kept it is removed, not shown for ever.
+#[test]
+fn status_shows_a_killed_front_end_dead_at_once_and_forgets_it_later() {
+    let cluster = common::start_cluster("status", "dead-client", 3, UnixSockets::None);
+    let dir = cluster.cluster_file_path.parent().unwrap().to_path_buf();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_remem"));
+    command
+        .args(["nbd", "--cluster"])
+        .arg(&cluster.cluster_file_path)
+        .args(["--size", "2MiB", "--export", "dead", "-k", "2", "-r", "1", "--delta", "0"]);
+    let (mut nbd, line) = common::spawn_with_first_line(command, &dir.join("nbd.log"));
+    assert!(line.starts_with("listening unix:"), "remem nbd did not start: {line:?}");
+    let file = cluster.cluster_file_path.clone();
+    wait_for_region(&file, "a report", |region| region["ranges"].as_u64().is_some_and(|ranges| ranges > 0));
+    let report = dir.join("clients").join(format!("nbd-{}.json", nbd.id()));
+    assert!(report.exists(), "the report is at {}", report.display());
+
+    // SAFETY: kill with the PID of our child, not yet reaped (it stays a zombie until wait).
+    unsafe { libc::kill(nbd.id() as libc::pid_t, libc::SIGKILL) };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !std::fs::read_to_string(format!("/proc/{}/stat", nbd.id()))
+        .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
+    {
+        assert!(std::time::Instant::now() < deadline, "the killed front end never became a zombie");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let status = status_json(&file);
+    assert_eq!(status["clients"][0]["alive"], false, "a killed front end is shown dead: {status:#}");
+    nbd.wait().expect("reaped");
+
+    // Ten minutes later, as far as the report's timestamp says.
+    let mut text: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("the report")).expect("JSON");
+    let updated = text["updated_unix_ms"].as_u64().expect("a timestamp");
+    text["updated_unix_ms"] = serde_json::json!(updated - 601_000);
+    std::fs::write(&report, text.to_string()).expect("aged report");
+    let status = status_json(&file);
+    assert_eq!(
+        status["clients"].as_array().map(Vec::len),
+        Some(0),
+        "a stale dead report is shown: {status:#}"
+    );
+    assert!(!report.exists(), "remem status removed the stale report");
+}

@@ -26,7 +26,7 @@ pub mod store;
 #[cfg(test)]
 mod tests;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -56,6 +56,7 @@ pub struct MountOptions {
 
 /// A mounted file system: requests are served on a thread of their own until [`Mounted::unmount`].
 pub struct Mounted {
+    mountpoint: PathBuf,
     session: Option<JoinHandle<std::io::Result<()>>>,
     unmounter: fuser::SessionUnmounter,
     stop: Arc<AtomicBool>,
@@ -107,7 +108,14 @@ pub fn mount<S: PageStore + 'static>(
             }
         })?
     };
-    Ok(Mounted { session: Some(session), unmounter, stop, healer: Some(healer), sync })
+    Ok(Mounted {
+        mountpoint: mountpoint.to_path_buf(),
+        session: Some(session),
+        unmounter,
+        stop,
+        healer: Some(healer),
+        sync,
+    })
 }
 
 impl Mounted {
@@ -119,10 +127,17 @@ impl Mounted {
 
     /// Detaches the mount (lazily: files still open keep working) and waits up to `grace` for
     /// the last of them to close. Returns false if some were still open: the connection ends
-    /// when this process exits, and their next access fails with `ENOTCONN`.
+    /// when this process exits, and their next access fails with `ENOTCONN`; the mount point
+    /// is free either way.
     pub fn unmount(mut self, grace: Duration) -> bool {
+        // As root fuser unmounts with umount(2), which fails with EBUSY while a file is open:
+        // left at that, the mount would outlive this process as a dead one (ENOTCONN on the
+        // mount point itself). Detach it lazily then.
         if let Err(error) = self.unmounter.unmount() {
-            tracing::warn!(%error, "unmount failed");
+            tracing::debug!(%error, "unmount refused; detaching lazily");
+            if let Err(error) = detach_lazily(&self.mountpoint) {
+                tracing::warn!(%error, mountpoint = %self.mountpoint.display(), "cannot detach the mount");
+            }
         }
         let deadline = Instant::now() + grace;
         let mut finished = false;
@@ -146,5 +161,36 @@ impl Mounted {
         }
         (self.sync)();
         finished
+    }
+}
+
+/// Detaches the mount at `mountpoint` lazily (`umount2(MNT_DETACH)`, or `fusermount3 -u -z` for
+/// a user's own FUSE mount when not root): the mount point is free at once, and files still
+/// open on the mount keep their connection until they close.
+///
+/// Errors: nothing is mounted there (`EINVAL`), or neither way is permitted.
+pub fn detach_lazily(mountpoint: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())?;
+    // SAFETY: a valid NUL-terminated path; umount2 only reads it.
+    if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } == 0 {
+        return Ok(());
+    }
+    let error = std::io::Error::last_os_error();
+    if error.raw_os_error() != Some(libc::EPERM) {
+        return Err(error);
+    }
+    let output = std::process::Command::new("fusermount3")
+        .args(["-u", "-z", "--"])
+        .arg(mountpoint)
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "fusermount3 -u -z: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        )))
     }
 }
