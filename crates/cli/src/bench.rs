@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::placement_arg::PlacementArgs;
+use crate::transport_arg::Transport;
 use anyhow::{Context, Result};
 use clap::Args;
 use rand::rngs::StdRng;
@@ -70,28 +71,6 @@ pub struct BenchArgs {
     /// 512-byte splits (what the memory system alone charges for EC's pattern).
     #[arg(long, value_enum, default_value_t = Transport::Tcp)]
     pub transport: Transport,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum Transport {
-    Tcp,
-    Shm,
-}
-
-/// `--transport shm` needs nodes with a Unix socket: refused, saying so, when none has one.
-pub fn check_transport(
-    transport: Transport,
-    cluster: &remem_client::cluster::ClusterFile,
-    path: &std::path::Path,
-) -> anyhow::Result<()> {
-    if transport == Transport::Shm && cluster.nodes.iter().all(|node| node.unix_socket.is_none()) {
-        anyhow::bail!(
-            "--transport shm: no node of {} has a Unix socket (nodes started by `remem up` have one; \
-             `remem node --unix PATH` gives one), so there is no shared memory to use",
-            path.display()
-        );
-    }
-    Ok(())
 }
 
 #[derive(Debug, Serialize)]

@@ -50,7 +50,7 @@ pub struct FsArgs {
     /// up` starts them, lend their slabs as shared memory: reads and writes are loads and stores,
     /// only control goes over the socket; other nodes are reached by TCP).
     #[arg(long, value_enum, default_value = "tcp")]
-    pub transport: crate::bench::Transport,
+    pub transport: crate::transport_arg::Transport,
     /// Let users other than the one mounting open files here (FUSE `allow_other`; permission
     /// bits are still checked by the kernel). Off by default, a security decision: a user-space
     /// file system can stall or feed whatever it likes to whoever enters it, so only its owner
@@ -275,12 +275,12 @@ pub fn run(args: FsArgs) -> Result<()> {
     let mountpoint = args.mountpoint.canonicalize().context("resolving the mount point")?;
     let shape = args.code.shape()?;
     let (cluster_path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
-    crate::bench::check_transport(args.transport, &cluster, &cluster_path)?;
+    crate::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
     let mut config = ClientConfig::new(shape, args.size);
     config.allow_shared_domains = args.placement.allow_shared_domains;
     config.max_in_flight = args.queue_depth.max(1);
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
-    config.shared_memory = args.transport == crate::bench::Transport::Shm;
+    config.shared_memory = args.transport == crate::transport_arg::Transport::Shm;
     // The slabs outlive the process: a restart reopens them (the state directory names them),
     // within the nodes' lease grace period. A scratch file system gives them back on exit.
     config.release_on_drop = args.ephemeral;

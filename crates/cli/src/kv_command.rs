@@ -94,7 +94,7 @@ pub struct KvArgs {
     /// up` starts them, lend their slabs as shared memory: reads and writes are loads and stores,
     /// only control goes over the socket; other nodes are reached by TCP).
     #[arg(long, value_enum, default_value = "tcp")]
-    pub transport: crate::bench::Transport,
+    pub transport: crate::transport_arg::Transport,
     /// Name of this server's state directory `kv-NAME/` beside the cluster file (several
     /// servers on one cluster need different names).
     #[arg(long, default_value = "default")]
@@ -325,7 +325,7 @@ fn housekeeping(
 
 /// The client of the cache's regions: its placement policy and settings.
 fn client_config(args: &KvArgs, ec: EcShape) -> Result<(ClientConfig, Box<dyn remem_placement::Placement>)> {
-    let placement = match remem_sim::Policy::parse(&args.placement) {
+    let placement = match remem_placement::Policy::parse(&args.placement) {
         Some(policy) if !policy.name().starts_with("codingsets") => policy.build(rand::random(), 0),
         Some(_) => bail!(
             "--placement {}: CodingSets needs one range width; use least-loaded, p2c-slab or ec-cache",
@@ -338,7 +338,7 @@ fn client_config(args: &KvArgs, ec: EcShape) -> Result<(ClientConfig, Box<dyn re
     let mut config = ClientConfig::new(shape, region_bytes);
     config.allow_shared_domains = args.allow_shared_domains;
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
-    config.shared_memory = args.transport == crate::bench::Transport::Shm;
+    config.shared_memory = args.transport == crate::transport_arg::Transport::Shm;
     config.release_on_drop = args.ephemeral;
     Ok((config, placement))
 }
@@ -405,7 +405,7 @@ pub fn run(args: KvArgs) -> Result<()> {
 
     let (config, placement) = client_config(&args, ec)?;
     let (cluster_path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
-    crate::bench::check_transport(args.transport, &cluster, &cluster_path)?;
+    crate::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
     let cache_config = CacheConfig {
         memory_limit_bytes: args.memory_limit,
         max_item_bytes: args.max_item_size as usize,

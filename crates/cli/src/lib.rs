@@ -41,6 +41,7 @@ pub mod stats;
 pub mod status_command;
 pub mod swap_command;
 pub mod torture;
+pub mod transport_arg;
 pub mod units;
 
 /// An error and its causes on one line, each cause once: a cause whose text its parent already

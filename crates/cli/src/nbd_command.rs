@@ -96,7 +96,7 @@ pub struct NbdArgs {
     /// up` starts them, lend their slabs as shared memory: reads and writes are loads and stores,
     /// only control goes over the socket; other nodes are reached by TCP).
     #[arg(long, value_enum, default_value = "tcp")]
-    pub transport: crate::bench::Transport,
+    pub transport: crate::transport_arg::Transport,
     /// Lock all memory (mlockall): needed when the export backs swap (docs/NBD.md).
     #[arg(long)]
     pub mlock: bool,
@@ -193,7 +193,7 @@ pub fn run(args: NbdArgs) -> Result<()> {
     config.allow_shared_domains = args.placement.allow_shared_domains;
     config.max_in_flight = args.queue_depth.max(1);
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
-    config.shared_memory = args.transport == crate::bench::Transport::Shm;
+    config.shared_memory = args.transport == crate::transport_arg::Transport::Shm;
     // The slabs outlive the process: a restart reopens them (the state file names them).
     config.release_on_drop = false;
     if args.engines > 1 && args.metrics.is_some() {
@@ -422,7 +422,7 @@ fn other_layouts(base: &Path, engines: usize) -> Vec<PathBuf> {
 /// The engines' clients over a cluster file: each reopened from its saved map, or new.
 fn open_engines(args: &NbdArgs, mut config: ClientConfig) -> Result<Vec<Opened>> {
     let (cluster_path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
-    crate::bench::check_transport(args.transport, &cluster, &cluster_path)?;
+    crate::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
     let base = args.state.clone().unwrap_or_else(|| {
         let directory = cluster_path.parent().map(Path::to_path_buf).unwrap_or_default();
         directory.join(format!("nbd-{}.slabmap", args.export))

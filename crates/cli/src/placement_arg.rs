@@ -1,9 +1,9 @@
-//! `--placement`: the slab placement policy of a command's client, by the names `remem sim`
-//! uses, so that what the simulator measures is what the cluster runs.
+//! `--placement`: the slab placement policy of a command's client, by the names of
+//! `remem_placement::Policy`, which `remem sim` uses too, so that what the simulator measures is
+//! what the cluster runs.
 
 use clap::Args;
-use remem_placement::Placement;
-use remem_sim::Policy;
+use remem_placement::{Placement, Policy};
 
 #[derive(Args, Clone, Debug)]
 pub struct PlacementArgs {
@@ -29,8 +29,5 @@ impl PlacementArgs {
 }
 
 fn parse_policy(name: &str) -> Result<Policy, String> {
-    Policy::parse(name).ok_or_else(|| {
-        let names: Vec<&str> = Policy::ALL.iter().map(|policy| policy.name()).collect();
-        format!("unknown placement {name:?}; one of {}", names.join(", "))
-    })
+    Policy::parse_or_list(name)
 }

@@ -49,7 +49,7 @@ pub struct SwapOnArgs {
     /// host with a Unix socket, as `remem up` starts them, as shared memory: a 4 KiB page in or
     /// out costs microseconds instead of node round trips; docs/SHM.md).
     #[arg(long, value_enum, default_value = "tcp")]
-    pub transport: crate::bench::Transport,
+    pub transport: crate::transport_arg::Transport,
     /// Where the state file, the mount point and the daemon's log live.
     #[arg(long, default_value_os_t = default_runtime_dir())]
     pub runtime_dir: PathBuf,
@@ -188,7 +188,10 @@ fn set_up(
         .args(["--size", &fs_size.to_string(), "--mlock", "--oom-score-adj", "-1000"])
         .args(["-k", &args.code.data_splits.to_string(), "-r", &args.code.parity_splits.to_string()])
         .args(["--delta", &args.code.delta.to_string()])
-        .args(["--transport", if args.transport == crate::bench::Transport::Shm { "shm" } else { "tcp" }])
+        .args([
+            "--transport",
+            if args.transport == crate::transport_arg::Transport::Shm { "shm" } else { "tcp" },
+        ])
         .args(args.metrics.map(|address| format!("--metrics={address}")))
         // Swap contents die with the swap device: every `on` starts an empty file system, with
         // its metadata journal in the runtime directory (not beside a shared cluster file).

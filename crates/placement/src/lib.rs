@@ -23,9 +23,11 @@
 //! - given the same seed and the same sequence of calls, the same decisions.
 
 mod coding_sets;
+mod named;
 mod random;
 
 pub use coding_sets::{CodingSets, GroupChoice, MembershipChange};
+pub use named::Policy;
 pub use random::{PowerOfTwo, Random};
 
 use std::collections::HashMap;
