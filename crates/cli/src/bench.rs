@@ -140,33 +140,7 @@ const SCHEMES: [Scheme; 4] = [
 pub(crate) const CHUNK_OPS: usize = 1024;
 
 pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
-    let mut own_cluster = None;
-    let (cluster, secret) = match &args.cluster {
-        Some(path) => {
-            let cluster = ClusterFile::load(path)?;
-            let secret = Secret::load(Some(&cluster.secret_file)).context("loading the cluster secret")?;
-            (cluster, secret)
-        }
-        None => {
-            let dir = std::env::temp_dir().join(format!("remem-bench-{}", std::process::id()));
-            let options = ClusterOptions {
-                lease_grace: None,
-                nodes: args.nodes,
-                capacity_bytes: 64 * args.slab_size.max(1 << 20),
-                slab_size_bytes: args.slab_size,
-                nodes_per_domain: 1,
-                dir,
-                fault_injection: args.straggler_us.is_some(),
-                monitor_args: None,
-                unix_sockets: crate::launcher::UnixSockets::All,
-            };
-            eprintln!("starting {} nodes ...", options.nodes);
-            let started = LocalCluster::start(binary, &options)?;
-            let pair = (started.file.clone(), started.secret.clone());
-            own_cluster = Some(started);
-            pair
-        }
-    };
+    let (cluster, secret, mut own_cluster) = bench_cluster(&args, binary)?;
     let nodes = cluster.addresses();
     let page_bytes = 4096;
     if let Some(delay_us) = args.straggler_us {
@@ -190,74 +164,13 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
     }
     let mut series = Vec::new();
     let mut floors = Vec::new();
-    let mut memory_ratio = 0.0;
-    let mut metadata_fraction = 0.0;
+    let mut memory = (0.0, 0.0);
     let mut rng = StdRng::seed_from_u64(args.seed);
-
     for scheme in &SCHEMES {
-        eprintln!("{}: filling {} ...", scheme.name, crate::units::format_bytes(args.size));
-        let mut config = ClientConfig::new(scheme.shape, args.size);
-        config.allow_shared_domains = args.placement.allow_shared_domains;
-        config.max_in_flight = 32;
-        config.spin_before_block = Duration::from_micros(args.spin_us);
-        config.shared_memory = args.transport == Transport::Shm;
-        let mut client = Client::connect(&nodes, &secret, config, args.placement.build(args.seed))
-            .with_context(|| format!("connecting the {} client", scheme.name))?;
-        let pages = client.page_count();
-        let fill_order: Vec<u64> = (0..pages).collect();
-        run_series(&mut client, &fill_order, 32, Operation::Write, page_bytes)?;
-        if scheme.name == SCHEMES[0].name {
-            let memory = client.memory_report();
-            memory_ratio =
-                (memory.slab_bytes + memory.metadata_bytes) as f64 / memory.address_space_bytes as f64;
-            metadata_fraction = memory.metadata_bytes as f64 / memory.slab_bytes as f64;
+        let measured = run_scheme(&args, scheme, (&nodes, &secret), &mut rng, (&mut series, &mut floors))?;
+        if let Some(measured) = measured {
+            memory = measured;
         }
-        // Over TCP every series runs interleaved with its floor (reads) or proxy (writes), on
-        // this client and over the pages of the series (bench_floor.rs).
-        let probes = match args.transport {
-            Transport::Tcp => Some([
-                RangeProbes::prepare(&mut client, FanOut::write_proxy(scheme.shape, page_bytes))?,
-                RangeProbes::prepare(&mut client, FanOut::read(scheme.shape, page_bytes))?,
-            ]),
-            Transport::Shm => None,
-        };
-        for (queue_depth, count) in [(1, args.ops), (32, args.ops * 4)] {
-            let order = random_pages(&mut rng, pages, count);
-            for operation in [Operation::Write, Operation::Read] {
-                let Some([write_probes, read_probes]) = &probes else {
-                    eprintln!("{}: {} qd{queue_depth} x{count} ...", scheme.name, operation.name());
-                    let (samples, elapsed) =
-                        run_series(&mut client, &order, queue_depth, operation, page_bytes)?;
-                    series.push(result(scheme.name, operation.name(), queue_depth, samples, elapsed));
-                    continue;
-                };
-                let probes = match operation {
-                    Operation::Write => write_probes,
-                    Operation::Read => read_probes,
-                };
-                let (scheme_result, floor_result, comparison) = bench_floor::measure_beside_floor(
-                    &mut client,
-                    scheme.name,
-                    &order,
-                    queue_depth,
-                    operation,
-                    page_bytes,
-                    probes,
-                )?;
-                series.push(scheme_result);
-                series.push(floor_result);
-                floors.push(comparison);
-            }
-        }
-        if args.transport == Transport::Shm {
-            let splits = client.shared_memory_splits(0);
-            anyhow::ensure!(
-                splits == scheme.shape.all_splits(),
-                "{}: only splits {splits:#b} of range 0 are on shared memory",
-                scheme.name
-            );
-        }
-        client.release().context("releasing slabs")?;
     }
     // A bench that got here succeeded: its scratch cluster's directory goes with it.
     if let Some(cluster) = own_cluster.as_mut() {
@@ -265,20 +178,155 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
     }
     drop(own_cluster);
     if args.transport == Transport::Shm {
-        for queue_depth in [1, 32] {
-            let count = if queue_depth == 1 { args.ops } else { args.ops * 4 };
-            eprintln!("floor: memcpy 4KiB x{count} ...");
-            let (samples, elapsed) = run_memcpy(&mut rng, args.size, page_bytes, count);
-            series.push(result(MEMCPY_FLOOR, "read", queue_depth, samples, elapsed));
+        shm_floors(&args, &mut rng, page_bytes, &mut series);
+    }
+    let ratios = ratios(&series, args.transport);
+    let warnings: Vec<String> = floors.iter().filter_map(FloorComparison::warning).collect();
+    if args.json {
+        // The table prints them; with --json they would otherwise go unseen.
+        warnings.iter().for_each(|warning| eprintln!("{warning}"));
+    }
+    let report = BenchReport {
+        nodes: nodes.len(),
+        page_bytes,
+        series,
+        ratios,
+        floors,
+        warnings,
+        ec_memory_ratio: memory.0,
+        ec_metadata_fraction_of_slab_memory: memory.1,
+        straggler: None,
+    };
+    if let Some(path) = &args.plot {
+        plot(&report, path)?;
+    }
+    Ok(report)
+}
+
+/// The cluster of `--cluster`, or a scratch one of `--nodes` started for the bench (returned so
+/// the caller keeps it running).
+fn bench_cluster(
+    args: &BenchArgs,
+    binary: &std::path::Path,
+) -> Result<(ClusterFile, Secret, Option<LocalCluster>)> {
+    match &args.cluster {
+        Some(path) => {
+            let cluster = ClusterFile::load(path)?;
+            let secret = Secret::load(Some(&cluster.secret_file)).context("loading the cluster secret")?;
+            Ok((cluster, secret, None))
         }
-        for queue_depth in [1, 32] {
-            let count = if queue_depth == 1 { args.ops } else { args.ops * 4 };
-            eprintln!("floor: {SCATTERED_FLOOR} x{count} ...");
-            let (samples, elapsed) = run_scattered(&mut rng, args.size, page_bytes, count);
-            series.push(result(SCATTERED_FLOOR, "read", queue_depth, samples, elapsed));
+        None => {
+            let dir = std::env::temp_dir().join(format!("remem-bench-{}", std::process::id()));
+            let options = ClusterOptions {
+                lease_grace: None,
+                nodes: args.nodes,
+                capacity_bytes: 64 * args.slab_size.max(1 << 20),
+                slab_size_bytes: args.slab_size,
+                nodes_per_domain: 1,
+                dir,
+                fault_injection: args.straggler_us.is_some(),
+                monitor_args: None,
+                unix_sockets: crate::launcher::UnixSockets::All,
+            };
+            eprintln!("starting {} nodes ...", options.nodes);
+            let started = LocalCluster::start(binary, &options)?;
+            Ok((started.file.clone(), started.secret.clone(), Some(started)))
         }
     }
+}
 
+/// One scheme's series (writes and reads at depth 1 and 32, each beside its floor over TCP) into
+/// `series` and `floors`. For the first scheme, also its memory ratio and metadata fraction.
+fn run_scheme(
+    args: &BenchArgs,
+    scheme: &Scheme,
+    (nodes, secret): (&[remem_client::NodeAddress], &Secret),
+    rng: &mut StdRng,
+    (series, floors): (&mut Vec<SeriesResult>, &mut Vec<FloorComparison>),
+) -> Result<Option<(f64, f64)>> {
+    let page_bytes = 4096;
+    eprintln!("{}: filling {} ...", scheme.name, crate::units::format_bytes(args.size));
+    let mut config = ClientConfig::new(scheme.shape, args.size);
+    config.allow_shared_domains = args.placement.allow_shared_domains;
+    config.max_in_flight = 32;
+    config.spin_before_block = Duration::from_micros(args.spin_us);
+    config.shared_memory = args.transport == Transport::Shm;
+    let mut client = Client::connect(nodes, secret, config, args.placement.build(args.seed))
+        .with_context(|| format!("connecting the {} client", scheme.name))?;
+    let pages = client.page_count();
+    let fill_order: Vec<u64> = (0..pages).collect();
+    run_series(&mut client, &fill_order, 32, Operation::Write, page_bytes)?;
+    let memory = (scheme.name == SCHEMES[0].name).then(|| {
+        let memory = client.memory_report();
+        let ratio = (memory.slab_bytes + memory.metadata_bytes) as f64 / memory.address_space_bytes as f64;
+        (ratio, memory.metadata_bytes as f64 / memory.slab_bytes as f64)
+    });
+    // Over TCP every series runs interleaved with its floor (reads) or proxy (writes), on
+    // this client and over the pages of the series (bench_floor.rs).
+    let probes = match args.transport {
+        Transport::Tcp => Some([
+            RangeProbes::prepare(&mut client, FanOut::write_proxy(scheme.shape, page_bytes))?,
+            RangeProbes::prepare(&mut client, FanOut::read(scheme.shape, page_bytes))?,
+        ]),
+        Transport::Shm => None,
+    };
+    for (queue_depth, count) in [(1, args.ops), (32, args.ops * 4)] {
+        let order = random_pages(rng, pages, count);
+        for operation in [Operation::Write, Operation::Read] {
+            let Some([write_probes, read_probes]) = &probes else {
+                eprintln!("{}: {} qd{queue_depth} x{count} ...", scheme.name, operation.name());
+                let (samples, elapsed) = run_series(&mut client, &order, queue_depth, operation, page_bytes)?;
+                series.push(result(scheme.name, operation.name(), queue_depth, samples, elapsed));
+                continue;
+            };
+            let probes = match operation {
+                Operation::Write => write_probes,
+                Operation::Read => read_probes,
+            };
+            let (scheme_result, floor_result, comparison) = bench_floor::measure_beside_floor(
+                &mut client,
+                scheme.name,
+                &order,
+                queue_depth,
+                operation,
+                page_bytes,
+                probes,
+            )?;
+            series.push(scheme_result);
+            series.push(floor_result);
+            floors.push(comparison);
+        }
+    }
+    if args.transport == Transport::Shm {
+        let splits = client.shared_memory_splits(0);
+        anyhow::ensure!(
+            splits == scheme.shape.all_splits(),
+            "{}: only splits {splits:#b} of range 0 are on shared memory",
+            scheme.name
+        );
+    }
+    client.release().context("releasing slabs")?;
+    Ok(memory)
+}
+
+/// The floors of shared memory: one 4 KiB copy, and a page gathered from 8 scattered splits.
+fn shm_floors(args: &BenchArgs, rng: &mut StdRng, page_bytes: usize, series: &mut Vec<SeriesResult>) {
+    for queue_depth in [1, 32] {
+        let count = if queue_depth == 1 { args.ops } else { args.ops * 4 };
+        eprintln!("floor: memcpy 4KiB x{count} ...");
+        let (samples, elapsed) = run_memcpy(rng, args.size, page_bytes, count);
+        series.push(result(MEMCPY_FLOOR, "read", queue_depth, samples, elapsed));
+    }
+    for queue_depth in [1, 32] {
+        let count = if queue_depth == 1 { args.ops } else { args.ops * 4 };
+        eprintln!("floor: {SCATTERED_FLOOR} x{count} ...");
+        let (samples, elapsed) = run_scattered(rng, args.size, page_bytes, count);
+        series.push(result(SCATTERED_FLOOR, "read", queue_depth, samples, elapsed));
+    }
+}
+
+/// The ratios the report leads with, each against a baseline measured in the same run.
+fn ratios(series: &[SeriesResult], transport: Transport) -> Vec<Ratio> {
     let p50 = |name: &str, operation: &str, queue_depth: usize| {
         series
             .iter()
@@ -300,7 +348,7 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
     let ratio = |name: &str, value: f64, target: Option<f64>| Ratio { name: name.to_string(), value, target };
     // Targets of shared memory (issue 16): EC reads at replication's cost (seed 000's claim),
     // p99 under 5 us, and depth 32 doing more than depth 1.
-    let ratios = if args.transport == Transport::Shm {
+    if transport == Transport::Shm {
         vec![
             ratio("ec(8,2) d=1 read p99 us", percentile("ec(8,2) d=1", "read", |l| l.p99_us), Some(5.0)),
             ratio("ec(8,2) d=1 write p99 us", percentile("ec(8,2) d=1", "write", |l| l.p99_us), Some(10.0)),
@@ -380,45 +428,31 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
                 None,
             ),
         ]
-    };
-    let warnings: Vec<String> = floors.iter().filter_map(FloorComparison::warning).collect();
-    if args.json {
-        // The table prints them; with --json they would otherwise go unseen.
-        warnings.iter().for_each(|warning| eprintln!("{warning}"));
     }
-    let report = BenchReport {
-        nodes: nodes.len(),
-        page_bytes,
-        series,
-        ratios,
-        floors,
-        warnings,
-        ec_memory_ratio: memory_ratio,
-        ec_metadata_fraction_of_slab_memory: metadata_fraction,
-        straggler: None,
-    };
-    if let Some(path) = &args.plot {
-        let lines: Vec<crate::plot::Series<'_>> = report
-            .series
-            .iter()
-            .filter(|s| s.queue_depth == 1 && (s.operation == "read"))
-            .map(|s| crate::plot::Series { name: &s.name, sorted_nanos: &s.sorted_nanos })
-            .collect();
-        crate::plot::latency_cdf(path, "page read latency, queue depth 1", &lines)?;
-        let writes: Vec<crate::plot::Series<'_>> = report
-            .series
-            .iter()
-            .filter(|s| s.queue_depth == 1 && s.operation == "write")
-            .map(|s| crate::plot::Series { name: &s.name, sorted_nanos: &s.sorted_nanos })
-            .collect();
-        let write_path = path.with_file_name(format!(
-            "{}-write.png",
-            path.file_stem().and_then(|stem| stem.to_str()).unwrap_or("bench")
-        ));
-        crate::plot::latency_cdf(&write_path, "page write latency, queue depth 1", &writes)?;
-        eprintln!("plots: {} and {}", path.display(), write_path.display());
-    }
-    Ok(report)
+}
+
+/// `--plot PATH`: the latency CDFs of reads (PATH) and writes (PATH's stem + `-write.png`).
+fn plot(report: &BenchReport, path: &std::path::Path) -> Result<()> {
+    let lines: Vec<crate::plot::Series<'_>> = report
+        .series
+        .iter()
+        .filter(|s| s.queue_depth == 1 && (s.operation == "read"))
+        .map(|s| crate::plot::Series { name: &s.name, sorted_nanos: &s.sorted_nanos })
+        .collect();
+    crate::plot::latency_cdf(path, "page read latency, queue depth 1", &lines)?;
+    let writes: Vec<crate::plot::Series<'_>> = report
+        .series
+        .iter()
+        .filter(|s| s.queue_depth == 1 && s.operation == "write")
+        .map(|s| crate::plot::Series { name: &s.name, sorted_nanos: &s.sorted_nanos })
+        .collect();
+    let write_path = path.with_file_name(format!(
+        "{}-write.png",
+        path.file_stem().and_then(|stem| stem.to_str()).unwrap_or("bench")
+    ));
+    crate::plot::latency_cdf(&write_path, "page write latency, queue depth 1", &writes)?;
+    eprintln!("plots: {} and {}", path.display(), write_path.display());
+    Ok(())
 }
 
 const MEMCPY_FLOOR: &str = "floor: memcpy 4KiB";

@@ -9,7 +9,7 @@ use crate::code_args::CodeArgs;
 use crate::placement_arg::PlacementArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use remem_client::{Client, ClientConfig, PageOp};
+use remem_client::{Client, ClientConfig, PageOp, Shape};
 
 use crate::launcher::{ClusterOptions, LocalCluster};
 use crate::stats::Samples;
@@ -43,15 +43,9 @@ pub struct DemoArgs {
 
 const CHUNK_PAGES: usize = 4096;
 
-pub fn run(args: DemoArgs, binary: &std::path::Path) -> Result<()> {
-    let shape = args.code.shape()?;
-    if args.nodes < shape.total_splits() {
-        bail!("--nodes {} is fewer than k+r = {}", args.nodes, shape.total_splits());
-    }
-    let dir = args
-        .dir
-        .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("remem-demo-{}", std::process::id())));
+/// `--slab-size` and `--size` in whole pages, and the node memory `--size` needs within what
+/// this host has (unless `--force`).
+fn check_sizes(args: &DemoArgs, shape: Shape) -> Result<()> {
     if args.slab_size < 4096 || !args.slab_size.is_multiple_of(4096) {
         bail!("--slab-size {} must be a multiple of 4 KiB", args.slab_size);
     }
@@ -72,6 +66,19 @@ pub fn run(args: DemoArgs, binary: &std::path::Path) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+pub fn run(args: DemoArgs, binary: &std::path::Path) -> Result<()> {
+    let shape = args.code.shape()?;
+    if args.nodes < shape.total_splits() {
+        bail!("--nodes {} is fewer than k+r = {}", args.nodes, shape.total_splits());
+    }
+    let dir = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("remem-demo-{}", std::process::id())));
+    check_sizes(&args, shape)?;
     let split_bytes = 4096 / args.code.data_splits as u64;
     let slabs_needed = args.size.div_ceil(args.slab_size / split_bytes * 4096) * shape.total_splits() as u64;
     let per_node = slabs_needed.div_ceil(args.nodes as u64) + 2;

@@ -272,6 +272,52 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// One command of `remem up`'s standard input: `add`, `restart N`, `stop N` or `help`.
+fn up_command(
+    cluster: &mut LocalCluster,
+    binary: &std::path::Path,
+    options: &ClusterOptions,
+    line: &str,
+) -> Result<()> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    match words.as_slice() {
+        ["add"] => cluster.add_node(binary, options).map(|index| {
+            let node = &cluster.file.nodes[index];
+            println!(
+                "node {index}: {} ({}) pid {}",
+                node.address,
+                node.failure_domain,
+                node.pid.unwrap_or(0)
+            );
+        }),
+        ["restart", index] => match index.parse::<usize>() {
+            Ok(index) => cluster.restart(binary, options, index).map(|()| {
+                let node = &cluster.file.nodes[index];
+                println!("node {index}: restarted at {} pid {}", node.address, node.pid.unwrap_or(0));
+            }),
+            Err(_) => Err(anyhow::anyhow!("`restart` takes a node index, got {index:?}")),
+        },
+        ["stop", index] => match index.parse::<usize>() {
+            Ok(index) if index < cluster.file.nodes.len() => cluster.kill(index).map(|()| {
+                println!("node {index}: stopped (SIGKILL); `restart {index}` starts it again empty");
+            }),
+            _ => Err(anyhow::anyhow!(
+                "`stop` takes a node index below {}, got {index:?}",
+                cluster.file.nodes.len()
+            )),
+        },
+        ["help"] => {
+            println!("add        start one more node (clients that watch the cluster file take it)");
+            println!("restart N  restart node N empty on its address (a replaced node)");
+            println!("stop N     SIGKILL node N (a failure; it shows DOWN in `remem status`)");
+            println!("help       this list; Ctrl-C or SIGTERM stops the cluster");
+            Ok(())
+        }
+        [] => Ok(()),
+        _ => Err(anyhow::anyhow!("unknown command {line:?}: `add`, `restart N`, `stop N` or `help`")),
+    }
+}
+
 fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
     let capacity_bytes =
         remem::launcher::up_capacity_bytes(args.nodes, args.capacity, args.slab_size, args.force)?;
@@ -321,43 +367,7 @@ fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
             }
         };
         if let Some(line) = line {
-            let words: Vec<&str> = line.split_whitespace().collect();
-            let result = match words.as_slice() {
-                ["add"] => cluster.add_node(binary, &options).map(|index| {
-                    let node = &cluster.file.nodes[index];
-                    println!(
-                        "node {index}: {} ({}) pid {}",
-                        node.address,
-                        node.failure_domain,
-                        node.pid.unwrap_or(0)
-                    );
-                }),
-                ["restart", index] => match index.parse::<usize>() {
-                    Ok(index) => cluster.restart(binary, &options, index).map(|()| {
-                        let node = &cluster.file.nodes[index];
-                        println!("node {index}: restarted at {} pid {}", node.address, node.pid.unwrap_or(0));
-                    }),
-                    Err(_) => Err(anyhow::anyhow!("`restart` takes a node index, got {index:?}")),
-                },
-                ["stop", index] => match index.parse::<usize>() {
-                    Ok(index) if index < cluster.file.nodes.len() => cluster.kill(index).map(|()| {
-                        println!("node {index}: stopped (SIGKILL); `restart {index}` starts it again empty");
-                    }),
-                    _ => Err(anyhow::anyhow!(
-                        "`stop` takes a node index below {}, got {index:?}",
-                        cluster.file.nodes.len()
-                    )),
-                },
-                ["help"] => {
-                    println!("add        start one more node (clients that watch the cluster file take it)");
-                    println!("restart N  restart node N empty on its address (a replaced node)");
-                    println!("stop N     SIGKILL node N (a failure; it shows DOWN in `remem status`)");
-                    println!("help       this list; Ctrl-C or SIGTERM stops the cluster");
-                    Ok(())
-                }
-                [] => Ok(()),
-                _ => Err(anyhow::anyhow!("unknown command {line:?}: `add`, `restart N`, `stop N` or `help`")),
-            };
+            let result = up_command(&mut cluster, binary, &options, &line);
             if let Err(error) = result {
                 eprintln!("error: {error:#}");
             }

@@ -184,6 +184,50 @@ fn open_export(
     Ok(client)
 }
 
+/// `--tls-cert`, `--tls-key` and `--tls-ca`: the server's TLS, required with a CA.
+fn tls_settings(args: &NbdArgs) -> Result<Option<remem_nbd::TlsSettings>> {
+    Ok(match (&args.tls_cert, &args.tls_key) {
+        (Some(certificate), Some(key)) => {
+            let config = remem_nbd::tls::server_config(certificate, key, args.tls_ca.as_deref())
+                .context("loading the TLS certificate")?;
+            // A CA asks every client for a certificate: a plain client has none, so TLS is
+            // required whether or not --tls-required says so.
+            let required = args.tls_required || args.tls_ca.is_some();
+            Some(remem_nbd::TlsSettings { config, required })
+        }
+        _ => None,
+    })
+}
+
+/// The listener: the owner-only Unix socket by default, TCP with `--listen` (with a warning
+/// without TLS). Returns it, how `listening` names it, and the socket's path to remove at exit.
+fn bind_listener(args: &NbdArgs, tls: bool) -> Result<(Listener, String, Option<PathBuf>)> {
+    let unix_path = match args.listen {
+        Some(_) => None,
+        None => Some(unix_socket_path(args)?),
+    };
+    let (listener, shown) = match (&unix_path, args.listen) {
+        (Some(path), _) => {
+            let listener = bind_unix(path, args.unix_mode, args.unix_group.as_deref())?;
+            (Listener::Unix(listener), format!("unix:{}", path.display()))
+        }
+        (None, Some(address)) => {
+            let listener = TcpListener::bind(address).with_context(|| format!("binding {address}"))?;
+            let address = listener.local_addr()?;
+            if !tls {
+                tracing::warn!(
+                    "NBD on TCP {address} without TLS: any local user (and any host that reaches it) \
+                     can connect and read or overwrite the export; leave out --listen for an \
+                     owner-only Unix socket, or add --tls-cert/--tls-key/--tls-ca"
+                );
+            }
+            (Listener::Tcp(listener), address.to_string())
+        }
+        (None, None) => unreachable!("a Unix path is chosen whenever --listen is absent"),
+    };
+    Ok((listener, shown, unix_path))
+}
+
 pub fn run(args: NbdArgs) -> Result<()> {
     if args.size == 0 || !args.size.is_multiple_of(4096) {
         bail!("--size {} is not a positive multiple of 4096 bytes", args.size);
@@ -209,40 +253,8 @@ pub fn run(args: NbdArgs) -> Result<()> {
         remem_nbd::host::lock_all_memory()
             .context("mlockall (needs CAP_IPC_LOCK or a large RLIMIT_MEMLOCK)")?;
     }
-    let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(certificate), Some(key)) => {
-            let config = remem_nbd::tls::server_config(certificate, key, args.tls_ca.as_deref())
-                .context("loading the TLS certificate")?;
-            // A CA asks every client for a certificate: a plain client has none, so TLS is
-            // required whether or not --tls-required says so.
-            let required = args.tls_required || args.tls_ca.is_some();
-            Some(remem_nbd::TlsSettings { config, required })
-        }
-        _ => None,
-    };
-    let unix_path = match args.listen {
-        Some(_) => None,
-        None => Some(unix_socket_path(&args)?),
-    };
-    let (listener, shown) = match (&unix_path, args.listen) {
-        (Some(path), _) => {
-            let listener = bind_unix(path, args.unix_mode, args.unix_group.as_deref())?;
-            (Listener::Unix(listener), format!("unix:{}", path.display()))
-        }
-        (None, Some(address)) => {
-            let listener = TcpListener::bind(address).with_context(|| format!("binding {address}"))?;
-            let address = listener.local_addr()?;
-            if tls.is_none() {
-                tracing::warn!(
-                    "NBD on TCP {address} without TLS: any local user (and any host that reaches it) \
-                     can connect and read or overwrite the export; leave out --listen for an \
-                     owner-only Unix socket, or add --tls-cert/--tls-key/--tls-ca"
-                );
-            }
-            (Listener::Tcp(listener), address.to_string())
-        }
-        (None, None) => unreachable!("a Unix path is chosen whenever --listen is absent"),
-    };
+    let tls = tls_settings(&args)?;
+    let (listener, shown, unix_path) = bind_listener(&args, tls.is_some())?;
     let stop = Arc::new(AtomicBool::new(false));
     let snapshot = Arc::new(Mutex::new(String::new()));
     let opened = metrics_then_export(&args, config, &stop, &snapshot).inspect_err(|_| {

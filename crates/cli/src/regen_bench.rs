@@ -111,8 +111,81 @@ impl CpuSnapshot {
 
 const SEED: u64 = 0x4e6e;
 
-pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
-    let shape = Shape { data_splits: 8, parity_splits: 2, extra_reads: 1 };
+/// Writes the pattern of every page of the range, showing progress.
+fn fill_range(client: &mut Client, buffers: &mut [Vec<u8>], pages: u64) -> Result<()> {
+    let started = Instant::now();
+    for first in (0..pages).step_by(buffers.len()) {
+        let count = (pages - first).min(buffers.len() as u64) as usize;
+        for (offset, buffer) in buffers[..count].iter_mut().enumerate() {
+            crate::pattern::fill(buffer, first + offset as u64, 1, SEED);
+        }
+        let mut ops: Vec<PageOp<'_>> = buffers[..count]
+            .iter()
+            .enumerate()
+            .map(|(offset, data)| PageOp::Write { page: first + offset as u64, data })
+            .collect();
+        client.execute_all(&mut ops).context("filling the range")?;
+        progress("writing", first + count as u64, pages, started);
+    }
+    eprintln!();
+    Ok(())
+}
+
+/// Serves reads and writes at the work's rate (each read checked) until the client's rebuild is
+/// done, showing the nodes' progress; at most 10 minutes.
+fn serve_until_rebuilt(client: &mut Client, work: &mut Work<'_>, evicted: Instant) -> Result<Served> {
+    let mut during = Served::default();
+    let mut last_progress = Instant::now();
+    loop {
+        // A read and a write each round, so even a rebuild over in a moment has both timed.
+        during.one_op(client, work)?;
+        during.one_op(client, work)?;
+        if during.ops.is_multiple_of(16) {
+            client.poll_background(Duration::ZERO);
+        }
+        let status = client.regeneration_status();
+        if status.in_flight == 0 && status.done > 0 {
+            break;
+        }
+        if last_progress.elapsed() > Duration::from_millis(250) {
+            last_progress = Instant::now();
+            let (done, total) = node_progress(client);
+            if total > 0 {
+                progress("rebuilding", done, total, evicted);
+            }
+        }
+        if evicted.elapsed() > Duration::from_secs(600) {
+            bail!("the rebuild did not finish in 10 minutes");
+        }
+    }
+    Ok(during)
+}
+
+/// Reads every page back and checks it: (pages read, pages with other bytes).
+fn verify_every_page(client: &mut Client, buffers: &mut [Vec<u8>], pages: u64) -> Result<(u64, u64)> {
+    let mut scratch = vec![0u8; 4096];
+    let mut mismatches = 0u64;
+    let mut verified = 0u64;
+    for first in (0..pages).step_by(buffers.len()) {
+        let count = (pages - first).min(buffers.len() as u64) as usize;
+        let mut ops: Vec<PageOp<'_>> = buffers[..count]
+            .iter_mut()
+            .enumerate()
+            .map(|(offset, buf)| PageOp::Read { page: first + offset as u64, buf })
+            .collect();
+        client.execute_all(&mut ops).context("reading after the rebuild")?;
+        for (offset, buffer) in buffers[..count].iter().enumerate() {
+            verified += 1;
+            if !crate::pattern::check(buffer, first + offset as u64, 1, SEED, &mut scratch) {
+                mismatches += 1;
+            }
+        }
+    }
+    Ok((verified, mismatches))
+}
+
+/// k+r+1 nodes with room for 3 slabs each, and a client of one range on them.
+fn regen_cluster(args: &RegenArgs, binary: &std::path::Path, shape: Shape) -> Result<(LocalCluster, Client)> {
     let dir = std::env::temp_dir().join(format!("remem-regen-{}", std::process::id()));
     let options = ClusterOptions {
         lease_grace: None,
@@ -130,33 +203,24 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
     let data_bytes = args.slab_size / 512 * 4096;
     let mut config = ClientConfig::new(shape, data_bytes);
     config.request_timeout = Duration::from_secs(10);
-    let mut client = Client::connect(
+    let client = Client::connect(
         &cluster.addresses(),
         &cluster.secret,
         config,
         Box::new(LeastLoaded::new(StdRng::seed_from_u64(SEED))),
     )
     .context("connecting")?;
-    let pages = client.page_count();
-    eprintln!("writing {} ({pages} pages) ...", format_bytes(data_bytes));
-    let mut buffers = vec![vec![0u8; 4096]; 1024];
-    let started = Instant::now();
-    for first in (0..pages).step_by(buffers.len()) {
-        let count = (pages - first).min(buffers.len() as u64) as usize;
-        for (offset, buffer) in buffers[..count].iter_mut().enumerate() {
-            crate::pattern::fill(buffer, first + offset as u64, 1, SEED);
-        }
-        let mut ops: Vec<PageOp<'_>> = buffers[..count]
-            .iter()
-            .enumerate()
-            .map(|(offset, data)| PageOp::Write { page: first + offset as u64, data })
-            .collect();
-        client.execute_all(&mut ops).context("filling the range")?;
-        progress("writing", first + count as u64, pages, started);
-    }
-    eprintln!();
+    Ok((cluster, client))
+}
 
-    let mut scratch = vec![0u8; 4096];
+pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
+    let shape = Shape { data_splits: 8, parity_splits: 2, extra_reads: 1 };
+    let (cluster, mut client) = regen_cluster(&args, binary, shape)?;
+    let pages = client.page_count();
+    eprintln!("writing {} ({pages} pages) ...", format_bytes(pages * 4096));
+    let mut buffers = vec![vec![0u8; 4096]; 1024];
+    fill_range(&mut client, &mut buffers, pages)?;
+
     let rate = args.ops_per_second;
     let (op_buffer, rest) = buffers.split_first_mut().expect("buffers");
     let mut work =
@@ -185,20 +249,16 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
     let mut floors = Vec::new();
     eprintln!("floor: reading the {k} source slabs in the rebuild's batches, without decoding ...");
     let mut floor_load = [Served::default(), Served::default()];
-    let node_count = options.nodes;
+    let node_count = shape.total_splits() + 1;
     let mut floor_snapshots = Vec::new();
-    let before_floor = CpuSnapshot::take(&cluster, node_count)?;
-    floors.push(floor(
-        &cluster,
-        &mut client,
-        &mut floor_load[0],
-        &mut work,
-        &floor_sources,
-        k,
-        slots,
-        split_bytes,
-    )?);
-    floor_snapshots.push((before_floor, CpuSnapshot::take(&cluster, node_count)?));
+    let shape_of_floor = (k, slots, split_bytes);
+    let mut measure_floor = |client: &mut Client, served: &mut Served, work: &mut Work<'_>| -> Result<()> {
+        let before = CpuSnapshot::take(&cluster, node_count)?;
+        floors.push(floor(&cluster, client, served, work, &floor_sources, shape_of_floor)?);
+        floor_snapshots.push((before, CpuSnapshot::take(&cluster, node_count)?));
+        Ok(())
+    };
+    measure_floor(&mut client, &mut floor_load[0], &mut work)?;
 
     let victim = slabs[0];
     let address = cluster.file.nodes[victim.node].address;
@@ -211,31 +271,7 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
         client.client_id(),
         crate::faults::Fault::Evict { slab_id: victim.slab_id },
     )?;
-    // Reads and writes go on while the slab is rebuilt, at the same rate, each read checked.
-    let mut during = Served::default();
-    let mut last_progress = Instant::now();
-    loop {
-        // A read and a write each round, so even a rebuild over in a moment has both timed.
-        during.one_op(&mut client, &mut work)?;
-        during.one_op(&mut client, &mut work)?;
-        if during.ops.is_multiple_of(16) {
-            client.poll_background(Duration::ZERO);
-        }
-        let status = client.regeneration_status();
-        if status.in_flight == 0 && status.done > 0 {
-            break;
-        }
-        if last_progress.elapsed() > Duration::from_millis(250) {
-            last_progress = Instant::now();
-            let (done, total) = node_progress(&mut client);
-            if total > 0 {
-                progress("rebuilding", done, total, evicted);
-            }
-        }
-        if evicted.elapsed() > Duration::from_secs(600) {
-            bail!("the rebuild did not finish in 10 minutes");
-        }
-    }
+    let mut during = serve_until_rebuilt(&mut client, &mut work, evicted)?;
     let seconds = evicted.elapsed().as_secs_f64();
     let after_rebuild = CpuSnapshot::take(&cluster, node_count)?;
     progress("rebuilding", 1, 1, evicted);
@@ -244,18 +280,7 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
         bail!("split 0 still points at the evicting node after the rebuild");
     }
     eprintln!("floor again, after the rebuild ...");
-    let before_floor = CpuSnapshot::take(&cluster, node_count)?;
-    floors.push(floor(
-        &cluster,
-        &mut client,
-        &mut floor_load[1],
-        &mut work,
-        &floor_sources,
-        k,
-        slots,
-        split_bytes,
-    )?);
-    floor_snapshots.push((before_floor, CpuSnapshot::take(&cluster, node_count)?));
+    measure_floor(&mut client, &mut floor_load[1], &mut work)?;
     let floor_seconds = floors.iter().copied().fold(f64::INFINITY, f64::min);
     let source_nodes: Vec<usize> = slabs[1..].iter().map(|slab| slab.node).collect();
     let rebuilder = client.ranges()[0].slabs[0].node;
@@ -272,22 +297,8 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
         cluster.kill(node)?;
     }
     eprintln!("killed the nodes of splits 1 and 2; verifying every page from the rebuilt slab ...");
-    let mut verified = 0u64;
-    for first in (0..pages).step_by(buffers.len()) {
-        let count = (pages - first).min(buffers.len() as u64) as usize;
-        let mut ops: Vec<PageOp<'_>> = buffers[..count]
-            .iter_mut()
-            .enumerate()
-            .map(|(offset, buf)| PageOp::Read { page: first + offset as u64, buf })
-            .collect();
-        client.execute_all(&mut ops).context("reading after the rebuild")?;
-        for (offset, buffer) in buffers[..count].iter().enumerate() {
-            verified += 1;
-            if !crate::pattern::check(buffer, first + offset as u64, 1, SEED, &mut scratch) {
-                mismatches += 1;
-            }
-        }
-    }
+    let (verified, lost) = verify_every_page(&mut client, &mut buffers, pages)?;
+    mismatches += lost;
     // The client first: its slabs are released while the nodes still run.
     drop(client);
     cluster.remove_dir_on_drop();
@@ -379,9 +390,7 @@ fn floor(
     served: &mut Served,
     work: &mut Work<'_>,
     sources: &[FloorSource],
-    k: usize,
-    slots: u32,
-    split_bytes: u32,
+    (k, slots, split_bytes): (usize, u32, u32),
 ) -> Result<f64> {
     let (secret, client_id, sources) = (cluster.secret.clone(), client.client_id(), sources.to_vec());
     let reader = std::thread::Builder::new()

@@ -402,30 +402,7 @@ impl Run<'_> {
             .run_until_condition(limit, |driver| driver.is_healed() && reachable_connected(driver));
         self.absorb()?;
         if !healed {
-            let ranges: Vec<String> = self
-                .driver
-                .engine()
-                .ranges()
-                .iter()
-                .enumerate()
-                .filter(|(_, range)| range.unavailable != 0 || range.rebuilding != 0)
-                .map(|(index, range)| {
-                    format!(
-                        "range {index}: unavailable {:#b} rebuilding {:#b}",
-                        range.unavailable, range.rebuilding
-                    )
-                })
-                .collect();
-            let disconnected: Vec<usize> = (0..self.driver.cluster().node_count())
-                .filter(|&node| {
-                    node_reachable(&self.driver, node) && !self.driver.engine().node(node).connected
-                })
-                .collect();
-            return Err(format!(
-                "not healed after {HEAL_LIMIT} ns of ticks: [{}], {:?}, reachable nodes not connected: {disconnected:?}",
-                ranges.join("; "),
-                self.driver.engine().regeneration_status()
-            ));
+            return Err(self.not_healed());
         }
         // Unmaps of slabs released on reconnection are on the wire: let them land.
         self.driver.run_for(self.driver.config().request_timeout.as_nanos() as SimTime);
@@ -497,6 +474,33 @@ impl Run<'_> {
         }
         self.driver.note(|| format!("redundancy check: killed nodes {victims:?}"));
         self.verify_every_page()
+    }
+
+    /// Why the cluster is not healed: the ranges still short of slabs, the rebuilds, and the
+    /// reachable nodes the engine is not connected to.
+    fn not_healed(&self) -> String {
+        let ranges: Vec<String> = self
+            .driver
+            .engine()
+            .ranges()
+            .iter()
+            .enumerate()
+            .filter(|(_, range)| range.unavailable != 0 || range.rebuilding != 0)
+            .map(|(index, range)| {
+                format!(
+                    "range {index}: unavailable {:#b} rebuilding {:#b}",
+                    range.unavailable, range.rebuilding
+                )
+            })
+            .collect();
+        let disconnected: Vec<usize> = (0..self.driver.cluster().node_count())
+            .filter(|&node| node_reachable(&self.driver, node) && !self.driver.engine().node(node).connected)
+            .collect();
+        format!(
+            "not healed after {HEAL_LIMIT} ns of ticks: [{}], {:?}, reachable nodes not connected: {disconnected:?}",
+            ranges.join("; "),
+            self.driver.engine().regeneration_status()
+        )
     }
 
     /// Within tolerance, after healing: what the workload left half done is completed, as an

@@ -88,15 +88,62 @@ fn key_space(value_bytes: u64, quick: bool) -> usize {
 
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(20);
 
+impl KvBenchArgs {
+    /// `--quick`: a few operations of one size, for the tests.
+    fn quick_sizes(&mut self) {
+        self.ops = self.ops.min(200);
+        self.seconds = self.seconds.min(2.0);
+        self.sizes = vec![1 << 10];
+        self.connections = vec![1, 4];
+        self.transition_sizes = vec![1 << 10, 64 << 10];
+        self.race_rounds = self.race_rounds.min(10);
+        self.race_size = 4 << 10;
+    }
+}
+
+/// Each row's ratios to memcached's row of the same operation, size and connections, and a
+/// warning per row that saw errors or misses.
+fn compare_to_memcached(series: &mut [KvSeries], warnings: &mut Vec<String>) {
+    // Ratios to memcached, same operation, size and connections.
+    let baselines: Vec<(String, u64, usize, f64, f64, f64)> = series
+        .iter()
+        .filter(|s| s.target == "memcached")
+        .map(|s| {
+            (
+                s.operation.clone(),
+                s.value_bytes,
+                s.connections,
+                s.latency.p50_us,
+                s.latency.p99_us,
+                s.ops_per_second,
+            )
+        })
+        .collect();
+    for row in series.iter_mut() {
+        if let Some(&(_, _, _, p50, p99, ops)) = baselines
+            .iter()
+            .find(|base| base.0 == row.operation && base.1 == row.value_bytes && base.2 == row.connections)
+        {
+            row.p50_ratio_to_memcached = Some(row.latency.p50_us / p50);
+            row.p99_ratio_to_memcached = Some(row.latency.p99_us / p99);
+            row.ops_ratio_to_memcached = Some(row.ops_per_second / ops);
+        }
+        if row.errors > 0 {
+            warnings.push(format!(
+                "{} {} {} x{}: {} errors or misses",
+                row.target,
+                row.operation,
+                format_bytes(row.value_bytes),
+                row.connections,
+                row.errors
+            ));
+        }
+    }
+}
+
 pub fn run(mut args: KvBenchArgs, binary: &Path) -> Result<KvBenchReport> {
     if args.quick {
-        args.ops = args.ops.min(200);
-        args.seconds = args.seconds.min(2.0);
-        args.sizes = vec![1 << 10];
-        args.connections = vec![1, 4];
-        args.transition_sizes = vec![1 << 10, 64 << 10];
-        args.race_rounds = args.race_rounds.min(10);
-        args.race_size = 4 << 10;
+        args.quick_sizes();
     }
     if args.sizes.is_empty() || args.connections.contains(&0) {
         bail!("--sizes must name at least one size and --connections only positive counts");
@@ -175,41 +222,7 @@ pub fn run(mut args: KvBenchArgs, binary: &Path) -> Result<KvBenchReport> {
         }
     }
 
-    // Ratios to memcached, same operation, size and connections.
-    let baselines: Vec<(String, u64, usize, f64, f64, f64)> = series
-        .iter()
-        .filter(|s| s.target == "memcached")
-        .map(|s| {
-            (
-                s.operation.clone(),
-                s.value_bytes,
-                s.connections,
-                s.latency.p50_us,
-                s.latency.p99_us,
-                s.ops_per_second,
-            )
-        })
-        .collect();
-    for row in &mut series {
-        if let Some(&(_, _, _, p50, p99, ops)) = baselines
-            .iter()
-            .find(|base| base.0 == row.operation && base.1 == row.value_bytes && base.2 == row.connections)
-        {
-            row.p50_ratio_to_memcached = Some(row.latency.p50_us / p50);
-            row.p99_ratio_to_memcached = Some(row.latency.p99_us / p99);
-            row.ops_ratio_to_memcached = Some(row.ops_per_second / ops);
-        }
-        if row.errors > 0 {
-            warnings.push(format!(
-                "{} {} {} x{}: {} errors or misses",
-                row.target,
-                row.operation,
-                format_bytes(row.value_bytes),
-                row.connections,
-                row.errors
-            ));
-        }
-    }
+    compare_to_memcached(&mut series, &mut warnings);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(KvBenchReport {
         nodes: args.nodes,
