@@ -12,6 +12,7 @@
 //! room for any number of slabs. The simulator does no I/O besides the writers it is given.
 
 pub mod closed_form;
+pub mod durability;
 pub mod layout;
 pub mod policy;
 pub mod run;
