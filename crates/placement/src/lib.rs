@@ -77,7 +77,7 @@ pub trait Placement: Send {
     /// (the lost node included), for a rebuild. `candidates` are the live nodes of the cluster
     /// (a dead node is absent); the result is never in `current`. The default takes the least
     /// loaded node, preferring a failure domain the range does not use yet; CodingSets keeps the
-    /// range inside its extended group.
+    /// range inside its extended group unless that would put the slab in a domain the range uses.
     ///
     /// Errors: `NotEnoughNodes { width: 1, .. }` when no candidate outside `current` has a free
     /// slab.
@@ -102,6 +102,28 @@ pub(crate) fn least_loaded_outside(
             node.slabs_free > 0 && !current.contains(&node.node_index) && eligible(node.node_index)
         })
         .min_by_key(|node| (used_domains.contains(&domain_key(node)), node.slabs_mapped, node.node_index))
+        .map(|node| node.node_index)
+        .ok_or(PlacementError::NotEnoughNodes { width: 1, available: 0 })
+}
+
+/// The least-loaded candidate with a free slab, not in `current`, among those `eligible` admits,
+/// in a failure domain `current` does not use; lowest node index on ties.
+pub(crate) fn least_loaded_in_new_domain(
+    candidates: &[NodeLoad],
+    current: &[usize],
+    eligible: impl Fn(usize) -> bool,
+) -> Result<usize, PlacementError> {
+    let used_domains: Vec<DomainKey<'_>> =
+        candidates.iter().filter(|node| current.contains(&node.node_index)).map(domain_key).collect();
+    candidates
+        .iter()
+        .filter(|node| {
+            node.slabs_free > 0
+                && !current.contains(&node.node_index)
+                && !used_domains.contains(&domain_key(node))
+                && eligible(node.node_index)
+        })
+        .min_by_key(|node| (node.slabs_mapped, node.node_index))
         .map(|node| node.node_index)
         .ok_or(PlacementError::NotEnoughNodes { width: 1, available: 0 })
 }
