@@ -94,37 +94,37 @@ pub(crate) fn least_loaded_outside(
     current: &[usize],
     eligible: impl Fn(usize) -> bool,
 ) -> Result<usize, PlacementError> {
-    let used_domains: Vec<DomainKey<'_>> =
-        candidates.iter().filter(|node| current.contains(&node.node_index)).map(domain_key).collect();
-    candidates
-        .iter()
-        .filter(|node| {
-            node.slabs_free > 0 && !current.contains(&node.node_index) && eligible(node.node_index)
-        })
-        .min_by_key(|node| (used_domains.contains(&domain_key(node)), node.slabs_mapped, node.node_index))
-        .map(|node| node.node_index)
-        .ok_or(PlacementError::NotEnoughNodes { width: 1, available: 0 })
+    pick_outside(candidates, current, eligible, false)
 }
 
-/// The least-loaded candidate with a free slab, not in `current`, among those `eligible` admits,
-/// in a failure domain `current` does not use; lowest node index on ties.
+/// As [`least_loaded_outside`], but only in a failure domain `current` does not use.
 pub(crate) fn least_loaded_in_new_domain(
     candidates: &[NodeLoad],
     current: &[usize],
     eligible: impl Fn(usize) -> bool,
 ) -> Result<usize, PlacementError> {
+    pick_outside(candidates, current, eligible, true)
+}
+
+fn pick_outside(
+    candidates: &[NodeLoad],
+    current: &[usize],
+    eligible: impl Fn(usize) -> bool,
+    new_domain_only: bool,
+) -> Result<usize, PlacementError> {
     let used_domains: Vec<DomainKey<'_>> =
         candidates.iter().filter(|node| current.contains(&node.node_index)).map(domain_key).collect();
     candidates
         .iter()
-        .filter(|node| {
+        .map(|node| (node, used_domains.contains(&domain_key(node))))
+        .filter(|&(node, used)| {
             node.slabs_free > 0
                 && !current.contains(&node.node_index)
-                && !used_domains.contains(&domain_key(node))
+                && !(new_domain_only && used)
                 && eligible(node.node_index)
         })
-        .min_by_key(|node| (node.slabs_mapped, node.node_index))
-        .map(|node| node.node_index)
+        .min_by_key(|&(node, used)| (used, node.slabs_mapped, node.node_index))
+        .map(|(node, _)| node.node_index)
         .ok_or(PlacementError::NotEnoughNodes { width: 1, available: 0 })
 }
 
