@@ -14,16 +14,13 @@ pub mod completions;
 pub mod config_file;
 pub mod demo;
 pub mod etcd_cluster;
-pub mod faults;
 pub mod fs_command;
 pub mod fs_metrics;
-pub mod host_memory;
 pub mod kv_bench;
 pub mod kv_command;
 pub mod kv_ha_bench;
 pub mod kv_standby;
 pub mod kv_state;
-pub mod launcher;
 pub mod manpage;
 pub mod memory_hog;
 pub mod metrics;
@@ -42,7 +39,9 @@ pub mod status_command;
 pub mod swap_command;
 pub mod torture;
 pub mod transport_arg;
-pub mod units;
+
+// The local-cluster kit, under the paths the commands and tests have always used.
+pub use remem_local::{faults, host_memory, launcher, units};
 
 /// An error and its causes on one line, each cause once: a cause whose text its parent already
 /// shows (thiserror messages often include their source) is not repeated.

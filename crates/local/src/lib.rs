@@ -1,0 +1,13 @@
+//! remem-local: the local-cluster kit. `launcher` starts, watches and stops `remem node`
+//! processes on this machine (`remem up`, `remem demo`, the benchmarks and the tests),
+//! `host_memory` reads what the host can lend, `faults` injects faults into a node from outside,
+//! and `units` parses and prints the sizes and counts of every command.
+//!
+//! Architecture Invariant: the kit runs the `remem` binary it is given (never links a node into
+//! its own process) and knows nothing of the front ends; the cli crate depends on it, never the
+//! other way round.
+
+pub mod faults;
+pub mod host_memory;
+pub mod launcher;
+pub mod units;
