@@ -4,19 +4,14 @@
 //! tests can drive the same code.
 
 pub mod apps_bench;
-pub mod bench;
-pub mod bench_floor;
 pub mod client_report;
 pub mod cluster_watch;
-pub mod code_args;
-pub mod codec_bench;
 pub mod completions;
 pub mod config_file;
 pub mod demo;
 pub mod etcd_cluster;
 pub mod fs_command;
 pub mod fs_metrics;
-pub mod kv_bench;
 pub mod kv_command;
 pub mod kv_ha_bench;
 pub mod kv_standby;
@@ -27,21 +22,17 @@ pub mod metrics;
 pub mod nbd_command;
 pub mod nbd_metrics;
 pub mod node;
-pub mod pattern;
-pub mod placement_arg;
-pub mod plot;
-pub mod regen_bench;
 pub mod run_command;
 pub mod sim_command;
 pub(crate) mod sim_plot;
-pub mod stats;
 pub mod status_command;
 pub mod swap_command;
 pub mod torture;
-pub mod transport_arg;
 
 // The local-cluster kit, under the paths the commands and tests have always used.
-pub use remem_local::{faults, host_memory, launcher, units};
+pub use remem_bench::{bench, bench_floor, codec_bench, kv_bench, plot, regen_bench};
+pub use remem_frontend::{code_args, placement_arg, transport_arg};
+pub use remem_local::{faults, host_memory, launcher, pattern, stats, units};
 
 /// An error and its causes on one line, each cause once: a cause whose text its parent already
 /// shows (thiserror messages often include their source) is not repeated.

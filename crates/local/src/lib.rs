@@ -1,7 +1,9 @@
 //! remem-local: the local-cluster kit. `launcher` starts, watches and stops `remem node`
 //! processes on this machine (`remem up`, `remem demo`, the benchmarks and the tests),
 //! `host_memory` reads what the host can lend, `faults` injects faults into a node from outside,
-//! and `units` parses and prints the sizes and counts of every command.
+//! `units` parses and prints the sizes and counts of every command, and the measuring helpers:
+//! `pattern` (page contents that name their page, to check every byte read back) and `stats`
+//! (latency samples and their percentiles, CPU seconds from /proc).
 //!
 //! Architecture Invariant: the kit runs the `remem` binary it is given (never links a node into
 //! its own process) and knows nothing of the front ends; the cli crate depends on it, never the
@@ -10,4 +12,6 @@
 pub mod faults;
 pub mod host_memory;
 pub mod launcher;
+pub mod pattern;
+pub mod stats;
 pub mod units;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use super::KvBenchArgs;
-use crate::launcher::{ClusterOptions, LocalCluster};
+use remem_local::launcher::{ClusterOptions, LocalCluster};
 
 /// A memcached-protocol server process this program started: memcached or `remem kv`. Stopped
 /// (SIGTERM, then SIGKILL after 5 s) by its PID when dropped, also when a test panics.
@@ -289,7 +289,7 @@ impl RememKvOnCluster {
             dir: dir.join(format!("cluster-{label}")),
             fault_injection: false,
             monitor_args: None,
-            unix_sockets: crate::launcher::UnixSockets::All,
+            unix_sockets: remem_local::launcher::UnixSockets::All,
         };
         let cluster = LocalCluster::start(binary, &options)?;
         let mut kv_args =

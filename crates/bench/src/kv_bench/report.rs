@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use super::client::Transition;
-use crate::stats::Summary;
+use remem_local::stats::Summary;
 
 #[derive(Debug, Serialize)]
 pub struct KvSeries {

@@ -13,7 +13,7 @@ const FONT_PATHS: [&str; 3] = [
     "/usr/share/fonts/TTF/DejaVuSans.ttf",
 ];
 
-pub(crate) fn load_font() -> Result<()> {
+pub fn load_font() -> Result<()> {
     for path in FONT_PATHS {
         if let Ok(bytes) = std::fs::read(path) {
             // plotters keeps fonts for the life of the process.

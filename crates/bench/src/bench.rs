@@ -12,8 +12,6 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::placement_arg::PlacementArgs;
-use crate::transport_arg::Transport;
 use anyhow::{Context, Result};
 use clap::Args;
 use rand::rngs::StdRng;
@@ -21,12 +19,14 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use remem_client::cluster::ClusterFile;
 use remem_client::{Client, ClientConfig, PageOp, Shape};
+use remem_frontend::placement_arg::PlacementArgs;
+use remem_frontend::transport_arg::Transport;
 use remem_proto::auth::Secret;
 use serde::Serialize;
 
 use crate::bench_floor::{self, FanOut, FloorComparison, RangeProbes};
-use crate::launcher::{ClusterOptions, LocalCluster};
-use crate::stats::{Samples, Summary};
+use remem_local::launcher::{ClusterOptions, LocalCluster};
+use remem_local::stats::{Samples, Summary};
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -34,17 +34,17 @@ pub struct BenchArgs {
     #[arg(long)]
     pub cluster: Option<PathBuf>,
     /// Nodes of the cluster the bench starts when no --cluster is given.
-    #[arg(long, default_value_t = 10, value_parser = crate::units::parse_count)]
+    #[arg(long, default_value_t = 10, value_parser = remem_local::units::parse_count)]
     pub nodes: usize,
     /// Slab size of the cluster the bench starts (64 MiB keeps shared-memory metadata, header
     /// page included, under 1% of slab memory at 512-byte splits).
-    #[arg(long, default_value = "64MiB", value_parser = crate::units::parse_positive_bytes)]
+    #[arg(long, default_value = "64MiB", value_parser = remem_local::units::parse_positive_bytes)]
     pub slab_size: u64,
     /// Address space per scheme; filled completely before measuring.
-    #[arg(long, default_value = "128MiB", value_parser = crate::units::parse_positive_bytes)]
+    #[arg(long, default_value = "128MiB", value_parser = remem_local::units::parse_positive_bytes)]
     pub size: u64,
     /// Operations per latency series at queue depth 1 (queue depth 32 runs 4x as many).
-    #[arg(long, default_value_t = 20_000, value_parser = crate::units::parse_count)]
+    #[arg(long, default_value_t = 20_000, value_parser = remem_local::units::parse_count)]
     pub ops: usize,
     /// Print one JSON document instead of the table.
     #[arg(long)]
@@ -226,7 +226,7 @@ fn bench_cluster(
                 dir,
                 fault_injection: args.straggler_us.is_some(),
                 monitor_args: None,
-                unix_sockets: crate::launcher::UnixSockets::All,
+                unix_sockets: remem_local::launcher::UnixSockets::All,
             };
             eprintln!("starting {} nodes ...", options.nodes);
             let started = LocalCluster::start(binary, &options)?;
@@ -245,7 +245,7 @@ fn run_scheme(
     (series, floors): (&mut Vec<SeriesResult>, &mut Vec<FloorComparison>),
 ) -> Result<Option<(f64, f64)>> {
     let page_bytes = 4096;
-    eprintln!("{}: filling {} ...", scheme.name, crate::units::format_bytes(args.size));
+    eprintln!("{}: filling {} ...", scheme.name, remem_local::units::format_bytes(args.size));
     let mut config = ClientConfig::new(scheme.shape, args.size);
     config.allow_shared_domains = args.placement.allow_shared_domains;
     config.max_in_flight = 32;
@@ -517,7 +517,7 @@ fn run_straggler(
     let mut rows = Vec::new();
     let mut rng = StdRng::seed_from_u64(args.seed);
     for scheme in schemes {
-        eprintln!("{}: filling {} ...", scheme.name, crate::units::format_bytes(args.size));
+        eprintln!("{}: filling {} ...", scheme.name, remem_local::units::format_bytes(args.size));
         let mut config = ClientConfig::new(scheme.shape, args.size);
         config.allow_shared_domains = args.placement.allow_shared_domains;
         // The straggler must not be mistaken for a dead node.
@@ -540,18 +540,18 @@ fn run_straggler(
         eprintln!("{}: read qd1 x{} healthy ...", scheme.name, args.ops);
         let (mut healthy, _) = run_series(&mut client, &order, 1, Operation::Read, 4096)?;
         let address = nodes[slow].address;
-        crate::faults::inject(
+        remem_local::faults::inject(
             address,
             secret,
             client.client_id(),
-            crate::faults::Fault::Delay { delay_us, fraction_ppm: 1_000_000, seed: args.seed },
+            remem_local::faults::Fault::Delay { delay_us, fraction_ppm: 1_000_000, seed: args.seed },
         )?;
         eprintln!(
             "{}: read qd1 x{} with {address} delaying every reply by {delay_us} us ...",
             scheme.name, args.ops
         );
         let result = run_series(&mut client, &order, 1, Operation::Read, 4096);
-        crate::faults::inject(address, secret, client.client_id(), crate::faults::Fault::Clear)?;
+        remem_local::faults::inject(address, secret, client.client_id(), remem_local::faults::Fault::Clear)?;
         let (mut slowed, _) = result?;
         rows.push(StragglerRow {
             name: scheme.name.to_string(),
@@ -682,7 +682,7 @@ pub fn run_series(
     let mut samples = Samples::with_capacity(order.len());
     let mut buffers = vec![vec![0u8; page_bytes]; CHUNK_OPS.min(order.len())];
     for (index, buffer) in buffers.iter_mut().enumerate() {
-        crate::pattern::fill(buffer, index as u64, 0, 42);
+        remem_local::pattern::fill(buffer, index as u64, 0, 42);
     }
     let mut elapsed = Duration::ZERO;
     for chunk in order.chunks(CHUNK_OPS) {

@@ -17,9 +17,9 @@ use remem_client::{Client, ClientConfig, PageOp, Shape};
 use remem_placement::LeastLoaded;
 use serde::Serialize;
 
-use crate::launcher::{ClusterOptions, LocalCluster};
-use crate::stats::{Samples, Summary};
-use crate::units::{format_bytes, parse_bytes};
+use remem_local::launcher::{ClusterOptions, LocalCluster};
+use remem_local::stats::{Samples, Summary};
+use remem_local::units::{format_bytes, parse_bytes};
 use remem_node::FloorSource;
 
 #[derive(Args, Debug)]
@@ -86,11 +86,11 @@ struct CpuSnapshot {
 
 impl CpuSnapshot {
     fn take(cluster: &LocalCluster, nodes: usize) -> Result<CpuSnapshot> {
-        let (machine, cpus) = crate::stats::machine_busy_seconds()?;
+        let (machine, cpus) = remem_local::stats::machine_busy_seconds()?;
         let nodes = (0..nodes)
-            .map(|node| cluster.pid(node).map_or(Ok(0.0), crate::stats::cpu_seconds))
+            .map(|node| cluster.pid(node).map_or(Ok(0.0), remem_local::stats::cpu_seconds))
             .collect::<Result<Vec<f64>>>()?;
-        let bench = crate::stats::cpu_seconds(std::process::id())?;
+        let bench = remem_local::stats::cpu_seconds(std::process::id())?;
         Ok(CpuSnapshot { at: Instant::now(), machine, cpus, nodes, bench })
     }
 
@@ -117,7 +117,7 @@ fn fill_range(client: &mut Client, buffers: &mut [Vec<u8>], pages: u64) -> Resul
     for first in (0..pages).step_by(buffers.len()) {
         let count = (pages - first).min(buffers.len() as u64) as usize;
         for (offset, buffer) in buffers[..count].iter_mut().enumerate() {
-            crate::pattern::fill(buffer, first + offset as u64, 1, SEED);
+            remem_local::pattern::fill(buffer, first + offset as u64, 1, SEED);
         }
         let mut ops: Vec<PageOp<'_>> = buffers[..count]
             .iter()
@@ -176,7 +176,7 @@ fn verify_every_page(client: &mut Client, buffers: &mut [Vec<u8>], pages: u64) -
         client.execute_all(&mut ops).context("reading after the rebuild")?;
         for (offset, buffer) in buffers[..count].iter().enumerate() {
             verified += 1;
-            if !crate::pattern::check(buffer, first + offset as u64, 1, SEED, &mut scratch) {
+            if !remem_local::pattern::check(buffer, first + offset as u64, 1, SEED, &mut scratch) {
                 mismatches += 1;
             }
         }
@@ -196,7 +196,7 @@ fn regen_cluster(args: &RegenArgs, binary: &std::path::Path, shape: Shape) -> Re
         dir,
         fault_injection: true,
         monitor_args: None,
-        unix_sockets: crate::launcher::UnixSockets::All,
+        unix_sockets: remem_local::launcher::UnixSockets::All,
     };
     eprintln!("starting {} nodes with {} slabs ...", options.nodes, format_bytes(args.slab_size));
     let cluster = LocalCluster::start(binary, &options)?;
@@ -265,11 +265,11 @@ pub fn run(args: RegenArgs, binary: &std::path::Path) -> Result<RegenReport> {
     eprintln!("evicting slab {} of split 0 on {address} ...", victim.slab_id);
     let before_rebuild = CpuSnapshot::take(&cluster, node_count)?;
     let evicted = Instant::now();
-    crate::faults::inject(
+    remem_local::faults::inject(
         address,
         &cluster.secret,
         client.client_id(),
-        crate::faults::Fault::Evict { slab_id: victim.slab_id },
+        remem_local::faults::Fault::Evict { slab_id: victim.slab_id },
     )?;
     let mut during = serve_until_rebuilt(&mut client, &mut work, evicted)?;
     let seconds = evicted.elapsed().as_secs_f64();
@@ -358,11 +358,11 @@ impl Served {
         if self.ops.is_multiple_of(2) {
             client.execute_all(&mut [PageOp::Read { page, buf: buffer }]).context("a read failed")?;
             self.reads.push(op_started.elapsed());
-            if !crate::pattern::check(buffer, page, 1, SEED, &mut scratch[..]) {
+            if !remem_local::pattern::check(buffer, page, 1, SEED, &mut scratch[..]) {
                 self.mismatches += 1;
             }
         } else {
-            crate::pattern::fill(buffer, page, 1, SEED);
+            remem_local::pattern::fill(buffer, page, 1, SEED);
             client.execute_all(&mut [PageOp::Write { page, data: buffer }]).context("a write failed")?;
             self.writes.push(op_started.elapsed());
         }

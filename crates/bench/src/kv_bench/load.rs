@@ -12,8 +12,8 @@ use super::process::ServerProcess;
 use super::report::{KvSeries, RaceRow, TransitionRow};
 use super::values::{looks_right, stamp, value_for};
 use super::{key_space, KvBenchArgs, CLIENT_TIMEOUT};
-use crate::stats::Samples;
-use crate::units::format_bytes;
+use remem_local::stats::Samples;
+use remem_local::units::format_bytes;
 
 /// Every size and connection count against one server: fill, GET series, SET series.
 pub(super) fn measure_target(

@@ -29,7 +29,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::units::{format_bytes, parse_bytes};
+use remem_local::units::{format_bytes, parse_bytes};
 
 pub use client::{ClientError, Item, StoreOutcome, TextClient, Transition, MAX_VALUE_BYTES};
 pub use process::{remem_kv_available, ServerProcess};
@@ -151,7 +151,7 @@ pub fn run(mut args: KvBenchArgs, binary: &Path) -> Result<KvBenchReport> {
     let largest = args.sizes.iter().copied().max().unwrap_or(0).max(args.race_size);
     let largest_transition = args.transition_sizes.iter().copied().max().unwrap_or(0);
     let dir = std::env::temp_dir().join(format!("remem-bench-kv-{}", std::process::id()));
-    crate::launcher::private_directory(&dir)?;
+    remem_local::launcher::private_directory(&dir)?;
     let mut warnings = Vec::new();
     let mut series = Vec::new();
 

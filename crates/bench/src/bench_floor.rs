@@ -25,7 +25,7 @@ use remem_client::{Client, PageOp, Shape};
 use serde::Serialize;
 
 use crate::bench::{result, run_chunk, Operation, SeriesResult};
-use crate::stats::Samples;
+use remem_local::stats::Samples;
 
 /// A series whose p50 is below this fraction of its floor's p50 beats the floor by more than
 /// the run-to-run noise of these machines (a few percent at p50 over thousands of ops).
@@ -168,7 +168,7 @@ pub fn run_interleaved(
     let round = round_ops(queue_depth);
     let mut buffers = vec![vec![0u8; page_bytes]; round.min(order.len())];
     for (index, buffer) in buffers.iter_mut().enumerate() {
-        crate::pattern::fill(buffer, index as u64, 0, 42);
+        remem_local::pattern::fill(buffer, index as u64, 0, 42);
     }
     let mut series = (Samples::with_capacity(order.len()), Duration::ZERO);
     let mut floor = (Samples::with_capacity(order.len()), Duration::ZERO);
@@ -298,7 +298,7 @@ pub fn print_comparisons(comparisons: &[FloorComparison]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats::Summary;
+    use remem_local::stats::Summary;
 
     const EC82_DELTA1: Shape = Shape { data_splits: 8, parity_splits: 2, extra_reads: 1 };
     const REP2: Shape = Shape { data_splits: 1, parity_splits: 1, extra_reads: 0 };

@@ -8,7 +8,7 @@ use remem_client::Shape;
 #[derive(Args, Clone, Debug)]
 pub struct CodeArgs {
     /// Data splits per page (k).
-    #[arg(long, short = 'k', default_value_t = 8, value_parser = crate::units::parse_data_splits)]
+    #[arg(long, short = 'k', default_value_t = 8, value_parser = remem_local::units::parse_data_splits)]
     pub data_splits: usize,
     /// Parity splits per page (r): pages survive r failed nodes.
     #[arg(long, short = 'r', default_value_t = 2)]
