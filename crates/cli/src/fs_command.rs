@@ -298,12 +298,12 @@ pub fn run(args: FsArgs) -> Result<()> {
     if let Some(value) = args.oom_score_adj {
         // A warning, not an error: lowering the score needs CAP_SYS_RESOURCE, which root in a
         // container or sandbox may lack; the file system still works without it.
-        if let Err(error) = remem_nbd::host::set_oom_score_adj(value) {
+        if let Err(error) = remem_host::process::set_oom_score_adj(value) {
             eprintln!("warning: cannot set oom_score_adj to {value} (needs CAP_SYS_RESOURCE): {error}");
         }
     }
     if args.mlock {
-        remem_nbd::host::lock_all_memory()
+        remem_host::process::lock_all_memory()
             .context("mlockall (needs CAP_IPC_LOCK or a large RLIMIT_MEMLOCK)")?;
     }
 

@@ -3,7 +3,6 @@
 //! The binary (`main.rs`) only parses arguments; each command lives in its own module so the
 //! tests can drive the same code.
 
-pub mod apps_bench;
 pub mod client_report;
 pub mod cluster_watch;
 pub mod completions;
@@ -13,7 +12,6 @@ pub mod etcd_cluster;
 pub mod fs_command;
 pub mod fs_metrics;
 pub mod kv_command;
-pub mod kv_ha_bench;
 pub mod kv_standby;
 pub mod kv_state;
 pub mod manpage;
@@ -30,7 +28,9 @@ pub mod swap_command;
 pub mod torture;
 
 // The local-cluster kit, under the paths the commands and tests have always used.
-pub use remem_bench::{bench, bench_floor, codec_bench, kv_bench, plot, regen_bench};
+pub use remem_bench::{
+    apps_bench, bench, bench_floor, codec_bench, kv_bench, kv_ha_bench, plot, regen_bench,
+};
 pub use remem_frontend::{code_args, placement_arg, transport_arg};
 pub use remem_local::{faults, host_memory, launcher, pattern, stats, units};
 

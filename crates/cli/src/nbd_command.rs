@@ -247,10 +247,10 @@ pub fn run(args: NbdArgs) -> Result<()> {
     // listener, the metrics port): a start that fails leaves no slab map behind, and `listening`
     // is printed only once nothing can fail any more.
     if let Some(value) = args.oom_score_adj {
-        remem_nbd::host::set_oom_score_adj(value).context("setting oom_score_adj")?;
+        remem_host::process::set_oom_score_adj(value).context("setting oom_score_adj")?;
     }
     if args.mlock {
-        remem_nbd::host::lock_all_memory()
+        remem_host::process::lock_all_memory()
             .context("mlockall (needs CAP_IPC_LOCK or a large RLIMIT_MEMLOCK)")?;
     }
     let tls = tls_settings(&args)?;

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::code_args::CodeArgs;
 use crate::units::{format_bytes, parse_bytes};
+use remem_host::swap::tool_within;
 
 #[derive(Subcommand, Debug)]
 pub enum SwapCommand {
@@ -99,20 +100,6 @@ fn save(runtime_dir: &Path, state: &SwapState) -> Result<()> {
 /// Runs a system tool (under `timeout`), failing with its stderr; returns its stdout.
 fn tool(program: &str, args: &[&str]) -> Result<String> {
     tool_within(60, program, args)
-}
-
-/// [`tool`] with a time limit of `seconds`.
-pub(crate) fn tool_within(seconds: u32, program: &str, args: &[&str]) -> Result<String> {
-    let output = Command::new("timeout")
-        .args(["-k", "5", &seconds.to_string(), program])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("running {program}"))?;
-    if !output.status.success() {
-        bail!("{program} {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
 fn on(args: SwapOnArgs, binary: &Path) -> Result<()> {

@@ -22,7 +22,6 @@
 pub mod command;
 pub mod error;
 pub mod handshake;
-pub mod host;
 mod log_limit;
 pub mod protocol;
 pub mod server;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::run_command::LimitedChild;
+use remem_host::cgroup::LimitedChild;
 
 /// The header every value starts with: the key id (16 hex digits) and its version (8).
 pub const VALUE_HEADER_BYTES: usize = 24;

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::code_args::CodeArgs;
-use crate::launcher::{ClusterOptions, LocalCluster, UnixSockets};
-use crate::run_command::{RememSwap, RememSwapOptions};
+use remem_frontend::code_args::CodeArgs;
+use remem_host::swap::{RememSwap, RememSwapOptions};
+use remem_local::launcher::{ClusterOptions, LocalCluster, UnixSockets};
 
 use super::fault_path::DaemonStat;
 
@@ -241,7 +241,7 @@ impl Drop for RemoveOnDrop {
 
 /// Runs a system tool (under `timeout`, 120 s: a swap file is large), failing with its stderr.
 fn tool(program: &str, args: &[&str]) -> Result<()> {
-    crate::swap_command::tool_within(120, program, args).map(drop)
+    remem_host::swap::tool_within(120, program, args).map(drop)
 }
 
 #[cfg(test)]

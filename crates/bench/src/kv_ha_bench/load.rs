@@ -12,8 +12,8 @@ use rand::{Rng, SeedableRng};
 use super::{FailoverRow, KvHaBenchArgs, KvHaReport, MixRow, SyncRow, CLIENT_TIMEOUT};
 use crate::apps_bench::workload::Zipf;
 use crate::kv_bench::{value_for, ServerProcess, StoreOutcome, TextClient};
-use crate::launcher::{ClusterOptions, LocalCluster, UnixSockets};
-use crate::stats::{cpu_seconds, Samples, Summary};
+use remem_local::launcher::{ClusterOptions, LocalCluster, UnixSockets};
+use remem_local::stats::{cpu_seconds, Samples, Summary};
 
 /// Value size of the failover measurement's items.
 const ITEM_BYTES: usize = 32;

@@ -9,7 +9,7 @@ use anyhow::Result;
 
 use super::{AppReport, AppRun, SwapDevice};
 use crate::plot::{points_plot, PointSeries};
-use crate::units::format_bytes;
+use remem_local::units::format_bytes;
 
 fn ratio(value: Option<f64>) -> String {
     value.map_or("-".to_owned(), |ratio| format!("{ratio:.2}x"))

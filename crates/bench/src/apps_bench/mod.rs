@@ -38,7 +38,7 @@ use failure::Failure;
 use fault_path::{DaemonStat, FaultPath};
 use workload::ValueSizes;
 
-use crate::run_command::RunReport;
+use remem_host::cgroup::RunReport;
 
 const MIB: u64 = 1 << 20;
 const APPLICATIONS: [&str; 5] = ["pagerank", "sqlite", "memcached-etc", "memcached-sys", "redis"];
@@ -144,7 +144,7 @@ pub fn run_server(
     drive: impl FnOnce() -> Result<Driven>,
 ) -> Result<Measurement> {
     let mut server =
-        crate::run_command::LimitedChild::spawn(command, limit_bytes, std::process::Stdio::null())?;
+        remem_host::cgroup::LimitedChild::spawn(command, limit_bytes, std::process::Stdio::null())?;
     let outcome = workload::connect(&mut server, port, Duration::from_secs(10)).and_then(|_| drive());
     let report = server.stop(Duration::from_secs(10))?;
     let mut measurement = Measurement::failed(report, String::new());

@@ -11,7 +11,7 @@ use anyhow::Result;
 
 use super::failure::{Failure, KillTimer};
 use super::Measurement;
-use crate::run_command::LimitedChild;
+use remem_host::cgroup::LimitedChild;
 
 /// `iterations` power iterations with damping 0.85 and dangling mass spread evenly.
 const PAGERANK_SCRIPT: &str = r#"import random, sys

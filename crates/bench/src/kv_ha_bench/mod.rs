@@ -20,7 +20,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use serde::Serialize;
 
-use crate::stats::Summary;
+use remem_local::stats::Summary;
 
 #[derive(Args, Debug, Clone)]
 pub struct KvHaBenchArgs {
