@@ -61,10 +61,10 @@ pub struct KvArgs {
     #[arg(long, default_value_t = 3)]
     pub hot_reads: u32,
     /// Data splits of the EC scheme (k).
-    #[arg(short = 'k', long, default_value_t = 8)]
+    #[arg(short = 'k', long, default_value_t = 8, value_parser = crate::code_args::parse_data_splits)]
     pub data_splits: usize,
     /// Parities of the EC scheme (m): EC objects survive m failed nodes.
-    #[arg(short = 'r', long, default_value_t = 2)]
+    #[arg(short = 'r', long, default_value_t = 2, value_parser = crate::code_args::parse_parity_splits)]
     pub parity_splits: usize,
     /// Turn off data bypassing (gets of a value being written wait for the write and read it
     /// back; concurrent gets each fetch): for measuring what bypassing saves.
@@ -149,13 +149,6 @@ fn parse_scheme(text: &str, ec: EcShape) -> Result<Scheme> {
 
 /// The limits clap cannot check alone, before anything is connected or mapped.
 fn check_args(args: &KvArgs) -> Result<()> {
-    if args.data_splits == 0 || args.data_splits + args.parity_splits > 32 {
-        bail!(
-            "-k must be at least 1 and k + r at most 32 (got k={}, r={})",
-            args.data_splits,
-            args.parity_splits
-        );
-    }
     if args.max_item_size == 0 || args.max_item_size > 128 << 20 {
         bail!("--max-item-size must be between 1 byte and 128 MiB");
     }

@@ -159,9 +159,9 @@ struct UpArgs {
 
 #[derive(Args, Debug)]
 struct CodecArgs {
-    #[arg(long, short = 'k', default_value_t = 8)]
+    #[arg(long, short = 'k', default_value_t = 8, value_parser = remem::code_args::parse_data_splits)]
     data_splits: usize,
-    #[arg(long, short = 'r', default_value_t = 2)]
+    #[arg(long, short = 'r', default_value_t = 2, value_parser = remem::code_args::parse_parity_splits)]
     parity_splits: usize,
     #[arg(long, default_value_t = 4096)]
     page_bytes: usize,

@@ -29,8 +29,16 @@ fn dir(name: &str) -> std::path::PathBuf {
 #[test]
 fn zero_and_malformed_numbers_are_refused_with_a_message_not_a_panic() {
     let cases: &[(&[&str], &str)] = &[
-        (&["demo", "-k", "0"], "k must be between 1 and 32"),
-        (&["demo", "-k", "40"], "k must be between 1 and 32"),
+        (&["demo", "-k", "0"], "k must be between 1 and 16"),
+        (&["demo", "-k", "40"], "k must be between 1 and 16"),
+        // One definition of the shape limits, checked before anything connects (issue 29: nbd
+        // said "data_splits must be in 1..=16" after connecting, kv "k + r at most 32").
+        (&["nbd", "-k", "32"], "k must be between 1 and 16"),
+        (&["nbd", "-r", "40"], "r must be between 0 and 4"),
+        (&["kv", "-r", "40"], "r must be between 0 and 4"),
+        (&["kv", "-k", "17"], "k must be between 1 and 16"),
+        (&["fs", "-k", "20", "/nonexistent"], "k must be between 1 and 16"),
+        (&["bench", "codec", "-r", "5"], "r must be between 0 and 4"),
         (&["demo", "--slab-size", "0"], "must be more than 0 bytes"),
         (&["demo", "--slab-size", "100"], "must be a multiple of 4 KiB"),
         (&["demo", "--queue-depth", "0"], "must be at least 1"),

@@ -79,15 +79,6 @@ pub fn parse_positive_ms(text: &str) -> Result<u64, String> {
     }
 }
 
-/// Data splits per page (k): 1 to 32.
-pub fn parse_data_splits(text: &str) -> Result<usize, String> {
-    match text.trim().parse::<usize>() {
-        Ok(k) if (1..=32).contains(&k) => Ok(k),
-        Ok(k) => Err(format!("{k}: k must be between 1 and 32")),
-        Err(_) => Err(format!("{text:?} is not a whole number")),
-    }
-}
-
 /// Parses a duration: a number with `ms`, `s` or `m` (e.g. `200ms`, `1s`); a bare number is
 /// seconds.
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
@@ -135,7 +126,6 @@ mod tests {
         assert!(parse_bytes("99999999999TiB").is_err());
         assert_eq!(parse_positive_bytes("0").unwrap_err(), "\"0\": must be more than 0 bytes");
         assert!(parse_count("0").is_err() && parse_count("-1").is_err() && parse_count("3") == Ok(3));
-        assert!(parse_data_splits("0").is_err() && parse_data_splits("33").is_err());
         assert_eq!(parse_bytes("1g"), Ok(1 << 30));
         assert_eq!(parse_bytes(" 2 GiB "), Ok(2 << 30));
         assert!(parse_bytes("MiB").is_err());
