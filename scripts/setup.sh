@@ -32,7 +32,15 @@ done
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}" >&2
   sudo=""
-  if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+  if [ "$(id -u)" != 0 ]; then
+    if ! command -v sudo >/dev/null; then
+      echo "setup: these Debian packages are missing and installing them needs root: run" >&2
+      echo "  apt-get install ${missing[*]}" >&2
+      echo "as root (or install sudo), then run this again" >&2
+      exit 1
+    fi
+    sudo="sudo"
+  fi
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
