@@ -208,7 +208,7 @@ pub fn detach_dead_mount(mountpoint: &Path) -> Result<()> {
         }
         _ => std::path::absolute(mountpoint).context("resolving the mount point")?,
     };
-    let found = mount_type(&absolute);
+    let found = remem_host::process::mount_at(&absolute);
     match found.as_ref().map(|(kind, source)| (kind.as_str(), source.as_str())) {
         // fuser's own mount says `fuse` and source `remem`; fusermount3's `fuse.remem`.
         Some(("fuse" | "fuse.remem", "remem")) => {
@@ -226,31 +226,6 @@ pub fn detach_dead_mount(mountpoint: &Path) -> Result<()> {
         ),
         None => bail!("mount point {}: transport endpoint is not connected", absolute.display()),
     }
-}
-
-/// The file system type and source of the topmost mount at `mountpoint` (an absolute path), from
-/// /proc/self/mountinfo.
-fn mount_type(mountpoint: &Path) -> Option<(String, String)> {
-    let mut escaped = String::new();
-    for character in mountpoint.to_string_lossy().chars() {
-        match character {
-            ' ' => escaped.push_str("\\040"),
-            '\t' => escaped.push_str("\\011"),
-            '\n' => escaped.push_str("\\012"),
-            '\\' => escaped.push_str("\\134"),
-            other => escaped.push(other),
-        }
-    }
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER_OPTIONS
-    mountinfo
-        .lines()
-        .filter(|line| line.split(' ').nth(4) == Some(escaped.as_str()))
-        .filter_map(|line| {
-            let mut fields = line.split(" - ").nth(1)?.split(' ');
-            Some((fields.next()?.to_owned(), fields.next()?.to_owned()))
-        })
-        .next_back()
 }
 
 /// Fails with the reason when this host cannot mount a FUSE file system at `mountpoint`.

@@ -163,7 +163,7 @@ fn clean_runs_that_are_gone(binary: &Path) {
         let Some(pid) = name.strip_prefix("run-swap-").and_then(|pid| pid.parse::<u32>().ok()) else {
             continue;
         };
-        if pid == std::process::id() || is_remem_run(pid) {
+        if pid == std::process::id() || remem_host::process::is_remem(pid, "run") {
             continue;
         }
         eprintln!(
@@ -172,13 +172,6 @@ fn clean_runs_that_are_gone(binary: &Path) {
         );
         drop(RememSwap::adopt(binary, entry.path()));
     }
-}
-
-/// Whether `pid` is a running `remem run` (not a recycled PID).
-fn is_remem_run(pid: u32) -> bool {
-    let Ok(command_line) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
-    let words: Vec<&[u8]> = command_line.split(|&byte| byte == 0).collect();
-    words.len() > 1 && words[0].ends_with(b"remem") && words[1] == b"run"
 }
 
 /// Total swap space on, from `/proc/swaps` (KiB column), in bytes.

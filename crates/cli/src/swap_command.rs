@@ -299,21 +299,6 @@ fn is_swap_area(device: &str) -> bool {
         .any(|line| line.split_whitespace().next() == Some(device))
 }
 
-fn is_mounted(mountpoint: &Path) -> bool {
-    let wanted = mountpoint.to_string_lossy();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .any(|line| line.split_whitespace().nth(4) == Some(wanted.as_ref()))
-}
-
-/// Whether `pid` is still a `remem fs` daemon (not a recycled PID).
-fn is_fs_daemon(pid: u32) -> bool {
-    let Ok(command_line) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
-    let words: Vec<&[u8]> = command_line.split(|&byte| byte == 0).collect();
-    words.len() > 1 && words[0].ends_with(b"remem") && words[1] == b"fs"
-}
-
 fn off(runtime_dir: &Path) -> Result<()> {
     let state: SwapState = match std::fs::read(state_path(runtime_dir)) {
         Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_default(),
@@ -333,11 +318,11 @@ fn off(runtime_dir: &Path) -> Result<()> {
             Err(error) => problems.push(format!("{error:#}")),
         }
     }
-    if let Some(pid) = state.daemon_pid.filter(|&pid| is_fs_daemon(pid)) {
+    if let Some(pid) = state.daemon_pid.filter(|&pid| remem_host::process::is_remem(pid, "fs")) {
         stop_daemon(pid);
         println!("stopped remem fs (pid {pid})");
     }
-    if is_mounted(&mountpoint) {
+    if remem_host::process::mount_at(&mountpoint).is_some() {
         let path = mountpoint.to_str().context("runtime directory is not UTF-8")?;
         match tool("umount", &["-l", path]) {
             Ok(_) => println!("unmounted {path}"),
@@ -359,17 +344,11 @@ fn stop_daemon(pid: u32) {
     // SAFETY: kill with a PID just checked to be a remem fs daemon; no memory is passed.
     unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline && is_fs_daemon(pid) && !is_zombie(pid) {
+    while Instant::now() < deadline && remem_host::process::is_remem(pid, "fs") {
         std::thread::sleep(Duration::from_millis(50));
     }
-    if is_fs_daemon(pid) && !is_zombie(pid) {
+    if remem_host::process::is_remem(pid, "fs") {
         // SAFETY: as above.
         unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
     }
-}
-
-fn is_zombie(pid: u32) -> bool {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The state follows the command name in parentheses.
-    status.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z'))
 }
