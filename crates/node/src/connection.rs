@@ -142,8 +142,6 @@ pub struct Connection {
     frame_started: Option<Instant>,
     /// The socket's read timeout as last set.
     read_timeout: Option<Duration>,
-    /// When bytes last arrived: a claimed connection silent for the lease timeout is closed.
-    last_input: Instant,
 }
 
 impl Connection {
@@ -172,7 +170,6 @@ impl Connection {
             charged_bytes: 0,
             frame_started: None,
             read_timeout: None,
-            last_input: Instant::now(),
         }
     }
 
@@ -252,7 +249,6 @@ impl Connection {
         self.flush()?;
         self.stream.set_read_timeout(None)?;
         self.read_timeout = None;
-        self.last_input = Instant::now();
         Ok(())
     }
 
