@@ -237,11 +237,7 @@ impl Client {
 
 /// The key of a node's failure domain: an empty label is a domain of its own.
 fn domain_of(load: &NodeLoad) -> (&str, usize) {
-    if load.failure_domain.is_empty() {
-        ("", load.node_index)
-    } else {
-        (load.failure_domain.as_str(), usize::MAX)
-    }
+    crate::engine::failure_domain_key(&load.failure_domain, load.node_index)
 }
 
 /// When a range placed on `nodes` has more than r splits in one failure domain (losing that

@@ -60,6 +60,7 @@ use crate::error::PageError;
 use crate::shm::ShmSlab;
 
 pub use health::NodeStats;
+pub(crate) use regeneration::failure_domain_key;
 pub use regeneration::RegenerationStatus;
 pub use regions::BesideError;
 

@@ -326,10 +326,7 @@ impl Engine {
 
     /// A node's failure domain as placement counts it: an empty label is a domain of its own.
     fn domain_key(&self, node: NodeId) -> (&str, usize) {
-        match self.nodes[node].info.failure_domain.as_str() {
-            "" => ("", node),
-            domain => (domain, usize::MAX),
-        }
+        failure_domain_key(&self.nodes[node].info.failure_domain, node)
     }
 
     /// Points the range at the new slab for writes and hands the rebuild to its node.
@@ -613,5 +610,14 @@ impl Engine {
                 self.forget_previous(range, split);
             }
         }
+    }
+}
+
+/// A node's failure domain as the client counts splits per domain: its label, or, unlabelled, a
+/// domain of its own (placement's rule). One definition for first placements and rebuilds.
+pub(crate) fn failure_domain_key(label: &str, node: usize) -> (&str, usize) {
+    match label {
+        "" => ("", node),
+        domain => (domain, usize::MAX),
     }
 }
