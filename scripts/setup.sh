@@ -18,6 +18,7 @@ packages=(
   python3 util-linux                                                   # jobs, losetup/mkswap/swapon of `remem run`, `remem bench apps` (tests/run.rs)
   iproute2                                                             # ip netns, bridge, veth and tc netem of crates/cli/tests/netns.rs
   groff-base                                                           # groff checks `remem man`'s pages (crates/cli/tests/operations.rs)
+  gcc libc6-dev                                                        # compiles the probe of crates/cli/tests/paging.rs (`remem run --paging uffd`)
   etcd-server etcd-client protobuf-compiler                            # etcd for membership and slab maps (crates/cli/tests/etcd.rs); protoc builds etcd-client's API
   redis-server redis-tools                                             # redis-server and redis-benchmark for `remem bench apps`
 )

@@ -49,9 +49,35 @@ pub struct RunArgs {
     /// Runtime directory of the swap area `--swap-size` turns on (default: one per run).
     #[arg(long)]
     pub swap_runtime_dir: Option<PathBuf>,
+    /// How the command's memory pages to remem. `kernel`: the command runs in a memory cgroup
+    /// and the kernel swaps to remem swap (a loop device over `remem fs`). `uffd`: inside the
+    /// process, with no swap device and no cgroup: a preloaded library serves the command's
+    /// page faults from remem through userfaultfd and keeps its large private anonymous memory
+    /// within the limit (needs root; docs/PAGING.md).
+    #[arg(long, value_enum, default_value_t = Paging::Kernel)]
+    pub paging: Paging,
+    /// With --paging uffd: the size of the command's remem region, which bounds how much of
+    /// its memory can be paged out (default: 4 times the limit).
+    #[arg(long, value_parser = parse_bytes)]
+    pub remote_size: Option<u64>,
+    /// With --paging uffd: how the pager reaches the nodes' memory (shm for the nodes on this
+    /// host, TCP otherwise).
+    #[arg(long, value_enum, default_value_t = crate::transport_arg::Transport::Shm)]
+    pub transport: crate::transport_arg::Transport,
+    /// With --paging uffd: microseconds the pager polls for the next fault before it sleeps
+    /// (a sleeping pager costs a wake-up per fault; a polling one a share of a core).
+    #[arg(long, default_value_t = 50)]
+    pub spin_us: u64,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, num_args = 1..)]
     pub command: Vec<String>,
+}
+
+/// Where the paging of `remem run` happens.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Paging {
+    Kernel,
+    Uffd,
 }
 
 /// A memory limit as given on the command line.
@@ -79,6 +105,9 @@ pub fn parse_memory_limit(text: &str) -> Result<MemoryLimit, String> {
 
 /// Runs the command as `args` say and returns its exit code (after cleanup).
 pub fn run(args: RunArgs, binary: &Path) -> Result<i32> {
+    if args.paging == Paging::Uffd {
+        return run_paged(&args, binary);
+    }
     // Until the command runs, an interrupt means: undo the set-up and stop.
     let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut handlers = Vec::new();
@@ -150,6 +179,53 @@ fn run_limited(args: &RunArgs) -> Result<i32> {
     };
     let report = run_once(&args.command, Some(limit_bytes), Stdio::inherit())?;
     eprintln!("{}", report.line());
+    Ok(report.exit_code)
+}
+
+/// `--paging uffd`: the command runs with the preload library, its limit enforced by the pager.
+fn run_paged(args: &RunArgs, binary: &Path) -> Result<i32> {
+    if args.swap_size.is_some() {
+        bail!("--swap-size turns on kernel swap: it does not go with --paging uffd (see --remote-size)");
+    }
+    let cluster = args.cluster.clone().unwrap_or_else(|| crate::launcher::default_dir().join("cluster.json"));
+    let file = remem_client::cluster::ClusterFile::load(&cluster).with_context(|| {
+        "--paging uffd pages to a running cluster (`remem up`, or --cluster FILE)".to_owned()
+    })?;
+    crate::transport_arg::check_transport(args.transport, &file, &cluster)?;
+    remem_host::paging::library_beside(binary)?;
+    let limit_bytes = match args.memory_limit {
+        MemoryLimit::Bytes(bytes) => bytes,
+        MemoryLimit::PercentOfPeak(percent) => {
+            let report = run_once(&args.command, None, Stdio::inherit())?;
+            eprintln!("{} [unlimited run, to measure the peak]", report.line());
+            let peak = report.peak_bytes.context("the cgroup reports no peak usage (memory.peak missing)")?;
+            ((peak as f64 * percent / 100.0) as u64).div_ceil(4096).max(256) * 4096
+        }
+    };
+    let shape = args.code.shape()?;
+    let options = remem_host::paging::PagedOptions {
+        cluster,
+        limit_bytes,
+        remote_bytes: args.remote_size.unwrap_or(limit_bytes.saturating_mul(4)),
+        data_splits: shape.data_splits,
+        parity_splits: shape.parity_splits,
+        shared_memory: args.transport == crate::transport_arg::Transport::Shm,
+        spin: std::time::Duration::from_micros(args.spin_us),
+        min_bytes: 1 << 20,
+        stats: None,
+        map: None,
+    };
+    // SIGINT reaches the command from the terminal; this process outlives it to report.
+    // SAFETY: setting a signal disposition to SIG_IGN has no preconditions.
+    let previous_sigint = unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+    let report = remem_host::paging::run_paged(binary, &args.command, &options);
+    // SAFETY: restores the disposition read above.
+    unsafe { libc::signal(libc::SIGINT, previous_sigint) };
+    let report = report?;
+    eprintln!("{}", report.line());
+    if let Some(stats) = &report.stats {
+        eprintln!("remem run: pager {stats}");
+    }
     Ok(report.exit_code)
 }
 

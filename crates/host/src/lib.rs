@@ -7,5 +7,6 @@
 //! running the `remem` binary it is given.
 
 pub mod cgroup;
+pub mod paging;
 pub mod process;
 pub mod swap;

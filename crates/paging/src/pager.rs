@@ -1,0 +1,669 @@
+//! The handler: one thread of the process that reads the userfaultfd, serves every fault of
+//! the managed memory from the page table, keeps the pages within the local budget, and runs
+//! the remem client (run to completion on this thread: no lock shared with the program).
+//!
+//! Eviction moves a page out of the program with UFFDIO_MOVE into a staging page of the pager
+//! (registered with a second userfaultfd that asks for no events, so the pager may discard its
+//! own staging pages without waiting on itself). A move never faults and never races a write of
+//! the program: the page leaves atomically, and a write after it faults and is served from
+//! staging. Clean pages are write-protected, so the first write after a fetch is seen.
+
+use std::io;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use remem_client::{Client, PageOp};
+
+use crate::maps::{self, Managed};
+use crate::pages::{Entry, Fault, PageTable, Slots, State, NO_SLOT};
+use crate::stats::STATS;
+use crate::uffd::{self, Message, Uffd};
+
+pub const PAGE: u64 = 4096;
+/// Victims written back (and dropped) together, as one batch of the engine.
+const WRITE_BACK_BATCH: usize = 32;
+/// Most pages fetched for one fault (the fault's own and those a sequential trend predicts).
+const PREFETCH_MAX: usize = 16;
+/// How often the process's mappings are looked at for new memory to manage.
+/// (Reading /proc/self/maps costs tens of microseconds; memory the program fills before the
+/// next look is adopted then, and the budget is exceeded until it is evicted.)
+const SCAN_INTERVAL: Duration = Duration::from_millis(5);
+
+/// A private buffer of the pager: pages it reads and writes itself, never managed.
+struct Buffer {
+    base: *mut u8,
+    bytes: usize,
+}
+
+impl Buffer {
+    fn new(bytes: usize) -> io::Result<Buffer> {
+        // SAFETY: a fresh private anonymous mapping.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Buffer { base: base.cast(), bytes })
+    }
+
+    fn range(&self) -> (u64, u64) {
+        (self.base as u64, self.base as u64 + self.bytes as u64)
+    }
+
+    fn address(&self, page: usize) -> u64 {
+        self.base as u64 + page as u64 * PAGE
+    }
+
+    /// Page `page` of the buffer, which must be present (written by the pager or moved in).
+    fn page(&self, page: usize) -> &[u8] {
+        assert!((page + 1) * PAGE as usize <= self.bytes);
+        // SAFETY: in bounds (checked above) of a mapping this pager owns for its whole life.
+        unsafe { std::slice::from_raw_parts(self.base.add(page * PAGE as usize), PAGE as usize) }
+    }
+
+    fn pages_mut(&mut self, first: usize, count: usize) -> &mut [u8] {
+        assert!((first + count) * PAGE as usize <= self.bytes);
+        // SAFETY: as above, and `&mut self` makes it the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.base.add(first * PAGE as usize), count * PAGE as usize) }
+    }
+
+    /// Gives the page's memory back (the next move into it finds it missing).
+    fn discard(&self, page: usize) {
+        // SAFETY: a page of this pager's own mapping; nothing refers to its bytes any more.
+        unsafe {
+            libc::madvise(self.base.add(page * PAGE as usize).cast(), PAGE as usize, libc::MADV_DONTNEED)
+        };
+    }
+}
+
+pub struct Pager {
+    uffd: Uffd,
+    staging_uffd: Uffd,
+    staging: Buffer,
+    free_staging: Vec<u32>,
+    fetch_buffer: Buffer,
+    table: PageTable,
+    slots: Slots,
+    client: Option<Client>,
+    connect: Connect,
+    managed: Managed,
+    /// Managed ranges where write-protection could not be registered: always dirty.
+    no_write_protect: Managed,
+    excluded: Vec<(u64, u64)>,
+    /// Managed memory the pager itself may touch: never evicted (see `Setup::pinned`, and
+    /// `maps::STACK_TOP_PINNED`).
+    pinned: Managed,
+    budget_pages: usize,
+    victim_target: usize,
+    min_bytes: u64,
+    spin: Duration,
+    pagemap: Option<std::fs::File>,
+    messages: Box<[Message; 64]>,
+    /// Faults to serve again once the pending event is read (their ioctl answered EAGAIN):
+    /// (page, a write-protect fault). Their threads are not woken meanwhile: a woken thread
+    /// faults again at once, and the kernel hands out pending faults before events, so waking
+    /// them could starve the event (and the thread waiting on it) for ever.
+    retry: Vec<(u64, bool)>,
+    last_fetch: u64,
+    prefetch_window: usize,
+    last_scan: Instant,
+    /// Eviction is off while the program forks (everything was brought home).
+    paused: bool,
+    map_path: Option<std::path::PathBuf>,
+    warned_full: bool,
+    victims: Vec<(u64, u32, bool)>,
+}
+
+/// Connects the pager's client (see `Pager::connect_now`).
+pub type Connect = Box<dyn FnMut() -> Result<Client, String> + Send>;
+
+pub struct Setup {
+    pub connect: Connect,
+    pub limit_bytes: u64,
+    pub remote_pages: u32,
+    pub min_bytes: u64,
+    pub spin: Duration,
+    pub excluded: Vec<(u64, u64)>,
+    /// Managed memory the handler itself reads (glibc's thread vector): never evicted.
+    pub pinned: Vec<(u64, u64)>,
+    /// Where the slab map is saved (see `save_map`).
+    pub map_path: Option<std::path::PathBuf>,
+}
+
+impl Pager {
+    pub fn new(setup: Setup) -> io::Result<Pager> {
+        let wanted = uffd::FEATURE_PAGEFAULT_FLAG_WP
+            | uffd::FEATURE_EVENT_REMAP
+            | uffd::FEATURE_EVENT_REMOVE
+            | uffd::FEATURE_EVENT_UNMAP
+            | uffd::FEATURE_POISON
+            | uffd::FEATURE_MOVE;
+        let uffd = Uffd::open(wanted)?;
+        let needed = uffd::FEATURE_EVENT_REMAP | uffd::FEATURE_EVENT_REMOVE | uffd::FEATURE_EVENT_UNMAP;
+        if uffd.features() & needed != needed {
+            return Err(io::Error::other(
+                "this kernel's userfaultfd lacks the remap, remove or unmap events",
+            ));
+        }
+        let staging_uffd = Uffd::open(uffd::FEATURE_MOVE)?;
+        let budget_pages = (setup.limit_bytes / PAGE) as usize;
+        let victim_target = (budget_pages / 8).clamp(16, 16384);
+        let staging_pages = victim_target + WRITE_BACK_BATCH + 1;
+        let staging = Buffer::new(staging_pages * PAGE as usize)?;
+        staging_uffd.register(staging.range().0, staging.bytes as u64, false)?;
+        let fetch_buffer = Buffer::new(PREFETCH_MAX * PAGE as usize)?;
+        let mut excluded = setup.excluded;
+        excluded.extend([staging.range(), fetch_buffer.range()]);
+        let pinned = setup.pinned;
+        let mut pager = Pager {
+            uffd,
+            staging_uffd,
+            free_staging: (0..staging_pages as u32).rev().collect(),
+            staging,
+            fetch_buffer,
+            table: PageTable::default(),
+            slots: Slots::new(setup.remote_pages),
+            client: None,
+            connect: setup.connect,
+            managed: Managed::default(),
+            no_write_protect: Managed::default(),
+            excluded,
+            pinned: Managed::default(),
+            budget_pages,
+            victim_target,
+            min_bytes: setup.min_bytes,
+            spin: setup.spin,
+            pagemap: std::fs::File::open("/proc/self/pagemap").ok(),
+            messages: Box::new([Message::default(); 64]),
+            retry: Vec::new(),
+            last_fetch: 0,
+            prefetch_window: 1,
+            last_scan: Instant::now(),
+            paused: false,
+            map_path: setup.map_path,
+            warned_full: false,
+            victims: Vec::with_capacity(WRITE_BACK_BATCH),
+        };
+        for (start, end) in pinned {
+            pager.pin(start, end);
+        }
+        Ok(pager)
+    }
+
+    /// Never evicts the pages of `[start, end)` (whole pages: the pager reads those bytes).
+    fn pin(&mut self, start: u64, end: u64) {
+        self.pinned.add(start & !(PAGE - 1), end.next_multiple_of(PAGE));
+    }
+
+    /// Starts managing the process's memory as it is now (see `maps`).
+    pub fn scan(&mut self) {
+        self.last_scan = Instant::now();
+        if self.client.is_none() {
+            return;
+        }
+        let Ok(text) = std::fs::read_to_string("/proc/self/maps") else { return };
+        let mappings = maps::anonymous_mappings(&text);
+        // glibc moves the thread vector when it grows (a module with thread-locals loaded).
+        if let Some((start, end)) = crate::thread_vector() {
+            self.pin(start, end);
+        }
+        for mapping in mappings.iter().filter(|mapping| mapping.guarded) {
+            let top = mapping.end.saturating_sub(maps::STACK_TOP_PINNED).max(mapping.start);
+            self.pin(top, mapping.end);
+        }
+        for (start, end) in maps::to_manage(&mappings, &self.managed, &self.excluded, self.min_bytes) {
+            if self.uffd.register(start, end - start, true).is_err() {
+                if self.uffd.register(start, end - start, false).is_err() {
+                    continue;
+                }
+                self.no_write_protect.add(start, end);
+            }
+            self.managed.add(start, end);
+            self.adopt_present(start, end);
+        }
+        STATS.managed_bytes.store(self.managed.total_bytes(), Relaxed);
+    }
+
+    /// Pages of a newly managed range the program already touched are resident (and dirty:
+    /// no copy of them is anywhere else).
+    fn adopt_present(&mut self, start: u64, end: u64) {
+        use std::os::unix::fs::FileExt;
+        let Some(pagemap) = &self.pagemap else { return };
+        let mut entries = [0u64; 512];
+        let mut page = start;
+        while page < end {
+            let count = (((end - page) / PAGE) as usize).min(entries.len());
+            // SAFETY: `entries` is plain u64s; viewed as bytes for the read.
+            let bytes =
+                unsafe { std::slice::from_raw_parts_mut(entries.as_mut_ptr().cast::<u8>(), count * 8) };
+            if pagemap.read_exact_at(bytes, page / PAGE * 8).is_err() {
+                return;
+            }
+            for (index, entry) in entries[..count].iter().enumerate() {
+                // Bit 63: present in memory (a page in kernel swap is present to the program).
+                if entry & (1 << 63 | 1 << 62) != 0 {
+                    self.table.make_resident(page + index as u64 * PAGE, true);
+                }
+            }
+            page += count as u64 * PAGE;
+        }
+    }
+
+    /// Serves the program until the process ends. `control` is looked at between batches.
+    pub fn run(&mut self, control: &crate::Control) -> ! {
+        let mut idle_since = Instant::now();
+        loop {
+            let got = match self.uffd.read(&mut self.messages[..]) {
+                Ok(got) => got,
+                Err(error) => {
+                    eprintln!("remem paging: reading the userfaultfd failed: {error}");
+                    std::process::abort();
+                }
+            };
+            let mut events = false;
+            for index in 0..got {
+                let message = self.messages[index];
+                events |= message.event != uffd::EVENT_PAGEFAULT;
+                self.on_message(message);
+            }
+            if !self.retry.is_empty() && (events || got == 0) {
+                for (page, write) in std::mem::take(&mut self.retry) {
+                    if write {
+                        self.on_write(page);
+                    } else {
+                        self.on_missing(page);
+                    }
+                }
+            }
+            if got > 0 {
+                self.enforce_budget();
+                idle_since = Instant::now();
+            } else if idle_since.elapsed() >= self.spin {
+                self.block(control);
+                idle_since = Instant::now();
+            } else {
+                std::hint::spin_loop();
+            }
+            if self.last_scan.elapsed() >= SCAN_INTERVAL {
+                self.scan();
+                self.enforce_budget();
+            }
+            control.serve(self);
+        }
+    }
+
+    /// Waits for a fault, the control descriptor or the next scan; keeps the client's
+    /// connections alive meanwhile (heartbeats, probes).
+    fn block(&mut self, control: &crate::Control) {
+        let mut fds = [
+            libc::pollfd { fd: self.uffd.raw(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: control.fd(), events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: `fds` is a valid array of two pollfd for the call's length.
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, SCAN_INTERVAL.as_millis() as i32) };
+        if let Some(client) = &mut self.client {
+            client.poll_background(Duration::ZERO);
+        }
+    }
+
+    fn on_message(&mut self, message: Message) {
+        let [a, b, c] = message.arg;
+        match message.event {
+            uffd::EVENT_PAGEFAULT => {
+                let page = b & !(PAGE - 1);
+                if a & uffd::PAGEFAULT_FLAG_WP != 0 {
+                    self.on_write(page);
+                } else {
+                    self.on_missing(page);
+                }
+            }
+            uffd::EVENT_REMOVE => self.forget(a, b),
+            uffd::EVENT_UNMAP => {
+                self.forget(a, b);
+                self.managed.remove(a, b);
+                self.no_write_protect.remove(a, b);
+                self.pinned.remove(a, b);
+            }
+            uffd::EVENT_REMAP => {
+                self.table.remap(a, b, c);
+                self.managed.remove(a, a + c);
+                self.managed.add(b, b + c);
+                STATS.managed_bytes.store(self.managed.total_bytes(), Relaxed);
+            }
+            _ => {}
+        }
+    }
+
+    /// `[start, end)` is gone or reads as zeros from now on.
+    fn forget(&mut self, start: u64, end: u64) {
+        let freed = self.table.forget(start, end);
+        for slot in freed.slots {
+            self.slots.give_back(slot);
+        }
+        for staging in freed.staging {
+            self.staging.discard(staging as usize);
+            self.free_staging.push(staging);
+        }
+    }
+
+    fn on_write(&mut self, page: u64) {
+        STATS.write_faults.fetch_add(1, Relaxed);
+        if self.table.mark_dirty(page) {
+            match self.uffd.write_protect(page, PAGE, false) {
+                Ok(()) => return,
+                Err(error) if uffd::errno(&error) == libc::EAGAIN => {
+                    self.retry.push((page, true));
+                    return;
+                }
+                Err(_) => {}
+            }
+        }
+        // The page left since (evicted): the writer retries and faults it back in.
+        let _ = self.uffd.wake(page, PAGE);
+    }
+
+    fn write_protects(&self, page: u64) -> bool {
+        !self.no_write_protect.contains(page)
+    }
+
+    fn on_missing(&mut self, page: u64) {
+        let result = match self.table.fault(page) {
+            Fault::Zero => {
+                STATS.zero_faults.fetch_add(1, Relaxed);
+                self.uffd.zeropage(page, PAGE).map(|()| self.table.make_resident(page, true))
+            }
+            Fault::MoveBack { staging, .. } => self.move_back(page, staging),
+            Fault::Fetch { slot } => self.fetch(page, slot),
+            Fault::Stale { slot, dirty } if !dirty && slot != NO_SLOT => self.fetch(page, slot),
+            Fault::Stale { .. } => {
+                self.uffd.zeropage(page, PAGE).map(|()| self.table.make_resident(page, true))
+            }
+        };
+        match result.as_ref().map_err(uffd::errno) {
+            Ok(()) => {}
+            Err(libc::EAGAIN) => self.retry.push((page, false)),
+            Err(libc::EEXIST) => {
+                // Already there (another thread's fault on the same page was served first).
+                let _ = self.uffd.wake(page, PAGE);
+            }
+            Err(_) => {
+                eprintln!("remem paging: serving the fault at {page:#x} failed: {:?}", result);
+                let _ = self.uffd.wake(page, PAGE);
+            }
+        }
+        let resident = self.table.resident_count() as u64;
+        STATS.peak_resident_pages.fetch_max(resident + self.table.victim_count() as u64, Relaxed);
+    }
+
+    /// A victim comes back by a move: the page is the program's again, as it left. It comes
+    /// back writable and counts as dirty: protecting it after the move would leave a moment in
+    /// which another thread's write is not seen (the move cannot install a protected page).
+    fn move_back(&mut self, page: u64, staging: u32) -> io::Result<()> {
+        let started = Instant::now();
+        self.uffd.move_pages(page, self.staging.address(staging as usize), PAGE, true)?;
+        self.free_staging.push(staging);
+        self.table.make_resident(page, true);
+        STATS.victim_faults.fetch_add(1, Relaxed);
+        STATS.move_back.record(started.elapsed());
+        Ok(())
+    }
+
+    /// Fetches the page from remem (with the pages after it when faults run sequentially)
+    /// and puts it in place; beyond the code's tolerance the page is poisoned: the access gets
+    /// SIGBUS, never zeros or another page's bytes.
+    fn fetch(&mut self, page: u64, slot: u32) -> io::Result<()> {
+        STATS.fetch_faults.fetch_add(1, Relaxed);
+        self.prefetch_window =
+            if page == self.last_fetch + PAGE { (self.prefetch_window * 2).min(PREFETCH_MAX) } else { 1 };
+        self.last_fetch = page;
+        let mut batch = [(page, slot); PREFETCH_MAX];
+        let mut count = 1;
+        while count < self.prefetch_window {
+            let next = page + count as u64 * PAGE;
+            match (self.managed.contains(next), self.table.fault(next)) {
+                (true, Fault::Fetch { slot }) => batch[count] = (next, slot),
+                _ => break,
+            }
+            count += 1;
+        }
+        let started = Instant::now();
+        let mut results: [Result<(), remem_client::PageError>; PREFETCH_MAX] =
+            std::array::from_fn(|_| Ok(()));
+        {
+            let mut chunks = self.fetch_buffer.pages_mut(0, PREFETCH_MAX).chunks_mut(PAGE as usize);
+            let mut ops: [PageOp<'_>; PREFETCH_MAX] = std::array::from_fn(|index| PageOp::Read {
+                page: batch[index].1 as u64,
+                buf: chunks.next().expect("PREFETCH_MAX pages"),
+            });
+            let client = self.client.as_mut().expect("a page is remote only after a client wrote it");
+            client.execute(&mut ops[..count], |done| results[done.index] = done.result);
+        }
+        STATS.fetch.record(started.elapsed());
+        let copied = Instant::now();
+        for (index, &(target, _)) in batch[..count].iter().enumerate() {
+            let write_protect = self.write_protects(target);
+            let outcome = match &results[index] {
+                Ok(()) => self.uffd.copy(target, self.fetch_buffer.page(index), write_protect, index == 0),
+                Err(_) if index > 0 => continue,
+                Err(error) => {
+                    STATS.lost_pages.fetch_add(1, Relaxed);
+                    eprintln!("remem paging: page {target:#x} is lost ({error}): the access gets SIGBUS");
+                    self.uffd.poison(target, PAGE)
+                }
+            };
+            match outcome {
+                Ok(()) if results[index].is_ok() => {
+                    self.table.make_resident(target, !write_protect);
+                    if index > 0 {
+                        STATS.prefetched.fetch_add(1, Relaxed);
+                    }
+                }
+                Ok(()) => {}
+                Err(error) if index == 0 => return Err(error),
+                Err(_) => {}
+            }
+        }
+        STATS.copy.record(copied.elapsed());
+        Ok(())
+    }
+
+    /// Keeps resident pages within the budget less the victim set, and the victim set within
+    /// its target, writing back dirty victims in batches.
+    fn enforce_budget(&mut self) {
+        if self.paused {
+            return;
+        }
+        let resident_budget = self.budget_pages.saturating_sub(self.victim_target).max(1);
+        let mut refused = 0;
+        while self.table.resident_count() > resident_budget && refused < 64 {
+            if self.table.victim_count() >= self.victim_target {
+                self.drop_victims();
+            }
+            let Some(staging) = self.free_staging.pop() else { break };
+            let Some((page, _)) = self.table.oldest_resident() else {
+                self.free_staging.push(staging);
+                break;
+            };
+            if self.pinned.contains(page) {
+                self.free_staging.push(staging);
+                self.table.requeue_oldest_resident();
+                refused += 1;
+                continue;
+            }
+            match self.move_out(page, staging) {
+                Ok(()) => {
+                    self.table.make_victim(page, staging);
+                    STATS.evictions.fetch_add(1, Relaxed);
+                }
+                Err(error) => {
+                    self.free_staging.push(staging);
+                    if uffd::errno(&error) == libc::ENOENT {
+                        // Not present (dropped behind the pager's back, or an event is on its
+                        // way): it reads as zeros next, as the program asked.
+                        self.forget(page, page + PAGE);
+                    } else {
+                        // Shared with a forked child, pinned, or no longer writable: later.
+                        self.table.requeue_oldest_resident();
+                        STATS.unevictable.fetch_add(1, Relaxed);
+                        refused += 1;
+                    }
+                }
+            }
+        }
+        while self.table.victim_count() > self.victim_target {
+            if !self.drop_victims() {
+                break;
+            }
+        }
+    }
+
+    /// Moves a resident page into a staging page. A page still shared with a forked child
+    /// (copy-on-write) cannot move (EBUSY): its copy is made the process's own first, the way a
+    /// write would (MADV_POPULATE_WRITE; the bytes do not change), and the move is tried again.
+    fn move_out(&mut self, page: u64, staging: u32) -> io::Result<()> {
+        let target = self.staging.address(staging as usize);
+        match self.staging_uffd.move_pages(target, page, PAGE, false) {
+            Err(error) if uffd::errno(&error) == libc::EBUSY => {
+                if let Some(Entry { state: State::Resident { dirty: false }, .. }) = self.table.get(page) {
+                    // The write below must not fault on write-protection (the pager would wait
+                    // on itself): unprotected, the page is dirty from now on.
+                    self.uffd.write_protect(page, PAGE, false)?;
+                    self.table.mark_dirty(page);
+                }
+                // SAFETY: populates one present page of the process for writing, which breaks
+                // its sharing and changes no byte; it never faults into this pager, as the page
+                // is present (a page the program discarded is forgotten before this runs).
+                if unsafe {
+                    libc::madvise(page as *mut libc::c_void, PAGE as usize, libc::MADV_POPULATE_WRITE)
+                } != 0
+                {
+                    return Err(error);
+                }
+                self.staging_uffd.move_pages(target, page, PAGE, false)
+            }
+            other => other,
+        }
+    }
+
+    /// Connects the client (before anything is registered: connecting starts threads, and
+    /// glibc's thread creation takes locks that a thread of the program may hold while it waits
+    /// for the pager, as in munmap of a thread's stack).
+    pub fn connect(&mut self) -> Result<(), String> {
+        let client = (self.connect)()?;
+        self.client = Some(client);
+        self.save_map();
+        Ok(())
+    }
+
+    /// Writes back the oldest dirty victims (one engine batch) and gives up the staging pages
+    /// of the oldest clean ones. False when nothing could be dropped.
+    fn drop_victims(&mut self) -> bool {
+        let Some(client) = self.client.as_mut() else { return false };
+        let mut victims = std::mem::take(&mut self.victims);
+        self.table.oldest_victims(WRITE_BACK_BATCH, &mut victims);
+        let mut slots = [NO_SLOT; WRITE_BACK_BATCH];
+        let mut fresh = [false; WRITE_BACK_BATCH];
+        let mut written = [false; WRITE_BACK_BATCH];
+        {
+            let mut ops = Vec::with_capacity(WRITE_BACK_BATCH);
+            let mut indexes = [0usize; WRITE_BACK_BATCH];
+            for (index, &(page, staging, dirty)) in victims.iter().enumerate() {
+                if !dirty {
+                    written[index] = true;
+                    continue;
+                }
+                slots[index] = match self.table.get(page).map(|entry| entry.slot) {
+                    Some(slot) if slot != NO_SLOT => slot,
+                    _ => match self.slots.take() {
+                        Some(slot) => {
+                            fresh[index] = true;
+                            slot
+                        }
+                        None => {
+                            if !self.warned_full {
+                                eprintln!("remem paging: the remem region is full: pages stay local");
+                                self.warned_full = true;
+                            }
+                            continue;
+                        }
+                    },
+                };
+                indexes[ops.len()] = index;
+                ops.push(PageOp::Write {
+                    page: slots[index] as u64,
+                    data: self.staging.page(staging as usize),
+                });
+            }
+            client.execute(&mut ops, |done| {
+                written[indexes[done.index]] = done.result.is_ok();
+                if done.result.is_err() {
+                    STATS.write_back_errors.fetch_add(1, Relaxed);
+                }
+            });
+        }
+        let mut dropped = false;
+        for (index, &(page, staging, dirty)) in victims.iter().enumerate() {
+            if !written[index] {
+                if fresh[index] {
+                    self.slots.give_back(slots[index]);
+                }
+                continue;
+            }
+            if dirty {
+                self.table.written_back(page, slots[index]);
+                STATS.write_backs.fetch_add(1, Relaxed);
+            }
+            self.staging.discard(staging as usize);
+            self.free_staging.push(staging);
+            self.table.make_remote(page);
+            dropped = true;
+        }
+        self.victims = victims;
+        dropped
+    }
+
+    /// Brings every page home (before a fork: the child gets no userfaultfd, so a page not in
+    /// the process would read as zeros there) and stops evicting until `resume`.
+    pub fn bring_home(&mut self) {
+        self.paused = true;
+        for page in self.table.not_resident() {
+            loop {
+                self.on_missing(page);
+                if !self.retry.contains(&(page, false)) {
+                    break;
+                }
+                // An event is pending: read it first.
+                self.retry.clear();
+                let got = self.uffd.read(&mut self.messages[..]).unwrap_or(0);
+                for index in 0..got {
+                    let message = self.messages[index];
+                    self.on_message(message);
+                }
+            }
+        }
+    }
+
+    /// Saves the client's slab map where `remem run` reads it when the program has ended, to
+    /// give the slabs back to the nodes at once (the program cannot: its last act, flushing
+    /// stdio, may still read paged-out buffers).
+    pub fn save_map(&self) {
+        if let (Some(client), Some(path)) = (&self.client, &self.map_path) {
+            if let Err(error) = client.save_map(path) {
+                eprintln!("remem paging: saving the slab map to {}: {error}", path.display());
+            }
+        }
+    }
+
+    pub fn resume(&mut self) {
+        self.paused = false;
+        self.enforce_budget();
+    }
+}

@@ -1,0 +1,404 @@
+//! Where each managed page of the process is, and which page to evict next: no I/O, so the
+//! policy is tested on its own.
+//!
+//! A page is **resident** (in the process; clean when its bytes are also in its remem slot and
+//! it is write-protected, so the first write is seen), a **victim** (moved out of the process
+//! into a staging page of the pager: still local, so a refault costs a move back, not a
+//! fetch) or **remote** (only in its slot). A page the table does not know was never written:
+//! it reads as zeros.
+//!
+//! Eviction approximates LRU without the kernel's access bits, as CLOCK over a victim set
+//! (VMS's segmented FIFO): resident pages leave in the order they came in, but into the victim
+//! set first; a victim that is touched again comes back cheaply and goes to the end of the
+//! queue (its second chance), one that is not is written back (when dirty) and dropped.
+//!
+//! Queues hold `(page, generation)`: an entry whose page changed state since it was queued is
+//! stale and skipped, so leaving a state never searches a queue.
+
+use std::collections::{BTreeMap, VecDeque};
+
+/// A page's slot in the remem region; `NO_SLOT` before its first write-back.
+pub const NO_SLOT: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Resident { dirty: bool },
+    Victim { staging: u32, dirty: bool },
+    Remote,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub state: State,
+    pub slot: u32,
+    generation: u32,
+}
+
+/// What a missing fault on a page needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Never written (or freed): zeros.
+    Zero,
+    /// A victim: move its staging page back (and write-protect it again when clean).
+    MoveBack { staging: u32, dirty: bool },
+    /// Only in remem: fetch the slot.
+    Fetch { slot: u32 },
+    /// The table says resident, yet the process faulted: the page was dropped behind the
+    /// pager's back (MADV_FREE reclaimed by the kernel). Its slot, when clean, still has it.
+    Stale { slot: u32, dirty: bool },
+}
+
+/// What leaving a range (munmap, MADV_DONTNEED/FREE) frees.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Freed {
+    pub slots: Vec<u32>,
+    pub staging: Vec<u32>,
+}
+
+#[derive(Default)]
+pub struct PageTable {
+    pages: BTreeMap<u64, Entry>,
+    resident: VecDeque<(u64, u32)>,
+    victims: VecDeque<(u64, u32)>,
+    resident_count: usize,
+    victim_count: usize,
+    next_generation: u32,
+}
+
+impl PageTable {
+    pub fn resident_count(&self) -> usize {
+        self.resident_count
+    }
+
+    pub fn victim_count(&self) -> usize {
+        self.victim_count
+    }
+
+    pub fn get(&self, page: u64) -> Option<Entry> {
+        self.pages.get(&page).copied()
+    }
+
+    pub fn fault(&self, page: u64) -> Fault {
+        match self.pages.get(&page) {
+            None => Fault::Zero,
+            Some(entry) => match entry.state {
+                State::Victim { staging, dirty } => Fault::MoveBack { staging, dirty },
+                State::Remote => Fault::Fetch { slot: entry.slot },
+                State::Resident { dirty } => Fault::Stale { slot: entry.slot, dirty },
+            },
+        }
+    }
+
+    fn generation(&mut self) -> u32 {
+        self.next_generation = self.next_generation.wrapping_add(1);
+        self.next_generation
+    }
+
+    /// Leaves the page's current state (its counts), keeping its slot.
+    fn leave(&mut self, page: u64) -> Option<Entry> {
+        let entry = self.pages.get(&page).copied()?;
+        match entry.state {
+            State::Resident { .. } => self.resident_count -= 1,
+            State::Victim { .. } => self.victim_count -= 1,
+            State::Remote => {}
+        }
+        Some(entry)
+    }
+
+    /// The page is in the process now (a fault served, or found present), at the end of the
+    /// eviction queue.
+    pub fn make_resident(&mut self, page: u64, dirty: bool) {
+        let slot = self.leave(page).map_or(NO_SLOT, |entry| entry.slot);
+        // A page with no slot has no copy anywhere else: it is dirty whatever was asked.
+        let dirty = dirty || slot == NO_SLOT;
+        let generation = self.generation();
+        self.pages.insert(page, Entry { state: State::Resident { dirty }, slot, generation });
+        self.resident.push_back((page, generation));
+        self.resident_count += 1;
+    }
+
+    /// A write-protect fault: the resident page differs from its slot from now on.
+    pub fn mark_dirty(&mut self, page: u64) -> bool {
+        match self.pages.get_mut(&page) {
+            Some(Entry { state: State::Resident { dirty }, .. }) => {
+                *dirty = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The resident page that has been in longest (skipping stale queue entries), without
+    /// taking it off the queue.
+    pub fn oldest_resident(&mut self) -> Option<(u64, bool)> {
+        while let Some(&(page, generation)) = self.resident.front() {
+            match self.pages.get(&page) {
+                Some(entry) if entry.generation == generation => {
+                    if let State::Resident { dirty } = entry.state {
+                        return Some((page, dirty));
+                    }
+                }
+                _ => {}
+            }
+            self.resident.pop_front();
+        }
+        None
+    }
+
+    /// The oldest resident page could not be moved out now (shared with a forked child,
+    /// pinned): it goes to the end of the queue.
+    pub fn requeue_oldest_resident(&mut self) {
+        if let Some(front) = self.resident.pop_front() {
+            self.resident.push_back(front);
+        }
+    }
+
+    /// The resident page moved into staging page `staging`.
+    pub fn make_victim(&mut self, page: u64, staging: u32) {
+        let Some(entry) = self.leave(page) else { return };
+        let dirty = match entry.state {
+            State::Resident { dirty } => dirty,
+            State::Victim { dirty, .. } => dirty,
+            State::Remote => false,
+        };
+        let generation = self.generation();
+        self.pages
+            .insert(page, Entry { state: State::Victim { staging, dirty }, slot: entry.slot, generation });
+        self.victims.push_back((page, generation));
+        self.victim_count += 1;
+    }
+
+    /// The victim that has waited longest: (page, staging page, dirty).
+    pub fn oldest_victim(&mut self) -> Option<(u64, u32, bool)> {
+        while let Some(&(page, generation)) = self.victims.front() {
+            match self.pages.get(&page) {
+                Some(entry) if entry.generation == generation => {
+                    if let State::Victim { staging, dirty } = entry.state {
+                        return Some((page, staging, dirty));
+                    }
+                }
+                _ => {}
+            }
+            self.victims.pop_front();
+        }
+        None
+    }
+
+    /// The oldest `count` victims, oldest first (stale entries skipped, none taken off).
+    pub fn oldest_victims(&mut self, count: usize, into: &mut Vec<(u64, u32, bool)>) {
+        into.clear();
+        self.oldest_victim();
+        for &(page, generation) in &self.victims {
+            if into.len() == count {
+                break;
+            }
+            if let Some(entry) = self.pages.get(&page) {
+                if let (true, State::Victim { staging, dirty }) =
+                    (entry.generation == generation, entry.state)
+                {
+                    into.push((page, staging, dirty));
+                }
+            }
+        }
+    }
+
+    /// The victim's bytes are in `slot` now: it is clean.
+    pub fn written_back(&mut self, page: u64, slot: u32) {
+        if let Some(entry) = self.pages.get_mut(&page) {
+            entry.slot = slot;
+            if let State::Victim { dirty, .. } = &mut entry.state {
+                *dirty = false;
+            }
+        }
+    }
+
+    /// The clean victim's staging page is given up: the page is remote.
+    pub fn make_remote(&mut self, page: u64) {
+        let Some(entry) = self.leave(page) else { return };
+        assert_ne!(entry.slot, NO_SLOT, "page {page:#x} dropped with no copy in remem");
+        self.pages
+            .insert(page, Entry { state: State::Remote, slot: entry.slot, generation: entry.generation });
+    }
+
+    /// The pages `[first, end)` are gone from the process (unmapped, or discarded: they read
+    /// as zeros next): forgets them and returns their slots and staging pages.
+    pub fn forget(&mut self, first: u64, end: u64) -> Freed {
+        let mut freed = Freed::default();
+        let gone: Vec<u64> = self.pages.range(first..end).map(|(&page, _)| page).collect();
+        for page in gone {
+            let entry = self.leave(page).expect("listed above");
+            self.pages.remove(&page);
+            if entry.slot != NO_SLOT {
+                freed.slots.push(entry.slot);
+            }
+            if let State::Victim { staging, .. } = entry.state {
+                freed.staging.push(staging);
+            }
+        }
+        freed
+    }
+
+    /// mremap moved `[from, from + pages)` to `to`: every page's state moves with it. The
+    /// queues follow through fresh generations (the old entries go stale).
+    pub fn remap(&mut self, from: u64, to: u64, pages: u64) {
+        let moved: Vec<(u64, Entry)> =
+            self.pages.range(from..from + pages).map(|(&page, &entry)| (page, entry)).collect();
+        for &(page, _) in &moved {
+            self.pages.remove(&page);
+        }
+        for (page, entry) in moved {
+            let target = page - from + to;
+            let generation = self.generation();
+            self.pages.insert(target, Entry { generation, ..entry });
+            match entry.state {
+                State::Resident { .. } => self.resident.push_back((target, generation)),
+                State::Victim { .. } => self.victims.push_back((target, generation)),
+                State::Remote => {}
+            }
+        }
+    }
+
+    /// Pages not resident (victims and remote), for bringing everything home before a fork.
+    pub fn not_resident(&self) -> Vec<u64> {
+        self.pages
+            .iter()
+            .filter(|(_, entry)| !matches!(entry.state, State::Resident { .. }))
+            .map(|(&page, _)| page)
+            .collect()
+    }
+
+    /// Checks the counts against the table (tests and debug builds).
+    pub fn check(&self) {
+        let resident =
+            self.pages.values().filter(|entry| matches!(entry.state, State::Resident { .. })).count();
+        let victims = self.pages.values().filter(|entry| matches!(entry.state, State::Victim { .. })).count();
+        assert_eq!((resident, victims), (self.resident_count, self.victim_count), "page counts drifted");
+        for entry in self.pages.values() {
+            if let State::Remote = entry.state {
+                assert_ne!(entry.slot, NO_SLOT, "a remote page has a slot");
+            }
+        }
+    }
+}
+
+/// Slots of the remem region: a page takes one at its first write-back and keeps it until it
+/// is forgotten.
+pub struct Slots {
+    free: Vec<u32>,
+    next: u32,
+    count: u32,
+}
+
+impl Slots {
+    pub fn new(count: u32) -> Slots {
+        Slots { free: Vec::new(), next: 0, count }
+    }
+
+    pub fn take(&mut self) -> Option<u32> {
+        if let Some(slot) = self.free.pop() {
+            return Some(slot);
+        }
+        (self.next < self.count).then(|| {
+            self.next += 1;
+            self.next - 1
+        })
+    }
+
+    pub fn give_back(&mut self, slot: u32) {
+        debug_assert!(slot < self.next, "slot {slot} was never taken");
+        self.free.push(slot);
+    }
+
+    pub fn in_use(&self) -> u32 {
+        self.next - self.free.len() as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_goes_resident_victim_remote_and_back_with_its_slot() {
+        let mut table = PageTable::default();
+        assert_eq!(table.fault(7), Fault::Zero);
+        table.make_resident(7, false);
+        assert_eq!(table.get(7).unwrap().state, State::Resident { dirty: true }, "no slot: dirty");
+        table.make_victim(7, 3);
+        assert_eq!(table.fault(7), Fault::MoveBack { staging: 3, dirty: true });
+        table.written_back(7, 11);
+        table.make_remote(7);
+        assert_eq!(table.fault(7), Fault::Fetch { slot: 11 });
+        table.make_resident(7, false);
+        assert_eq!(table.get(7).unwrap().state, State::Resident { dirty: false });
+        assert!(table.mark_dirty(7));
+        assert_eq!(table.get(7).unwrap().state, State::Resident { dirty: true });
+        table.check();
+    }
+
+    #[test]
+    fn eviction_order_is_first_in_with_a_second_chance_for_victims_touched_again() {
+        let mut table = PageTable::default();
+        for page in 0..4 {
+            table.make_resident(page, true);
+        }
+        assert_eq!(table.oldest_resident(), Some((0, true)));
+        table.make_victim(0, 0);
+        table.make_victim(1, 1);
+        assert_eq!(table.oldest_resident(), Some((2, true)));
+        // Page 0 is touched again: it comes back to the end of the resident queue.
+        table.make_resident(0, true);
+        assert_eq!(table.oldest_victim(), Some((1, 1, true)));
+        table.make_victim(2, 2);
+        table.make_victim(3, 3);
+        assert_eq!(table.oldest_resident(), Some((0, true)));
+        let mut oldest = Vec::new();
+        table.oldest_victims(2, &mut oldest);
+        assert_eq!(oldest, vec![(1, 1, true), (2, 2, true)]);
+        assert_eq!((table.resident_count(), table.victim_count()), (1, 3));
+        table.check();
+    }
+
+    #[test]
+    fn forgetting_a_range_frees_its_slots_and_staging_pages_and_nothing_else() {
+        let mut table = PageTable::default();
+        for page in 10..16 {
+            table.make_resident(page, true);
+        }
+        table.make_victim(11, 5);
+        table.written_back(11, 40);
+        table.make_victim(12, 6);
+        table.written_back(12, 41);
+        table.make_remote(12);
+        let freed = table.forget(11, 13);
+        assert_eq!(freed, Freed { slots: vec![40, 41], staging: vec![5] });
+        assert_eq!(table.fault(11), Fault::Zero);
+        assert_eq!(table.fault(12), Fault::Zero);
+        assert_eq!(table.oldest_resident(), Some((10, true)));
+        assert_eq!(table.oldest_victim(), None);
+        assert_eq!(table.resident_count(), 4);
+        table.check();
+    }
+
+    #[test]
+    fn a_remap_moves_every_state_and_the_queues_follow() {
+        let mut table = PageTable::default();
+        table.make_resident(100, true);
+        table.make_resident(101, true);
+        table.make_victim(101, 9);
+        table.remap(100, 500, 2);
+        assert_eq!(table.fault(100), Fault::Zero);
+        assert_eq!(table.fault(501), Fault::MoveBack { staging: 9, dirty: true });
+        assert_eq!(table.oldest_resident(), Some((500, true)));
+        assert_eq!(table.oldest_victim(), Some((501, 9, true)));
+        table.check();
+    }
+
+    #[test]
+    fn slots_are_reused_after_they_are_given_back_and_run_out_at_the_region_size() {
+        let mut slots = Slots::new(2);
+        assert_eq!((slots.take(), slots.take(), slots.take()), (Some(0), Some(1), None));
+        slots.give_back(0);
+        assert_eq!((slots.in_use(), slots.take()), (1, Some(0)));
+    }
+}
