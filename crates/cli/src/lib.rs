@@ -3,8 +3,6 @@
 //! The binary (`main.rs`) only parses arguments; each command lives in its own module so the
 //! tests can drive the same code.
 
-pub mod client_report;
-pub mod cluster_watch;
 pub mod completions;
 pub mod config_file;
 pub mod demo;
@@ -16,7 +14,6 @@ pub mod kv_standby;
 pub mod kv_state;
 pub mod manpage;
 pub mod memory_hog;
-pub mod metrics;
 pub mod nbd_command;
 pub mod nbd_metrics;
 pub mod node;
@@ -31,7 +28,7 @@ pub mod torture;
 pub use remem_bench::{
     apps_bench, bench, bench_floor, codec_bench, kv_bench, kv_ha_bench, plot, regen_bench,
 };
-pub use remem_frontend::{code_args, placement_arg, transport_arg};
+pub use remem_frontend::{client_report, cluster_watch, code_args, metrics, placement_arg, transport_arg};
 pub use remem_local::{faults, host_memory, launcher, pattern, stats, units};
 
 /// An error and its causes on one line, each cause once: a cause whose text its parent already
