@@ -12,8 +12,6 @@ pub mod fs_command;
 pub mod fs_metrics;
 pub mod manpage;
 pub mod memory_hog;
-pub mod nbd_command;
-pub mod nbd_metrics;
 pub mod node;
 pub mod run_command;
 pub mod sim_command;
@@ -26,6 +24,7 @@ pub mod torture;
 // the front ends' commands (their crates' `cli` modules), the shared front-end foundation, the
 // local-cluster kit and the benchmarks (for the `remem bench` dispatch only).
 pub use remem_kv::cli as kv_command;
+pub use remem_nbd::cli as nbd_command;
 
 pub use remem_bench::{
     apps_bench, bench, bench_floor, codec_bench, kv_bench, kv_ha_bench, plot, regen_bench,
