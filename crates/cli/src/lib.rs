@@ -8,8 +8,6 @@ pub mod completions;
 pub mod config_file;
 pub mod demo;
 pub mod etcd_cluster;
-pub mod fs_command;
-pub mod fs_metrics;
 pub mod manpage;
 pub mod memory_hog;
 pub mod node;
@@ -23,6 +21,7 @@ pub mod torture;
 // What the commands are built of, under the paths the binary and the tests have always used:
 // the front ends' commands (their crates' `cli` modules), the shared front-end foundation, the
 // local-cluster kit and the benchmarks (for the `remem bench` dispatch only).
+pub use remem_fs::cli as fs_command;
 pub use remem_kv::cli as kv_command;
 pub use remem_nbd::cli as nbd_command;
 
