@@ -12,8 +12,6 @@ pub mod manpage;
 pub mod memory_hog;
 pub mod node;
 pub mod run_command;
-pub mod sim_command;
-pub(crate) mod sim_plot;
 pub mod status_command;
 pub mod swap_command;
 pub mod torture;
@@ -24,6 +22,7 @@ pub mod torture;
 pub use remem_fs::cli as fs_command;
 pub use remem_kv::cli as kv_command;
 pub use remem_nbd::cli as nbd_command;
+pub use remem_sim::cli as sim_command;
 
 pub use remem_bench::{
     apps_bench, bench, bench_floor, codec_bench, kv_bench, kv_ha_bench, plot, regen_bench,
