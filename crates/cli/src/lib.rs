@@ -1,37 +1,33 @@
 //! The `remem` command line: node daemon, local cluster, demo and benchmarks.
 //!
-//! The binary (`main.rs`) only parses arguments; each command lives in its own module so the
-//! tests can drive the same code.
+//! The binary (`main.rs`) only parses arguments and dispatches; each command lives in a module
+//! here or, for the front ends and the simulator, in its own crate, so the tests can drive the
+//! same code.
 
-pub mod client_report;
-pub mod cluster_watch;
 pub mod completions;
 pub mod config_file;
 pub mod demo;
 pub mod etcd_cluster;
-pub mod fs_command;
-pub mod fs_metrics;
-pub mod kv_command;
-pub mod kv_standby;
-pub mod kv_state;
 pub mod manpage;
 pub mod memory_hog;
-pub mod metrics;
-pub mod nbd_command;
-pub mod nbd_metrics;
 pub mod node;
 pub mod run_command;
-pub mod sim_command;
-pub(crate) mod sim_plot;
 pub mod status_command;
 pub mod swap_command;
 pub mod torture;
 
-// The local-cluster kit, under the paths the commands and tests have always used.
+// What the commands are built of, under the paths the binary and the tests have always used:
+// the front ends' commands (their crates' `cli` modules), the shared front-end foundation, the
+// local-cluster kit and the benchmarks (for the `remem bench` dispatch only).
+pub use remem_fs::cli as fs_command;
+pub use remem_kv::cli as kv_command;
+pub use remem_nbd::cli as nbd_command;
+pub use remem_sim::cli as sim_command;
+
 pub use remem_bench::{
     apps_bench, bench, bench_floor, codec_bench, kv_bench, kv_ha_bench, plot, regen_bench,
 };
-pub use remem_frontend::{code_args, placement_arg, transport_arg};
+pub use remem_frontend::{client_report, cluster_watch, code_args, metrics, placement_arg, transport_arg};
 pub use remem_local::{faults, host_memory, launcher, pattern, stats, units};
 
 /// An error and its causes on one line, each cause once: a cause whose text its parent already

@@ -160,9 +160,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
     // The launcher reads this line to learn the port; keep its format.
     if let Some(address) = args.metrics {
         let handle = node.handle();
-        let bound = crate::metrics::serve(address, Arc::clone(&shutdown), move || {
-            crate::metrics::node_metrics(&handle)
-        })?;
+        let bound = crate::metrics::serve(address, Arc::clone(&shutdown), move || node_metrics(&handle))?;
         eprintln!("metrics at http://{bound}/metrics");
     }
     println!("listening {}", node.local_addr());
@@ -172,4 +170,66 @@ pub fn run(args: NodeArgs) -> Result<()> {
     node.run(shutdown).context("serving")?;
     tracing::info!("node stopped");
     Ok(())
+}
+
+/// The node's metrics, from its own account of itself.
+pub fn node_metrics(handle: &remem_node::NodeHandle) -> String {
+    let info = handle.info();
+    let mut out = crate::metrics::Exposition::default();
+    out.gauge("remem_node_capacity_bytes", "Memory the node lends (--capacity).", info.capacity_bytes as f64)
+        .gauge("remem_node_free_bytes", "Capacity not mapped to a client.", info.free_bytes as f64)
+        .gauge("remem_node_slab_size_bytes", "Slab size of the node.", info.slab_size_bytes as f64)
+        .gauge("remem_node_slabs_mapped", "Slabs mapped to clients.", f64::from(info.slabs_mapped))
+        .gauge(
+            "remem_node_slabs_pooled",
+            "Populated slabs kept ready by the resource monitor.",
+            f64::from(handle.pooled_slabs()),
+        )
+        .gauge(
+            "remem_node_metadata_bytes",
+            "Bytes of split versions and checksums.",
+            info.metadata_bytes as f64,
+        )
+        .counter("remem_node_requests_total", "Requests served since start.", info.requests_served as f64)
+        .gauge(
+            "remem_node_rebuilds_running",
+            "Slab rebuilds running on the node.",
+            f64::from(info.regenerating_slabs),
+        )
+        .gauge(
+            "remem_node_rebuild_pages_done",
+            "Pages handled by the running rebuilds.",
+            info.regeneration_pages_done as f64,
+        )
+        .gauge(
+            "remem_node_rebuild_pages_planned",
+            "Pages the running rebuilds have to handle.",
+            info.regeneration_pages_total as f64,
+        )
+        .gauge(
+            "remem_node_connection_buffer_bytes",
+            "Connection buffer bytes beyond the small per-connection ones (node-wide budget).",
+            handle.connection_buffer_bytes() as f64,
+        )
+        .gauge(
+            "remem_node_leases_live",
+            "Clients with a live lease (a process connected).",
+            f64::from(info.clients_live),
+        )
+        .gauge(
+            "remem_node_leases_in_grace",
+            "Clients that went away whose slabs are kept until the lease grace period ends.",
+            f64::from(info.clients_in_grace),
+        )
+        .gauge(
+            "remem_node_slabs_in_grace",
+            "Slabs of the clients in their lease grace period.",
+            f64::from(info.slabs_in_grace),
+        )
+        .counter(
+            "remem_node_slabs_freed_by_lease_expiry_total",
+            "Slabs freed because their client did not come back within the lease grace period.",
+            handle.slabs_freed_by_lease_expiry() as f64,
+        );
+    out.finish()
 }

@@ -7,12 +7,17 @@
 //!   restart finds every file.
 //! - [`filesystem`] and `data`: the operations, over a [`PageStore`] (the remem client).
 //! - `fuse`: the kernel's requests, checked, and their replies; [`error`] maps errors to errno.
-//! - [`observe`]: the hook a metrics exporter hangs on the requests (the crate counts nothing).
+//! - [`observe`]: the hook a metrics exporter hangs on the requests (the file system counts
+//!   nothing).
+//! - [`cli`]: the `remem fs` command (its arguments, the state directory, the client opened or
+//!   reopened, the mount until a signal) and its metrics exporter and region report.
 //!
-//! Architecture Invariant: the crate uses only the remem client API, never the wire protocol.
+//! Architecture Invariant: the crate uses only the remem client API, never the wire protocol,
+//! and no other front end.
 //! Every value from the kernel is checked before it sizes a buffer or addresses a page. A
 //! page that cannot be read correctly is `EIO`, never other bytes.
 
+pub mod cli;
 pub mod data;
 pub mod error;
 pub mod extents;

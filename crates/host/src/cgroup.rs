@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use remem_local::units::format_bytes;
+use remem_frontend::units::format_bytes;
 
 /// What one run of the command measured.
 #[derive(Debug, Clone)]

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use remem_local::units::format_bytes;
+use remem_frontend::units::format_bytes;
 
 /// The preload library's file name, looked for beside the `remem` binary.
 pub const LIBRARY: &str = "libremem_preload.so";
@@ -120,7 +120,7 @@ pub fn run_paged(binary: &Path, command: &[String], options: &PagedOptions) -> R
 fn release_slabs(map: &Path, cluster: &Path) {
     let Ok(saved) = remem_client::SlabMapFile::load(map) else { return };
     let _ = std::fs::remove_file(map);
-    let released = remem_local::launcher::load_cluster(Some(cluster)).and_then(|(_, _, secret)| {
+    let released = remem_frontend::cluster_file::load_cluster(Some(cluster)).and_then(|(_, _, secret)| {
         let config = remem_client::ClientConfig::new(
             remem_client::Shape {
                 data_splits: saved.data_splits,

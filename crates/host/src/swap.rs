@@ -11,7 +11,7 @@ use std::os::fd::AsFd;
 
 use anyhow::{bail, Context, Result};
 use remem_frontend::code_args::CodeArgs;
-use remem_local::units::format_bytes;
+use remem_frontend::units::format_bytes;
 
 /// What `RememSwap::on` passes to `remem swap on`.
 #[derive(Debug, Clone)]

@@ -15,7 +15,9 @@
 //!   both share, and `settle`, which applies what the engine handed up); `reply.rs`: replies and
 //!   their rendering; `report.rs`: `stats`;
 //! - `pageio.rs`: page ops over the poll driver; `server.rs`: the event loop; `budget.rs`: the
-//!   bytes held for replies and when a connection may start more.
+//!   bytes held for replies and when a connection may start more;
+//! - `cli/`: the `remem kv` command (its arguments, the start, the state directory and the
+//!   standby side), above everything else here.
 //!
 //! Architecture Invariant: the crate uses only remem-client's API (never the wire protocol) and
 //! remem-memcache for the memcached protocol; every byte from a socket goes through
@@ -26,6 +28,7 @@ pub mod backup;
 pub mod budget;
 pub mod cache;
 mod chunks;
+pub mod cli;
 pub mod commands;
 pub mod dispatch;
 pub mod durability;

@@ -10,7 +10,6 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -19,6 +18,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use remem_client::cluster::{ClusterFile, ClusterNode};
 use remem_proto::auth::Secret;
+
+// The runtime directory, the cluster file and private files are remem-frontend's (every front
+// end needs them); re-exported here, where the tests and benchmarks have always found them.
+pub use remem_frontend::cluster_file::{
+    check_saved_on_cluster, default_dir, load_cluster, private_directory, write_private_file,
+};
 
 /// How to start the nodes of a local cluster.
 #[derive(Clone, Debug)]
@@ -78,48 +83,6 @@ pub struct LocalCluster {
     /// [`LocalCluster::remove_dir_on_drop`]); unless the thread is panicking, so a failed test
     /// keeps its nodes' logs.
     remove_on_drop: Option<PathBuf>,
-}
-
-/// Where `remem up` puts its files unless told otherwise.
-pub fn default_dir() -> PathBuf {
-    if let Some(runtime) = std::env::var_os("XDG_RUNTIME_DIR") {
-        return PathBuf::from(runtime).join("remem");
-    }
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
-    std::env::temp_dir().join(format!("remem-{uid}"))
-}
-
-/// Refuses a saved slab map none of whose nodes is in the cluster file (`saved` says what holds
-/// it): it was saved on another cluster, typically before `remem up` started a new one in the
-/// same directory, and reopening it could only fail on unreachable nodes.
-pub fn check_saved_on_cluster(
-    map: &remem_client::SlabMapFile,
-    cluster: &ClusterFile,
-    cluster_path: &Path,
-    saved: &str,
-) -> Result<()> {
-    let ours = |address: &SocketAddr| cluster.nodes.iter().any(|node| node.address == *address);
-    if !map.nodes.is_empty() && !map.nodes.iter().any(ours) {
-        bail!(
-            "{saved} was saved on another cluster: none of its {} nodes is in {} (a new `remem up` \
-             in the same directory starts a new cluster, and its old slabs are gone); pass --fresh \
-             to drop it and start empty, or --cluster of the cluster it was saved on",
-            map.nodes.len(),
-            cluster_path.display()
-        );
-    }
-    Ok(())
-}
-
-/// The cluster file a front end was pointed at (or `remem up`'s default), and its secret.
-pub fn load_cluster(cluster: Option<&Path>) -> Result<(PathBuf, ClusterFile, Secret)> {
-    let path = cluster.map(Path::to_path_buf).unwrap_or_else(|| default_dir().join("cluster.json"));
-    let file = ClusterFile::load(&path)?;
-    let secret = Secret::load(Some(&file.secret_file))
-        .map_err(|error| anyhow::anyhow!("{error}"))
-        .with_context(|| format!("loading the secret {}", file.secret_file.display()))?;
-    Ok((path, file, secret))
 }
 
 /// MemAvailable of /proc/meminfo, in bytes.
@@ -211,66 +174,6 @@ fn last_error_of(log_path: &Path) -> String {
         .find(|line| line.contains("error") || line.contains("ERROR") || line.contains("WARN"))
         .map(|line| format!(" ({})", line.trim()))
         .unwrap_or_default()
-}
-
-/// Makes `dir` a directory only this user can enter: created 0700 if missing; if it exists it
-/// must be a real directory (not a symlink) owned by this user, and it is made 0700. Anything
-/// else is refused: another user's directory (a predictable name in /tmp) could hand us a
-/// symlink to overwrite, or read the secret we write.
-pub fn private_directory(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    if let Some(parent) = dir.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    }
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => {}
-        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(error) => {
-            return Err(error).with_context(|| format!("creating cluster directory {}", dir.display()))
-        }
-    }
-    let meta = std::fs::symlink_metadata(dir).with_context(|| format!("inspecting {}", dir.display()))?;
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
-    if !meta.file_type().is_dir() {
-        bail!(
-            "{} is not a directory (a symlink?): refusing to use it for the cluster's files",
-            dir.display()
-        );
-    }
-    if meta.uid() != uid {
-        bail!(
-            "{} belongs to user {}, not to us ({uid}): refusing to put the cluster secret there; \
-             choose another --dir",
-            dir.display(),
-            meta.uid()
-        );
-    }
-    if meta.mode() & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("making {} private", dir.display()))?;
-    }
-    Ok(())
-}
-
-/// Writes a new file readable by this user only, from the first byte (mode 0600 at creation, an
-/// old file of that name removed first, no symlink followed).
-pub fn write_private_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-        Err(error) => return Err(error).with_context(|| format!("removing the old {}", path.display())),
-    }
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    file.write_all(bytes).with_context(|| format!("writing {}", path.display()))
 }
 
 fn random_secret_hex() -> String {

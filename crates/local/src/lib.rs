@@ -1,7 +1,8 @@
 //! remem-local: the local-cluster kit. `launcher` starts, watches and stops `remem node`
 //! processes on this machine (`remem up`, `remem demo`, the benchmarks and the tests),
 //! `host_memory` reads what the host can lend, `faults` injects faults into a node from outside,
-//! `units` parses and prints the sizes and counts of every command, and the measuring helpers:
+//! `units` (remem-frontend's, re-exported) parses and prints the sizes and counts of every
+//! command, and the measuring helpers:
 //! `pattern` (page contents that name their page, to check every byte read back) and `stats`
 //! (latency samples and their percentiles, CPU seconds from /proc).
 //!
@@ -14,4 +15,5 @@ pub mod host_memory;
 pub mod launcher;
 pub mod pattern;
 pub mod stats;
-pub mod units;
+// The size and count parsers are remem-frontend's; here under the path they always had.
+pub use remem_frontend::units;

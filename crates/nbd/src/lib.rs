@@ -13,12 +13,15 @@
 //! - [`shards`]: one store behind a lock, or one engine per core with the pages sharded;
 //! - [`server`]: the listener, connection threads and slots; `session`: a connection's
 //!   stream through the handshake deadline and STARTTLS; [`tls`]: certificates (rustls);
-//! - [`host`]: mlockall, OOM score; `log_limit`: rate limits for lines a client can cause.
+//! - `log_limit`: rate limits for lines a client can cause;
+//! - [`cli`]: the `remem nbd` command (its arguments, the export opened or reopened, the listener,
+//!   `--metrics`), on remem-frontend's shared pieces and remem-host's mlock and OOM score.
 //!
 //! Architecture Invariant: this crate uses the remem client API only; it never speaks remem's
-//! wire protocol. Every length or offset from a socket is checked before it sizes a buffer or
+//! wire protocol, and imports no other front end. Every length or offset from a socket is checked before it sizes a buffer or
 //! addresses a page, and bad input gets an NBD error or a disconnect, never a panic.
 
+pub mod cli;
 pub mod command;
 pub mod error;
 pub mod handshake;

@@ -5,12 +5,15 @@
 //! closed form ([`closed_form`]) and by Monte Carlo over the actual layouts ([`layout`]), and
 //! (b) load balance (max/mean and coefficient of variation of slabs per node). [`run`] holds
 //! the scenarios, the experiments of seed 000 Figures 15 and 16 and the job runner; this file
-//! writes the rows as a table or CSV (JSON is `serde_json` over [`Row`]).
+//! writes the rows as a table or CSV (JSON is `serde_json` over [`Row`]). With the `cli` feature,
+//! `cli` is the `remem sim` command itself (arguments, progress, the PNG figures).
 //!
 //! Fault model: nodes fail together, uniformly at random, F = round(N*f) of them; a range is
 //! lost when more than r of its k+r nodes failed. Every node is its own failure domain and has
 //! room for any number of slabs. The simulator does no I/O besides the writers it is given.
 
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod closed_form;
 pub mod durability;
 pub mod layout;

@@ -24,11 +24,12 @@ pub mod snapshot;
 mod tests;
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+use remem_frontend::state_dir::{LockError, LockedDir};
 
 use crate::filesystem::FileSystem;
 use crate::namespace::{Creator, FileKind, Namespace};
@@ -40,7 +41,7 @@ pub const SYNC_INTERVAL: Duration = Duration::from_secs(1);
 /// A journal larger than this is compacted into a new snapshot.
 pub const COMPACT_AT_BYTES: u64 = 8 << 20;
 
-pub const LOCK_FILE: &str = "lock";
+pub use remem_frontend::state_dir::LOCK_FILE;
 pub const SLAB_MAP_FILE: &str = "slabmap.json";
 pub const SNAPSHOT_FILE: &str = "snapshot";
 pub const JOURNAL_FILE: &str = "journal";
@@ -68,56 +69,37 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> PersistError + '_ {
     move |source| PersistError::Io { path: path.to_owned(), source }
 }
 
-/// A state directory, locked for this process for as long as this value lives.
+/// A state directory, locked for this process for as long as this value lives (the lock is
+/// remem-frontend's [`LockedDir`], which `remem kv` takes too).
 pub struct StateDir {
-    path: PathBuf,
-    _lock: File,
+    dir: LockedDir,
 }
 
 impl StateDir {
     /// Creates (0700) and locks the directory. Errors: I/O, or `Locked` when another process
     /// holds it.
     pub fn open(path: &Path) -> Result<StateDir, PersistError> {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path).map_err(io_error(path))?;
-        let lock_path = path.join(LOCK_FILE);
-        let mut lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&lock_path)
-            .map_err(io_error(&lock_path))?;
-        // SAFETY: flock on a descriptor we own; no memory is passed.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let error = std::io::Error::last_os_error();
-            if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                let mut holder = String::new();
-                let _ = lock.read_to_string(&mut holder);
-                let holder = holder.trim().chars().take(20).collect();
-                return Err(PersistError::Locked { path: path.to_owned(), holder });
-            }
-            return Err(PersistError::Io { path: lock_path, source: error });
+        match LockedDir::open(path) {
+            Ok(dir) => Ok(StateDir { dir }),
+            Err(LockError::Io { path, source }) => Err(PersistError::Io { path, source }),
+            Err(LockError::Locked { path, holder }) => Err(PersistError::Locked { path, holder }),
         }
-        lock.set_len(0).map_err(io_error(&lock_path))?;
-        let _ = write!(lock, "{}", std::process::id());
-        Ok(StateDir { path: path.to_owned(), _lock: lock })
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        self.dir.path()
     }
 
     pub fn slab_map_path(&self) -> PathBuf {
-        self.path.join(SLAB_MAP_FILE)
+        self.path().join(SLAB_MAP_FILE)
     }
 
     pub fn snapshot_path(&self) -> PathBuf {
-        self.path.join(SNAPSHOT_FILE)
+        self.path().join(SNAPSHOT_FILE)
     }
 
     pub fn journal_path(&self) -> PathBuf {
-        self.path.join(JOURNAL_FILE)
+        self.path().join(JOURNAL_FILE)
     }
 
     /// Whether a snapshot or a journal is here.
@@ -135,7 +117,7 @@ impl StateDir {
                 _ => {}
             }
         }
-        sync_directory(&self.path)
+        sync_directory(self.path())
     }
 }
 

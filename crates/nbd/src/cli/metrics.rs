@@ -1,6 +1,6 @@
 //! `remem nbd --metrics`: what the export's client did, per page op, in Prometheus's text format.
 //!
-//! Counted where the server hands page ops to its client (`WatchedClient::execute`), so every
+//! Counted where the server hands page ops to its client (`WatchedClient::execute`, in `cli`), so every
 //! NBD read, write, trim and zero is seen as the page ops it became. The snapshot is rendered on
 //! the server's background work (about once a second) and served from another thread, so the
 //! data path takes no lock of the metrics server and allocates nothing per op.
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use remem_client::{Client, OpDone, PageOp};
 
-use crate::metrics::{Exposition, Histogram};
+use remem_frontend::metrics::{Exposition, Histogram};
 
 /// What a page op was, remembered per batch slot while its batch runs.
 #[derive(Clone, Copy, PartialEq, Eq)]

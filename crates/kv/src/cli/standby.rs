@@ -10,7 +10,7 @@
 //! SIGKILL is seen at once) or when no heartbeat came for [`LEASE`] (a hung primary: the
 //! standby SIGKILLs it, by the PID the kernel gives for the socket's peer, before it goes on).
 //! A closed socket is also how a primary gives a standby up (it stopped answering in time); the
-//! primary removes the standby's files first (`remem_kv::backup::replica`, "The fence"), so a
+//! primary removes the standby's files first (`crate::backup::replica`, "The fence"), so a
 //! standby whose region file is gone was given up and never takes over. The takeover itself
 //! is a rename of the region to the state directory's `backup` under the directory's lock (the
 //! primary's process is gone once the lock is free): a given-up standby's rename finds nothing.
@@ -29,14 +29,13 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::state::KvState;
+use crate::backup::replica::{Change, RingReader};
+use crate::backup::wire::{self, FrameReader, Message, Mode, PROTOCOL_VERSION};
+use crate::backup::{Backup, CHUNK_BYTES};
+use crate::standby::{peer_pid, read_frame, region_file, ring_file, send, Settings, SOCKET_FILE};
+use crate::CacheConfig;
 use anyhow::{bail, Context, Result};
-use remem_kv::backup::replica::{Change, RingReader};
-use remem_kv::backup::wire::{self, FrameReader, Message, Mode, PROTOCOL_VERSION};
-use remem_kv::backup::{Backup, CHUNK_BYTES};
-use remem_kv::standby::{peer_pid, read_frame, region_file, ring_file, send, Settings, SOCKET_FILE};
-use remem_kv::CacheConfig;
-
-use crate::kv_state::KvState;
 
 /// A primary silent this long is taken for dead (it heartbeats every 250 ms).
 pub const LEASE: Duration = Duration::from_secs(2);
@@ -78,7 +77,7 @@ pub fn standby_settings(cluster_file: &Path, config: &CacheConfig, auth_file: Op
     let canonical =
         |path: &Path| std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned()).display().to_string();
     let policy = &config.policy;
-    let label = |scheme: remem_kv::Scheme| scheme.label(config.ec);
+    let label = |scheme: crate::Scheme| scheme.label(config.ec);
     let prefixes: Vec<String> = policy
         .prefixes
         .iter()

@@ -5,10 +5,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::{Policy, Row};
 use anyhow::{Context, Result};
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use remem_sim::{Policy, Row};
 
 type Area<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
 
@@ -118,7 +118,7 @@ fn loss_lines(row: &Row) -> Vec<(String, Option<f64>)> {
 /// Figure 15: probability of data loss at N=1000 against r, l, S and f (one panel each, the
 /// other parameters at k=8, r=2, l=2, S=16, f=1%).
 pub fn figure15(path: &Path, rows: &[Row]) -> Result<()> {
-    crate::plot::load_font()?;
+    remem_plot::load_font()?;
     let root = BitMapBackend::new(path, (1400, 1000)).into_drawing_area();
     root.fill(&WHITE)?;
     let panels = root.split_evenly((2, 2));
@@ -140,7 +140,7 @@ pub fn figure15(path: &Path, rows: &[Row]) -> Result<()> {
 
 /// Figure 16: max/mean slabs per node (k=8, r=2, S=16) against N, and against l at N=1000.
 pub fn figure16(path: &Path, rows: &[Row]) -> Result<()> {
-    crate::plot::load_font()?;
+    remem_plot::load_font()?;
     let root = BitMapBackend::new(path, (1400, 560)).into_drawing_area();
     root.fill(&WHITE)?;
     let panels = root.split_evenly((1, 2));

@@ -2,7 +2,7 @@
 //! the region report beside the cluster file that `remem status` shows (as nbd and kv do).
 //!
 //! Two places count. The FUSE request thread reports each answered file request to
-//! [`FsMetrics`] (a `remem_fs::FileOpObserver`): by kind, with bytes, errors and, for read,
+//! [`FsMetrics`] (a `crate::FileOpObserver`): by kind, with bytes, errors and, for read,
 //! write and fsync, a latency histogram. [`ReportingStore`], the page store under the file
 //! system, counts the page ops those requests became (reads, writes, errors, decoded reads) and,
 //! about once a second from the healer thread, takes the client's region health for the
@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 
 use remem_client::cluster::ClusterFile;
 use remem_client::{PageError, PageOp, RegionHealth};
-use remem_fs::{FileOp, FileOpObserver, PageStore, SavedMapClient};
+use remem_frontend::client_report::ClientReporter;
+use remem_frontend::metrics::{Exposition, Histogram, LATENCY_BUCKETS_SECONDS};
 
-use crate::client_report::ClientReporter;
-use crate::metrics::{Exposition, Histogram, LATENCY_BUCKETS_SECONDS};
+use crate::{FileOp, FileOpObserver, PageStore, SavedMapClient};
 
 /// How often the healer refreshes the region report and the range gauges.
 const REGION_PERIOD: Duration = Duration::from_secs(1);
@@ -208,7 +208,7 @@ impl FsMetrics {
 pub struct ReportingStore {
     inner: SavedMapClient,
     /// The cluster file, followed: nodes added to it join the file system's client.
-    watch: crate::cluster_watch::ClusterWatch,
+    watch: remem_frontend::cluster_watch::ClusterWatch,
     metrics: Option<Arc<FsMetrics>>,
     reporter: ClientReporter,
     /// Whether each op of the running batch is a read; reused, so no allocation per batch.
@@ -226,7 +226,7 @@ impl ReportingStore {
         name: &str,
     ) -> ReportingStore {
         let reporter = ClientReporter::new(cluster_path, "fs", name, inner.client.client_id());
-        let watch = crate::cluster_watch::ClusterWatch::new(cluster_path.to_owned(), cluster);
+        let watch = remem_frontend::cluster_watch::ClusterWatch::new(cluster_path.to_owned(), cluster);
         ReportingStore { inner, watch, metrics, reporter, reads: Vec::new(), regions_at: None }
     }
 }
@@ -274,7 +274,7 @@ impl PageStore for ReportingStore {
     fn background(&mut self) {
         self.inner.background();
         let (nodes, watch) = (self.watch.new_nodes(), &mut self.watch);
-        crate::cluster_watch::hand_new_nodes(
+        remem_frontend::cluster_watch::hand_new_nodes(
             nodes,
             &mut self.inner.client,
             "the file system's client",

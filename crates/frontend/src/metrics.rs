@@ -1,7 +1,7 @@
 //! `--metrics ADDRESS`: Prometheus text exposition (format 0.0.4) on a small HTTP endpoint, for
-//! `remem node` and `remem kv`. One thread accepts scrapes one at a time; each request is read
-//! with a deadline and a size bound (it is input from the network) and answered with whatever
-//! the command's renderer produces at that moment. Written by hand: the format is a few lines of
+//! `remem node`, `remem nbd`, `remem fs` and `remem kv`. One thread accepts scrapes one at a
+//! time; each request is read with a deadline and a size bound (it is input from the network)
+//! and answered with whatever the command's renderer produces at that moment. Written by hand: the format is a few lines of
 //! text and one GET, and a metrics crate would bring a registry the commands do not need.
 
 use std::io::{Read, Write};
@@ -169,66 +169,4 @@ impl Exposition {
     pub fn finish(self) -> String {
         self.text
     }
-}
-
-/// The node's metrics, from its own account of itself.
-pub fn node_metrics(handle: &remem_node::NodeHandle) -> String {
-    let info = handle.info();
-    let mut out = Exposition::default();
-    out.gauge("remem_node_capacity_bytes", "Memory the node lends (--capacity).", info.capacity_bytes as f64)
-        .gauge("remem_node_free_bytes", "Capacity not mapped to a client.", info.free_bytes as f64)
-        .gauge("remem_node_slab_size_bytes", "Slab size of the node.", info.slab_size_bytes as f64)
-        .gauge("remem_node_slabs_mapped", "Slabs mapped to clients.", f64::from(info.slabs_mapped))
-        .gauge(
-            "remem_node_slabs_pooled",
-            "Populated slabs kept ready by the resource monitor.",
-            f64::from(handle.pooled_slabs()),
-        )
-        .gauge(
-            "remem_node_metadata_bytes",
-            "Bytes of split versions and checksums.",
-            info.metadata_bytes as f64,
-        )
-        .counter("remem_node_requests_total", "Requests served since start.", info.requests_served as f64)
-        .gauge(
-            "remem_node_rebuilds_running",
-            "Slab rebuilds running on the node.",
-            f64::from(info.regenerating_slabs),
-        )
-        .gauge(
-            "remem_node_rebuild_pages_done",
-            "Pages handled by the running rebuilds.",
-            info.regeneration_pages_done as f64,
-        )
-        .gauge(
-            "remem_node_rebuild_pages_planned",
-            "Pages the running rebuilds have to handle.",
-            info.regeneration_pages_total as f64,
-        )
-        .gauge(
-            "remem_node_connection_buffer_bytes",
-            "Connection buffer bytes beyond the small per-connection ones (node-wide budget).",
-            handle.connection_buffer_bytes() as f64,
-        )
-        .gauge(
-            "remem_node_leases_live",
-            "Clients with a live lease (a process connected).",
-            f64::from(info.clients_live),
-        )
-        .gauge(
-            "remem_node_leases_in_grace",
-            "Clients that went away whose slabs are kept until the lease grace period ends.",
-            f64::from(info.clients_in_grace),
-        )
-        .gauge(
-            "remem_node_slabs_in_grace",
-            "Slabs of the clients in their lease grace period.",
-            f64::from(info.slabs_in_grace),
-        )
-        .counter(
-            "remem_node_slabs_freed_by_lease_expiry_total",
-            "Slabs freed because their client did not come back within the lease grace period.",
-            handle.slabs_freed_by_lease_expiry() as f64,
-        );
-    out.finish()
 }

@@ -3,18 +3,20 @@
 //!
 //! `kv-NAME/` beside the cluster file (or `--state DIR`), mode 0700, holds `lock` (flock: one
 //! server at a time), `slabmap.json` (the regions' slabs, every region), `backup` (the
-//! backup region the server records every acknowledged item in, `remem_kv::backup`) and
-//! `rewrites` (chunk page rewrites that a kill may have cut short, `remem_kv::rewrites`).
+//! backup region the server records every acknowledged item in, `crate::backup`) and
+//! `rewrites` (chunk page rewrites that a kill may have cut short, `crate::rewrites`).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use remem_client::{Client, ClientConfig, SlabMapFile};
-use remem_kv::backup::Backup;
-use remem_kv::cache::CacheConfig;
-use remem_kv::durability::RestoreReport;
-use remem_kv::rewrites::{Intent, RewriteLog};
-use remem_kv::Cache;
+use remem_frontend::state_dir::{LockError, LockedDir};
+
+use crate::backup::Backup;
+use crate::cache::CacheConfig;
+use crate::durability::RestoreReport;
+use crate::rewrites::{Intent, RewriteLog};
+use crate::Cache;
 
 pub const SLAB_MAP_FILE: &str = "slabmap.json";
 pub const BACKUP_FILE: &str = "backup";
@@ -33,16 +35,16 @@ pub struct ReopenTimes {
 /// A locked state directory.
 pub struct KvState {
     pub dir: PathBuf,
-    _lock: remem_fs::persist::StateDir,
+    _lock: LockedDir,
 }
 
 impl KvState {
-    /// Creates (0700) and locks `dir` (the lock `remem fs` state directories use); errors when
+    /// Creates (0700) and locks `dir` (remem-frontend's `LockedDir`, as `remem fs` does); errors when
     /// another process holds it.
     pub fn lock(dir: &Path) -> Result<KvState> {
-        match remem_fs::persist::StateDir::open(dir) {
+        match LockedDir::open(dir) {
             Ok(lock) => Ok(KvState { dir: dir.to_owned(), _lock: lock }),
-            Err(remem_fs::persist::PersistError::Locked { holder, .. }) => bail!(
+            Err(LockError::Locked { holder, .. }) => bail!(
                 "state directory {} is in use by another remem kv (pid {holder}); stop it first, or give \
                  this one another --name",
                 dir.display()
@@ -102,7 +104,7 @@ impl KvState {
             return Ok(None);
         }
         let map = SlabMapFile::load(&map_path)?;
-        crate::launcher::check_saved_on_cluster(
+        remem_frontend::cluster_file::check_saved_on_cluster(
             &map,
             cluster,
             cluster_path,
@@ -113,10 +115,10 @@ impl KvState {
                 "{} holds a server of {} at EC({},{}), not {} at EC({},{}): pass its -m, -k and -r, or \
                  --fresh to drop its items and start empty",
                 map_path.display(),
-                crate::units::format_bytes(map.address_space_bytes),
+                remem_frontend::units::format_bytes(map.address_space_bytes),
                 map.data_splits,
                 map.parity_splits,
-                crate::units::format_bytes(config.address_space_bytes),
+                remem_frontend::units::format_bytes(config.address_space_bytes),
                 config.shape.data_splits,
                 config.shape.parity_splits
             );
@@ -124,7 +126,7 @@ impl KvState {
         let started = std::time::Instant::now();
         let client = Client::reopen(&map, secret, config)
             .with_context(|| format!("reopening the slabs saved in {}", map_path.display()))?;
-        let mut cache = remem_kv::cache_over_regions(client, cache_config).map_err(|message| {
+        let mut cache = crate::cache_over_regions(client, cache_config).map_err(|message| {
             anyhow::anyhow!(
                 "{}: {message}; start with the flags it was saved with (--scheme, --prefix-scheme, \
                  --small-scheme, --large-scheme, -k, -r), or --fresh",
@@ -148,7 +150,7 @@ impl KvState {
         )?;
         let scanned = started.elapsed();
         cache.backup = Some(backup);
-        let report = cache.restore(records, scan, remem_kv::now_unix());
+        let report = cache.restore(records, scan, crate::now_unix());
         let times = ReopenTimes { slabs, scan: scanned - slabs, restore: started.elapsed() - scanned };
         Ok(Some((cache, report, times)))
     }

@@ -6,7 +6,11 @@
 //! print `mounted MOUNTPOINT` as the first stdout line (tests, scripts and `remem swap on` wait
 //! for it), and unmount on a signal (lazily: the mount point is free even with files open). A
 //! dead mount a SIGKILLed `remem fs` left on the mount point is detached first. The file system lives in crates/fs; the semantics and the
-//! state directory in docs/FS.md. Its metrics and region report are in `crate::fs_metrics`.
+//! state directory in docs/FS.md. Its metrics and region report are in `metrics`. The cli keeps
+//! only the `remem fs` subcommand and its dispatch (and `remem swap` asks
+//! [`check_fuse_available`] here).
+
+pub mod metrics;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -17,12 +21,12 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use remem_client::{Client, ClientConfig, SlabMapFile};
-use remem_fs::{Creator, FileSystem, MountOptions, SavedMapClient, StateDir};
+use remem_frontend::code_args::CodeArgs;
+use remem_frontend::placement_arg::PlacementArgs;
+use remem_frontend::units::{format_bytes, parse_bytes};
 
-use crate::code_args::CodeArgs;
-use crate::fs_metrics::{FsMetrics, ReportingStore};
-use crate::placement_arg::PlacementArgs;
-use crate::units::{format_bytes, parse_bytes};
+use crate::{Creator, FileSystem, MountOptions, SavedMapClient, StateDir};
+use metrics::{FsMetrics, ReportingStore};
 
 #[derive(Args, Debug)]
 pub struct FsArgs {
@@ -50,7 +54,7 @@ pub struct FsArgs {
     /// up` starts them, lend their slabs as shared memory: reads and writes are loads and stores,
     /// only control goes over the socket; other nodes are reached by TCP).
     #[arg(long, value_enum, default_value = "tcp")]
-    pub transport: crate::transport_arg::Transport,
+    pub transport: remem_frontend::transport_arg::Transport,
     /// Let users other than the one mounting open files here (FUSE `allow_other`; permission
     /// bits are still checked by the kernel). Off by default, a security decision: a user-space
     /// file system can stall or feed whatever it likes to whoever enters it, so only its owner
@@ -149,7 +153,7 @@ fn open_client(
         state.clear().with_context(|| format!("clearing the state directory {dir}"))?;
     } else if map_path.exists() {
         let map = SlabMapFile::load(&map_path)?;
-        crate::launcher::check_saved_on_cluster(
+        remem_frontend::cluster_file::check_saved_on_cluster(
             &map,
             cluster,
             cluster_path,
@@ -212,7 +216,7 @@ pub fn detach_dead_mount(mountpoint: &Path) -> Result<()> {
     match found.as_ref().map(|(kind, source)| (kind.as_str(), source.as_str())) {
         // fuser's own mount says `fuse` and source `remem`; fusermount3's `fuse.remem`.
         Some(("fuse" | "fuse.remem", "remem")) => {
-            remem_fs::detach_lazily(&absolute)
+            crate::detach_lazily(&absolute)
                 .with_context(|| format!("detaching the dead mount on {}", absolute.display()))?;
             eprintln!(
                 "{} was the dead mount of a remem fs that was killed: detached it (lazily)",
@@ -249,13 +253,14 @@ pub fn run(args: FsArgs) -> Result<()> {
     check_fuse_available(&args.mountpoint)?;
     let mountpoint = args.mountpoint.canonicalize().context("resolving the mount point")?;
     let shape = args.code.shape()?;
-    let (cluster_path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
-    crate::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
+    let (cluster_path, cluster, secret) =
+        remem_frontend::cluster_file::load_cluster(args.cluster.as_deref())?;
+    remem_frontend::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
     let mut config = ClientConfig::new(shape, args.size);
     config.allow_shared_domains = args.placement.allow_shared_domains;
     config.max_in_flight = args.queue_depth.max(1);
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
-    config.shared_memory = args.transport == crate::transport_arg::Transport::Shm;
+    config.shared_memory = args.transport == remem_frontend::transport_arg::Transport::Shm;
     // The slabs outlive the process: a restart reopens them (the state directory names them),
     // within the nodes' lease grace period. A scratch file system gives them back on exit.
     config.release_on_drop = args.ephemeral;
@@ -266,7 +271,7 @@ pub fn run(args: FsArgs) -> Result<()> {
     let metrics = args.metrics.map(|_| Arc::new(FsMetrics::default()));
     if let (Some(address), Some(metrics)) = (args.metrics, &metrics) {
         let metrics = Arc::clone(metrics);
-        let bound = crate::metrics::serve(address, Arc::clone(&stop), move || metrics.render())?;
+        let bound = remem_frontend::metrics::serve(address, Arc::clone(&stop), move || metrics.render())?;
         eprintln!("metrics at http://{bound}/metrics");
     }
     let (client, reopened) = open_client(&args, &state, config, &cluster, &cluster_path, &secret)?;
@@ -305,11 +310,11 @@ pub fn run(args: FsArgs) -> Result<()> {
     if reopened {
         eprintln!("reopened {} files from {} (--fresh to start empty)", report.files, state_path.display());
     }
-    let observer = metrics.map(|metrics| metrics as Arc<dyn remem_fs::FileOpObserver>);
+    let observer = metrics.map(|metrics| metrics as Arc<dyn crate::FileOpObserver>);
     let options = MountOptions { allow_other: args.allow_other, source_name: "remem".to_owned(), observer };
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
-    let mounted = remem_fs::mount(filesystem, &mountpoint, &options)
+    let mounted = crate::mount(filesystem, &mountpoint, &options)
         .with_context(|| format!("mounting on {}", mountpoint.display()))?;
     println!("mounted {}", mountpoint.display());
     std::io::stdout().flush()?;

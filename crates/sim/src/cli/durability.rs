@@ -1,17 +1,16 @@
 //! `remem sim durability`: data lost per year by a cluster whose nodes and racks fail at
 //! measured rates and whose lost slabs are rebuilt at the measured rebuild speed, per placement
-//! policy, and for rep(2), rep(3) and EC(k,r) at equal memory (crate remem-sim, module
-//! `durability`). Progress on stderr, a table or JSON on stdout.
+//! policy, and for rep(2), rep(3) and EC(k,r) at equal memory (this crate's `durability`). Progress on stderr, a table or JSON on stdout.
 
 use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use remem_sim::durability::{run_durability, write_durability_table, Config, DurabilityJob, Scheme};
-use remem_sim::Policy;
+use remem_frontend::units::parse_bytes;
 
-use crate::units::parse_bytes;
+use crate::durability::{run_durability, write_durability_table, Config, DurabilityJob, Scheme};
+use crate::Policy;
 
 #[derive(Args, Debug)]
 pub struct DurabilityArgs {

@@ -90,7 +90,8 @@ impl ClientReporter {
         }
         let text = serde_json::to_string_pretty(report).map_err(std::io::Error::other)?;
         let temporary = self.path.with_extension("tmp");
-        crate::launcher::write_private_file(&temporary, text.as_bytes()).map_err(std::io::Error::other)?;
+        crate::cluster_file::write_private_file(&temporary, text.as_bytes())
+            .map_err(std::io::Error::other)?;
         std::fs::rename(&temporary, &self.path)
     }
 }

@@ -1,21 +1,24 @@
-//! `remem sim`: the availability and load-balance simulator (crate remem-sim) from the command
+//! `remem sim`: the availability and load-balance simulator (this crate) from the command
 //! line: argument parsing, progress on stderr, the table, CSV, JSON and the PNG figures.
 //!
 //! With no sweep option it runs the acceptance table (the seed's base point for every policy)
 //! and the experiments of seed 000 Figures 15 and 16; with any of --nodes, -k, -r, -l,
 //! --slabs-per-node, --failed-percent it runs their cartesian product instead.
-//! `remem sim durability` (module `durability`) simulates failures and rebuilds over years.
+//! `remem sim durability` (module `durability`) simulates failures and rebuilds over years;
+//! `plot` draws the figures. Compiled with the crate's `cli` feature only (the cli's), so the
+//! simulator itself depends on no argument parser and no plotting library.
 
 pub mod durability;
+mod plot;
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use crate::run::{acceptance_jobs, figure15_jobs, figure16_jobs, sweep_jobs};
+use crate::{run_jobs, Budget, Job, Policy, Row, Scenario};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use remem_sim::run::{acceptance_jobs, figure15_jobs, figure16_jobs, sweep_jobs};
-use remem_sim::{run_jobs, Budget, Job, Policy, Row, Scenario};
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -196,20 +199,20 @@ pub fn run(args: SimArgs) -> Result<()> {
         serde_json::to_writer_pretty(&mut out, &rows)?;
         writeln!(out)?;
     } else {
-        remem_sim::write_table(&rows, &mut out)?;
+        crate::write_table(&rows, &mut out)?;
         writeln!(out, "\n{} points in {:.1}s", rows.len(), started.elapsed().as_secs_f64())?;
     }
     if let Some(path) = &args.csv {
         let mut file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-        remem_sim::write_csv(&rows, &mut file).with_context(|| format!("writing {}", path.display()))?;
+        crate::write_csv(&rows, &mut file).with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(dir) = &args.plot_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         if rows.iter().any(|r| r.experiment.starts_with("fig15")) {
-            crate::sim_plot::figure15(&dir.join("figure15.png"), &rows)?;
+            plot::figure15(&dir.join("figure15.png"), &rows)?;
         }
         if rows.iter().any(|r| r.experiment.starts_with("fig16")) {
-            crate::sim_plot::figure16(&dir.join("figure16.png"), &rows)?;
+            plot::figure16(&dir.join("figure16.png"), &rows)?;
         }
     }
     Ok(())

@@ -3,7 +3,11 @@
 //! Thin: take what can fail first (memory lock, TLS, the listener, the metrics port), then open
 //! the export (a client on the cluster, its slab map saved), print `listening ADDRESS` as the
 //! first stdout line once nothing can fail (tests, scripts and supervisors wait for it), and hand
-//! over to `remem_nbd::serve`. The protocol lives in crates/nbd; the semantics in docs/NBD.md.
+//! over to `crate::serve`. The protocol lives in the rest of this crate; the semantics in
+//! docs/NBD.md. `metrics` counts page ops for `--metrics`. The cli keeps only the `remem nbd`
+//! subcommand and its dispatch.
+
+pub mod metrics;
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
@@ -13,16 +17,16 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::code_args::CodeArgs;
-use crate::etcd_cluster::{ExportHome, FileHome};
-use crate::placement_arg::PlacementArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use remem_client::cluster::ClusterFile;
 use remem_client::{Client, ClientConfig, SlabMapFile};
-use remem_nbd::{Export, Listener, ServerConfig};
+use remem_frontend::code_args::CodeArgs;
+use remem_frontend::export_home::{ExportHome, FileHome};
+use remem_frontend::placement_arg::PlacementArgs;
+use remem_frontend::units::{format_bytes, parse_bytes};
 
-use crate::units::{format_bytes, parse_bytes};
+use crate::{Export, Listener, ServerConfig};
 
 #[derive(Args, Debug)]
 pub struct NbdArgs {
@@ -32,7 +36,7 @@ pub struct NbdArgs {
     /// etcd (`--etcd`, `--etcd-prefix`) instead of a cluster file: the nodes registered there,
     /// the slab map kept there under the export's name (docs/ETCD.md).
     #[command(flatten)]
-    pub etcd: crate::etcd_cluster::EtcdArgs,
+    pub etcd: remem_frontend::export_home::EtcdArgs,
     /// File holding the cluster secret, with --etcd (a cluster file names its own).
     #[arg(long, requires = "etcd")]
     pub secret_file: Option<PathBuf>,
@@ -80,7 +84,7 @@ pub struct NbdArgs {
     #[command(flatten)]
     pub placement: PlacementArgs,
     /// Pages in flight at once (per engine).
-    #[arg(long, default_value_t = 32, value_parser = crate::units::parse_count)]
+    #[arg(long, default_value_t = 32, value_parser = remem_frontend::units::parse_count)]
     pub queue_depth: usize,
     /// Engines, one per core: remem clients with the export's pages dealt across them in 128
     /// KiB chunks, each its own slabs, under one client identity. Connections on different
@@ -90,13 +94,13 @@ pub struct NbdArgs {
     #[arg(long, default_value_t = 1, value_parser = parse_engines)]
     pub engines: usize,
     /// A split not answered in this time counts as failed.
-    #[arg(long, default_value_t = 2000, value_parser = crate::units::parse_positive_ms)]
+    #[arg(long, default_value_t = 2000, value_parser = remem_frontend::units::parse_positive_ms)]
     pub request_timeout_ms: u64,
     /// How splits reach the nodes: tcp, or shm (nodes on this host with a Unix socket, as `remem
     /// up` starts them, lend their slabs as shared memory: reads and writes are loads and stores,
     /// only control goes over the socket; other nodes are reached by TCP).
     #[arg(long, value_enum, default_value = "tcp")]
-    pub transport: crate::transport_arg::Transport,
+    pub transport: remem_frontend::transport_arg::Transport,
     /// Lock all memory (mlockall): needed when the export backs swap (docs/NBD.md).
     #[arg(long)]
     pub mlock: bool,
@@ -104,7 +108,7 @@ pub struct NbdArgs {
     #[arg(long, allow_hyphen_values = true)]
     pub oom_score_adj: Option<i32>,
     /// Most NBD connections served at once.
-    #[arg(long, default_value_t = 16, value_parser = crate::units::parse_count)]
+    #[arg(long, default_value_t = 16, value_parser = remem_frontend::units::parse_count)]
     pub max_connections: usize,
     /// Where the export's slab map is kept, so a restarted `remem nbd` (after a crash, SIGKILL
     /// or a clean stop) reopens the same pages instead of an empty export (default:
@@ -150,7 +154,7 @@ fn open_export(
             }
             std::fs::remove_file(state_path).with_context(|| format!("removing {}", state_path.display()))?;
         } else {
-            crate::launcher::check_saved_on_cluster(
+            remem_frontend::cluster_file::check_saved_on_cluster(
                 &map,
                 cluster,
                 cluster_path,
@@ -185,15 +189,15 @@ fn open_export(
 }
 
 /// `--tls-cert`, `--tls-key` and `--tls-ca`: the server's TLS, required with a CA.
-fn tls_settings(args: &NbdArgs) -> Result<Option<remem_nbd::TlsSettings>> {
+fn tls_settings(args: &NbdArgs) -> Result<Option<crate::TlsSettings>> {
     Ok(match (&args.tls_cert, &args.tls_key) {
         (Some(certificate), Some(key)) => {
-            let config = remem_nbd::tls::server_config(certificate, key, args.tls_ca.as_deref())
+            let config = crate::tls::server_config(certificate, key, args.tls_ca.as_deref())
                 .context("loading the TLS certificate")?;
             // A CA asks every client for a certificate: a plain client has none, so TLS is
             // required whether or not --tls-required says so.
             let required = args.tls_required || args.tls_ca.is_some();
-            Some(remem_nbd::TlsSettings { config, required })
+            Some(crate::TlsSettings { config, required })
         }
         _ => None,
     })
@@ -237,7 +241,7 @@ pub fn run(args: NbdArgs) -> Result<()> {
     config.allow_shared_domains = args.placement.allow_shared_domains;
     config.max_in_flight = args.queue_depth.max(1);
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
-    config.shared_memory = args.transport == crate::transport_arg::Transport::Shm;
+    config.shared_memory = args.transport == remem_frontend::transport_arg::Transport::Shm;
     // The slabs outlive the process: a restart reopens them (the state file names them).
     config.release_on_drop = false;
     if args.engines > 1 && args.metrics.is_some() {
@@ -299,15 +303,15 @@ pub fn run(args: NbdArgs) -> Result<()> {
         .map(|(client, home, report_to)| WatchedClient::new(client, report_to, home, Arc::clone(&stop)))
         .collect();
     let fenced = if let [one] = &mut watched[..] {
-        one.metrics = args.metrics.map(|_| crate::nbd_metrics::NbdMetrics::new(snapshot));
+        one.metrics = args.metrics.map(|_| metrics::NbdMetrics::new(snapshot));
         let store = Mutex::new(watched.pop().expect("one engine"));
-        let result = remem_nbd::serve(&listener, &store, &server_config, &stop);
+        let result = crate::serve(&listener, &store, &server_config, &stop);
         remove_socket(unix_path.as_deref());
         result.context("serving NBD")?;
         store.into_inner().ok().and_then(|store| store.home.fenced())
     } else {
-        let store = remem_nbd::Shards::new(watched, args.size / 4096);
-        let result = remem_nbd::serve(&listener, &store, &server_config, &stop);
+        let store = crate::Shards::new(watched, args.size / 4096);
+        let result = crate::serve(&listener, &store, &server_config, &stop);
         remove_socket(unix_path.as_deref());
         result.context("serving NBD")?;
         store.into_inner().iter().find_map(|engine| engine.home.fenced())
@@ -329,7 +333,7 @@ fn metrics_then_export(
     if let Some(address) = args.metrics {
         let served = Arc::clone(snapshot);
         let render = move || served.lock().map(|text| text.clone()).unwrap_or_default();
-        let bound = crate::metrics::serve(address, Arc::clone(stop), render)?;
+        let bound = remem_frontend::metrics::serve(address, Arc::clone(stop), render)?;
         eprintln!("metrics at http://{bound}/metrics");
     }
     Ok(match args.etcd.connect()? {
@@ -339,7 +343,7 @@ fn metrics_then_export(
             }
             let secret = remem_client::Secret::load(args.secret_file.as_deref())
                 .context("loading the cluster secret")?;
-            let request = crate::etcd_cluster::EtcdExportRequest {
+            let request = remem_frontend::export_home::EtcdExportRequest {
                 etcd,
                 export: &args.export,
                 secret: &secret,
@@ -347,7 +351,7 @@ fn metrics_then_export(
                 fresh: args.fresh,
                 placement: args.placement.build(rand::random()),
             };
-            let (client, home) = crate::etcd_cluster::open_export(request)?;
+            let (client, home) = remem_frontend::export_home::open_export(request)?;
             eprintln!("export {:?} kept in {}", args.export, home.describe());
             vec![(client, Box::new(home), None)]
         }
@@ -369,10 +373,10 @@ fn unix_socket_path(args: &NbdArgs) -> Result<PathBuf> {
     }
     let directory = match (&args.cluster, args.etcd.etcd.is_some()) {
         (Some(cluster), _) => cluster.parent().map(Path::to_path_buf).unwrap_or_default(),
-        (None, false) => crate::launcher::default_dir(),
+        (None, false) => remem_frontend::cluster_file::default_dir(),
         (None, true) => {
-            let directory = crate::launcher::default_dir();
-            crate::launcher::private_directory(&directory)?;
+            let directory = remem_frontend::cluster_file::default_dir();
+            remem_frontend::cluster_file::private_directory(&directory)?;
             directory
         }
     };
@@ -391,7 +395,7 @@ fn unix_socket_path(args: &NbdArgs) -> Result<PathBuf> {
 type Opened = (Client, Box<dyn ExportHome>, Option<(PathBuf, String)>);
 
 fn parse_engines(text: &str) -> Result<usize, String> {
-    match crate::units::parse_count(text)? {
+    match remem_frontend::units::parse_count(text)? {
         engines if engines > MAX_ENGINES => Err(format!("at most {MAX_ENGINES} engines")),
         engines => Ok(engines),
     }
@@ -433,8 +437,9 @@ fn other_layouts(base: &Path, engines: usize) -> Vec<PathBuf> {
 
 /// The engines' clients over a cluster file: each reopened from its saved map, or new.
 fn open_engines(args: &NbdArgs, mut config: ClientConfig) -> Result<Vec<Opened>> {
-    let (cluster_path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
-    crate::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
+    let (cluster_path, cluster, secret) =
+        remem_frontend::cluster_file::load_cluster(args.cluster.as_deref())?;
+    remem_frontend::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
     let base = args.state.clone().unwrap_or_else(|| {
         let directory = cluster_path.parent().map(Path::to_path_buf).unwrap_or_default();
         directory.join(format!("nbd-{}.slabmap", args.export))
@@ -455,7 +460,7 @@ fn open_engines(args: &NbdArgs, mut config: ClientConfig) -> Result<Vec<Opened>>
         }
         std::fs::remove_file(other).with_context(|| format!("removing {}", other.display()))?;
     }
-    let layout = remem_nbd::ShardLayout::new(args.engines, args.size / 4096);
+    let layout = crate::ShardLayout::new(args.engines, args.size / 4096);
     if args.engines > 1 {
         // One identity at the nodes: the same client id and session for every engine.
         config.address_space_bytes = layout.engine_pages() * 4096;
@@ -466,7 +471,7 @@ fn open_engines(args: &NbdArgs, mut config: ClientConfig) -> Result<Vec<Opened>>
     for engine in 0..args.engines {
         let state_path = engine_state_path(&base, engine, args.engines);
         let client = open_export(args, &cluster, &cluster_path, &secret, config.clone(), &state_path)?;
-        let watch = crate::cluster_watch::ClusterWatch::new(cluster_path.clone(), &cluster);
+        let watch = remem_frontend::cluster_watch::ClusterWatch::new(cluster_path.clone(), &cluster);
         let report_name = match args.engines {
             1 => stem.clone(),
             engines => format!("{stem}.engine-{engine}-of-{engines}"),
@@ -560,9 +565,9 @@ struct WatchedClient {
     /// Raised when `home` says another process owns the export now.
     stop: Arc<AtomicBool>,
     /// The client's region health for `remem status`, beside a cluster file.
-    reporter: Option<crate::client_report::ClientReporter>,
+    reporter: Option<remem_frontend::client_report::ClientReporter>,
     /// Counted only with `--metrics`.
-    metrics: Option<crate::nbd_metrics::NbdMetrics>,
+    metrics: Option<metrics::NbdMetrics>,
 }
 
 impl WatchedClient {
@@ -574,7 +579,12 @@ impl WatchedClient {
     ) -> WatchedClient {
         let rebuilds_saved = client.regeneration_status().done;
         let reporter = report_to.map(|(cluster_path, name)| {
-            crate::client_report::ClientReporter::new(&cluster_path, "nbd", &name, client.client_id())
+            remem_frontend::client_report::ClientReporter::new(
+                &cluster_path,
+                "nbd",
+                &name,
+                client.client_id(),
+            )
         });
         WatchedClient { client, home, rebuilds_saved, stop, reporter, metrics: None }
     }
@@ -593,13 +603,16 @@ impl WatchedClient {
     fn follow_cluster_file(&mut self) {
         let nodes = self.home.new_nodes();
         let home = &mut self.home;
-        crate::cluster_watch::hand_new_nodes(nodes, &mut self.client, "the export's client", |address| {
-            home.joined(address)
-        });
+        remem_frontend::cluster_watch::hand_new_nodes(
+            nodes,
+            &mut self.client,
+            "the export's client",
+            |address| home.joined(address),
+        );
     }
 }
 
-impl remem_nbd::PageStore for WatchedClient {
+impl crate::PageStore for WatchedClient {
     fn page_bytes(&self) -> usize {
         self.client.page_bytes()
     }

@@ -3,6 +3,14 @@
 //! Thin: parse the policy flags, connect a client to the cluster with the EC region first, let
 //! remem-kv add the other schemes' regions, bind, print `listening ADDRESS` as the first stdout
 //! line (tests and scripts wait for it), and run the server. Semantics: docs/KV.md.
+//!
+//! `state` is the locked state directory a restart reopens, `standby` the `--standby` side of a
+//! primary-standby pair. The cli keeps only the `remem kv` subcommand and its dispatch; the
+//! shared front-end pieces (cluster file, `--transport`, metrics endpoint, region report) are
+//! remem-frontend's. Nothing of the engine or the command layer imports this module.
+
+pub mod standby;
+pub mod state;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -14,11 +22,11 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use remem_client::{Client, ClientConfig};
-use remem_kv::{CacheConfig, EcShape, Policy, Scheme, Server, ServerConfig};
+use remem_frontend::units::{format_bytes, parse_bytes};
 
-use crate::kv_state::{KvState, ReopenTimes};
-use crate::units::{format_bytes, parse_bytes};
-use remem_kv::durability::RestoreReport;
+use crate::durability::RestoreReport;
+use crate::{CacheConfig, EcShape, Policy, Scheme, Server, ServerConfig};
+use state::{KvState, ReopenTimes};
 
 #[derive(Args, Debug)]
 pub struct KvArgs {
@@ -61,10 +69,10 @@ pub struct KvArgs {
     #[arg(long, default_value_t = 3)]
     pub hot_reads: u32,
     /// Data splits of the EC scheme (k).
-    #[arg(short = 'k', long, default_value_t = 8, value_parser = crate::code_args::parse_data_splits)]
+    #[arg(short = 'k', long, default_value_t = 8, value_parser = remem_frontend::code_args::parse_data_splits)]
     pub data_splits: usize,
     /// Parities of the EC scheme (m): EC objects survive m failed nodes.
-    #[arg(short = 'r', long, default_value_t = 2, value_parser = crate::code_args::parse_parity_splits)]
+    #[arg(short = 'r', long, default_value_t = 2, value_parser = remem_frontend::code_args::parse_parity_splits)]
     pub parity_splits: usize,
     /// Turn off data bypassing (gets of a value being written wait for the write and read it
     /// back; concurrent gets each fetch): for measuring what bypassing saves.
@@ -94,7 +102,7 @@ pub struct KvArgs {
     /// up` starts them, lend their slabs as shared memory: reads and writes are loads and stores,
     /// only control goes over the socket; other nodes are reached by TCP).
     #[arg(long, value_enum, default_value = "tcp")]
-    pub transport: crate::transport_arg::Transport,
+    pub transport: remem_frontend::transport_arg::Transport,
     /// Name of this server's state directory `kv-NAME/` beside the cluster file (several
     /// servers on one cluster need different names).
     #[arg(long, default_value = "default")]
@@ -222,14 +230,13 @@ fn new_cache(
     cache_config: CacheConfig,
     state: Option<&KvState>,
     args: &KvArgs,
-) -> Result<remem_kv::Cache> {
+) -> Result<crate::Cache> {
     let client = Client::connect(&cluster.addresses(), secret, config, placement)
         .with_context(|| format!("connecting to the cluster of {}", cluster_path.display()))?;
     let region_bytes = args.memory_limit.div_ceil(4096) * 4096;
-    let mut cache =
-        remem_kv::build_cache(client, cache_config, region_bytes).context("creating the regions")?;
+    let mut cache = crate::build_cache(client, cache_config, region_bytes).context("creating the regions")?;
     if let Some(state) = state {
-        let bytes = args.backup_size.unwrap_or(crate::kv_state::default_backup_bytes(args.memory_limit));
+        let bytes = args.backup_size.unwrap_or(state::default_backup_bytes(args.memory_limit));
         cache.backup = Some(state.create_backup(bytes)?);
         // A new server: no rewrite of its pages was cut short; anything in the file is
         // another server's.
@@ -256,12 +263,11 @@ fn serve_standbys(
     (address, unix): (SocketAddr, Option<&Path>),
     cluster_path: &Path,
 ) -> Result<()> {
-    let mode = remem_kv::backup::wire::Mode::parse(&args.replication).expect("checked by clap");
-    let policy = remem_kv::backup::SyncPolicy::parse(&args.sync).expect("checked by clap");
+    let mode = crate::backup::wire::Mode::parse(&args.replication).expect("checked by clap");
+    let policy = crate::backup::SyncPolicy::parse(&args.sync).expect("checked by clap");
     let unix_text = unix.map(|path| path.display().to_string()).unwrap_or_default();
-    let settings =
-        crate::kv_standby::standby_settings(cluster_path, &server.cache.config, args.auth_file.as_deref());
-    let port = remem_kv::standby::StandbyPort::bind(
+    let settings = standby::standby_settings(cluster_path, &server.cache.config, args.auth_file.as_deref());
+    let port = crate::standby::StandbyPort::bind(
         &state.dir,
         mode,
         policy,
@@ -277,24 +283,24 @@ fn serve_standbys(
 /// for `remem status` and the metrics snapshot, save the slab map after rebuilds (so a restart
 /// finds the slabs where they are now), and hand new nodes of the cluster file to the client.
 fn housekeeping(
-    cache: &mut remem_kv::Cache,
+    cache: &mut crate::Cache,
     cluster_path: PathBuf,
     cluster: &remem_client::cluster::ClusterFile,
     map_path: Option<PathBuf>,
     metrics: Option<Arc<std::sync::Mutex<String>>>,
     name: String,
-) -> Box<dyn FnMut(&mut remem_kv::Cache)> {
-    let mut watch = crate::cluster_watch::ClusterWatch::new(cluster_path.clone(), cluster);
+) -> Box<dyn FnMut(&mut crate::Cache)> {
+    let mut watch = remem_frontend::cluster_watch::ClusterWatch::new(cluster_path.clone(), cluster);
     let mut reporter = None;
     let mut rebuilds_saved = cache.client.client().regeneration_status().done;
-    Box::new(move |cache: &mut remem_kv::Cache| {
+    Box::new(move |cache: &mut crate::Cache| {
         let client = cache.client.client();
         let reporter = reporter.get_or_insert_with(|| {
-            crate::client_report::ClientReporter::new(&cluster_path, "kv", &name, client.client_id())
+            remem_frontend::client_report::ClientReporter::new(&cluster_path, "kv", &name, client.client_id())
         });
         reporter.publish(|| client.region_health());
         if let Some(snapshot) = &metrics {
-            let text = remem_kv::report::prometheus(cache);
+            let text = crate::report::prometheus(cache);
             if let Ok(mut shared) = snapshot.lock() {
                 *shared = text;
             }
@@ -310,7 +316,7 @@ fn housekeeping(
         }
         let nodes = watch.new_nodes();
         let client = cache.client.client();
-        crate::cluster_watch::hand_new_nodes(nodes, client, "the cache's client", |address| {
+        remem_frontend::cluster_watch::hand_new_nodes(nodes, client, "the cache's client", |address| {
             watch.joined(address)
         });
     })
@@ -327,11 +333,11 @@ fn client_config(args: &KvArgs, ec: EcShape) -> Result<(ClientConfig, Box<dyn re
         None => bail!("unknown --placement {:?}", args.placement),
     };
     let region_bytes = args.memory_limit.div_ceil(4096) * 4096;
-    let shape = remem_kv::region_shape(Scheme::Ec, ec);
+    let shape = crate::region_shape(Scheme::Ec, ec);
     let mut config = ClientConfig::new(shape, region_bytes);
     config.allow_shared_domains = args.allow_shared_domains;
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
-    config.shared_memory = args.transport == crate::transport_arg::Transport::Shm;
+    config.shared_memory = args.transport == remem_frontend::transport_arg::Transport::Shm;
     config.release_on_drop = args.ephemeral;
     Ok((config, placement))
 }
@@ -341,7 +347,7 @@ fn open_state(
     args: &KvArgs,
     cluster_path: &Path,
     cache_config: &CacheConfig,
-) -> Result<(Option<KvState>, Option<crate::kv_standby::Takeover>)> {
+) -> Result<(Option<KvState>, Option<standby::Takeover>)> {
     if args.ephemeral {
         return Ok((None, None));
     }
@@ -356,9 +362,8 @@ fn open_state(
         }
     };
     if args.standby {
-        let settings =
-            crate::kv_standby::standby_settings(cluster_path, cache_config, args.auth_file.as_deref());
-        let (found, state) = crate::kv_standby::stand_by(&dir, &settings)?;
+        let settings = standby::standby_settings(cluster_path, cache_config, args.auth_file.as_deref());
+        let (found, state) = standby::stand_by(&dir, &settings)?;
         Ok((Some(state), Some(found)))
     } else {
         Ok((Some(KvState::lock(&dir)?), None))
@@ -370,14 +375,14 @@ fn announce(args: &KvArgs, policy: &Policy, ec: EcShape, nodes: usize) {
     eprintln!(
         "remem kv: {} of items, schemes {}, across {} nodes{}",
         format_bytes(args.memory_limit),
-        remem_kv::schemes_needed(policy).iter().map(|scheme| scheme.label(ec)).collect::<Vec<_>>().join(", "),
+        crate::schemes_needed(policy).iter().map(|scheme| scheme.label(ec)).collect::<Vec<_>>().join(", "),
         nodes,
         args.unix.as_ref().map(|path| format!(", unix socket {}", path.display())).unwrap_or_default()
     );
 }
 
 /// What a standby that took over says.
-fn took_over(takeover: &crate::kv_standby::Takeover) -> String {
+fn took_over(takeover: &standby::Takeover) -> String {
     format!(
         "took over from the primary{}, found dead because {}: serving {} ms after",
         takeover.primary_pid.map(|pid| format!(" (pid {pid})")).unwrap_or_default(),
@@ -390,15 +395,16 @@ pub fn run(args: KvArgs) -> Result<()> {
     check_args(&args)?;
     // Refused before anything is mapped on the nodes.
     let auth = match &args.auth_file {
-        Some(path) => Some(remem_kv::auth::Credentials::load(path)?),
+        Some(path) => Some(crate::auth::Credentials::load(path)?),
         None => None,
     };
     let ec = EcShape { data_splits: args.data_splits, parity_splits: args.parity_splits };
     let policy = scheme_policy(&args, ec)?;
 
     let (config, placement) = client_config(&args, ec)?;
-    let (cluster_path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
-    crate::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
+    let (cluster_path, cluster, secret) =
+        remem_frontend::cluster_file::load_cluster(args.cluster.as_deref())?;
+    remem_frontend::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
     let cache_config = CacheConfig {
         memory_limit_bytes: args.memory_limit,
         max_item_bytes: args.max_item_size as usize,
@@ -466,7 +472,7 @@ pub fn run(args: KvArgs) -> Result<()> {
     if let Some(address) = args.metrics {
         let served = Arc::clone(&snapshot);
         let render = move || served.lock().map(|text| text.clone()).unwrap_or_default();
-        let bound = crate::metrics::serve(address, Arc::clone(&stop), render)?;
+        let bound = remem_frontend::metrics::serve(address, Arc::clone(&stop), render)?;
         eprintln!("metrics at http://{bound}/metrics");
     }
     println!("listening {address}");

@@ -1,4 +1,10 @@
-//! Latency CDFs as PNG (plotters, bitmap backend, a TrueType font from the system).
+//! remem-plot: PNG plots with plotters' bitmap backend and a TrueType font from the system
+//! ([`load_font`]): latency CDFs ([`latency_cdf`], `remem bench pages`) and point series
+//! ([`points_plot`], `remem bench apps`). remem-sim's `remem sim` figures draw with plotters
+//! themselves after [`load_font`]. A crate of its own so that the benchmarks and the simulator
+//! share it without importing each other.
+//!
+//! Architecture Invariant: nothing here knows remem; it draws the numbers it is given.
 
 use std::path::Path;
 

@@ -1,0 +1,228 @@
+//! etcd as the home of a cluster's metadata (`--etcd`, docs/ETCD.md), beside the embedded
+//! default (a cluster file written by `remem up` and a local slab-map file).
+//!
+//! [`ExportHome`] is what a front end asks of either: which nodes to hand its client, where its
+//! slab map is saved after rebuilds, and whether another process has taken its export over.
+//! [`FileHome`] is today's cluster file and slab-map file; [`EtcdHome`] follows etcd's
+//! membership and keeps the map in etcd under the owner key of remem-etcd's `ClientSession`.
+//! (`remem node --etcd` registers with the cli's `etcd_cluster::register_node`; `remem status
+//! --etcd` reads the registrations there too.)
+//!
+//! Neither home is ever waited for on the data path: the etcd one reads a membership snapshot
+//! that a background task keeps, and queues map writes for that task.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use remem_client::{Client, ClientConfig, NodeAddress, SlabMapFile};
+use remem_etcd::{ClientName, ClientSession, Etcd, EtcdConfig, MembershipWatch, NodeRecord, OwnerRecord};
+
+/// `--etcd` and `--etcd-prefix`, shared by node, nbd and status.
+#[derive(Args, Debug, Clone)]
+pub struct EtcdArgs {
+    /// Keep membership and slab maps in etcd instead of a cluster file: comma-separated
+    /// http://HOST:PORT URLs of its members (docs/ETCD.md). Nodes register there; front ends
+    /// find the nodes and their slab map there.
+    #[arg(long, value_name = "URLS", value_parser = parse_endpoints)]
+    pub etcd: Option<Endpoints>,
+    /// Prefix of remem's keys in etcd (several clusters can share one etcd).
+    #[arg(long, default_value = EtcdConfig::DEFAULT_PREFIX, value_name = "PREFIX", requires = "etcd")]
+    pub etcd_prefix: String,
+}
+
+/// The parsed URLs of `--etcd`.
+#[derive(Clone, Debug)]
+pub struct Endpoints(pub Vec<String>);
+
+fn parse_endpoints(text: &str) -> Result<Endpoints, String> {
+    remem_etcd::parse_endpoints(text).map(Endpoints)
+}
+
+impl EtcdArgs {
+    /// The etcd connection, if `--etcd` was given (no I/O yet: etcd may be down).
+    pub fn connect(&self) -> Result<Option<Etcd>> {
+        let Some(endpoints) = &self.etcd else { return Ok(None) };
+        let etcd = Etcd::new(EtcdConfig::new(endpoints.0.clone(), &self.etcd_prefix)).context("--etcd")?;
+        Ok(Some(etcd))
+    }
+}
+
+/// Where a front end's nodes and slab map live.
+pub trait ExportHome: Send {
+    /// Nodes the client has not joined yet; cheap enough for every background pass.
+    fn new_nodes(&mut self) -> Vec<NodeAddress>;
+    /// The client took `address`.
+    fn joined(&mut self, address: SocketAddr);
+    /// Saves the map after rebuilds moved slabs; never waits for etcd (a write is queued).
+    fn save_map(&mut self, map: &SlabMapFile) -> Result<()>;
+    /// Set once another process owns the export: stop serving at once, write nothing more.
+    fn fenced(&self) -> Option<String>;
+}
+
+/// The embedded default: the cluster file (`ClusterWatch`) and a local slab-map file.
+pub struct FileHome {
+    pub watch: crate::cluster_watch::ClusterWatch,
+    pub state_path: PathBuf,
+}
+
+impl ExportHome for FileHome {
+    fn new_nodes(&mut self) -> Vec<NodeAddress> {
+        self.watch.new_nodes()
+    }
+
+    fn joined(&mut self, address: SocketAddr) {
+        self.watch.joined(address)
+    }
+
+    fn save_map(&mut self, map: &SlabMapFile) -> Result<()> {
+        map.save(&self.state_path).with_context(|| format!("saving {}", self.state_path.display()))
+    }
+
+    fn fenced(&self) -> Option<String> {
+        None
+    }
+}
+
+/// How often the etcd home looks at the membership snapshot.
+const MEMBERSHIP_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// etcd: the membership watch and this process's ownership of its export's keys.
+pub struct EtcdHome {
+    session: ClientSession,
+    membership: MembershipWatch,
+    known: Vec<SocketAddr>,
+    last_check: Instant,
+    hostname: String,
+}
+
+impl EtcdHome {
+    pub fn describe(&self) -> String {
+        format!("etcd keys {} and {}", self.session.map_key(), self.session.owner_key())
+    }
+}
+
+impl ExportHome for EtcdHome {
+    fn new_nodes(&mut self) -> Vec<NodeAddress> {
+        if self.last_check.elapsed() < MEMBERSHIP_CHECK_INTERVAL {
+            return Vec::new();
+        }
+        self.last_check = Instant::now();
+        self.membership
+            .nodes()
+            .iter()
+            .filter(|node| !self.known.contains(&node.address))
+            .map(|node| node_address(node, &self.hostname))
+            .collect()
+    }
+
+    fn joined(&mut self, address: SocketAddr) {
+        self.known.push(address);
+    }
+
+    fn save_map(&mut self, map: &SlabMapFile) -> Result<()> {
+        self.session.save_map_in_background(serde_json::to_vec(map).context("encoding the slab map")?);
+        Ok(())
+    }
+
+    fn fenced(&self) -> Option<String> {
+        self.session.fenced()
+    }
+}
+
+/// A node's address for this client: its Unix socket only if it runs on this host.
+fn node_address(node: &NodeRecord, hostname: &str) -> NodeAddress {
+    let same_host = !hostname.is_empty() && node.hostname == hostname;
+    NodeAddress { address: node.address, unix_socket: node.unix_socket.clone().filter(|_| same_host) }
+}
+
+/// What `remem nbd --etcd` needs to open its export.
+pub struct EtcdExportRequest<'a> {
+    pub etcd: Etcd,
+    pub export: &'a str,
+    pub secret: &'a remem_client::Secret,
+    pub config: ClientConfig,
+    pub fresh: bool,
+    pub placement: Box<dyn remem_placement::Placement>,
+}
+
+/// Claims the export in etcd, then reopens its saved slab map (its pages as they were, from
+/// whichever host) or connects a new client to the registered nodes and saves its map.
+///
+/// Errors: the export is held by another live process (after waiting one lease for a dead one
+/// to lapse); etcd unreachable; no node registered; a saved map of another size or shape;
+/// the nodes refuse.
+pub fn open_export(request: EtcdExportRequest<'_>) -> Result<(Client, EtcdHome)> {
+    let EtcdExportRequest { etcd, export, secret, config, fresh, placement } = request;
+    let name = ClientName::new(export).context("--export names the export's keys in etcd")?;
+    let hostname = remem_etcd::hostname();
+    let owner = OwnerRecord {
+        hostname: hostname.clone(),
+        pid: std::process::id(),
+        session: rand::random(),
+        started_unix_ms: remem_etcd::unix_ms(),
+    };
+    let wait = Duration::from_secs(etcd.config().lease_ttl_seconds as u64 + 2);
+    let session = ClientSession::claim(&etcd, &name, &owner, wait).context("claiming the export in etcd")?;
+    let nodes = etcd.nodes().context("reading the nodes registered in etcd")?;
+    let saved = session.load_map().context("reading the saved slab map")?;
+    let map_key = session.map_key().to_owned();
+    let mut saved = match saved {
+        None => None,
+        Some(bytes) => Some(decode_map(&map_key, &bytes)?),
+    };
+    if let (true, Some(map)) = (fresh, &saved) {
+        if let Err(error) = Client::release_saved(map, secret, config.clone()) {
+            tracing::warn!(%error, "cannot reach the saved export to unmap its slabs");
+        }
+        session.delete_map().context("deleting the saved slab map")?;
+        saved = None;
+    }
+    let client = match saved {
+        Some(map) => {
+            if !map.fits(config.address_space_bytes, &config.shape) {
+                bail!(
+                    "{map_key} holds an export of {} bytes at ({},{}), not {} at ({},{}): pass its --size, -k \
+                     and -r, or --fresh to drop it and start empty",
+                    map.address_space_bytes,
+                    map.data_splits,
+                    map.parity_splits,
+                    config.address_space_bytes,
+                    config.shape.data_splits,
+                    config.shape.parity_splits
+                );
+            }
+            let client = Client::reopen(&map, secret, config)
+                .with_context(|| format!("reopening the export saved in etcd ({map_key})"))?;
+            eprintln!("reopened the export saved in etcd ({map_key}; --fresh to start empty)");
+            client
+        }
+        None => {
+            if nodes.is_empty() {
+                bail!("no node is registered in etcd under {}", etcd.keys().nodes());
+            }
+            let addresses: Vec<NodeAddress> =
+                nodes.iter().map(|node| node_address(node, &hostname)).collect();
+            let client = Client::connect(&addresses, secret, config, placement)
+                .context("connecting to the nodes registered in etcd")?;
+            let map = serde_json::to_vec(&client.slab_map()).context("encoding the slab map")?;
+            session.save_map(map).context("saving the slab map in etcd")?;
+            client
+        }
+    };
+    let mut known: Vec<SocketAddr> = client.slab_map().nodes;
+    known.extend(nodes.iter().map(|node| node.address));
+    let membership = MembershipWatch::start(&etcd, &nodes);
+    let home = EtcdHome { session, membership, known, last_check: Instant::now(), hostname };
+    Ok((client, home))
+}
+
+/// A slab map read from etcd, checked as a map file is.
+fn decode_map(key: &str, bytes: &[u8]) -> Result<SlabMapFile> {
+    let map: SlabMapFile =
+        serde_json::from_slice(bytes).with_context(|| format!("{key} does not hold a slab map"))?;
+    map.validate().map_err(|message| anyhow::anyhow!("{key} holds an invalid slab map: {message}"))?;
+    Ok(map)
+}
