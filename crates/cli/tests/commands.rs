@@ -116,53 +116,143 @@ fn bench_pages_reports_every_scheme_floor_and_ratio() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `remem up`'s commands on standard input: `help` lists them, `stop N` kills a node (it exits),
-/// an unknown word names the commands.
-#[test]
-fn up_answers_help_and_stop_on_its_standard_input() {
-    use std::io::{BufRead, Write};
-    let dir = std::env::temp_dir().join(format!("remem-test-up-help-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut child = remem()
-        .args(["up", "--nodes", "2", "--capacity", "8MiB", "--slab-size", "1MiB", "--dir"])
-        .arg(&dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let (lines, received) = std::sync::mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = lines.send(line);
-        }
-    });
-    let wait_for = |what: &str| {
+/// A `remem up` driven through its standard input, its stdout lines read as they come.
+struct UpSession {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl UpSession {
+    fn start(dir: &Path, extra: &[&str]) -> UpSession {
+        use std::io::BufRead;
+        let mut child = remem()
+            .args(["up", "--nodes", "3", "--capacity", "8MiB", "--slab-size", "1MiB", "--dir"])
+            .arg(dir)
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let (sender, lines) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = sender.send(line);
+            }
+        });
+        let mut session = UpSession { child, stdin, lines };
+        session.wait_for("press Ctrl-C");
+        session
+    }
+
+    /// The next stdout line that contains `what` (lines before it are dropped).
+    fn wait_for(&mut self, what: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match received.recv_timeout(left) {
+            match self.lines.recv_timeout(left) {
                 Ok(line) if line.contains(what) => return line,
                 Ok(_) => {}
                 Err(_) => panic!("no line with {what:?} within 30 s"),
             }
         }
-    };
-    wait_for("press Ctrl-C");
-    writeln!(stdin, "help").unwrap();
-    assert!(wait_for("stop N").contains("SIGKILL"));
-    let cluster = remem_client::cluster::ClusterFile::load(&dir.join("cluster.json")).unwrap();
-    let pid = cluster.nodes[1].pid.unwrap() as libc::pid_t;
-    writeln!(stdin, "stop 1").unwrap();
-    wait_for("node 1: stopped");
-    // SAFETY: kill with signal 0 only asks whether the process exists.
-    assert!(unsafe { libc::kill(pid, 0) } != 0, "node 1 still runs");
-    // SAFETY: signalling the child we spawned; its nodes die with it.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-    let status = child.wait().unwrap();
-    assert!(status.success());
+    }
+
+    fn send(&mut self, command: &str) {
+        use std::io::Write;
+        writeln!(self.stdin, "{command}").unwrap();
+    }
+
+    fn signal(&mut self, signal: i32) -> std::process::ExitStatus {
+        // SAFETY: signalling the child we spawned and have not reaped; its nodes die with it.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        self.child.wait().unwrap()
+    }
+}
+
+fn is_running(pid: u32) -> bool {
+    remem_local::process::is_remem(pid, "node")
+}
+
+/// `remem up`'s commands on standard input: `help` lists them, `stop N` kills a node (it exits),
+/// `remove N` stops one and takes it out of the cluster file; with `--metrics` every node serves
+/// metrics on the address it prints and the cluster file records.
+#[test]
+fn up_answers_help_stop_and_remove_on_its_standard_input_and_serves_node_metrics() {
+    let dir = std::env::temp_dir().join(format!("remem-test-up-help-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut up = UpSession::start(&dir, &["--metrics"]);
+    let cluster_path = dir.join("cluster.json");
+    let cluster = remem_client::cluster::ClusterFile::load(&cluster_path).unwrap();
+    for node in &cluster.nodes {
+        let address = node.metrics.expect("every node has a metrics address");
+        let mut stream = std::net::TcpStream::connect(address).unwrap();
+        std::io::Write::write_all(&mut stream, b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut stream, &mut text).unwrap();
+        assert!(text.contains("remem_node_capacity_bytes"), "{text}");
+    }
+    up.send("help");
+    assert!(up.wait_for("stop N").contains("SIGKILL"));
+    assert!(up.wait_for("remove N").contains("cluster file"));
+    let pid = cluster.nodes[1].pid.unwrap();
+    up.send("stop 1");
+    up.wait_for("node 1: stopped");
+    assert!(!is_running(pid), "node 1 still runs");
+    up.send("remove 0");
+    up.wait_for("node 0: ");
+    let after = remem_client::cluster::ClusterFile::load(&cluster_path).unwrap();
+    assert_eq!(after.nodes, cluster.nodes[1..], "node 0 is out of the cluster file, the others moved up");
+    assert!(!is_running(cluster.nodes[0].pid.unwrap()), "node 0 still runs");
+    // The removed node's number is not given again: the added node gets files of its own.
+    up.send("add");
+    let added = up.wait_for("node 2: ");
+    assert!(added.contains("metrics http://127.0.0.1:"), "{added}");
+    assert!(up.signal(libc::SIGTERM).success());
+    assert!(dir.join("node-3.log").exists(), "the added node logs to a file of its own");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A `remem up` that was SIGKILLed cannot remove its cluster file, and its nodes die with it:
+/// a front end pointed at the file says the cluster is gone (instead of trying its dead nodes),
+/// and the next `remem up` in the directory replaces the file.
+#[test]
+fn a_sigkilled_ups_cluster_file_is_refused_by_readers_and_replaced_by_the_next_up() {
+    let dir = std::env::temp_dir().join(format!("remem-test-up-killed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cluster_path = dir.join("cluster.json");
+    let mut up = UpSession::start(&dir, &[]);
+    let cluster = remem_client::cluster::ClusterFile::load(&cluster_path).unwrap();
+    up.signal(libc::SIGKILL);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cluster.nodes.iter().any(|node| is_running(node.pid.unwrap())) {
+        assert!(Instant::now() < deadline, "the nodes outlived their remem up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(cluster_path.exists(), "a SIGKILLed remem up leaves its cluster file");
+    // `remem status` shows the nodes down (its exit status says every one is), and says why.
+    let output = remem().args(["status", "--cluster"]).arg(&cluster_path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("left by a cluster that is gone") && stderr.contains("remem up"), "{stderr}");
+    // A front end refuses it at once.
+    let output = Command::new("timeout")
+        .args(["-k", "5", "30", env!("CARGO_BIN_EXE_remem"), "nbd", "--size", "1MiB", "--cluster"])
+        .arg(&cluster_path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("left by a cluster that is gone") && !stderr.contains("WARN"), "{stderr}");
+    let mut again = UpSession::start(&dir, &[]);
+    let replaced = remem_client::cluster::ClusterFile::load(&cluster_path).unwrap();
+    assert!(replaced.nodes.iter().all(|node| is_running(node.pid.unwrap())));
+    let output = remem().args(["status", "--cluster"]).arg(&cluster_path).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(again.signal(libc::SIGTERM).success());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

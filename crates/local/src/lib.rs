@@ -1,7 +1,8 @@
 //! remem-local: the local-cluster kit. `launcher` starts, watches and stops `remem node`
 //! processes on this machine (`remem up`, `remem demo`, the benchmarks and the tests),
 //! `host_memory` reads what the host can lend, `faults` injects faults into a node from outside,
-//! `units` parses and prints the sizes and counts of every command, and the measuring helpers:
+//! `units` parses and prints the sizes and counts of every command, `process` says whether a
+//! recorded PID is still a `remem` process, and the measuring helpers:
 //! `pattern` (page contents that name their page, to check every byte read back) and `stats`
 //! (latency samples and their percentiles, CPU seconds from /proc).
 //!
@@ -13,5 +14,6 @@ pub mod faults;
 pub mod host_memory;
 pub mod launcher;
 pub mod pattern;
+pub mod process;
 pub mod stats;
 pub mod units;
