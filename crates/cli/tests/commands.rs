@@ -399,3 +399,50 @@ fn bench_straggler_reports_healthy_and_slowed_p99_per_scheme() {
         assert!(asking > 0.0 && asking <= 1.0, "{row}");
     }
 }
+
+/// A front end pointed at a cluster whose nodes are all gone (a cluster file without PIDs, so
+/// only connecting finds out) says so in one line: no WARN per node before it (there were
+/// thirteen lines), each node named once, their shared reason once.
+#[test]
+fn a_front_end_on_a_cluster_with_every_node_gone_prints_one_error_line() {
+    let dir = std::env::temp_dir().join(format!("remem-test-dead-cluster-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret_file = dir.join("secret");
+    remem::launcher::write_private_file(&secret_file, "00".repeat(32).as_bytes()).unwrap();
+    // Ports that were free a moment ago: nothing listens there now.
+    let listeners: Vec<_> = (0..3).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    let nodes = listeners
+        .iter()
+        .map(|listener| remem_client::cluster::ClusterNode {
+            address: listener.local_addr().unwrap(),
+            failure_domain: "rack".to_owned(),
+            pid: None,
+            unix_socket: None,
+            metrics: None,
+        })
+        .collect();
+    drop(listeners);
+    let cluster_path = dir.join("cluster.json");
+    remem_client::cluster::ClusterFile { secret_file, nodes }.save(&cluster_path).unwrap();
+    let cluster = cluster_path.to_str().unwrap();
+    let shape = ["-k", "2", "-r", "1", "--cluster", cluster];
+    for command in
+        [&["nbd", "--size", "1MiB"][..], &["kv", "-m", "1MiB", "--listen", "127.0.0.1:0", "--fresh"]]
+    {
+        let output = Command::new("timeout")
+            .args(["-k", "5", "30", env!("CARGO_BIN_EXE_remem")])
+            .args(command)
+            .args(shape)
+            .env("REMEM_LOG", "warn")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{command:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{command:?}: one line: {stderr}");
+        assert!(stderr.starts_with("error: connecting to the cluster of"), "{stderr}");
+        assert!(stderr.contains("only 0 of the cluster's 3 nodes answered"), "{stderr}");
+        assert!(stderr.contains("(all: Connection refused"), "{stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -196,7 +196,8 @@ fn swap_on_larger_than_the_cluster_fails_with_one_error_and_nothing_attached() {
     assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: remem swap needs FUSE");
     let cluster = common::start_cluster("swap", "too-large", 3, UnixSockets::None);
     let cluster_arg = cluster.cluster_file_path.to_str().expect("utf-8");
-    let runtime_dir = std::env::temp_dir().join(format!("remem-swap-runtime-too-large-{}", std::process::id()));
+    let runtime_dir =
+        std::env::temp_dir().join(format!("remem-swap-runtime-too-large-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&runtime_dir);
     let _guard = SwapGuard { runtime_dir: runtime_dir.clone() };
     let runtime_arg = runtime_dir.to_str().expect("utf-8");

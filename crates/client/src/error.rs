@@ -70,14 +70,24 @@ impl UnreachableNode {
     }
 }
 
-/// Unreachable nodes as one line: `address (reason), ...`.
+/// Unreachable nodes as one line: `address (reason), ...`, or `address, ... (all: reason)` when
+/// they share one reason (every node of a cluster that is gone).
 struct UnreachableList<'a>(&'a [UnreachableNode]);
 
 impl std::fmt::Display for UnreachableList<'_> {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (index, node) in self.0.iter().enumerate() {
+        let nodes = self.0;
+        let shared = nodes.len() > 1 && nodes.iter().all(|node| node.reason == nodes[0].reason);
+        for (index, node) in nodes.iter().enumerate() {
             let separator = if index == 0 { "" } else { ", " };
-            write!(formatter, "{separator}{} ({})", node.address, node.reason)?;
+            if shared {
+                write!(formatter, "{separator}{}", node.address)?;
+            } else {
+                write!(formatter, "{separator}{} ({})", node.address, node.reason)?;
+            }
+        }
+        if shared {
+            write!(formatter, " (all: {})", nodes[0].reason)?;
         }
         Ok(())
     }

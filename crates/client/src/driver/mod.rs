@@ -67,6 +67,14 @@ pub struct Client {
 
 type ProbeResult = (NodeId, connect::Connected);
 
+/// One warning per node a client started without (it counts them as failed and probes them).
+/// A client that does not start names them in its error instead, so none is said twice.
+fn warn_unreachable(unreachable: &[UnreachableNode]) {
+    for node in unreachable {
+        tracing::warn!(node = %node.address, error = %node.reason, "node unreachable: counted as failed");
+    }
+}
+
 /// How long a starting client retries a node where another session still holds its client id
 /// (`ConnectError::ClientIdInUse`) before giving up: long enough for a node to notice that the
 /// process it replaces died (its sockets close at once), short enough to fail fast when that
@@ -106,6 +114,7 @@ impl Client {
         if reachable < needed {
             return Err(ConnectError::TooFewReachable { needed, reachable, unreachable });
         }
+        warn_unreachable(&unreachable);
         let mut connected = client.engine.nodes().iter().filter(|entry| entry.connected);
         let slab_size = connected.next().expect("k+r >= 1 nodes answered").info.slab_size_bytes;
         for entry in connected {
@@ -206,7 +215,7 @@ impl Client {
                     self.admit(node, stream, info)?;
                 }
                 Err(error) => {
-                    tracing::warn!(node = %node.address, %error, "node unreachable: counted as failed");
+                    // Said by the caller: once per node if the client starts, in its error if not.
                     unreachable.push(UnreachableNode::new(node.address, &error));
                     self.join_unreachable(node)?;
                 }
