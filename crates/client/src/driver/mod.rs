@@ -37,6 +37,7 @@ pub(crate) use connect::connect_node;
 pub use connect::query_node;
 pub use membership::MembershipChange;
 pub use poll::PollClient;
+pub use regions::region_node_bytes;
 pub use slab_map::{RegionMap, SlabMapError, SlabMapFile};
 pub(crate) use transport::Transport;
 
