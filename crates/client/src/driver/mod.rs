@@ -64,6 +64,8 @@ pub struct Client {
     /// This client's claim on `config.client_id` at the nodes (`Control::Hello::session`):
     /// random, never 0, fixed for the client's life.
     session: u64,
+    /// What its owner calls a region, by index, for people ([`Client::label_region`]).
+    region_labels: std::collections::BTreeMap<usize, String>,
 }
 
 type ProbeResult = (NodeId, connect::Connected);
@@ -148,6 +150,7 @@ impl Client {
             last_socket_check: Instant::now(),
             probing: Vec::new(),
             probe_results: std::sync::mpsc::channel(),
+            region_labels: std::collections::BTreeMap::new(),
             session: match config.session {
                 0 => rand::random::<u64>() | 1,
                 given => given,
@@ -238,6 +241,18 @@ impl Client {
     /// The regions of this client's page space.
     pub fn regions(&self) -> Vec<RegionInfo> {
         self.engine.regions().collect()
+    }
+
+    /// Names region `index` for people: its owner's word for what the region holds, which
+    /// its scheme alone does not say (kv's main copies of EOR values are a region without
+    /// redundancy, like its `none` values). [`Client::region_health`] shows it after the scheme.
+    pub fn label_region(&mut self, index: usize, label: &str) {
+        self.region_labels.insert(index, label.to_owned());
+    }
+
+    /// The label [`Client::label_region`] gave region `index`.
+    pub fn region_label(&self, index: usize) -> Option<&str> {
+        self.region_labels.get(&index).map(String::as_str)
     }
 
     /// Pages of the whole page space (every region).
