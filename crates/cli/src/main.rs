@@ -239,7 +239,9 @@ fn run(cli: Cli) -> Result<()> {
             remem::completions::write(args.shell, Cli::command(), &mut std::io::stdout().lock())
         }
         Command::Man(args) => {
-            for page in remem::manpage::write_all(Cli::command(), &args.dir)? {
+            for page in
+                remem::manpage::write_all(remem::completions::with_value_lists(Cli::command()), &args.dir)?
+            {
                 println!("{}", page.display());
             }
             Ok(())
