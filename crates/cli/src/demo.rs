@@ -52,16 +52,12 @@ fn check_sizes(args: &DemoArgs, shape: Shape) -> Result<()> {
     if !args.size.is_multiple_of(4096) {
         bail!("--size {} must be a multiple of 4 KiB (the demo writes whole pages)", args.size);
     }
-    let node_bytes = args.size / args.code.data_splits as u64 * shape.total_splits() as u64;
+    let node_bytes = remem_client::region_node_bytes(shape, args.size, args.slab_size, 4096);
     if let Some(available) = crate::launcher::host_available_bytes() {
         if node_bytes > available / 10 * 8 && !args.force {
             bail!(
-                "--size {} needs {} of node memory at ({},{}) and this host has {} available: \
-                 use a smaller --size, or --force",
-                format_bytes(args.size),
-                format_bytes(node_bytes),
-                args.code.data_splits,
-                args.code.parity_splits,
+                "--size {} and this host has {} available: use a smaller --size, or --force",
+                remem_client::NodeMemoryNeed::new(shape, args.size, node_bytes),
                 format_bytes(available)
             );
         }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, CommandFactory, Parser, Subcommand};
-use remem::launcher::{ClusterOptions, LocalCluster};
+use remem::launcher::{ClusterOptions, LocalCluster, NodeMetrics};
 use tracing_subscriber::EnvFilter;
 
 /// Resilient remote memory: memory nodes lend RAM in slabs; clients store 4 KiB pages there,
@@ -155,6 +155,11 @@ struct UpArgs {
     /// to re-attach (e.g. a restarted `remem nbd`) before they are freed [default: the node's, 2m].
     #[arg(long, value_parser = remem::units::parse_duration, value_name = "DURATION")]
     lease_grace: Option<std::time::Duration>,
+    /// Every node serves Prometheus metrics on 127.0.0.1 (`remem node --metrics`): node N on
+    /// FIRST_PORT + N (the same ports every run, and a restarted node keeps its port), or, with
+    /// no FIRST_PORT, on a free port the kernel picks. Printed, and in cluster.json (`metrics`).
+    #[arg(long, value_name = "FIRST_PORT", num_args = 0..=1, default_missing_value = "0")]
+    metrics: Option<u16>,
 }
 
 #[derive(Args, Debug)]
@@ -234,7 +239,9 @@ fn run(cli: Cli) -> Result<()> {
             remem::completions::write(args.shell, Cli::command(), &mut std::io::stdout().lock())
         }
         Command::Man(args) => {
-            for page in remem::manpage::write_all(Cli::command(), &args.dir)? {
+            for page in
+                remem::manpage::write_all(remem::completions::with_value_lists(Cli::command()), &args.dir)?
+            {
                 println!("{}", page.display());
             }
             Ok(())
@@ -272,7 +279,8 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-/// One command of `remem up`'s standard input: `add`, `restart N`, `stop N` or `help`.
+/// One command of `remem up`'s standard input: `add`, `restart N`, `stop N`, `remove N` or
+/// `help`.
 fn up_command(
     cluster: &mut LocalCluster,
     binary: &std::path::Path,
@@ -280,42 +288,62 @@ fn up_command(
     line: &str,
 ) -> Result<()> {
     let words: Vec<&str> = line.split_whitespace().collect();
+    let node_index = |word: &str| match word.parse::<usize>() {
+        Ok(index) if index < cluster.file.nodes.len() => Ok(index),
+        _ => Err(anyhow::anyhow!(
+            "`{}` takes a node index below {}, got {word:?}",
+            words[0],
+            cluster.file.nodes.len()
+        )),
+    };
     match words.as_slice() {
-        ["add"] => cluster.add_node(binary, options).map(|index| {
-            let node = &cluster.file.nodes[index];
-            println!(
-                "node {index}: {} ({}) pid {}",
-                node.address,
-                node.failure_domain,
-                node.pid.unwrap_or(0)
-            );
-        }),
-        ["restart", index] => match index.parse::<usize>() {
-            Ok(index) => cluster.restart(binary, options, index).map(|()| {
-                let node = &cluster.file.nodes[index];
-                println!("node {index}: restarted at {} pid {}", node.address, node.pid.unwrap_or(0));
-            }),
-            Err(_) => Err(anyhow::anyhow!("`restart` takes a node index, got {index:?}")),
-        },
-        ["stop", index] => match index.parse::<usize>() {
-            Ok(index) if index < cluster.file.nodes.len() => cluster.kill(index).map(|()| {
+        ["add"] => cluster.add_node(binary, options).map(|index| print_node(cluster, index, "")),
+        ["restart", index] => {
+            let index = node_index(index)?;
+            cluster.restart(binary, options, index).map(|()| print_node(cluster, index, "restarted at "))
+        }
+        ["stop", index] => {
+            let index = node_index(index)?;
+            cluster.kill(index).map(|()| {
                 println!("node {index}: stopped (SIGKILL); `restart {index}` starts it again empty");
-            }),
-            _ => Err(anyhow::anyhow!(
-                "`stop` takes a node index below {}, got {index:?}",
-                cluster.file.nodes.len()
-            )),
-        },
+            })
+        }
+        ["remove", index] => {
+            let index = node_index(index)?;
+            let node = cluster.remove(index, Duration::from_secs(5))?;
+            println!(
+                "node {index}: {} stopped (SIGTERM) and removed from the cluster file; nodes after \
+                 it move up one index",
+                node.address
+            );
+            Ok(())
+        }
         ["help"] => {
             println!("add        start one more node (clients that watch the cluster file take it)");
             println!("restart N  restart node N empty on its address (a replaced node)");
             println!("stop N     SIGKILL node N (a failure; it shows DOWN in `remem status`)");
+            println!("remove N   stop node N (SIGTERM) and take it out of the cluster file for good");
             println!("help       this list; Ctrl-C or SIGTERM stops the cluster");
             Ok(())
         }
         [] => Ok(()),
-        _ => Err(anyhow::anyhow!("unknown command {line:?}: `add`, `restart N`, `stop N` or `help`")),
+        _ => Err(anyhow::anyhow!(
+            "unknown command {line:?}: `add`, `restart N`, `stop N`, `remove N` or `help`"
+        )),
     }
+}
+
+/// `node N: ADDRESS (DOMAIN) pid PID [metrics ADDRESS]`, after `what` (e.g. "restarted at ").
+fn print_node(cluster: &LocalCluster, index: usize, what: &str) {
+    let node = &cluster.file.nodes[index];
+    let metrics =
+        node.metrics.map(|address| format!(" metrics http://{address}/metrics")).unwrap_or_default();
+    println!(
+        "node {index}: {what}{} ({}) pid {}{metrics}",
+        node.address,
+        node.failure_domain,
+        node.pid.unwrap_or(0)
+    );
 }
 
 fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
@@ -336,13 +364,19 @@ fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
-    let mut cluster = LocalCluster::start(binary, &options)?;
-    for (index, node) in cluster.file.nodes.iter().enumerate() {
-        println!("node {index}: {} ({}) pid {}", node.address, node.failure_domain, node.pid.unwrap_or(0));
+    let metrics = match args.metrics {
+        None => NodeMetrics::Off,
+        Some(0) => NodeMetrics::AnyPort,
+        Some(first) => NodeMetrics::FromPort(first),
+    };
+    let mut cluster = LocalCluster::start_with_metrics(binary, &options, metrics)?;
+    for index in 0..cluster.file.nodes.len() {
+        print_node(&cluster, index, "");
     }
     println!("cluster file: {}", cluster.cluster_file_path.display());
     println!("type `add` to start one more node, `restart N` to restart node N empty on its address,");
-    println!("`stop N` to SIGKILL node N, `help` for these; press Ctrl-C to stop the cluster");
+    println!("`stop N` to SIGKILL node N, `remove N` to stop it and take it out of the cluster file,");
+    println!("`help` for these; press Ctrl-C to stop the cluster");
     std::io::Write::flush(&mut std::io::stdout())?;
     // Commands on standard input change the running cluster; clients that watch the cluster
     // file (`remem nbd`) learn of new nodes, and probe restarted ones, without a restart.

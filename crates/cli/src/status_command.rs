@@ -101,7 +101,11 @@ pub fn collect(args: &StatusArgs) -> Result<ClusterStatus> {
         };
         return crate::etcd_cluster::status(&etcd, live.as_ref().map(|(secret, timeout)| (secret, *timeout)));
     }
-    let (path, cluster, secret) = crate::launcher::load_cluster(args.cluster.as_deref())?;
+    let (path, cluster, secret) = crate::launcher::load_cluster_as_it_is(args.cluster.as_deref())?;
+    // Every node is shown DOWN then (exit status 4); the note says why they all are.
+    if let Some(stale) = crate::launcher::stale_cluster(&path, &cluster) {
+        eprintln!("note: {stale}");
+    }
     let timeout = Duration::from_millis(args.timeout_ms);
     let targets: Vec<(SocketAddr, String)> =
         cluster.nodes.iter().map(|node| (node.address, node.failure_domain.clone())).collect();

@@ -130,13 +130,16 @@ fn on(args: SwapOnArgs, binary: &Path) -> Result<()> {
     let mut state =
         SwapState { mountpoint: mountpoint.clone(), size_bytes: args.size, ..SwapState::default() };
     save(runtime_dir, &state)?;
-    let result = set_up(&args, binary, &mut state, &interrupted);
-    if let Err(error) = result {
-        eprintln!("swap on failed, undoing: {error:#}");
-        if let Err(undo_error) = off(runtime_dir) {
-            eprintln!("undoing failed too: {undo_error:#}");
-        }
-        return Err(error);
+    if let Err(error) = set_up(&args, binary, &mut state, &interrupted) {
+        // One error, once: what failed, and that nothing stays attached (or what does).
+        return Err(match undo(runtime_dir) {
+            Ok(_) => error.context("swap on failed, and is undone: nothing of remem swap is attached"),
+            Err(undo_error) => error.context(format!(
+                "swap on failed, and undoing it failed too ({undo_error:#}): run `remem swap off \
+                 --runtime-dir {}`",
+                runtime_dir.display()
+            )),
+        });
     }
     println!(
         "swap on: {} on {} ({}, priority {})",
@@ -211,8 +214,9 @@ fn set_up(
         }
     };
     if !line.starts_with("mounted ") {
-        let log = std::fs::read_to_string(runtime_dir.join("fs.log")).unwrap_or_default();
-        bail!("remem fs did not mount: {}", log.trim());
+        let log_path = runtime_dir.join("fs.log");
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        bail!("{} (its log: {})", daemon_failure(&log), log_path.display());
     }
     // The daemon is not waited for: it outlives this command, and `off` stops it by PID.
     std::mem::forget(child);
@@ -255,6 +259,15 @@ fn set_up(
     // An interrupt during swapon still undoes it: the caller asked for nothing to be left.
     check_interrupt(interrupted)?;
     Ok(())
+}
+
+/// Why the `remem fs` daemon did not mount, from its log: its own one-line error (the last
+/// `error: ` line, without the prefix), not the log's other lines.
+fn daemon_failure(log: &str) -> String {
+    match log.lines().rev().find_map(|line| line.strip_prefix("error: ")) {
+        Some(error) => format!("remem fs did not mount: {error}"),
+        None => "remem fs did not mount within 60 s, and said no error".to_owned(),
+    }
 }
 
 /// Moves `pid` to the root memory cgroup (v1, and v2 where mounted): the daemon must not be
@@ -300,43 +313,54 @@ fn is_swap_area(device: &str) -> bool {
 }
 
 fn off(runtime_dir: &Path) -> Result<()> {
+    for step in undo(runtime_dir)? {
+        println!("{step}");
+    }
+    println!("swap off: nothing of remem swap is attached");
+    Ok(())
+}
+
+/// Undoes whatever of remem swap is set up under `runtime_dir` (its state file, and what the
+/// system shows under its mount point) and returns the steps taken, one line each.
+///
+/// Errors: a step failed (all are tried; the message lists every failure).
+fn undo(runtime_dir: &Path) -> Result<Vec<String>> {
     let state: SwapState = match std::fs::read(state_path(runtime_dir)) {
         Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_default(),
         Err(_) => SwapState::default(),
     };
     let mountpoint = runtime_dir.join("mnt");
-    let mut problems = Vec::new();
+    let (mut steps, mut problems) = (Vec::new(), Vec::new());
     for (device, backing) in loop_devices_under(&mountpoint) {
         if is_swap_area(&device) {
             match tool("swapoff", &[&device]) {
-                Ok(_) => println!("swapoff {device}"),
+                Ok(_) => steps.push(format!("swapoff {device}")),
                 Err(error) => problems.push(format!("{error:#}")),
             }
         }
         match tool("losetup", &["-d", &device]) {
-            Ok(_) => println!("detached {device} ({backing})"),
+            Ok(_) => steps.push(format!("detached {device} ({backing})")),
             Err(error) => problems.push(format!("{error:#}")),
         }
     }
     if let Some(pid) = state.daemon_pid.filter(|&pid| remem_host::process::is_remem(pid, "fs")) {
         stop_daemon(pid);
-        println!("stopped remem fs (pid {pid})");
+        steps.push(format!("stopped remem fs (pid {pid})"));
     }
     if remem_host::process::mount_at(&mountpoint).is_some() {
         let path = mountpoint.to_str().context("runtime directory is not UTF-8")?;
         match tool("umount", &["-l", path]) {
-            Ok(_) => println!("unmounted {path}"),
+            Ok(_) => steps.push(format!("unmounted {path}")),
             Err(error) => problems.push(format!("{error:#}")),
         }
     }
     if !problems.is_empty() {
-        bail!("swap off left something behind:\n{}", problems.join("\n"));
+        bail!("swap off left something behind: {}", problems.join("; "));
     }
     let _ = std::fs::remove_file(state_path(runtime_dir));
     // The file system's metadata journal: swap contents never outlive the swap device.
     let _ = std::fs::remove_dir_all(runtime_dir.join("fs-state"));
-    println!("swap off: nothing of remem swap is attached");
-    Ok(())
+    Ok(steps)
 }
 
 /// SIGTERM (the daemon unmounts), then SIGKILL after 10 s.

@@ -66,6 +66,29 @@ fn a_demo_larger_than_the_host_is_refused_unless_forced() {
     assert!(text.contains("of node memory") && text.contains("--force"), "{text}");
 }
 
+/// A front end larger than its cluster says the node memory it needs and the nodes have free
+/// (as the demo does for the host), not only "placement needs 3 nodes with a free slab, only 0
+/// have one".
+#[test]
+fn a_front_end_larger_than_its_cluster_names_the_node_memory_needed_and_free() {
+    let dir = dir("too-large");
+    let _up = start_up(&dir, "3");
+    let cluster = dir.join("cluster.json");
+    let cluster = cluster.to_str().expect("utf-8");
+    let shape = ["-k", "2", "-r", "1", "--cluster", cluster];
+    for command in [&["nbd", "--size", "10TiB"][..], &["kv", "-m", "10TiB", "--listen", "127.0.0.1:0"]] {
+        let (success, text) = run(&[command, &shape[..]].concat());
+        assert!(!success, "{command:?}: {text}");
+        assert!(
+            text.contains("10.00 TiB at EC(2,1) needs 15.") && text.contains("TiB of node memory"),
+            "{text}"
+        );
+        assert!(text.contains("the 3 nodes that answered have 192.00 MiB free"), "{text}");
+        assert!(text.contains("placement needs 3 nodes with a free slab"), "{text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A running `remem up`, killed (SIGKILL) and reaped on drop.
 struct Up {
     child: std::process::Child,

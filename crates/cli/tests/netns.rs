@@ -92,6 +92,7 @@ impl Cluster {
                     failure_domain: format!("host-{}", node.host),
                     pid: Some(node.pid),
                     unix_socket: None,
+                    metrics: None,
                 })
                 .collect(),
         };

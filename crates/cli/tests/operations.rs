@@ -273,6 +273,21 @@ fn bash_completion_registers_remem_and_every_shell_gets_a_script() {
     }
     let (success, text) = run(&["completions", "tcsh"]);
     assert!(!success && text.contains("invalid value 'tcsh'"), "{text}");
+    // Values that are names complete as names, not file names (issue 29: `--scheme <TAB>`).
+    // As bash calls it: the words so far and an empty one being completed, then the function
+    // with the command, that empty word and the word before it.
+    let complete = |words: &str| {
+        let previous = words.rsplit(' ').next().expect("a word");
+        let script = format!(
+            "source <('{BINARY}' completions bash) && COMP_WORDS=({words} '') && \
+             COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)) && _remem remem '' {previous} && echo \"${{COMPREPLY[@]}}\""
+        );
+        common::run_ok(30, "bash", &["-c", &script])
+    };
+    assert_eq!(complete("remem kv --scheme").trim(), "auto none rep2 rep3 ec eor");
+    assert_eq!(complete("remem kv --large-scheme").trim(), "none rep2 rep3 ec eor");
+    let placements = complete("remem nbd --placement");
+    assert!(placements.contains("codingsets-p2c") && placements.contains("least-loaded"), "{placements}");
 }
 
 #[test]
@@ -288,6 +303,12 @@ fn man_pages_exist_for_every_subcommand_and_groff_renders_them_without_warnings(
     assert!(!dir.join("remem-torture-writer.1").exists(), "a hidden helper got a page");
     let node_page = std::fs::read_to_string(dir.join("remem-node.1")).expect("remem-node.1");
     assert!(node_page.contains("config") && node_page.contains("force"), "{node_page}");
+    // The sections clap does not write, with what each command does: remem status's exit
+    // statuses say how healthy the cluster is, remem up's signals what happens to its nodes.
+    let status_page = std::fs::read_to_string(dir.join("remem-status.1")).expect("remem-status.1");
+    assert!(status_page.contains("Some nodes are down"), "{status_page}");
+    let up_page = std::fs::read_to_string(dir.join("remem-up.1")).expect("remem-up.1");
+    assert!(up_page.contains("remove 3") && up_page.contains("DIR/lock"), "{up_page}");
     let pages: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("man directory")
         .map(|entry| entry.expect("entry").path())
@@ -295,6 +316,10 @@ fn man_pages_exist_for_every_subcommand_and_groff_renders_them_without_warnings(
         .collect();
     assert!(pages.len() >= 15, "only {} pages", pages.len());
     for page in pages {
+        let roff = std::fs::read_to_string(&page).expect("a page");
+        for section in ["EXAMPLES", "FILES", "SIGNALS", "EXIT STATUS"] {
+            assert!(roff.contains(&format!(".SH \"{section}\"")), "{} has no {section}", page.display());
+        }
         let output = common::run(60, "groff", &["-man", "-Tutf8", "-ww", page.to_str().expect("utf-8")]);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(output.status.success() && stderr.trim().is_empty(), "{}: {stderr}", page.display());

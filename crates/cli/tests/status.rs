@@ -100,27 +100,25 @@ fn wait_for_region(
     }
 }
 
+/// Starts `remem WORDS --cluster FILE` (a front end) on `cluster`, logging beside its cluster
+/// file, and waits for its `listening` line.
+fn start_front_end(cluster: &remem::launcher::LocalCluster, words: &[&str]) -> std::process::Child {
+    let dir = cluster.cluster_file_path.parent().unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_remem"));
+    command.args(words).arg("--cluster").arg(&cluster.cluster_file_path);
+    let (child, line) = common::spawn_with_first_line(command, &dir.join(format!("{}.log", words[0])));
+    assert!(line.starts_with("listening"), "remem {} did not start: {line:?}", words[0]);
+    child
+}
+
 /// A front end reports its regions: healthy, then degraded by one split when a node of its
 /// ranges dies (six nodes for EC(4,2): nowhere to rebuild), then lost past r failures.
 #[test]
 fn status_shows_a_front_ends_regions_healthy_degraded_and_lost() {
     let mut cluster = common::start_cluster("status", "regions", 6, UnixSockets::None);
-    let dir = cluster.cluster_file_path.parent().unwrap().to_path_buf();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_remem"));
-    command.args(["nbd", "--cluster"]).arg(&cluster.cluster_file_path).args([
-        "--size",
-        "8MiB",
-        "--export",
-        "regions",
-        "-k",
-        "4",
-        "-r",
-        "2",
-        "--listen",
-        "127.0.0.1:0",
-    ]);
-    let (mut nbd, line) = common::spawn_with_first_line(command, &dir.join("nbd.log"));
-    assert!(line.starts_with("listening"), "remem nbd did not start: {line:?}");
+    let shape = ["-k", "4", "-r", "2", "--listen", "127.0.0.1:0"];
+    let mut nbd =
+        start_front_end(&cluster, &[&["nbd", "--size", "8MiB", "--export", "regions"][..], &shape].concat());
     let file = cluster.cluster_file_path.clone();
 
     let status = wait_for_region(&file, "a healthy region", |region| {
@@ -290,4 +288,28 @@ fn status_shows_a_killed_front_end_dead_at_once_and_forgets_it_later() {
         "a stale dead report is shown: {status:#}"
     );
     assert!(!report.exists(), "remem status removed the stale report");
+}
+
+/// `remem kv` with EOR values reports the region of their main copies by name, not as a second
+/// `none` region (it was `region 4 none`).
+#[test]
+fn status_names_kvs_region_of_eor_main_copies() {
+    let cluster = common::start_cluster("status", "eor", 6, UnixSockets::None);
+    let shape = ["-k", "4", "-r", "2", "--listen", "127.0.0.1:0"];
+    let mut kv = start_front_end(
+        &cluster,
+        &[&["kv", "-m", "4MiB", "--scheme", "eor2", "--ephemeral"][..], &shape].concat(),
+    );
+    let status = wait_for_region(&cluster.cluster_file_path, "kv's regions", |region| {
+        region["ranges"].as_u64().is_some_and(|ranges| ranges > 0)
+    });
+    let schemes: Vec<&str> = status["clients"][0]["regions"]
+        .as_array()
+        .expect("regions")
+        .iter()
+        .map(|region| region["scheme"].as_str().expect("a scheme"))
+        .collect();
+    assert_eq!(schemes, ["EC(4,2)", "none (EOR main copies)"], "{status:#}");
+    let _ = kv.kill();
+    let _ = kv.wait();
 }

@@ -184,3 +184,46 @@ fn swap_on_pages_a_limited_cgroup_to_remem_and_off_leaves_nothing_attached() {
     drop(guard);
     eprintln!("swap test took {:?}", started.elapsed());
 }
+
+/// A swap the cluster cannot hold fails with one error, printed once: the file system daemon's
+/// own reason, not its log lines, and nothing attached after (before: the error twice, with the
+/// daemon's raw log inside, and `remem swap off`'s report between them). `remem run
+/// --swap-size` says it once too, and leaves no runtime directory.
+#[test]
+fn swap_on_larger_than_the_cluster_fails_with_one_error_and_nothing_attached() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "remem swap needs root (CI runs as root)");
+    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: remem swap needs FUSE");
+    let cluster = common::start_cluster("swap", "too-large", 3, UnixSockets::None);
+    let cluster_arg = cluster.cluster_file_path.to_str().expect("utf-8");
+    let runtime_dir =
+        std::env::temp_dir().join(format!("remem-swap-runtime-too-large-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&runtime_dir);
+    let _guard = SwapGuard { runtime_dir: runtime_dir.clone() };
+    let runtime_arg = runtime_dir.to_str().expect("utf-8");
+    let shape = ["-k", "2", "-r", "1", "--cluster", cluster_arg];
+    let output =
+        remem(&[&["swap", "on", "--size", "10TiB", "--runtime-dir", runtime_arg], &shape[..]].concat());
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(!output.status.success());
+    assert_eq!(stderr.lines().count(), 1, "one line of error: {stderr}");
+    assert!(stderr.starts_with("error: swap on failed, and is undone"), "{stderr}");
+    assert!(stderr.contains("remem fs did not mount: connecting to the cluster"), "{stderr}");
+    assert!(!stderr.contains("error: error") && !stderr.contains("WARN"), "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+    assert_nothing_attached(&runtime_dir);
+
+    let run_dir = runtime_dir.with_extension("run");
+    let run =
+        [&["run", "--memory-limit", "24MiB", "--swap-size", "10TiB", "--swap-runtime-dir"][..]].concat();
+    let output =
+        remem(&[&run[..], &[run_dir.to_str().expect("utf-8")], &shape[..], &["--", "true"]].concat());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert_eq!(stderr.lines().count(), 1, "one line of error: {stderr}");
+    assert!(
+        stderr.starts_with("error: remem swap on --size 10.00 TiB: swap on failed, and is undone"),
+        "{stderr}"
+    );
+    assert!(!run_dir.exists(), "remem run left its swap runtime directory");
+}

@@ -24,6 +24,10 @@ pub struct ClusterNode {
     /// through it, docs/SHM.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unix_socket: Option<PathBuf>,
+    /// Where the node serves Prometheus metrics (`remem node --metrics`), when `remem up
+    /// --metrics` started it so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -247,6 +247,12 @@ impl ReadState {
         self.valid
     }
 
+    /// The data splits that are not in `present` and will not come: unavailable, failed,
+    /// corrupt, or valid at another version (`present` as in [`ReadStep::Done`]).
+    pub fn missing_data_splits(&self, present: SplitMask) -> SplitMask {
+        self.shape.data_mask() & !present & !self.pending()
+    }
+
     /// Splits asked and not yet answered.
     pub fn pending(&self) -> SplitMask {
         self.asked & !(self.valid | self.failed)
@@ -460,6 +466,35 @@ mod tests {
         }
         let step = read.on_reply(8, SplitOutcome::Valid { version: 3 });
         assert_eq!(step, ReadStep::Done { present: 0x1fb, needs_decode: true, version: 3 });
+    }
+
+    #[test]
+    fn a_late_data_split_is_not_missing_and_a_failed_unavailable_or_stale_one_is() {
+        // Parity 8 answers before data split 7, which is still coming: decoded, nothing missing.
+        let (mut read, _) = ReadState::start(EC82, 3, 0, 1);
+        for split in [0, 1, 2, 3, 4, 5, 6] {
+            read.on_reply(split, SplitOutcome::Valid { version: 3 });
+        }
+        let step = read.on_reply(8, SplitOutcome::Valid { version: 3 });
+        assert_eq!(step, ReadStep::Done { present: 0x17f, needs_decode: true, version: 3 });
+        assert_eq!(read.missing_data_splits(0x17f), 0);
+        // Data split 7 answered corrupt, or of another version: missing.
+        for outcome in [SplitOutcome::Corrupt, SplitOutcome::Valid { version: 2 }] {
+            let (mut read, _) = ReadState::start(EC82, 3, 0, 1);
+            read.on_reply(7, outcome);
+            for split in [0, 1, 2, 3, 4, 5, 6] {
+                read.on_reply(split, SplitOutcome::Valid { version: 3 });
+            }
+            assert!(matches!(read.on_reply(8, SplitOutcome::Valid { version: 3 }), ReadStep::Done { .. }));
+            assert_eq!(read.missing_data_splits(0x17f), 1 << 7);
+        }
+        // Data split 2's slab is down: never asked, missing.
+        let (mut read, _) = ReadState::start(EC82, 3, 1 << 2, 1);
+        for split in [0, 1, 3, 4, 5, 6, 7] {
+            read.on_reply(split, SplitOutcome::Valid { version: 3 });
+        }
+        assert!(matches!(read.on_reply(8, SplitOutcome::Valid { version: 3 }), ReadStep::Done { .. }));
+        assert_eq!(read.missing_data_splits(0x1fb), 1 << 2);
     }
 
     #[test]

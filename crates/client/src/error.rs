@@ -40,6 +40,20 @@ pub enum ConnectError {
     EmptyAddressSpace { bytes: u64 },
     #[error("placement: {0}")]
     Placement(#[from] remem_placement::PlacementError),
+    /// Placement found too few nodes with a free slab for a new region: what the region needs
+    /// and what the nodes have free.
+    #[error(
+        "{needs} and the {nodes} nodes that answered have {} free{}: ask for less, or add nodes or \
+         capacity ({placement})",
+        format_bytes(*free_bytes),
+        if needs.needed_bytes <= *free_bytes { ", but not on enough distinct nodes" } else { "" }
+    )]
+    NodeMemory {
+        needs: NodeMemoryNeed,
+        free_bytes: u64,
+        nodes: usize,
+        placement: remem_placement::PlacementError,
+    },
     /// A range would have more than r splits in one failure domain (`ClientConfig::allow_shared_domains` off).
     #[error("placement: {message}")]
     SharedFailureDomains { message: String },
@@ -47,6 +61,51 @@ pub enum ConnectError {
     Beside(#[from] crate::engine::BesideError),
     #[error("cannot create the event loop: {0}")]
     Poll(std::io::Error),
+}
+
+/// The node memory an address space of `bytes` coded with `shape` needs: `10.00 TiB at EC(8,2)
+/// needs 12.60 TiB of node memory`. One wording for every size error (a front end's region,
+/// the demo's host check).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeMemoryNeed {
+    pub bytes: u64,
+    pub data_splits: usize,
+    pub parity_splits: usize,
+    pub needed_bytes: u64,
+}
+
+impl NodeMemoryNeed {
+    pub fn new(shape: crate::Shape, bytes: u64, needed_bytes: u64) -> NodeMemoryNeed {
+        NodeMemoryNeed {
+            bytes,
+            data_splits: shape.data_splits,
+            parity_splits: shape.parity_splits,
+            needed_bytes,
+        }
+    }
+}
+
+impl std::fmt::Display for NodeMemoryNeed {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            formatter,
+            "{} at {} needs {} of node memory",
+            format_bytes(self.bytes),
+            crate::RegionHealth::scheme_name(self.data_splits, self.parity_splits),
+            format_bytes(self.needed_bytes)
+        )
+    }
+}
+
+/// A byte count with the largest binary unit that keeps it readable: `12.50 TiB`, `512 B`.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (name, size) in UNITS {
+        if bytes >= size {
+            return format!("{:.2} {name}", bytes as f64 / size as f64);
+        }
+    }
+    format!("{bytes} B")
 }
 
 /// A node a client could not reach when it started, and why.
@@ -70,14 +129,24 @@ impl UnreachableNode {
     }
 }
 
-/// Unreachable nodes as one line: `address (reason), ...`.
+/// Unreachable nodes as one line: `address (reason), ...`, or `address, ... (all: reason)` when
+/// they share one reason (every node of a cluster that is gone).
 struct UnreachableList<'a>(&'a [UnreachableNode]);
 
 impl std::fmt::Display for UnreachableList<'_> {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (index, node) in self.0.iter().enumerate() {
+        let nodes = self.0;
+        let shared = nodes.len() > 1 && nodes.iter().all(|node| node.reason == nodes[0].reason);
+        for (index, node) in nodes.iter().enumerate() {
             let separator = if index == 0 { "" } else { ", " };
-            write!(formatter, "{separator}{} ({})", node.address, node.reason)?;
+            if shared {
+                write!(formatter, "{separator}{}", node.address)?;
+            } else {
+                write!(formatter, "{separator}{} ({})", node.address, node.reason)?;
+            }
+        }
+        if shared {
+            write!(formatter, " (all: {})", nodes[0].reason)?;
         }
         Ok(())
     }

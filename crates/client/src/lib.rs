@@ -25,6 +25,7 @@ mod shm;
 mod status;
 
 pub use crate::core::Shape;
+pub use crate::driver::region_node_bytes;
 pub use crate::driver::{
     query_node, Client, ClientConfig, MembershipChange, MemoryReport, NodeAddress, PageOp, PollClient,
     RegionMap, SlabMapError, SlabMapFile,
@@ -32,6 +33,6 @@ pub use crate::driver::{
 pub use crate::engine::{
     BesideError, NodeId, NodeStats, OpDone, Range, RegenerationStatus, RegionInfo, SlabRef, Submit,
 };
-pub use crate::error::{ConnectError, PageError, UnreachableNode};
+pub use crate::error::{format_bytes, ConnectError, NodeMemoryNeed, PageError, UnreachableNode};
 pub use crate::status::{NodeStatus, RegionHealth};
 pub use remem_proto::auth::Secret;

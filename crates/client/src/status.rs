@@ -55,7 +55,8 @@ impl From<NodeInfo> for NodeStatus {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RegionHealth {
     pub index: usize,
-    /// `none`, `rep(N)` or `EC(k,r)`.
+    /// `none`, `rep(N)` or `EC(k,r)`, then the region's label in parentheses when its owner gave
+    /// it one (`none (EOR main copies)`, [`crate::Client::label_region`]).
     pub scheme: String,
     pub ranges: u64,
     /// Ranges with every split available.
@@ -89,7 +90,14 @@ impl crate::Client {
             .iter()
             .map(|region| RegionHealth {
                 index: region.index,
-                scheme: RegionHealth::scheme_name(region.shape.data_splits, region.shape.parity_splits),
+                scheme: {
+                    let scheme =
+                        RegionHealth::scheme_name(region.shape.data_splits, region.shape.parity_splits);
+                    match self.region_label(region.index) {
+                        Some(label) => format!("{scheme} ({label})"),
+                        None => scheme,
+                    }
+                },
                 ranges: 0,
                 healthy: 0,
                 degraded_by_missing_splits: vec![0; region.shape.parity_splits],

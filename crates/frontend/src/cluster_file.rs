@@ -48,13 +48,48 @@ pub fn check_saved_on_cluster(
 }
 
 /// The cluster file a front end was pointed at (or `remem up`'s default), and its secret.
+///
+/// Errors: the file or the secret cannot be read, or the file is left by a cluster that is gone
+/// ([`stale_cluster`]): a front end would only try dead nodes.
 pub fn load_cluster(cluster: Option<&Path>) -> Result<(PathBuf, ClusterFile, Secret)> {
+    let (path, file, secret) = load_cluster_as_it_is(cluster)?;
+    if let Some(stale) = stale_cluster(&path, &file) {
+        bail!("{stale}: start the cluster again (`remem up`), or pass the --cluster of a running one");
+    }
+    Ok((path, file, secret))
+}
+
+/// [`load_cluster`], also when the cluster is gone: for `remem status`, which shows every node
+/// of the file, down ones included.
+pub fn load_cluster_as_it_is(cluster: Option<&Path>) -> Result<(PathBuf, ClusterFile, Secret)> {
     let path = cluster.map(Path::to_path_buf).unwrap_or_else(|| default_dir().join("cluster.json"));
     let file = ClusterFile::load(&path)?;
     let secret = Secret::load(Some(&file.secret_file))
         .map_err(|error| anyhow::anyhow!("{error}"))
         .with_context(|| format!("loading the secret {}", file.secret_file.display()))?;
     Ok((path, file, secret))
+}
+
+/// Why the cluster file at `path` names a cluster that is gone, if it does: every node has a
+/// recorded PID (only `remem up` and `demo` record them, for nodes on this host) and none of
+/// them is a running `remem node`. That is what a `remem up` that was SIGKILLed leaves: its
+/// nodes die with it (they get SIGTERM when it dies), but it cannot remove its cluster file. One
+/// node down, or a file without PIDs (nodes started by hand, or by etcd's records), is a
+/// cluster, not a stale file.
+pub fn stale_cluster(path: &Path, file: &ClusterFile) -> Option<String> {
+    let pids: Option<Vec<u32>> = file.nodes.iter().map(|node| node.pid).collect();
+    let pids = pids.filter(|pids| !pids.is_empty())?;
+    if pids.iter().any(|&pid| crate::process::is_remem(pid, "node")) {
+        return None;
+    }
+    let listed: Vec<String> = pids.iter().map(u32::to_string).collect();
+    Some(format!(
+        "cluster file {} is left by a cluster that is gone (a `remem up` that was killed?): none of \
+         its {} nodes runs (pids {})",
+        path.display(),
+        pids.len(),
+        listed.join(", ")
+    ))
 }
 
 /// Makes `dir` a directory only this user can enter: created 0700 if missing; if it exists it

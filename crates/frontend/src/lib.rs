@@ -17,6 +17,7 @@ pub mod code_args;
 pub mod export_home;
 pub mod metrics;
 pub mod placement_arg;
+pub mod process;
 pub mod state_dir;
 pub mod transport_arg;
 pub mod units;

@@ -10,7 +10,7 @@ pub struct PlacementArgs {
     /// Slab placement: codingsets-p2c (CodingSets, extended group by power-of-two choices),
     /// codingsets (group at random, as in the seed), codingsets-least, ec-cache (random),
     /// p2c-slab (power of two per slab) or least-loaded. See docs/PLACEMENT.md.
-    #[arg(long, default_value = "codingsets-p2c", value_parser = parse_policy)]
+    #[arg(long, default_value = "codingsets-p2c", value_parser = policy_parser())]
     pub placement: Policy,
     /// CodingSets' load-balancing factor l: extended groups have k+r+l nodes.
     #[arg(long, default_value_t = 2)]
@@ -28,6 +28,9 @@ impl PlacementArgs {
     }
 }
 
-fn parse_policy(name: &str) -> Result<Policy, String> {
-    Policy::parse_or_list(name)
+/// The policies by name, listed for clap (its errors, `--help`, completion scripts).
+fn policy_parser() -> impl clap::builder::TypedValueParser<Value = Policy> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(Policy::ALL.map(Policy::name))
+        .map(|name: String| Policy::parse(&name).expect("clap admits only the listed names"))
 }

@@ -98,16 +98,9 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     milliseconds.map(std::time::Duration::from_millis).ok_or_else(|| format!("{text:?} is too long"))
 }
 
-/// Formats a byte count with the largest binary unit that keeps it readable.
-pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
-    for (name, size) in UNITS {
-        if bytes >= size {
-            return format!("{:.2} {name}", bytes as f64 / size as f64);
-        }
-    }
-    format!("{bytes} B")
-}
+/// Formats a byte count with the largest binary unit that keeps it readable (the client's, so
+/// its errors and every command's print sizes alike).
+pub use remem_client::format_bytes;
 
 #[cfg(test)]
 mod tests {

@@ -1,8 +1,8 @@
 //! Processes and mounts as the host sees them. Settings for a server that may back swap
 //! (docs/NBD.md, "Swap"): memory locked so the server never waits on the swap device it serves,
 //! and an OOM score that makes the kernel pick other victims first. And what /proc says of
-//! earlier runs' leftovers: whether a PID is still a `remem` process of a given kind, and what is
-//! mounted at a path.
+//! earlier runs' leftovers: whether a PID is still a `remem` process of a given kind (from
+//! remem-local, whose launcher asks it too), and what is mounted at a path.
 
 use std::io;
 
@@ -26,20 +26,7 @@ pub fn set_oom_score_adj(value: i32) -> io::Result<()> {
     std::fs::write("/proc/self/oom_score_adj", value.to_string())
 }
 
-/// Whether `pid` is a running `remem SUBCOMMAND` process (not a recycled PID of something else,
-/// and not a zombie), from /proc.
-pub fn is_remem(pid: u32, subcommand: &str) -> bool {
-    let Ok(command_line) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
-    let words: Vec<&[u8]> = command_line.split(|&byte| byte == 0).collect();
-    words.len() > 1 && words[0].ends_with(b"remem") && words[1] == subcommand.as_bytes() && !is_zombie(pid)
-}
-
-/// Whether `pid` has exited and waits to be reaped.
-pub fn is_zombie(pid: u32) -> bool {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The state follows the command name in parentheses.
-    status.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z'))
-}
+pub use remem_frontend::process::{is_remem, is_zombie};
 
 /// The file system type and source of the topmost mount at `mountpoint` (an absolute path),
 /// from /proc/self/mountinfo (whose paths escape space, tab, newline and backslash).

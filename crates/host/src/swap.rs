@@ -41,7 +41,7 @@ impl RememSwap {
         RememSwap { binary: binary.to_owned(), runtime_dir }
     }
 
-    /// Turns it on; errors when `remem swap on` fails (which undoes itself).
+    /// Turns it on; errors when `remem swap on` fails (which undoes itself), with its error.
     pub fn on(binary: &Path, options: &RememSwapOptions) -> Result<RememSwap> {
         RememSwap::on_unless_interrupted(binary, options, &std::sync::atomic::AtomicBool::new(false))
     }
@@ -56,7 +56,6 @@ impl RememSwap {
     ) -> Result<RememSwap> {
         let args = options;
         let size = options.size_bytes;
-        let guard = RememSwap { binary: binary.to_owned(), runtime_dir: options.runtime_dir.clone() };
         let mut command = Command::new(binary);
         command
             .args(["swap", "on", "--size", &size.to_string(), "--priority", &args.priority.to_string()])
@@ -64,13 +63,20 @@ impl RememSwap {
             .args(["--delta", &args.code.delta.to_string()])
             .args(["--transport", if args.shared_memory { "shm" } else { "tcp" }])
             .arg("--runtime-dir")
-            .arg(&guard.runtime_dir)
+            .arg(&options.runtime_dir)
             .args(args.metrics.map(|address| format!("--metrics={address}")));
         if let Some(cluster) = &args.cluster {
             command.arg("--cluster").arg(cluster);
         }
-        let mut child =
-            command.stdin(Stdio::null()).stdout(stderr_stdio()?).spawn().context("running remem swap on")?;
+        // Its error becomes this one's (not printed by it and then again by the caller).
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(stderr_stdio()?)
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("running remem swap on")?;
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let said = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
         let mut handed_on = false;
         let status = loop {
             if let Some(status) = child.try_wait().context("waiting for remem swap on")? {
@@ -83,11 +89,33 @@ impl RememSwap {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        if !status.success() {
-            bail!("remem swap on --size {} failed ({status})", format_bytes(size));
+        let said = said.join().unwrap_or_default();
+        let runtime_dir = &options.runtime_dir;
+        if status.success() {
+            eprint!("{said}");
+            return Ok(RememSwap { binary: binary.to_owned(), runtime_dir: runtime_dir.clone() });
         }
-        Ok(guard)
+        // `remem swap on` undid its steps; what it leaves in the directory goes too (the log it
+        // names in its error with it), unless it says something stayed attached.
+        let log = runtime_dir.join("fs.log");
+        let error = said.lines().rev().find_map(|line| line.strip_prefix("error: "));
+        let mut error = error.map_or_else(|| status.to_string(), str::to_owned);
+        if remove_runtime_dir(runtime_dir) {
+            error = error.replace(&format!(" (its log: {})", log.display()), "");
+        }
+        bail!("remem swap on --size {}: {error}", format_bytes(size));
     }
+}
+
+/// Removes a swap runtime directory whose swap is off (no state file: nothing is mounted under
+/// it): its log, the empty mount point, the directory. Whether it is gone.
+fn remove_runtime_dir(runtime_dir: &Path) -> bool {
+    if runtime_dir.join("state.json").exists() {
+        return false;
+    }
+    let _ = std::fs::remove_file(runtime_dir.join("fs.log"));
+    let _ = std::fs::remove_dir(runtime_dir.join("mnt"));
+    std::fs::remove_dir(runtime_dir).is_ok()
 }
 
 impl Drop for RememSwap {
@@ -104,9 +132,7 @@ impl Drop for RememSwap {
         match status {
             Ok(status) if status.success() => {
                 // Only now is nothing mounted under it: the directory may go.
-                let _ = std::fs::remove_file(self.runtime_dir.join("fs.log"));
-                let _ = std::fs::remove_dir(self.runtime_dir.join("mnt"));
-                let _ = std::fs::remove_dir(&self.runtime_dir);
+                remove_runtime_dir(&self.runtime_dir);
             }
             Ok(status) => eprintln!(
                 "remem run: remem swap off --runtime-dir {} failed ({status}): run it again",

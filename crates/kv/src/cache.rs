@@ -404,7 +404,9 @@ impl Cache {
         let mut error_text = None;
         match &done.result {
             Ok(()) => {
-                if done.decoded || part & FALLBACK != 0 {
+                // Missing data splits, or an EOR main copy that could not serve: not a parity
+                // that merely answered first.
+                if done.degraded || part & FALLBACK != 0 {
                     self.stats.degraded_reads += 1;
                 }
                 if scheme == Scheme::Eor && index != TAIL {

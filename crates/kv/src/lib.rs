@@ -95,6 +95,10 @@ pub fn schemes_needed(policy: &Policy) -> Vec<Scheme> {
     }
 }
 
+/// What `remem status` and the client's region report call the region of EOR values' main
+/// copies (its scheme, `none`, is also that of `none` values).
+pub const MAIN_COPIES_LABEL: &str = "EOR main copies";
+
 /// Builds the cache over a connected client whose first region (`first`) is the EC region of
 /// `region_bytes`: adds the other schemes' regions.
 pub fn build_cache(
@@ -171,7 +175,10 @@ pub fn cache_over_regions(mut client: Client, config: CacheConfig) -> Result<Cac
                 journal_first_page = region.first_page + values;
             }
             Some(kind) => space.add_region(*kind, region.first_page, region.page_count),
-            None => main_first_page = Some(region.first_page),
+            None => {
+                main_first_page = Some(region.first_page);
+                client.label_region(region.index, MAIN_COPIES_LABEL);
+            }
         }
     }
     client.set_max_in_flight(PAGE_OPS_IN_FLIGHT);

@@ -53,7 +53,9 @@ pub struct IoDone {
     pub kind: IoKind,
     pub page: u64,
     pub result: Result<(), PageError>,
-    pub decoded: bool,
+    /// A read that decoded because a data split was missing (`OpDone::degraded`); a read that
+    /// decoded because a parity came before a late data split is not.
+    pub degraded: bool,
 }
 
 pub struct PageIo {
@@ -202,7 +204,7 @@ impl PageIo {
                 kind: slot.kind,
                 page: slot.page,
                 result: op.result,
-                decoded: op.decoded,
+                degraded: op.degraded,
             });
         }
     }

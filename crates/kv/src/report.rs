@@ -235,7 +235,8 @@ const PLAIN_METRICS: &[Plain] = &[
     (
         "degraded_reads_total",
         "counter",
-        "Reads that decoded or fell back to an EOR's data splits.",
+        "Reads that decoded because a data split was missing (a node down, a corrupt or stale \
+         split), or fell back from an EOR main copy to its data splits.",
         |cache| cache.stats.degraded_reads,
     ),
     (

@@ -22,7 +22,8 @@ use remem_proto::auth::Secret;
 // The runtime directory, the cluster file and private files are remem-frontend's (every front
 // end needs them); re-exported here, where the tests and benchmarks have always found them.
 pub use remem_frontend::cluster_file::{
-    check_saved_on_cluster, default_dir, load_cluster, private_directory, write_private_file,
+    check_saved_on_cluster, default_dir, load_cluster, load_cluster_as_it_is, private_directory,
+    stale_cluster, write_private_file,
 };
 
 /// How to start the nodes of a local cluster.
@@ -70,6 +71,19 @@ impl UnixSockets {
     }
 }
 
+/// Whether the nodes of a local cluster serve Prometheus metrics (`remem node --metrics`), and on
+/// which port of 127.0.0.1.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NodeMetrics {
+    #[default]
+    Off,
+    /// A free port each, chosen by the kernel (`127.0.0.1:0`), so nothing else on the host can
+    /// clash with them.
+    AnyPort,
+    /// Node number N on port `first + N`, so a scrape configuration stays valid across runs.
+    FromPort(u16),
+}
+
 pub struct LocalCluster {
     /// An exclusive lock on `DIR/lock` while the cluster runs: a second `remem up` on the same
     /// directory is refused instead of overwriting this one's cluster file and secret.
@@ -78,11 +92,24 @@ pub struct LocalCluster {
     pub cluster_file_path: PathBuf,
     pub secret: Secret,
     secret_hex: String,
+    /// Node `i`'s process, beside `file.nodes[i]` (`None` once it exited or was killed).
     children: Vec<Option<Child>>,
+    /// Node `i`'s number in its file names (`node-N.log`, `node-N.sock`): its index when it
+    /// started, kept when nodes before it are removed, never given to another node.
+    numbers: Vec<usize>,
+    next_number: usize,
+    /// Which `--metrics` address each node started gets.
+    metrics: NodeMetrics,
     /// The cluster's directory, removed when the cluster is dropped (set by
     /// [`LocalCluster::remove_dir_on_drop`]); unless the thread is panicking, so a failed test
     /// keeps its nodes' logs.
     remove_on_drop: Option<PathBuf>,
+}
+
+/// [`stale_cluster`] of the cluster file at `path`, if there is one that loads.
+fn left_by_a_cluster_that_is_gone(path: &Path) -> Option<String> {
+    let file = ClusterFile::load(path).ok()?;
+    stale_cluster(path, &file)
 }
 
 /// MemAvailable of /proc/meminfo, in bytes.
@@ -184,8 +211,23 @@ fn random_secret_hex() -> String {
 impl LocalCluster {
     /// Starts `options.nodes` node processes of `binary` and waits until each listens.
     pub fn start(binary: &Path, options: &ClusterOptions) -> Result<LocalCluster> {
+        LocalCluster::start_with_metrics(binary, options, NodeMetrics::Off)
+    }
+
+    /// [`LocalCluster::start`], with every node (and every node added or restarted later)
+    /// serving metrics as `metrics` says; each node's address is in the cluster file.
+    pub fn start_with_metrics(
+        binary: &Path,
+        options: &ClusterOptions,
+        metrics: NodeMetrics,
+    ) -> Result<LocalCluster> {
         private_directory(&options.dir)?;
         let lock = lock_directory(&options.dir)?;
+        // This process holds the directory's lock: a cluster file in it is left by a cluster that
+        // is gone (a `remem up` that was SIGKILLed could not remove it). It is replaced below.
+        if let Some(stale) = left_by_a_cluster_that_is_gone(&options.dir.join("cluster.json")) {
+            eprintln!("{stale}: replacing it");
+        }
         // A new cluster has a new secret: slab maps saved against an earlier one name slabs it
         // cannot reach (`remem nbd --state` files beside the cluster file).
         remove_stale_slab_maps(&options.dir);
@@ -202,39 +244,48 @@ impl LocalCluster {
             secret,
             secret_hex,
             children: Vec::new(),
+            numbers: Vec::new(),
+            next_number: 0,
+            metrics,
             remove_on_drop: None,
         };
-        for index in 0..options.nodes {
-            let node = cluster.spawn_node(binary, options, index, None)?;
-            cluster.file.nodes.push(node);
+        for _ in 0..options.nodes {
+            cluster.add_unsaved(binary, options)?;
         }
         cluster.file.save(&cluster.cluster_file_path)?;
         Ok(cluster)
     }
 
-    /// Starts node process `index` (listening on `address`, or a free port) and returns its entry
-    /// for the cluster file.
+    /// Starts node `index`'s process, as `previous` was (same address, failure domain and
+    /// metrics address) or as a new node (a free port), and returns its entry for the cluster
+    /// file. Its process is in `children[index]` from the moment it runs, so a failed start
+    /// still stops it.
     fn spawn_node(
         &mut self,
         binary: &Path,
         options: &ClusterOptions,
         index: usize,
-        address: Option<SocketAddr>,
+        previous: Option<&ClusterNode>,
     ) -> Result<ClusterNode> {
-        let domain = format!("domain-{}", index / options.nodes_per_domain.max(1));
-        let log_path = options.dir.join(format!("node-{index}.log"));
+        let number = self.numbers[index];
+        let domain = previous.map_or_else(
+            || format!("domain-{}", number / options.nodes_per_domain.max(1)),
+            |node| node.failure_domain.clone(),
+        );
+        let metrics = self.metrics_address(number, previous)?;
+        let log_path = options.dir.join(format!("node-{number}.log"));
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log_path)
             .with_context(|| format!("creating {}", log_path.display()))?;
         let unix_socket =
-            options.unix_sockets.includes(index).then(|| options.dir.join(format!("node-{index}.sock")));
+            options.unix_sockets.includes(number).then(|| options.dir.join(format!("node-{number}.sock")));
         if let Some(path) = &unix_socket {
             // A socket file left by an earlier process of this node would stop the bind.
             let _ = std::fs::remove_file(path);
         }
-        let listen = address.map_or_else(|| "127.0.0.1:0".to_owned(), |address| address.to_string());
+        let listen = previous.map_or_else(|| "127.0.0.1:0".to_owned(), |node| node.address.to_string());
         let mut command = Command::new(binary);
         // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches only the child's own
         // state; run between fork and exec it makes the node get SIGTERM when the thread that
@@ -263,6 +314,7 @@ impl LocalCluster {
                 None => vec!["--no-monitor".to_owned()],
             })
             .args(unix_socket.iter().flat_map(|path| [std::ffi::OsStr::new("--unix"), path.as_os_str()]))
+            .args(metrics.map(|address| format!("--metrics={address}")))
             .args(
                 options
                     .lease_grace
@@ -277,29 +329,93 @@ impl LocalCluster {
             .with_context(|| format!("starting {} node", binary.display()))?;
         let stdout = child.stdout.take().expect("stdout is piped");
         let pid = child.id();
-        if index < self.children.len() {
-            self.children[index] = Some(child);
-        } else {
-            self.children.push(Some(child));
-        }
-        let address = read_listen_line(stdout, Duration::from_secs(20)).with_context(|| {
+        self.children[index] = Some(child);
+        let did_not_start = || {
             format!(
                 "node {index} (pid {pid}) did not start{}; see {}",
                 last_error_of(&log_path),
                 log_path.display()
             )
-        })?;
-        Ok(ClusterNode { address, failure_domain: domain, pid: Some(pid), unix_socket })
+        };
+        let address = read_listen_line(stdout, Duration::from_secs(20)).with_context(did_not_start)?;
+        // The node prints its metrics address on stderr (its log) before it prints `listening`.
+        let metrics = match metrics {
+            Some(_) => Some(last_metrics_address(&log_path).with_context(did_not_start)?),
+            None => None,
+        };
+        Ok(ClusterNode { address, failure_domain: domain, pid: Some(pid), unix_socket, metrics })
+    }
+
+    /// The `--metrics` address of node number `number`: the one it had before a restart, else
+    /// as `self.metrics` says.
+    fn metrics_address(&self, number: usize, previous: Option<&ClusterNode>) -> Result<Option<SocketAddr>> {
+        if let Some(address) = previous.and_then(|node| node.metrics) {
+            return Ok(Some(address));
+        }
+        let port = match self.metrics {
+            NodeMetrics::Off => return Ok(None),
+            NodeMetrics::AnyPort => 0,
+            NodeMetrics::FromPort(first) => {
+                let port = usize::from(first) + number;
+                u16::try_from(port).ok().filter(|&port| port != 0).with_context(|| {
+                    format!("node {number} would serve metrics on port {first} + {number}, past 65535")
+                })?
+            }
+        };
+        Ok(Some(SocketAddr::from(([127, 0, 0, 1], port))))
+    }
+
+    /// Starts one more node, numbered after every node started so far, without saving the
+    /// cluster file. Returns its index.
+    fn add_unsaved(&mut self, binary: &Path, options: &ClusterOptions) -> Result<usize> {
+        let index = self.children.len();
+        self.children.push(None);
+        self.numbers.push(self.next_number);
+        self.next_number += 1;
+        match self.spawn_node(binary, options, index, None) {
+            Ok(node) => {
+                self.file.nodes.push(node);
+                Ok(index)
+            }
+            Err(error) => {
+                // Nothing of the node stays: its process (if any) is stopped, its slot freed.
+                if let Some(child) = self.children.pop().flatten() {
+                    stop_children(vec![child], Duration::ZERO);
+                }
+                self.numbers.pop();
+                Err(error)
+            }
+        }
     }
 
     /// Starts one more node and adds it to the cluster file: clients that watch the file (as
     /// `remem nbd` does) start using it without a restart. Returns its index.
     pub fn add_node(&mut self, binary: &Path, options: &ClusterOptions) -> Result<usize> {
-        let index = self.children.len();
-        let node = self.spawn_node(binary, options, index, None)?;
-        self.file.nodes.push(node);
+        let index = self.add_unsaved(binary, options)?;
         self.file.save(&self.cluster_file_path)?;
         Ok(index)
+    }
+
+    /// Stops node `index` (SIGTERM, SIGKILL after `grace`) and takes it out of the cluster file:
+    /// the nodes after it move up one index. Clients that watch the file see it gone, and
+    /// rebuild its slabs elsewhere as for a failed node. Returns its entry.
+    ///
+    /// Errors: no node `index`, or it is the last one (a cluster file lists at least one node).
+    pub fn remove(&mut self, index: usize, grace: Duration) -> Result<ClusterNode> {
+        let count = self.file.nodes.len();
+        if index >= count {
+            bail!("no node {index}: the nodes are 0 to {}", count.saturating_sub(1));
+        }
+        if count == 1 {
+            bail!("node {index} is the last node: stop the cluster instead (Ctrl-C)");
+        }
+        if let Some(child) = self.children.remove(index) {
+            stop_children(vec![child], grace);
+        }
+        self.numbers.remove(index);
+        let node = self.file.nodes.remove(index);
+        self.file.save(&self.cluster_file_path)?;
+        Ok(node)
     }
 
     /// Restarts node `index` (SIGKILL if it still runs) on the same address, empty: clients
@@ -307,7 +423,7 @@ impl LocalCluster {
     pub fn restart(&mut self, binary: &Path, options: &ClusterOptions, index: usize) -> Result<()> {
         let Some(old) = self.file.nodes.get(index).cloned() else { bail!("no node {index}") };
         self.kill(index)?;
-        let node = self.spawn_node(binary, options, index, Some(old.address))?;
+        let node = self.spawn_node(binary, options, index, Some(&old))?;
         self.file.nodes[index] = node;
         Ok(self.file.save(&self.cluster_file_path)?)
     }
@@ -374,28 +490,7 @@ impl LocalCluster {
 
     /// SIGTERM to every node, SIGKILL to those still alive after `grace`, then reap.
     pub fn stop(&mut self, grace: Duration) {
-        for child in self.children.iter().flatten() {
-            // SAFETY: kill with a PID we spawned and have not reaped.
-            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-        }
-        let deadline = Instant::now() + grace;
-        for slot in &mut self.children {
-            if let Some(mut child) = slot.take() {
-                loop {
-                    match child.try_wait() {
-                        Ok(Some(_)) => break,
-                        Ok(None) if Instant::now() < deadline => {
-                            std::thread::sleep(Duration::from_millis(10))
-                        }
-                        _ => {
-                            let _ = child.kill();
-                            let _ = child.wait();
-                            break;
-                        }
-                    }
-                }
-            }
-        }
+        stop_children(self.children.iter_mut().filter_map(Option::take).collect(), grace);
         let _ = std::fs::remove_file(&self.cluster_file_path);
     }
 }
@@ -409,6 +504,42 @@ impl Drop for LocalCluster {
             }
         }
     }
+}
+
+/// SIGTERM to every process of `children` (processes this cluster started and has not reaped),
+/// SIGKILL to those still alive after `grace`, then reaps them.
+fn stop_children(children: Vec<Child>, grace: Duration) {
+    for child in &children {
+        // SAFETY: kill with a PID we spawned and have not reaped.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    }
+    let deadline = Instant::now() + grace;
+    for mut child in children {
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// The address in the last `metrics at http://ADDRESS/metrics` line of a node's log.
+fn last_metrics_address(log_path: &Path) -> Result<SocketAddr> {
+    let text =
+        std::fs::read_to_string(log_path).with_context(|| format!("reading {}", log_path.display()))?;
+    let line = text
+        .lines()
+        .rev()
+        .find_map(|line| line.trim().strip_prefix("metrics at http://"))
+        .context("the node printed no metrics address")?;
+    let address = line.trim_end_matches("/metrics");
+    address.parse().with_context(|| format!("bad metrics address {address:?}"))
 }
 
 /// Reads the node's first stdout line, `listening ADDRESS`, within `timeout`.

@@ -1,8 +1,8 @@
 //! remem-local: the local-cluster kit. `launcher` starts, watches and stops `remem node`
 //! processes on this machine (`remem up`, `remem demo`, the benchmarks and the tests),
 //! `host_memory` reads what the host can lend, `faults` injects faults into a node from outside,
-//! `units` (remem-frontend's, re-exported) parses and prints the sizes and counts of every
-//! command, and the measuring helpers:
+//! `units` and `process` (remem-frontend's, re-exported: sizes and counts of every command,
+//! and whether a recorded PID is still a `remem` process), and the measuring helpers:
 //! `pattern` (page contents that name their page, to check every byte read back) and `stats`
 //! (latency samples and their percentiles, CPU seconds from /proc).
 //!
@@ -16,4 +16,4 @@ pub mod launcher;
 pub mod pattern;
 pub mod stats;
 // The size and count parsers are remem-frontend's; here under the path they always had.
-pub use remem_frontend::units;
+pub use remem_frontend::{process, units};

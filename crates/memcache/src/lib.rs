@@ -1,6 +1,7 @@
 //! remem-memcache: the memcached 1.6 protocol (text commands and meta commands) as pure
 //! functions: [`parse`] turns the bytes a client sent into one [`Request`] at a time, and
-//! [`response`] appends memcached's replies to a buffer.
+//! [`response`] appends memcached's replies to a buffer. [`fuzzing`] drives [`parse`] with
+//! arbitrary bytes against its invariants (the fuzz target's body, also run by a stable test).
 //!
 //! Invariants:
 //! - No I/O, no clock, no threads: the embedding server owns sockets, buffers and time (it passes
@@ -32,6 +33,7 @@
 
 mod error;
 mod expiry;
+pub mod fuzzing;
 mod line;
 mod meta;
 mod request;

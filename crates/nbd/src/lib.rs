@@ -7,6 +7,8 @@
 //! - [`protocol`]: wire constants, decoders, encoders (no I/O);
 //! - [`handshake`]: option haggling over any `Read + Write`;
 //! - [`command`]: validation of one request (which error a bad one earns);
+//! - [`fuzzing`]: the decoders and validation driven by arbitrary bytes, with their oracle (the
+//!   fuzz target's body, also run by a stable test);
 //! - [`transmission`]: batches of requests run as page operations, replies;
 //! - [`error`]: remem errors to NBD error values, in one place;
 //! - [`store`]: the `PageStore` trait (the remem client, or an in-memory model for tests);
@@ -24,6 +26,7 @@
 pub mod cli;
 pub mod command;
 pub mod error;
+pub mod fuzzing;
 pub mod handshake;
 mod log_limit;
 pub mod protocol;

@@ -134,6 +134,7 @@ impl PageStore for MemoryStore {
                 latency: Duration::ZERO,
                 started: std::time::Instant::now(),
                 decoded: false,
+                degraded: false,
             });
         }
     }

@@ -1,5 +1,6 @@
 //! The body of the `decode_frame` fuzz target (`fuzz/`), kept here so that stable-toolchain
-//! property tests run exactly the same code.
+//! property tests run exactly the same code; and [`Xorshift`], the deterministic inputs of the
+//! stable stand-ins of every fuzz target (remem-nbd's and remem-memcache's tests too).
 //!
 //! Oracle: no panic on any input, and every frame that decodes re-encodes to the same bytes
 //! (the decoders are strict, so the encoding is canonical).
@@ -87,5 +88,55 @@ fn decode_body(header: FrameHeader, body: &[u8], encoded: &mut Vec<u8>) -> bool 
             }
             Err(_) => false,
         },
+    }
+}
+
+/// A deterministic source of test inputs for the stable stand-ins of the fuzz targets (here and
+/// in remem-nbd and remem-memcache): xorshift64*, small and fast, quality enough to pick inputs;
+/// a seed gives the same inputs on every run.
+pub struct Xorshift(u64);
+
+impl Xorshift {
+    /// A generator from `seed` (0 is taken as 1: xorshift never leaves 0).
+    pub fn new(seed: u64) -> Xorshift {
+        Xorshift(seed.max(1))
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number below `bound` (0 when `bound` is 0).
+    pub fn below(&mut self, bound: u64) -> u64 {
+        self.next_u64() % bound.max(1)
+    }
+
+    /// One of `choices`, which must not be empty.
+    pub fn pick<T: Copy>(&mut self, choices: &[T]) -> T {
+        choices[self.below(choices.len() as u64) as usize]
+    }
+
+    /// Flips, overwrites, cuts, inserts or repeats a few bytes of `data`, as a fuzzer's
+    /// mutations do; `specials` are the bytes worth writing (a protocol's separators).
+    pub fn mutate(&mut self, data: &mut Vec<u8>, specials: &[u8]) {
+        for _ in 0..self.below(4) + 1 {
+            if data.is_empty() {
+                return;
+            }
+            let at = self.below(data.len() as u64) as usize;
+            match self.below(5) {
+                0 => data[at] ^= 1 << self.below(8),
+                1 if !specials.is_empty() => data[at] = self.pick(specials),
+                1 | 2 => data.truncate(at),
+                3 => data.insert(at, self.next_u64() as u8),
+                _ => {
+                    let piece: Vec<u8> = data[at..].iter().take(32).copied().collect();
+                    data.splice(at..at, piece);
+                }
+            }
+        }
     }
 }

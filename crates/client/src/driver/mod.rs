@@ -37,6 +37,7 @@ pub(crate) use connect::connect_node;
 pub use connect::query_node;
 pub use membership::MembershipChange;
 pub use poll::PollClient;
+pub use regions::region_node_bytes;
 pub use slab_map::{RegionMap, SlabMapError, SlabMapFile};
 pub(crate) use transport::Transport;
 
@@ -63,9 +64,19 @@ pub struct Client {
     /// This client's claim on `config.client_id` at the nodes (`Control::Hello::session`):
     /// random, never 0, fixed for the client's life.
     session: u64,
+    /// What its owner calls a region, by index, for people ([`Client::label_region`]).
+    region_labels: std::collections::BTreeMap<usize, String>,
 }
 
 type ProbeResult = (NodeId, connect::Connected);
+
+/// One warning per node a client started without (it counts them as failed and probes them).
+/// A client that does not start names them in its error instead, so none is said twice.
+fn warn_unreachable(unreachable: &[UnreachableNode]) {
+    for node in unreachable {
+        tracing::warn!(node = %node.address, error = %node.reason, "node unreachable: counted as failed");
+    }
+}
 
 /// How long a starting client retries a node where another session still holds its client id
 /// (`ConnectError::ClientIdInUse`) before giving up: long enough for a node to notice that the
@@ -106,6 +117,7 @@ impl Client {
         if reachable < needed {
             return Err(ConnectError::TooFewReachable { needed, reachable, unreachable });
         }
+        warn_unreachable(&unreachable);
         let mut connected = client.engine.nodes().iter().filter(|entry| entry.connected);
         let slab_size = connected.next().expect("k+r >= 1 nodes answered").info.slab_size_bytes;
         for entry in connected {
@@ -138,6 +150,7 @@ impl Client {
             last_socket_check: Instant::now(),
             probing: Vec::new(),
             probe_results: std::sync::mpsc::channel(),
+            region_labels: std::collections::BTreeMap::new(),
             session: match config.session {
                 0 => rand::random::<u64>() | 1,
                 given => given,
@@ -206,7 +219,7 @@ impl Client {
                     self.admit(node, stream, info)?;
                 }
                 Err(error) => {
-                    tracing::warn!(node = %node.address, %error, "node unreachable: counted as failed");
+                    // Said by the caller: once per node if the client starts, in its error if not.
                     unreachable.push(UnreachableNode::new(node.address, &error));
                     self.join_unreachable(node)?;
                 }
@@ -228,6 +241,18 @@ impl Client {
     /// The regions of this client's page space.
     pub fn regions(&self) -> Vec<RegionInfo> {
         self.engine.regions().collect()
+    }
+
+    /// Names region `index` for people: its owner's word for what the region holds, which
+    /// its scheme alone does not say (kv's main copies of EOR values are a region without
+    /// redundancy, like its `none` values). [`Client::region_health`] shows it after the scheme.
+    pub fn label_region(&mut self, index: usize, label: &str) {
+        self.region_labels.insert(index, label.to_owned());
+    }
+
+    /// The label [`Client::label_region`] gave region `index`.
+    pub fn region_label(&self, index: usize) -> Option<&str> {
+        self.region_labels.get(&index).map(String::as_str)
     }
 
     /// Pages of the whole page space (every region).

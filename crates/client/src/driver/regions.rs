@@ -5,13 +5,26 @@
 use std::net::SocketAddr;
 
 use remem_codec::CodecParams;
-use remem_placement::NodeLoad;
+use remem_placement::{NodeLoad, PlacementError};
 use remem_proto::Control;
 
 use super::{connect, Client};
 use crate::core::Shape;
 use crate::engine::{BesideError, NodeId, RegionInfo, SlabRef};
-use crate::error::ConnectError;
+use crate::error::{ConnectError, NodeMemoryNeed};
+
+/// The node memory a region of `bytes` coded with `shape` takes on nodes with slabs of
+/// `slab_size_bytes`, for pages of `page_bytes`: k+r slabs per range of whole pages, each slab
+/// with the metadata the node keeps beside it, as the client's placement counts it. Zero for a
+/// shape the codec refuses.
+pub fn region_node_bytes(shape: Shape, bytes: u64, slab_size_bytes: u64, page_bytes: usize) -> u64 {
+    let Ok(params) = CodecParams::new(shape.data_splits, shape.parity_splits, page_bytes) else { return 0 };
+    let split_bytes = params.split_bytes();
+    let pages_per_range = (slab_size_bytes / split_bytes as u64).max(1);
+    let ranges = (bytes / page_bytes as u64).div_ceil(pages_per_range);
+    let slab_bytes = crate::engine::slab_footprint_bytes(pages_per_range * split_bytes as u64, split_bytes);
+    ranges.saturating_mul(shape.total_splits() as u64).saturating_mul(slab_bytes)
+}
 
 /// Where a new region's ranges go: their shape, split size and first page and range.
 #[derive(Clone, Copy)]
@@ -118,20 +131,8 @@ impl Client {
         }
         let first_page = self.engine.page_count();
         let first_range = self.engine.ranges().len() as u64;
-        let mut loads: Vec<NodeLoad> = self
-            .engine
-            .nodes()
-            .iter()
-            .enumerate()
-            .filter(|(_, node)| node.connected && node.membership == crate::engine::Membership::Member)
-            .map(|(index, node)| NodeLoad {
-                node_index: index,
-                failure_domain: node.info.failure_domain.clone(),
-                slabs_mapped: node.info.slabs_mapped as u64,
-                slabs_free: node.info.free_bytes
-                    / crate::engine::slab_footprint_bytes(node.info.slab_size_bytes, split_bytes),
-            })
-            .collect();
+        let (mut loads, free_bytes) = self.member_loads(split_bytes);
+        let nodes = loads.len();
         let mut ranges = Vec::with_capacity(range_count as usize);
         let geometry = RangeGeometry { shape, split_bytes, pages_per_range, first_page, first_range };
         let mapped = self.map_ranges(&geometry, range_count, pinned.as_deref(), &mut loads, &mut ranges);
@@ -141,9 +142,53 @@ impl Client {
                 let SlabRef { node, slab_id } = *slab;
                 let _ = self.control(node, &Control::UnmapSlab { slab_id });
             }
-            return Err(error);
+            // Too few nodes with room is, most often, too little memory: say how much is
+            // needed and free, not only how many nodes.
+            return Err(match error {
+                ConnectError::Placement(placement @ PlacementError::NotEnoughNodes { .. }) => {
+                    ConnectError::NodeMemory {
+                        needs: NodeMemoryNeed::new(shape, bytes, self.region_node_bytes(shape, bytes)),
+                        free_bytes,
+                        nodes,
+                        placement,
+                    }
+                }
+                other => other,
+            });
         }
         Ok(self.engine.add_region(shape, page_count, pages_per_range, ranges, true))
+    }
+
+    /// [`region_node_bytes`] on this client's nodes.
+    fn region_node_bytes(&self, shape: Shape, bytes: u64) -> u64 {
+        let slab_size_bytes =
+            self.engine.nodes().iter().map(|node| node.info.slab_size_bytes).max().unwrap_or(0);
+        region_node_bytes(shape, bytes, slab_size_bytes, self.config.page_bytes)
+    }
+
+    /// The loads of the connected member nodes (what placement chooses among), for slabs of
+    /// splits of `split_bytes`, and the bytes they have free.
+    fn member_loads(&self, split_bytes: usize) -> (Vec<NodeLoad>, u64) {
+        let members = self
+            .engine
+            .nodes()
+            .iter()
+            .enumerate()
+            .filter(|(_, node)| node.connected && node.membership == crate::engine::Membership::Member);
+        let mut free_bytes = 0;
+        let loads = members
+            .map(|(index, node)| {
+                free_bytes += node.info.free_bytes;
+                NodeLoad {
+                    node_index: index,
+                    failure_domain: node.info.failure_domain.clone(),
+                    slabs_mapped: node.info.slabs_mapped as u64,
+                    slabs_free: node.info.free_bytes
+                        / crate::engine::slab_footprint_bytes(node.info.slab_size_bytes, split_bytes),
+                }
+            })
+            .collect();
+        (loads, free_bytes)
     }
 
     /// Maps the slabs of `range_count` ranges, pushing each range (and each slab as it is mapped)

@@ -257,6 +257,7 @@ impl Client {
         if unreachable.len() == nodes.len() {
             return Err(ConnectError::TooFewReachable { needed: 1, reachable: 0, unreachable });
         }
+        super::warn_unreachable(&unreachable);
         let ranges = map
             .ranges
             .iter()

@@ -292,6 +292,12 @@ pub struct OpDone {
     pub started: Instant,
     /// True when the read had to decode (a data split was missing or late).
     pub decoded: bool,
+    /// True when the read decoded because a data split was missing: its slab is down, or it
+    /// answered failed, corrupt, or of another version. Not when a data split was merely later
+    /// than a parity (a read that asks k + delta splits on a healthy cluster): that read is
+    /// `decoded` only, as is one that raced a node's death before the client knew of it. What a
+    /// "degraded reads" count should count.
+    pub degraded: bool,
 }
 
 /// The buffers of ops in flight, owned by the caller and named by the op's tag: the engine

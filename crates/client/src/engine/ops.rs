@@ -221,6 +221,7 @@ impl Engine {
                 result,
                 latency: std::time::Duration::ZERO,
                 decoded: false,
+                degraded: false,
                 started: now,
             });
         }
@@ -419,14 +420,14 @@ impl Engine {
                 Outcome::ProbeFailed => {
                     let slot = &self.slots[event.slot];
                     let address = self.nodes[self.probes[slot.probe].targets[event.split].0].address;
-                    self.finish(event.slot, Err(PageError::NodeDown { address }), false);
+                    self.finish(event.slot, Err(PageError::NodeDown { address }));
                 }
                 Outcome::ProbeReply => {
                     let slot = &mut self.slots[event.slot];
                     slot.probe_asked &= !(1 << event.split);
                     slot.probe_replies += 1;
                     if slot.probe_replies == self.probes[slot.probe].need {
-                        self.finish(event.slot, Ok(()), false);
+                        self.finish(event.slot, Ok(()));
                     }
                 }
                 Outcome::ShmRead => unreachable!("turned into a read outcome above"),
@@ -487,7 +488,11 @@ impl Engine {
                 } else {
                     Ok(())
                 };
-                self.finish(event.slot, result, needs_decode);
+                // Degraded: a data split is neither here nor coming (its slab is down, or it
+                // answered failed, corrupt or of another version), not merely later than a parity.
+                let read = self.slots[event.slot].read.as_ref().expect("read slot has a read state");
+                let degraded = needs_decode && read.missing_data_splits(present) != 0;
+                self.finish_read(event.slot, result, needs_decode, degraded);
             }
             ReadStep::Lost { valid, failed } => {
                 let page = slot.page as usize;
@@ -502,12 +507,25 @@ impl Engine {
                 }
                 let slot = &self.slots[event.slot];
                 let error = self.lost_error(slot.page, slot.range, valid, failed);
-                self.finish(event.slot, Err(error), false);
+                self.finish(event.slot, Err(error));
             }
         }
     }
 
-    pub(super) fn finish(&mut self, slot_index: usize, result: Result<(), PageError>, decoded: bool) {
+    /// Completes the op in `slot_index` (anything but a read that found k splits).
+    pub(super) fn finish(&mut self, slot_index: usize, result: Result<(), PageError>) {
+        self.finish_read(slot_index, result, false, false);
+    }
+
+    /// Completes the op in `slot_index`, a read that `decoded` (and was `degraded`: see
+    /// [`OpDone::degraded`]).
+    fn finish_read(
+        &mut self,
+        slot_index: usize,
+        result: Result<(), PageError>,
+        decoded: bool,
+        degraded: bool,
+    ) {
         let slot = &self.slots[slot_index];
         let done = OpDone {
             index: slot.tag,
@@ -515,6 +533,7 @@ impl Engine {
             latency: self.now - slot.started,
             started: slot.started,
             decoded,
+            degraded,
         };
         self.release_slot(slot_index);
         self.completions.push(done);

@@ -141,7 +141,7 @@ impl Engine {
         let result = self.launch_write(slot_index, &staging[..self.config.page_bytes]);
         self.slots[slot_index].staging = staging;
         if let Err(error) = result {
-            self.finish(slot_index, Err(error), false);
+            self.finish(slot_index, Err(error));
         }
     }
 
@@ -279,7 +279,7 @@ impl Engine {
                 if degraded != 0 {
                     tracing::debug!(page, degraded, "page written degraded");
                 }
-                self.finish(event.slot, Ok(()), false);
+                self.finish(event.slot, Ok(()));
             }
             WriteStep::Failed { stored, failed } => {
                 let slot = &self.slots[event.slot];
@@ -292,7 +292,7 @@ impl Engine {
                 self.set_unreadable(page, true);
                 let slot = &self.slots[event.slot];
                 let error = self.write_failed(slot.page, slot.range, stored, failed);
-                self.finish(event.slot, Err(error), false);
+                self.finish(event.slot, Err(error));
             }
         }
     }
@@ -335,6 +335,6 @@ impl Engine {
             self.set_parity_stale(page, false);
             Ok(())
         };
-        self.finish(slot_index, result, false);
+        self.finish(slot_index, result);
     }
 }

@@ -54,6 +54,8 @@ pub struct Completion {
     pub submitted_at: SimTime,
     pub completed_at: SimTime,
     pub decoded: bool,
+    /// Decoded because a data split was missing, not merely late (`OpDone::degraded`).
+    pub degraded: bool,
 }
 
 /// An op that was queued or in flight when the client crashed: it has no result.
@@ -188,6 +190,7 @@ impl SimDriver {
                 submitted_at: entry.submitted_at,
                 completed_at: self.now,
                 decoded: done.decoded,
+                degraded: done.degraded,
             });
         }
     }
