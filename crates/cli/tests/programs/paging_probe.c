@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static uint64_t value(uint64_t index, uint64_t salt) { return (index * 0x9E3779B97F4A7C15ull) ^ salt; }
@@ -55,6 +56,11 @@ static void pressure(size_t bytes) {
 }
 
 struct part { uint64_t *words; size_t count; uint64_t salt; };
+
+static int by_value(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
 
 static void *thread_main(void *argument) {
     struct part *part = argument;
@@ -202,6 +208,29 @@ int main(int argc, char **argv) {
             tags[i] = (unsigned char)(state >> 8);
             for (size_t j = 0; j < size; j++) blocks[i][j] = (unsigned char)(tags[i] + j);
         }
+    } else if (!strcmp(mode, "latency")) {
+        /* The time of one read of a random page, 20,000 times, after the region was filled and
+         * paged out: under a small limit almost every read is a fault served by the pager.
+         * Prints the median and the 99th percentile in microseconds (for the fault-latency
+         * figure of docs/PAGING.md; not used by the tests). */
+        size_t pages = bytes / 4096;
+        uint64_t *words = map(bytes);
+        fill(words, count, 19);
+        enum { SAMPLES = 20000 };
+        static double took[SAMPLES];
+        uint64_t state = 99991;
+        for (int sample = 0; sample < SAMPLES; sample++) {
+            state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+            size_t page = state % pages;
+            struct timespec start, end;
+            clock_gettime(CLOCK_MONOTONIC, &start);
+            volatile uint64_t word = words[page * 512];
+            clock_gettime(CLOCK_MONOTONIC, &end);
+            if (word != value(page * 512, 19)) { printf("WRONG page %zu\n", page); return 2; }
+            took[sample] = (end.tv_sec - start.tv_sec) * 1e6 + (end.tv_nsec - start.tv_nsec) / 1e3;
+        }
+        qsort(took, SAMPLES, sizeof took[0], by_value);
+        printf("read of a random page: p50 %.1f us, p99 %.1f us\n", took[SAMPLES / 2], took[SAMPLES * 99 / 100]);
     } else if (!strcmp(mode, "hold")) {
         uint64_t *words = map(bytes);
         fill(words, count, 17);
