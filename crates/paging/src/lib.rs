@@ -261,6 +261,7 @@ fn connect(config: &Config, stack: u64, thread_vector: Option<(u64, u64)>) -> Re
         excluded,
         pinned: thread_vector.into_iter().collect(),
         map_path: config.map.clone(),
+        write_back_batch: if config.shared_memory { 8 } else { 32 },
     })
     .map_err(|error| format!("userfaultfd: {error} (paging inside a process needs root or CAP_SYS_PTRACE)"))
 }
