@@ -648,8 +648,8 @@ impl Pager {
                 if !self.retry.contains(&(page, false)) {
                     break;
                 }
-                // An event is pending: read it first.
-                self.retry.clear();
+                // An event is pending: read it first (the other retries stay queued).
+                self.retry.retain(|&entry| entry != (page, false));
                 let got = self.uffd.read(&mut self.messages[..]).unwrap_or(0);
                 for index in 0..got {
                     let message = self.messages[index];
