@@ -1,4 +1,4 @@
-//! Simulated slab rebuilds (`Regenerate`), following `crates/node/src/regenerate.rs` page by page
+//! Simulated slab rebuilds (`Regenerate`), following `crates/node/src/regenerate/` page by page
 //! but reading the sources' slabs straight from the other simulated nodes instead of over sockets.
 //!
 //! A rebuild runs in steps of `NetworkOptions::regeneration_batch_pages` slots, one step per
