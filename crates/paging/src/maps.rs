@@ -110,8 +110,10 @@ impl Managed {
         self.ranges = kept;
     }
 
+    /// On the fault path (prefetch, write-protection): a binary search of the sorted ranges.
     pub fn contains(&self, address: u64) -> bool {
-        self.ranges.iter().any(|&(a, b)| a <= address && address < b)
+        let after = self.ranges.partition_point(|&(start, _)| start <= address);
+        after > 0 && address < self.ranges[after - 1].1
     }
 
     /// `[start, end)` overlaps a managed range or begins where one ends (a heap growing up).

@@ -365,7 +365,7 @@ impl Pager {
     fn on_write(&mut self, page: u64) {
         STATS.write_faults.fetch_add(1, Relaxed);
         if self.table.mark_dirty(page) {
-            match self.uffd.write_protect(page, PAGE, false) {
+            match self.uffd.unprotect(page, PAGE) {
                 Ok(()) => return,
                 Err(error) if uffd::errno(&error) == libc::EAGAIN => {
                     self.retry.push((page, true));
@@ -388,7 +388,7 @@ impl Pager {
                 STATS.zero_faults.fetch_add(1, Relaxed);
                 self.uffd.zeropage(page, PAGE).map(|()| self.table.make_resident(page, true))
             }
-            Fault::MoveBack { staging, .. } => self.move_back(page, staging),
+            Fault::MoveBack { staging } => self.move_back(page, staging),
             Fault::Fetch { slot } => self.fetch(page, slot),
             Fault::Stale { slot, dirty } if !dirty && slot != NO_SLOT => self.fetch(page, slot),
             Fault::Stale { .. } => {
@@ -543,7 +543,7 @@ impl Pager {
                 if let Some(Entry { state: State::Resident { dirty: false }, .. }) = self.table.get(page) {
                     // The write below must not fault on write-protection (the pager would wait
                     // on itself): unprotected, the page is dirty from now on.
-                    self.uffd.write_protect(page, PAGE, false)?;
+                    self.uffd.unprotect(page, PAGE)?;
                     self.table.mark_dirty(page);
                 }
                 // SAFETY: populates one present page of the process for writing, which breaks

@@ -39,8 +39,8 @@ pub struct Entry {
 pub enum Fault {
     /// Never written (or freed): zeros.
     Zero,
-    /// A victim: move its staging page back (and write-protect it again when clean).
-    MoveBack { staging: u32, dirty: bool },
+    /// A victim: move its staging page back (it comes back dirty, see `Pager::move_back`).
+    MoveBack { staging: u32 },
     /// Only in remem: fetch the slot.
     Fetch { slot: u32 },
     /// The table says resident, yet the process faulted: the page was dropped behind the
@@ -82,7 +82,7 @@ impl PageTable {
         match self.pages.get(&page) {
             None => Fault::Zero,
             Some(entry) => match entry.state {
-                State::Victim { staging, dirty } => Fault::MoveBack { staging, dirty },
+                State::Victim { staging, .. } => Fault::MoveBack { staging },
                 State::Remote => Fault::Fetch { slot: entry.slot },
                 State::Resident { dirty } => Fault::Stale { slot: entry.slot, dirty },
             },
@@ -325,7 +325,7 @@ mod tests {
         table.make_resident(7, false);
         assert_eq!(table.get(7).unwrap().state, State::Resident { dirty: true }, "no slot: dirty");
         table.make_victim(7, 3);
-        assert_eq!(table.fault(7), Fault::MoveBack { staging: 3, dirty: true });
+        assert_eq!(table.fault(7), Fault::MoveBack { staging: 3 });
         table.written_back(7, 11);
         table.make_remote(7);
         assert_eq!(table.fault(7), Fault::Fetch { slot: 11 });
@@ -388,7 +388,7 @@ mod tests {
         table.make_victim(101, 9);
         table.remap(100, 500, 2);
         assert_eq!(table.fault(100), Fault::Zero);
-        assert_eq!(table.fault(501), Fault::MoveBack { staging: 9, dirty: true });
+        assert_eq!(table.fault(501), Fault::MoveBack { staging: 9 });
         assert_eq!(table.oldest_resident(), Some((500, true)));
         assert_eq!(table.oldest_victim(), Some((501, 9, true)));
         table.check();

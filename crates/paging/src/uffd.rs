@@ -20,7 +20,6 @@ const fn ior(nr: u64, size: usize) -> u64 {
 const UFFD_API: u64 = 0xAA;
 const UFFDIO_API: u64 = iowr(0x3F, 24);
 const UFFDIO_REGISTER: u64 = iowr(0x00, 32);
-const UFFDIO_UNREGISTER: u64 = ior(0x01, 16);
 const UFFDIO_WAKE: u64 = ior(0x02, 16);
 const UFFDIO_COPY: u64 = iowr(0x03, 40);
 const UFFDIO_ZEROPAGE: u64 = iowr(0x04, 32);
@@ -39,7 +38,6 @@ const REGISTER_MODE_MISSING: u64 = 1;
 const REGISTER_MODE_WP: u64 = 2;
 const MODE_DONTWAKE: u64 = 1;
 const COPY_MODE_WP: u64 = 2;
-const WRITEPROTECT_MODE_WP: u64 = 1;
 
 pub const EVENT_PAGEFAULT: u8 = 0x12;
 pub const EVENT_REMAP: u8 = 0x14;
@@ -133,10 +131,6 @@ impl Uffd {
         self.ioctl(UFFDIO_REGISTER, &mut argument)
     }
 
-    pub fn unregister(&self, start: u64, len: u64) -> io::Result<()> {
-        self.ioctl(UFFDIO_UNREGISTER, &mut Range { start, len })
-    }
-
     pub fn wake(&self, start: u64, len: u64) -> io::Result<()> {
         self.ioctl(UFFDIO_WAKE, &mut Range { start, len })
     }
@@ -161,11 +155,12 @@ impl Uffd {
         self.ioctl(UFFDIO_MOVE, &mut argument)
     }
 
-    /// Write-protects (`protect`) or unprotects a present range; unprotecting wakes,
-    /// protecting never does (the kernel refuses WP with DONTWAKE: EINVAL).
-    pub fn write_protect(&self, start: u64, len: u64, protect: bool) -> io::Result<()> {
-        let mode = if protect { WRITEPROTECT_MODE_WP } else { 0 };
-        let mut argument = [start, len, mode];
+    /// Lifts write-protection from a present range and wakes its waiting writers. (Pages are
+    /// protected only as UFFDIO_COPY installs them: protecting a page afterwards would leave a
+    /// moment in which another thread's write is not seen; and the kernel refuses protection
+    /// with DONTWAKE, EINVAL.)
+    pub fn unprotect(&self, start: u64, len: u64) -> io::Result<()> {
+        let mut argument = [start, len, 0];
         self.ioctl(UFFDIO_WRITEPROTECT, &mut argument)
     }
 
