@@ -128,7 +128,22 @@ fn every_semantic_of_a_program_holds_when_its_pages_live_in_remem() {
             assert!(pager_counter(&stderr, "fetch_faults") > 0, "{mode}: nothing fetched back\n{stderr}");
         }
         assert_eq!(pager_counter(&stderr, "lost_pages"), 0, "{mode}: {stderr}");
+        // Every image's slabs are given back: the last one's by `remem run`, an earlier one's
+        // (exec replaced it without a destructor) by the next image's pager before it connects.
+        assert_eq!(slabs_held(&setup), 0, "{mode}: slabs left on the nodes");
     }
+}
+
+/// Slabs the cluster's nodes hold (mapped, or kept for a client in its lease grace).
+fn slabs_held(setup: &Setup) -> u64 {
+    let output = Command::new(binary())
+        .args(["status", "--json", "--cluster"])
+        .arg(&setup.cluster.cluster_file_path)
+        .output()
+        .expect("remem status runs");
+    let status: serde_json::Value = serde_json::from_slice(&output.stdout).expect("status JSON");
+    let nodes = status["nodes"].as_array().expect("nodes");
+    nodes.iter().map(|node| node["slabs_mapped"].as_u64().unwrap_or(0)).sum()
 }
 
 /// Starts the probe's `hold` mode (16 MiB filled, then paged out), waits for "filled", kills

@@ -398,3 +398,32 @@ fn bench_apps_quick_memcached_survives_a_killed_node_at_75_percent_memory_k8_r2(
     assert!(rows[1]["node_killed_after_seconds"].as_f64().is_some(), "no node was killed mid-run: {rows:?}");
     eprintln!("bench apps memcached test took {:?}", started.elapsed());
 }
+
+/// sqlite paged inside its own process (`--backends uffd-shm`): at 50% of its peak the pager
+/// writes pages back and fetches them again, and with a memory node SIGKILLed mid-run the job
+/// still completes with the baseline's result; no page is lost and no swap is used.
+#[test]
+fn bench_apps_quick_sqlite_paged_in_process_survives_a_killed_node() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "remem bench apps needs root (CI runs as root)");
+    let _lock = swap_lock();
+    let reports =
+        bench_apps_quick("sqlite-uffd", &["--apps", "sqlite", "--backends", "uffd-shm", "--percents", "50"]);
+    assert_eq!(reports.len(), 1);
+    let rows = runs(&reports[0]);
+    assert_eq!(rows.len(), 2, "50% and 50% with a node killed: {rows:?}");
+    assert!(
+        rows.iter().all(|row| row["verified"] == true && row["backend"] == "uffd EC(8,2) shm"),
+        "{rows:?}"
+    );
+    for row in rows {
+        let pager = &row["pager"];
+        for counter in ["fetch_faults", "write_backs", "evictions"] {
+            assert!(pager[counter].as_u64() > Some(0), "{counter} in {pager}: {rows:?}");
+        }
+        assert_eq!(pager["lost_pages"], 0, "{rows:?}");
+        assert_eq!(row["swap_out_pages"], 0, "the kernel swapped: {rows:?}");
+    }
+    assert_eq!(rows[1]["failure_run"], true);
+    assert!(rows[1]["node_killed_after_seconds"].as_f64().is_some(), "no node was killed mid-run: {rows:?}");
+}

@@ -64,6 +64,17 @@ impl LimitedChild {
     /// Starts `command` in the cgroup (it joins between fork and exec, so every page it touches
     /// is charged there). Errors when the cgroup cannot be made or the command not started.
     pub fn spawn(command: &[String], limit_bytes: Option<u64>, stdout: Stdio) -> Result<LimitedChild> {
+        LimitedChild::spawn_with_env(command, limit_bytes, stdout, &[])
+    }
+
+    /// `spawn` with `environment` added to the command's (the pager's variables, when the
+    /// command pages inside its own process and the cgroup only measures it).
+    pub fn spawn_with_env(
+        command: &[String],
+        limit_bytes: Option<u64>,
+        stdout: Stdio,
+        environment: &[(String, String)],
+    ) -> Result<LimitedChild> {
         assert!(!command.is_empty(), "callers pass a command");
         let cgroup = MemoryCgroup::create(limit_bytes)?;
         let procs = CString::new(cgroup.dir.join("cgroup.procs").into_os_string().into_encoded_bytes())
@@ -72,7 +83,10 @@ impl LimitedChild {
         let swap_out_before = vmstat("pswpout");
         let started = Instant::now();
         let mut child_command = Command::new(&command[0]);
-        child_command.args(&command[1..]).stdout(stdout);
+        child_command
+            .args(&command[1..])
+            .stdout(stdout)
+            .envs(environment.iter().map(|(name, value)| (name, value)));
         // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
         // functions (signal, getpid, open, write, close) on memory prepared before the fork.
         unsafe {

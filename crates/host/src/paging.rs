@@ -55,8 +55,10 @@ pub fn library_beside(binary: &Path) -> Result<PathBuf> {
     Ok(library)
 }
 
-/// Runs `command` paged by the library and waits for it.
-pub fn run_paged(binary: &Path, command: &[String], options: &PagedOptions) -> Result<PagedReport> {
+/// The environment that starts a command paged by the library: the library preloaded, glibc's
+/// thread-stack cache off, the pager's settings, and this process as the one parent whose child
+/// is paged. Errors when the library is missing or this process is not root.
+pub fn paged_environment(binary: &Path, options: &PagedOptions) -> Result<Vec<(String, String)>> {
     let library = library_beside(binary)?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -65,10 +67,6 @@ pub fn run_paged(binary: &Path, command: &[String], options: &PagedOptions) -> R
              buffer) are served only with CAP_SYS_PTRACE"
         );
     }
-    let stats = std::env::temp_dir().join(format!("remem-paging-{}.json", std::process::id()));
-    let map = std::env::temp_dir().join(format!("remem-paging-{}.map", std::process::id()));
-    let _ = std::fs::remove_file(&stats);
-    let _ = std::fs::remove_file(&map);
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(existing) if !existing.is_empty() => format!("{} {existing}", library.display()),
         _ => library.display().to_string(),
@@ -80,6 +78,22 @@ pub fn run_paged(binary: &Path, command: &[String], options: &PagedOptions) -> R
         Ok(existing) if !existing.is_empty() => format!("{existing}:glibc.pthread.stack_cache_size=0"),
         _ => "glibc.pthread.stack_cache_size=0".to_owned(),
     };
+    let mut environment = vec![("LD_PRELOAD".to_owned(), preload), ("GLIBC_TUNABLES".to_owned(), tunables)];
+    environment.extend(options.to_env().into_iter().map(|(name, value)| (name.to_owned(), value)));
+    environment.push((remem_paging::config::PARENT.to_owned(), std::process::id().to_string()));
+    Ok(environment)
+}
+
+/// Runs `command` paged by the library and waits for it.
+pub fn run_paged(binary: &Path, command: &[String], options: &PagedOptions) -> Result<PagedReport> {
+    let stats = std::env::temp_dir().join(format!("remem-paging-{}.json", std::process::id()));
+    let map = std::env::temp_dir().join(format!("remem-paging-{}.map", std::process::id()));
+    let _ = std::fs::remove_file(&stats);
+    let _ = std::fs::remove_file(&map);
+    let environment = paged_environment(
+        binary,
+        &PagedOptions { stats: Some(stats.clone()), map: Some(map.clone()), ..options.clone() },
+    )?;
     let (program, arguments) = command.split_first().context("no command given")?;
     let started = Instant::now();
     let mut command = Command::new(program);
@@ -93,10 +107,7 @@ pub fn run_paged(binary: &Path, command: &[String], options: &PagedOptions) -> R
     };
     let mut child = command
         .args(arguments)
-        .env("LD_PRELOAD", preload)
-        .env("GLIBC_TUNABLES", tunables)
-        .envs(PagedOptions { stats: Some(stats.clone()), map: Some(map.clone()), ..options.clone() }.to_env())
-        .env(remem_paging::config::PARENT, std::process::id().to_string())
+        .envs(environment)
         .stdin(Stdio::inherit())
         .spawn()
         .with_context(|| format!("starting {program}"))?;
@@ -117,7 +128,7 @@ pub fn run_paged(binary: &Path, command: &[String], options: &PagedOptions) -> R
 
 /// Gives the slabs of the command's pager back to the nodes (the map it saved), also when the
 /// command was killed; without this the nodes keep them for their lease grace period.
-fn release_slabs(map: &Path, cluster: &Path) {
+pub fn release_slabs(map: &Path, cluster: &Path) {
     let Ok(saved) = remem_client::SlabMapFile::load(map) else { return };
     let _ = std::fs::remove_file(map);
     let released = remem_frontend::cluster_file::load_cluster(Some(cluster)).and_then(|(_, _, secret)| {

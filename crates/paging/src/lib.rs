@@ -240,7 +240,15 @@ fn connect(config: &Config, stack: u64, thread_vector: Option<(u64, u64)>) -> Re
     client_config.shared_memory = config.shared_memory;
     client_config.spin_before_block = config.spin;
     let path = config.cluster.clone();
+    let map_path = config.map.clone();
     let connect = move || {
+        // Only the command is paged and exec keeps its PID, so a saved map at start is an
+        // earlier image's of this same process (a wrapper that execs the program, as a pyenv
+        // shim or `sh -c` does): its pager ended without a destructor. Give its slabs back
+        // first, or each image of the chain would hold a region until the lease grace ends.
+        if let Some(saved) = map_path.as_deref().and_then(|map| remem_client::SlabMapFile::load(map).ok()) {
+            let _ = Client::release_saved(&saved, &secret, client_config.clone());
+        }
         let placement =
             remem_placement::Policy::parse("codingsets-p2c").expect("a policy name").build(rand::random(), 2);
         Client::connect(&cluster.addresses(), &secret, client_config.clone(), placement)

@@ -2,6 +2,11 @@
 //! on a fresh local 10-node cluster over TCP through `remem swap on`, remem EC(8,2) over shared
 //! memory (`--transport shm`: the same-host case), and a swap file on the local disk (the seed's
 //! "SSD backup"). One is on at a time; guards turn it off, also on error.
+//!
+//! Two more page inside the application's own process (`remem run --paging uffd`, crates/paging):
+//! remem EC(8,2) over shared memory and over TCP on the same fresh cluster, no swap on. There
+//! the pager keeps the application's managed memory within the limit and the cgroup only
+//! measures: the kernel never swaps.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -27,11 +32,20 @@ pub enum Backend {
     RememEcShm,
     RememRep,
     DiskFile,
+    /// Paging inside the process over shared memory / TCP.
+    UffdShm,
+    UffdTcp,
 }
 
 impl Backend {
-    pub const ALL: [Backend; 4] =
-        [Backend::RememEc, Backend::RememEcShm, Backend::RememRep, Backend::DiskFile];
+    pub const ALL: [Backend; 6] = [
+        Backend::RememEc,
+        Backend::RememEcShm,
+        Backend::RememRep,
+        Backend::DiskFile,
+        Backend::UffdShm,
+        Backend::UffdTcp,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -39,6 +53,8 @@ impl Backend {
             Backend::RememEcShm => "remem EC(8,2) shm",
             Backend::RememRep => "remem rep(2)",
             Backend::DiskFile => "local disk file",
+            Backend::UffdShm => "uffd EC(8,2) shm",
+            Backend::UffdTcp => "uffd EC(8,2)",
         }
     }
 
@@ -48,7 +64,9 @@ impl Backend {
             "ec-shm" => Ok(Backend::RememEcShm),
             "rep" => Ok(Backend::RememRep),
             "disk" => Ok(Backend::DiskFile),
-            other => Err(format!("{other:?}: a backend is ec, ec-shm, rep or disk")),
+            "uffd-shm" => Ok(Backend::UffdShm),
+            "uffd" => Ok(Backend::UffdTcp),
+            other => Err(format!("{other:?}: a backend is ec, ec-shm, rep, disk, uffd-shm or uffd")),
         }
     }
 
@@ -58,13 +76,59 @@ impl Backend {
 
     fn code(self) -> Option<CodeArgs> {
         match self {
-            Backend::RememEc | Backend::RememEcShm => {
+            Backend::RememEc | Backend::RememEcShm | Backend::UffdShm | Backend::UffdTcp => {
                 Some(CodeArgs { data_splits: 8, parity_splits: 2, delta: 1 })
             }
             // Both replicas are read only when the first is slow or gone: no extra reads.
             Backend::RememRep => Some(CodeArgs { data_splits: 1, parity_splits: 1, delta: 0 }),
             Backend::DiskFile => None,
         }
+    }
+
+    /// Pages inside the application's process: no swap, the pager keeps the limit.
+    pub fn pages_in_process(self) -> bool {
+        matches!(self, Backend::UffdShm | Backend::UffdTcp)
+    }
+
+    fn shared_memory(self) -> bool {
+        matches!(self, Backend::RememEcShm | Backend::UffdShm)
+    }
+}
+
+/// How one run's memory is limited: by its cgroup (the kernel swaps to the backend that is on),
+/// or by the pager the application is started with (the cgroup only measures).
+pub struct Limit {
+    pub bytes: u64,
+    pub pager: Option<PagerRun>,
+}
+
+impl Limit {
+    /// The cgroup's limit: none when the pager keeps it.
+    pub fn cgroup_bytes(&self) -> Option<u64> {
+        self.pager.is_none().then_some(self.bytes)
+    }
+
+    pub fn environment(&self) -> &[(String, String)] {
+        self.pager.as_ref().map_or(&[], |pager| &pager.environment)
+    }
+}
+
+/// The pager of one run: the environment that starts the application paged, and where the
+/// pager leaves its counters and its slab map at exit.
+pub struct PagerRun {
+    environment: Vec<(String, String)>,
+    stats: PathBuf,
+    map: PathBuf,
+    cluster: PathBuf,
+}
+
+impl PagerRun {
+    /// After the run: the pager's counters (its JSON line), and its slabs given back.
+    pub fn finish(&self) -> Option<String> {
+        let stats = std::fs::read_to_string(&self.stats).ok().map(|text| text.trim().to_owned());
+        let _ = std::fs::remove_file(&self.stats);
+        remem_host::paging::release_slabs(&self.map, &self.cluster);
+        stats
     }
 }
 
@@ -76,6 +140,8 @@ pub struct SwapOn {
     _disk: Option<DiskSwap>,
     /// Where the remem swap daemon serves its metrics (the fault path's split).
     metrics: Option<SocketAddr>,
+    /// Paging inside the process: the remem binary (the library is beside it) and the backend.
+    pager: Option<(PathBuf, Backend, u64)>,
 }
 
 impl SwapOn {
@@ -83,7 +149,13 @@ impl SwapOn {
     pub fn start(binary: &Path, backend: Backend, swap_bytes: u64, work_dir: &Path) -> Result<SwapOn> {
         let Some(code) = backend.code() else {
             let disk = DiskSwap::on(&work_dir.join("disk-swapfile"), swap_bytes)?;
-            return Ok(SwapOn { remem_swap: None, cluster: None, _disk: Some(disk), metrics: None });
+            return Ok(SwapOn {
+                remem_swap: None,
+                cluster: None,
+                _disk: Some(disk),
+                metrics: None,
+                pager: None,
+            });
         };
         // Each node holds its share of (k+r)/k times the swap, with room for the share of a
         // node killed by a failure run (its slabs' replacements land on the other nodes).
@@ -98,9 +170,18 @@ impl SwapOn {
             dir: work_dir.join("cluster"),
             fault_injection: false,
             monitor_args: None,
-            unix_sockets: if backend == Backend::RememEcShm { UnixSockets::All } else { UnixSockets::None },
+            unix_sockets: if backend.shared_memory() { UnixSockets::All } else { UnixSockets::None },
         };
         let cluster = LocalCluster::start(binary, &options).context("starting the local cluster")?;
+        if backend.pages_in_process() {
+            return Ok(SwapOn {
+                remem_swap: None,
+                cluster: Some(cluster),
+                _disk: None,
+                metrics: None,
+                pager: Some((binary.to_owned(), backend, swap_bytes)),
+            });
+        }
         // A port free a moment ago; if another process takes it first, the split is left out.
         let metrics = std::net::TcpListener::bind("127.0.0.1:0").and_then(|probe| probe.local_addr()).ok();
         let swap_options = RememSwapOptions {
@@ -109,11 +190,40 @@ impl SwapOn {
             cluster: Some(cluster.cluster_file_path.clone()),
             code,
             runtime_dir: work_dir.join("remem-swap"),
-            shared_memory: backend == Backend::RememEcShm,
+            shared_memory: backend.shared_memory(),
             metrics,
         };
         let remem_swap = RememSwap::on(binary, &swap_options)?;
-        Ok(SwapOn { remem_swap: Some(remem_swap), cluster: Some(cluster), _disk: None, metrics })
+        Ok(SwapOn { remem_swap: Some(remem_swap), cluster: Some(cluster), _disk: None, metrics, pager: None })
+    }
+
+    /// The limit of one run at `bytes` of local memory on this backend. Errors when the pager
+    /// cannot be set up (its library missing, not root).
+    pub fn limit(&self, bytes: u64, work_dir: &Path) -> Result<Limit> {
+        let (Some((binary, backend, remote_bytes)), Some(cluster)) = (&self.pager, &self.cluster) else {
+            return Ok(Limit { bytes, pager: None });
+        };
+        let stats = work_dir.join("pager-stats.json");
+        let map = work_dir.join("pager.map");
+        let _ = std::fs::remove_file(&stats);
+        let _ = std::fs::remove_file(&map);
+        let options = remem_host::paging::PagedOptions {
+            cluster: cluster.cluster_file_path.clone(),
+            limit_bytes: bytes,
+            remote_bytes: *remote_bytes,
+            data_splits: 8,
+            parity_splits: 2,
+            shared_memory: backend.shared_memory(),
+            spin: Duration::from_micros(50),
+            min_bytes: 1 << 20,
+            stats: Some(stats.clone()),
+            map: Some(map.clone()),
+        };
+        let environment = remem_host::paging::paged_environment(binary, &options)?;
+        Ok(Limit {
+            bytes,
+            pager: Some(PagerRun { environment, stats, map, cluster: cluster.cluster_file_path.clone() }),
+        })
     }
 
     /// The block device counters of the swap area that is on (the loop device of remem swap,
@@ -269,6 +379,8 @@ mod tests {
         assert!(DeviceStat::parse("1 2 3").is_none());
         assert!(DeviceStat::parse("a b c d e f g h").is_none());
         assert_eq!(Backend::parse("rep"), Ok(Backend::RememRep));
+        assert_eq!(Backend::parse("uffd-shm"), Ok(Backend::UffdShm));
+        assert!(Backend::UffdTcp.pages_in_process() && !Backend::RememEcShm.pages_in_process());
         assert!(Backend::parse("nbd").is_err());
     }
 }

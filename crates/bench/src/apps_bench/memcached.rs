@@ -50,7 +50,7 @@ impl Memcached {
 
     pub fn run(
         &self,
-        limit_bytes: Option<u64>,
+        limit: Option<&super::Limit>,
         _work_dir: &Path,
         failure: Option<Failure>,
     ) -> Result<Measurement> {
@@ -77,7 +77,7 @@ impl Memcached {
         .iter()
         .map(|arg| arg.to_string())
         .collect();
-        super::run_server(&command, limit_bytes, port, self.keys, || self.drive(port, failure))
+        super::run_server(&command, limit, port, self.keys, || self.drive(port, failure))
     }
 
     fn drive(&self, port: u16, failure: Option<Failure>) -> Result<Driven> {

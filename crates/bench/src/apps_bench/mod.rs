@@ -33,7 +33,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 
-use backends::{Backend, DeviceStat, RemoveOnDrop, SwapOn, SLAB_BYTES};
+use backends::{Backend, DeviceStat, Limit, RemoveOnDrop, SwapOn, SLAB_BYTES};
 use failure::Failure;
 use fault_path::{DaemonStat, FaultPath};
 use workload::ValueSizes;
@@ -51,8 +51,9 @@ pub struct AppsBenchArgs {
     /// Applications to run, of pagerank, sqlite, memcached-etc, memcached-sys, redis (default all).
     #[arg(long, value_delimiter = ',')]
     pub apps: Vec<String>,
-    /// Swap backends, of ec (remem EC(8,2)), ec-shm (remem EC(8,2) over shared memory), rep
-    /// (remem rep(2)), disk (a local disk swap file); default all.
+    /// Backends, of ec (remem EC(8,2) swap), ec-shm (remem EC(8,2) swap over shared memory), rep
+    /// (remem rep(2) swap), disk (a local disk swap file), uffd-shm and uffd (paging inside the
+    /// process, `remem run --paging uffd`, EC(8,2) over shared memory and over TCP); default all.
     #[arg(long, value_delimiter = ',', value_parser = Backend::parse)]
     pub backends: Vec<Backend>,
     /// Local memory as percentages of the measured peak (default 100,75,50; 100,50 with --quick).
@@ -133,18 +134,23 @@ pub struct Driven {
     pub node_killed_after: Option<Duration>,
 }
 
-/// Runs `command`, a server listening on `port`, in the memory cgroup (`limit_bytes`), drives it
-/// from outside with `drive` once it accepts connections, and stops it: the measurement of a
-/// server application. `keys` is what `drive` verified.
+/// Runs `command`, a server listening on `port`, in the memory cgroup (limited to `limit`, or
+/// paged by the pager `limit` names), drives it from outside with `drive` once it accepts
+/// connections, and stops it: the measurement of a server application. `keys` is what `drive`
+/// verified.
 pub fn run_server(
     command: &[String],
-    limit_bytes: Option<u64>,
+    limit: Option<&Limit>,
     port: u16,
     keys: u64,
     drive: impl FnOnce() -> Result<Driven>,
 ) -> Result<Measurement> {
-    let mut server =
-        remem_host::cgroup::LimitedChild::spawn(command, limit_bytes, std::process::Stdio::null())?;
+    let mut server = remem_host::cgroup::LimitedChild::spawn_with_env(
+        command,
+        limit.and_then(Limit::cgroup_bytes),
+        std::process::Stdio::null(),
+        limit.map_or(&[], Limit::environment),
+    )?;
     let outcome = workload::connect(&mut server, port, Duration::from_secs(10)).and_then(|_| drive());
     let report = server.stop(Duration::from_secs(10))?;
     let mut measurement = Measurement::failed(report, String::new());
@@ -204,17 +210,12 @@ impl Application {
         }
     }
 
-    fn run(
-        &self,
-        limit_bytes: Option<u64>,
-        work_dir: &Path,
-        failure: Option<Failure>,
-    ) -> Result<Measurement> {
+    fn run(&self, limit: Option<&Limit>, work_dir: &Path, failure: Option<Failure>) -> Result<Measurement> {
         match self {
-            Application::PageRank(app) => app.run(limit_bytes, work_dir, failure),
-            Application::Sqlite(app) => app.run(limit_bytes, work_dir, failure),
-            Application::Memcached(app) => app.run(limit_bytes, work_dir, failure),
-            Application::Redis(app) => app.run(limit_bytes, work_dir, failure),
+            Application::PageRank(app) => app.run(limit, work_dir, failure),
+            Application::Sqlite(app) => app.run(limit, work_dir, failure),
+            Application::Memcached(app) => app.run(limit, work_dir, failure),
+            Application::Redis(app) => app.run(limit, work_dir, failure),
         }
     }
 }
@@ -252,6 +253,9 @@ pub struct AppRun {
     /// The swap area's block device during the run (all its I/O: the loop device of remem
     /// swap, the whole disk partition under a swap file).
     pub swap_device: Option<SwapDevice>,
+    /// Paging inside the process: the pager's counters at the application's exit (faults by
+    /// kind, evictions, write-backs, the fetch and copy quantiles).
+    pub pager: Option<serde_json::Value>,
 }
 
 impl AppRun {
@@ -283,6 +287,7 @@ impl AppRun {
             verified: false,
             problem: None,
             swap_device: None,
+            pager: None,
         }
     }
 }
@@ -368,10 +373,9 @@ pub fn run(args: AppsBenchArgs, binary: &Path) -> Result<Vec<AppReport>> {
     // remem's runs must complete verified. A disk-swap run the cgroup's OOM killer stopped is
     // the baseline's weakness, reported in the table, not a failure here.
     let runs = || reports.iter().flat_map(|report| &report.runs);
-    let failed = runs().filter(|run| run.backend.starts_with("remem") && !run.verified).count();
-    let wrong = runs()
-        .filter(|run| !run.backend.starts_with("remem") && !run.verified && run.exit_code != 137)
-        .count();
+    let on_remem = |run: &&AppRun| run.backend != Backend::DiskFile.name();
+    let failed = runs().filter(|run| on_remem(run) && !run.verified).count();
+    let wrong = runs().filter(|run| !on_remem(run) && !run.verified && run.exit_code != 137).count();
     if failed + wrong > 0 {
         bail!("{failed} runs on remem were not verified and {wrong} runs on disk swap failed otherwise than killed");
     }
@@ -476,13 +480,10 @@ fn bench_application(
             .with_context(|| format!("turning on swap on {}", backend.name()))?;
         for &percent in percents {
             let before = (swap.device_stat(), swap.daemon_stat());
-            let measured = application.run(Some(limit_of(percent)), work_dir, None);
+            let limit = swap.limit(limit_of(percent), work_dir)?;
+            let measured = application.run(Some(&limit), work_dir, None);
             runs.push(app_run(backend, percent, limit_of(percent), None, measured, &baseline));
-            set_device(
-                runs.last_mut().expect("just pushed"),
-                before,
-                (swap.device_stat(), swap.daemon_stat()),
-            );
+            finish_run(runs.last_mut().expect("just pushed"), &limit, before, &swap);
             eprintln!("bench apps: {}", report::row_line(runs.last().expect("just pushed")));
         }
         if backend.is_remem() && !args.no_failure {
@@ -496,15 +497,18 @@ fn bench_application(
                 .unwrap_or(baseline.phase_seconds);
             let pid = swap.victim_pid().context("the node to kill is not running")?;
             let failure = Failure { pid, delay: Duration::from_secs_f64(reference / 2.0) };
-            let limit = limit_of(args.failure_percent);
+            let limit = swap.limit(limit_of(args.failure_percent), work_dir)?;
             let before = (swap.device_stat(), swap.daemon_stat());
-            let measured = application.run(Some(limit), work_dir, Some(failure));
-            runs.push(app_run(backend, args.failure_percent, limit, Some(failure), measured, &baseline));
-            set_device(
-                runs.last_mut().expect("just pushed"),
-                before,
-                (swap.device_stat(), swap.daemon_stat()),
-            );
+            let measured = application.run(Some(&limit), work_dir, Some(failure));
+            runs.push(app_run(
+                backend,
+                args.failure_percent,
+                limit.bytes,
+                Some(failure),
+                measured,
+                &baseline,
+            ));
+            finish_run(runs.last_mut().expect("just pushed"), &limit, before, &swap);
             eprintln!("bench apps: {}", report::row_line(runs.last().expect("just pushed")));
         }
         drop(swap);
@@ -524,6 +528,15 @@ fn bench_application(
 }
 
 type Counters = (Option<DeviceStat>, Option<DaemonStat>);
+
+/// After a run: the swap device's and daemon's share, or the pager's counters (and its slabs
+/// given back).
+fn finish_run(run: &mut AppRun, limit: &Limit, before: Counters, swap: &SwapOn) {
+    set_device(run, before, (swap.device_stat(), swap.daemon_stat()));
+    if let Some(pager) = &limit.pager {
+        run.pager = pager.finish().and_then(|line| serde_json::from_str(&line).ok());
+    }
+}
 
 /// The swap device's share of a run: its requests and their mean time in the device, and for
 /// remem the daemon's split of it.

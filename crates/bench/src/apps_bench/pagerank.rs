@@ -57,22 +57,42 @@ impl PageRank {
 
     pub fn run(
         &self,
-        limit_bytes: Option<u64>,
+        limit: Option<&super::Limit>,
         work_dir: &Path,
         failure: Option<Failure>,
     ) -> Result<Measurement> {
         let script = work_dir.join("pagerank.py");
         std::fs::write(&script, PAGERANK_SCRIPT)?;
         let command: Vec<String> = vec![
-            "python3".to_owned(),
+            python3(),
             script.to_string_lossy().into_owned(),
             self.graph_nodes.to_string(),
             self.edges_per_node.to_string(),
             self.iterations.to_string(),
             "42".to_owned(),
         ];
-        run_batch_job(&command, limit_bytes, work_dir, failure)
+        run_batch_job(&command, limit, work_dir, failure)
     }
+}
+
+/// The python3 interpreter itself, not a wrapper that execs it (a pyenv shim is a shell script
+/// that runs `pyenv exec`): every run measures the interpreter alone, and a paged run pages
+/// it, not a chain of images each with its own pager. `python3` from PATH when it cannot say.
+pub fn python3() -> String {
+    static RESOLVED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    RESOLVED
+        .get_or_init(|| {
+            std::process::Command::new("python3")
+                .args(["-c", "import sys; print(sys.executable)"])
+                .output()
+                .ok()
+                .filter(|output| output.status.success())
+                .and_then(|output| String::from_utf8(output.stdout).ok())
+                .map(|path| path.trim().to_owned())
+                .filter(|path| Path::new(path).is_file())
+                .unwrap_or_else(|| "python3".to_owned())
+        })
+        .clone()
 }
 
 /// Runs a batch job whose stdout is its result: throughput 1 / wall time, no latencies (a job
@@ -80,13 +100,18 @@ impl PageRank {
 /// and that line is not part of the result).
 pub fn run_batch_job(
     command: &[String],
-    limit_bytes: Option<u64>,
+    limit: Option<&super::Limit>,
     work_dir: &Path,
     failure: Option<Failure>,
 ) -> Result<Measurement> {
     let output_path = work_dir.join("job.out");
     let output_file = std::fs::File::create(&output_path)?;
-    let job = LimitedChild::spawn(command, limit_bytes, Stdio::from(output_file))?;
+    let job = LimitedChild::spawn_with_env(
+        command,
+        limit.and_then(super::Limit::cgroup_bytes),
+        Stdio::from(output_file),
+        limit.map_or(&[], super::Limit::environment),
+    )?;
     let timer = KillTimer::arm(failure);
     let report = job.wait()?;
     let node_killed_after = timer.finish();

@@ -39,7 +39,7 @@ impl Redis {
 
     pub fn run(
         &self,
-        limit_bytes: Option<u64>,
+        limit: Option<&super::Limit>,
         _work_dir: &Path,
         failure: Option<Failure>,
     ) -> Result<Measurement> {
@@ -64,7 +64,7 @@ impl Redis {
         .iter()
         .map(|arg| arg.to_string())
         .collect();
-        super::run_server(&command, limit_bytes, port, self.keys, || self.drive(port, failure))
+        super::run_server(&command, limit, port, self.keys, || self.drive(port, failure))
     }
 
     fn drive(&self, port: u16, failure: Option<Failure>) -> Result<Driven> {

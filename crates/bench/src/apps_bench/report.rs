@@ -138,7 +138,32 @@ pub fn print_table(report: &AppReport) {
             println!("    {line}");
         }
     }
+    for run in &report.runs {
+        if let Some(line) = run.pager.as_ref().and_then(pager_line) {
+            println!("  {} {}: {line}", run.backend, local(run));
+        }
+    }
     println!();
+}
+
+/// A paged run's counters: where its faults went and what a fetched fault cost in the pager.
+fn pager_line(stats: &serde_json::Value) -> Option<String> {
+    let count = |name: &str| stats.get(name).and_then(serde_json::Value::as_u64);
+    let micros = |name: &str| stats.get(name).and_then(serde_json::Value::as_f64);
+    Some(format!(
+        "pager: {} faults fetched from remem (+{} prefetched; fetch p50 <= {} us, p99 <= {} us; copy p50 <= {} us), \
+         {} victim faults (moved back), {} zero faults, {} evictions, {} write-backs, {} lost pages",
+        count("fetch_faults")?,
+        count("prefetched")?,
+        micros("fetch_p50_us")?,
+        micros("fetch_p99_us")?,
+        micros("copy_p50_us")?,
+        count("victim_faults")?,
+        count("zero_faults")?,
+        count("evictions")?,
+        count("write_backs")?,
+        count("lost_pages")?,
+    ))
 }
 
 /// Throughput ratio against local memory %, one line per backend, failure runs as points.

@@ -74,19 +74,19 @@ impl Sqlite {
 
     pub fn run(
         &self,
-        limit_bytes: Option<u64>,
+        limit: Option<&super::Limit>,
         work_dir: &Path,
         failure: Option<Failure>,
     ) -> Result<Measurement> {
         let script = work_dir.join("sqlite_oltp.py");
         std::fs::write(&script, SQLITE_SCRIPT)?;
         let command: Vec<String> = vec![
-            "python3".to_owned(),
+            super::pagerank::python3(),
             script.to_string_lossy().into_owned(),
             self.rows.to_string(),
             self.transactions.to_string(),
             "42".to_owned(),
         ];
-        run_batch_job(&command, limit_bytes, work_dir, failure)
+        run_batch_job(&command, limit, work_dir, failure)
     }
 }
