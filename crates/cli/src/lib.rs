@@ -7,6 +7,7 @@
 pub mod completions;
 pub mod config_file;
 pub mod demo;
+pub mod docs_command;
 pub mod etcd_cluster;
 pub mod manpage;
 pub mod memory_hog;

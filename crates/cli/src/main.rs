@@ -82,6 +82,9 @@ enum Command {
     Completions(remem::completions::CompletionsArgs),
     /// Write manual pages (remem.1 and one per subcommand, e.g. remem-node.1) into --dir.
     Man(remem::manpage::ManArgs),
+    /// Print a document that the help texts and manual pages name (`remem docs KV` for
+    /// docs/KV.md), built into the binary; without a name, the list.
+    Docs(remem::docs_command::DocsArgs),
     /// Writes every page again and again until killed (fault-suite helper).
     #[command(hide = true)]
     TortureWriter(remem::torture::TortureArgs),
@@ -238,6 +241,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Completions(args) => {
             remem::completions::write(args.shell, Cli::command(), &mut std::io::stdout().lock())
         }
+        Command::Docs(args) => remem::docs_command::run(args, &mut std::io::stdout().lock()),
         Command::Man(args) => {
             for page in
                 remem::manpage::write_all(remem::completions::with_value_lists(Cli::command()), &args.dir)?

@@ -1,7 +1,7 @@
 //! `remem man --dir DIR`: manual pages in roff (clap_mangen), from the same clap definitions as
 //! the parser: remem.1 and one page per visible subcommand (remem-node.1, remem-bench-pages.1),
-//! each with EXAMPLES, FILES, SIGNALS and EXIT STATUS sections written here (clap knows none of
-//! them).
+//! each with EXAMPLES, FILES, SIGNALS, EXIT STATUS and SEE ALSO sections written here (clap
+//! knows none of them).
 
 use std::path::{Path, PathBuf};
 
@@ -98,6 +98,16 @@ fn sections(name: &str) -> Vec<(&'static str, String)> {
     }
     sections.push(("SIGNALS", format!(".PP\n{}\n", roff_text(signals))));
     sections.push(("EXIT STATUS", roff_list(exit_statuses(command))));
+    sections.push((
+        "SEE ALSO",
+        format!(
+            ".PP\n{}\n",
+            roff_text(
+                "remem docs NAME prints the document docs/NAME.md that this page names (remem docs lists \
+                 them); the documents are built into the binary, so an installed remem has them too."
+            )
+        ),
+    ));
     sections
 }
 

@@ -317,7 +317,7 @@ fn man_pages_exist_for_every_subcommand_and_groff_renders_them_without_warnings(
     assert!(pages.len() >= 15, "only {} pages", pages.len());
     for page in pages {
         let roff = std::fs::read_to_string(&page).expect("a page");
-        for section in ["EXAMPLES", "FILES", "SIGNALS", "EXIT STATUS"] {
+        for section in ["EXAMPLES", "FILES", "SIGNALS", "EXIT STATUS", "SEE ALSO"] {
             assert!(roff.contains(&format!(".SH \"{section}\"")), "{} has no {section}", page.display());
         }
         let output = common::run(60, "groff", &["-man", "-Tutf8", "-ww", page.to_str().expect("utf-8")]);
