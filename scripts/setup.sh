@@ -9,17 +9,17 @@ packages=(
   nasm autoconf automake libtool make pkg-config libclang-dev clang  # erasure-isa-l builds ISA-L from source
   libisal-dev                                                          # baseline for `remem bench codec`
   fonts-dejavu-core                                                    # text in the PNG plots
-  qemu-utils libnbd-bin python3-libnbd fio e2fsprogs                   # NBD peers of crates/cli/tests/nbd.rs
-  prometheus                                                           # promtool and a real scrape in crates/cli/tests/metrics.rs
+  qemu-utils libnbd-bin python3-libnbd fio e2fsprogs                   # NBD peers of crates/cli/tests/integration/nbd.rs
+  prometheus                                                           # promtool and a real scrape in crates/cli/tests/integration/metrics.rs
   openssl                                                              # throwaway CA and certificates of security_tls.rs
-  memcached libmemcached-tools python3-pymemcache python3-pytest       # memcached peers of crates/cli/tests/kv.rs
+  memcached libmemcached-tools python3-pymemcache python3-pytest       # memcached peers of crates/cli/tests/integration/kv.rs
   python3-pip                                                          # fetches pymemcache's own tests (below)
-  fuse3 sqlite3                                                        # fusermount3 and sqlite3 for crates/cli/tests/fs.rs (remem fs)
+  fuse3 sqlite3                                                        # fusermount3 and sqlite3 for crates/cli/tests/integration/fs.rs (remem fs)
   python3 util-linux                                                   # jobs, losetup/mkswap/swapon of `remem run`, `remem bench apps` (tests/run.rs)
-  iproute2                                                             # ip netns, bridge, veth and tc netem of crates/cli/tests/netns.rs
-  groff-base                                                           # groff checks `remem man`'s pages (crates/cli/tests/operations.rs)
-  gcc libc6-dev                                                        # compiles the probe of crates/cli/tests/paging.rs (`remem run --paging uffd`)
-  etcd-server etcd-client protobuf-compiler                            # etcd for membership and slab maps (crates/cli/tests/etcd.rs); protoc builds etcd-client's API
+  iproute2                                                             # ip netns, bridge, veth and tc netem of crates/cli/tests/integration/netns.rs
+  groff-base                                                           # groff checks `remem man`'s pages (crates/cli/tests/integration/operations.rs)
+  gcc libc6-dev                                                        # compiles the probe of crates/cli/tests/integration/paging.rs (`remem run --paging uffd`)
+  etcd-server etcd-client protobuf-compiler                            # etcd for membership and slab maps (crates/cli/tests/integration/etcd.rs); protoc builds etcd-client's API
   redis-server redis-tools                                             # redis-server and redis-benchmark for `remem bench apps`
 )
 
@@ -65,7 +65,7 @@ if ((${#missing[@]})); then
 fi
 
 # pymemcache's integration tests ship in its source distribution, not in the Debian package:
-# crates/cli/tests/kv.rs runs them (with Debian's pytest and pymemcache) against `remem kv`.
+# crates/cli/tests/integration/kv.rs runs them (with Debian's pytest and pymemcache) against `remem kv`.
 # Fetched once into the target directory (never committed), checked against its known hash.
 pymemcache_version=3.5.2 # Debian bookworm's python3-pymemcache
 pymemcache_sha256=8923ab59840f0d5338f1c52dba229fa835545b91c3c2f691c118e678d0fb974e

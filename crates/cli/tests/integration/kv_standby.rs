@@ -10,10 +10,8 @@
 //! primary says so; one killed right after attaching does not keep the next from syncing.
 //! Real node processes and real `remem kv` processes, stopped by PID when the guards drop.
 
-#[path = "common/kv_crash.rs"]
-mod kv_crash;
-#[path = "common/kv.rs"]
-mod kv_support;
+use crate::kv_crash;
+use crate::kv_support;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

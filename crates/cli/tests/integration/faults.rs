@@ -3,7 +3,7 @@
 //! against a model (`HashMap<page, generation>`). Seeded: a failing seed reproduces the run
 //! (set REMEM_FAULT_SEED). Every test bounds its time and stops what it started.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

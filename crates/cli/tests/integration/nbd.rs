@@ -4,8 +4,7 @@
 //! Every external command runs under `timeout`, and every process started here is stopped
 //! when its guard drops.
 
-#[allow(dead_code)] // the shared helpers this suite does not use
-mod common;
+use crate::common;
 
 use common::{run, run_ok};
 use std::io::{Read, Write};

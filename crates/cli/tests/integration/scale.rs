@@ -12,10 +12,8 @@
 //! takes. Bounded to well under the 120 s nextest allows on two shared cores. The same with the
 //! nodes registered in a real etcd (`two_hundred_etcd_nodes_...`).
 
-#[allow(dead_code)] // the shared helpers this test does not use
-mod common;
-#[path = "common/etcd.rs"]
-mod etcd_support;
+use crate::common;
+use crate::etcd_support;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -11,8 +11,7 @@
 //! so with 12 nodes an EC(8,2) range takes 10 of them, spread over the 6 domains, and has 2 spares
 //! to be rebuilt on. Every wait is bounded; latencies are printed, never asserted.
 
-#[path = "common/netns.rs"]
-mod netns;
+use crate::netns_support as netns;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

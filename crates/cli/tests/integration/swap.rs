@@ -4,8 +4,7 @@
 //! daemon was SIGKILLed. Needs root, FUSE, loop devices and a memory cgroup (v1 or v2): it
 //! fails with the reason when one is missing. `remem swap off` runs in a guard, also on panic.
 
-#[allow(dead_code)] // the shared helpers this test does not use
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

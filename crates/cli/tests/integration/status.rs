@@ -1,8 +1,7 @@
 //! `remem status` against real node processes: every node's row, a killed node shown DOWN with
 //! the reason, the others with their memory and slabs, as a table and as JSON.
 
-#[allow(dead_code)] // the shared helpers this test does not use
-mod common;
+use crate::common;
 
 use std::process::Command;
 

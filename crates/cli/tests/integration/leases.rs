@@ -5,8 +5,7 @@
 //! second process claiming the same slab map is refused while the first lives, and a stopped
 //! one loses its lease as a dead one does.
 
-#[allow(dead_code)] // the shared helpers this suite does not use
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Child, Command};

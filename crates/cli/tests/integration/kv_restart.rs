@@ -6,10 +6,8 @@
 //! damaged and forged by hand: what does not check is dropped, never served.
 //! Real node processes and a real `remem kv`, stopped by PID when the guards drop.
 
-#[path = "common/kv_crash.rs"]
-mod kv_crash;
-#[path = "common/kv.rs"]
-mod kv_support;
+use crate::kv_crash;
+use crate::kv_support;
 
 use std::collections::HashMap;
 use std::time::Duration;

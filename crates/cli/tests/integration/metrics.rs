@@ -2,8 +2,7 @@
 //! metrics` (Debian's prometheus), carry the numbers the commands report elsewhere, and a real
 //! Prometheus server scrapes both. Processes are stopped by PID when their guards drop.
 
-#[path = "common/kv.rs"]
-mod kv_support;
+use crate::kv_support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

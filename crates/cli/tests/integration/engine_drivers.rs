@@ -2,7 +2,7 @@
 //! embedded in a test's own mio loop (many ops in flight, new ones arriving, a straggler that
 //! holds back only the ops that need it), and nodes added and drained while a client runs.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,10 +4,8 @@
 //! read); what was acknowledged within the scheme's tolerance is there after replacements,
 //! restarts and a kill in the middle of a chunk page's rewrite.
 
-#[path = "common/kv_crash.rs"]
-mod kv_crash;
-#[path = "common/kv.rs"]
-mod kv_support;
+use crate::kv_crash;
+use crate::kv_support;
 
 use std::collections::HashMap;
 use std::path::Path;

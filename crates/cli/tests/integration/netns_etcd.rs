@@ -9,13 +9,9 @@
 //! leases), and after healing every byte still verifies. Bounded; logs stay in the test
 //! directory when it fails.
 
-#[allow(dead_code)] // the shared helpers this test does not use
-mod common;
-#[path = "common/etcd.rs"]
-mod etcd_support;
-#[allow(dead_code)] // the impairments this test does not use
-#[path = "common/netns.rs"]
-mod netns;
+use crate::common;
+use crate::etcd_support;
+use crate::netns_support as netns;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

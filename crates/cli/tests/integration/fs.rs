@@ -10,11 +10,8 @@
 //! Every mount is unmounted by a guard, also on panic (SIGTERM to `remem fs` by PID, then
 //! `fusermount3 -u -z`, then `umount -l`); every external command runs under `timeout`.
 
-#[allow(dead_code)] // the shared helpers this test does not use
-mod common;
-#[path = "common/fs.rs"]
-#[allow(dead_code)] // the helpers fs_mounts.rs uses and this test does not
-mod fs_support;
+use crate::common;
+use crate::fs_support;
 
 use common::run_ok;
 use fs_support::{detach, fs_command, FsMount};

@@ -14,7 +14,7 @@
 //!
 //! Every wait is bounded; the verdict is the final read of every page, never a time.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,11 +3,8 @@
 //! detaches it and mounts. Real FUSE mounts on real node processes; every mount is stopped and
 //! detached by its guard, also on panic.
 
-#[allow(dead_code)] // the shared helpers this test does not use
-mod common;
-#[path = "common/fs.rs"]
-#[allow(dead_code)] // the helpers fs.rs uses and this test does not
-mod fs_support;
+use crate::common;
+use crate::fs_support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -4,8 +4,7 @@
 //! is SIGKILLed, every byte is read back; the export is stopped and reopened from the two
 //! engines' saved maps, and a restart with another engine count is refused with the reason.
 
-#[allow(dead_code)] // the shared helpers this suite does not use
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Child, Command};

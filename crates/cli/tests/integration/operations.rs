@@ -3,8 +3,7 @@
 //! completions, man pages that groff renders without a warning, and the host-memory guardrails
 //! of `remem node` and `remem up` (refused with the host's numbers, started with --force).
 
-#[allow(dead_code)] // the cluster and model helpers are for other suites
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

@@ -11,8 +11,7 @@
 //! value on remem EC(8,2), also with a memory node SIGKILLed mid-run; nothing is left behind.
 //! The tests hold one lock: the bench needs swap off, and swap counters are system-wide.
 
-#[allow(dead_code)] // the shared helpers this test does not use
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -3,7 +3,7 @@
 //! node SIGKILLed while its slabs are mapped, an evicted (revoked) slab, and the ownership and
 //! transport checks of `ExportSlab`. Every test bounds its time; clusters stop their own PIDs.
 
-mod common;
+use crate::common;
 
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};

@@ -3,8 +3,7 @@
 //! byte read back checked, and the nodes' slabs mapped into the front end's process (memfds in
 //! its /proc maps). A cluster without Unix sockets is refused with the reason.
 
-#[allow(dead_code)] // the shared helpers this suite does not use
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -5,10 +5,8 @@
 //! etcd is paused or killed, taking a node added once etcd is back. Every process started here
 //! is stopped by PID; every external command runs under `timeout`.
 
-#[allow(dead_code)] // the shared helpers this suite does not use
-mod common;
-#[path = "common/etcd.rs"]
-mod etcd_support;
+use crate::common;
+use crate::etcd_support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};

@@ -4,8 +4,7 @@
 //! objects both ways, and a get that arrives with its set is answered from the set (data
 //! bypassing). Real node processes and a real `remem kv`, stopped by PID when the guards drop.
 
-#[path = "common/kv.rs"]
-mod kv_support;
+use crate::kv_support;
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};

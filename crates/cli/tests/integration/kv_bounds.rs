@@ -4,8 +4,7 @@
 //! it exists. Real node processes and a real `remem kv`, stopped by PID when the guards drop;
 //! every socket read has a timeout.
 
-#[path = "common/kv.rs"]
-mod kv_support;
+use crate::kv_support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -9,7 +9,7 @@
 //! each. Every wait is bounded. A stopped node is killed by the test (it would sit out the
 //! cluster's SIGTERM grace).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};

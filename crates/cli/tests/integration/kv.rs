@@ -11,8 +11,7 @@
 //! external programs run under `timeout`; every socket read has a timeout. Seeded by
 //! REMEM_KV_SEED.
 
-#[path = "common/kv.rs"]
-mod kv_support;
+use crate::kv_support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

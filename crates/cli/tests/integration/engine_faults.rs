@@ -8,7 +8,7 @@
 //! the test unblocks it (kills the node) before failing. Clusters stop the processes they started
 //! when dropped; a stopped node is killed by the test, since it would sit out the SIGTERM grace.
 
-mod common;
+use crate::common;
 
 use std::net::TcpStream;
 use std::path::PathBuf;
