@@ -1,6 +1,6 @@
 //! The body of the `memcache_requests` fuzz target (`fuzz/`), kept here so that a
 //! stable-toolchain test runs the same code on thousands of generated inputs
-//! (`tests/fuzzing.rs`).
+//! (`tests/integration/fuzzing.rs`).
 //!
 //! The first input byte picks the limits (memcached's defaults, or small ones that inputs reach
 //! easily); the rest is what a client sent, parsed request after request as the server does

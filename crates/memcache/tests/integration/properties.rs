@@ -3,7 +3,7 @@
 //! prefix of a valid request is Incomplete; a stream of requests parses the same however it is
 //! split into reads.
 
-mod common;
+use crate::common;
 
 use std::borrow::Cow;
 

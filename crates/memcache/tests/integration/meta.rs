@@ -1,6 +1,6 @@
 //! The meta commands: flags, base64 keys, quiet mode, opaque tokens, modes and their errors.
 
-mod common;
+use crate::common;
 
 use std::borrow::Cow;
 

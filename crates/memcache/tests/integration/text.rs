@@ -1,6 +1,6 @@
 //! The text protocol, command by command, and its errors as memcached 1.6 reports them.
 
-mod common;
+use crate::common;
 
 use std::borrow::Cow;
 

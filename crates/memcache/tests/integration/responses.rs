@@ -1,6 +1,6 @@
 //! Replies, byte for byte, including the meta return flags and quiet mode.
 
-mod common;
+use crate::common;
 
 use common::request;
 use remem_memcache::response::meta::{self, DebugInfo, MetaCommand, MetaItem, MetaStatus};
