@@ -16,7 +16,7 @@
 //!
 //! No I/O: the server tells it what it holds and writes, the cache what it reserves.
 
-use crate::reply::ConnRef;
+use crate::completion::ConnRef;
 
 /// Default total of held bytes (`remem kv --output-budget`).
 pub const DEFAULT_OUTPUT_BUDGET_BYTES: usize = 256 << 20;

@@ -13,7 +13,8 @@ use remem_memcache::{MetaFlags, MetaSetMode, Request, StoreMode};
 
 use crate::cache::{Cache, RmwKind, RmwOp, Waiter};
 use crate::commands::{self, deadline, StoreReplies};
-use crate::reply::{arithmetic_reply, ArithmeticReply, ConnRef, Render};
+use crate::completion::{Ack, ArithmeticReply, ConnRef, Render};
+use crate::reply::{arithmetic_reply, Outbox};
 use crate::scheme::Scheme;
 use crate::text::After;
 
@@ -43,15 +44,16 @@ fn line(
 }
 
 /// The client's scheme hint (`P` or `L` token), if it names a scheme this server has.
-fn hint(cache: &Cache, flags: &MetaFlags<'_>) -> Result<Option<Scheme>, String> {
+fn hint(cache: &Cache, flags: &MetaFlags<'_>) -> Result<Option<Scheme>, crate::scheme::SchemeError> {
     match flags.scheme_hint {
         None => Ok(None),
-        Some(token) => Scheme::parse(token, cache.config.ec).map(Some).map_err(|error| error.to_string()),
+        Some(token) => Scheme::parse(token, cache.config.ec).map(Some),
     }
 }
 
 pub fn execute(
     cache: &mut Cache,
+    out: &mut Outbox,
     conn: ConnRef,
     next_seq: &mut u64,
     request: Request<'_>,
@@ -60,13 +62,13 @@ pub fn execute(
     let seq = *next_seq;
     *next_seq += 1;
     match request {
-        Request::MetaGet { key, flags } => meta_get(cache, conn, seq, &key, &flags, now),
+        Request::MetaGet { key, flags } => meta_get(cache, out, conn, seq, &key, &flags, now),
         Request::MetaSet { key, data, flags } => {
             cache.stats.cmd_set += 1;
             let hint = match hint(cache, &flags) {
                 Ok(hint) => hint,
                 Err(error) => {
-                    cache.reply(conn, seq, format!("CLIENT_ERROR {error}\r\n").into_bytes());
+                    out.reply(conn, seq, format!("CLIENT_ERROR {error}\r\n").into_bytes());
                     return After::Continue;
                 }
             };
@@ -91,6 +93,7 @@ pub fn execute(
             let cas = flags.compare_cas.unwrap_or(0);
             commands::store_command(
                 cache,
+                out,
                 conn,
                 seq,
                 mode,
@@ -121,18 +124,18 @@ pub fn execute(
                 }
             };
             let bytes = line(MetaCommand::Delete, status, &flags, &key, &MetaItem::default());
-            cache.reply(conn, seq, bytes);
+            out.reply(conn, seq, bytes);
         }
-        Request::MetaArithmetic { key, flags } => meta_arithmetic(cache, conn, seq, &key, &flags, now),
+        Request::MetaArithmetic { key, flags } => meta_arithmetic(cache, out, conn, seq, &key, &flags, now),
         Request::MetaNoop => {
-            let mut out = Vec::new();
-            meta::noop(&mut out);
-            cache.reply(conn, seq, out);
+            let mut bytes = Vec::new();
+            meta::noop(&mut bytes);
+            out.reply(conn, seq, bytes);
         }
         Request::MetaDebug { key, base64_key } => {
-            let mut out = Vec::new();
+            let mut bytes = Vec::new();
             match cache.live(&key, now) {
-                None => meta::miss(&mut out),
+                None => meta::miss(&mut bytes),
                 Some(id) => {
                     let item = item_of(cache, id, now);
                     let scheme = cache.index.location(cache.index.entry(id).location).scheme;
@@ -144,25 +147,33 @@ pub fn execute(
                         class: scheme.index() as u32,
                         size: item.size,
                     };
-                    meta::debug(&mut out, &key, base64_key, &info);
+                    meta::debug(&mut bytes, &key, base64_key, &info);
                 }
             }
-            cache.reply(conn, seq, out);
+            out.reply(conn, seq, bytes);
         }
         other => {
             tracing::error!(?other, "a text command reached the meta handler");
-            cache.reply(conn, seq, b"ERROR\r\n".to_vec());
+            out.reply(conn, seq, b"ERROR\r\n".to_vec());
         }
     }
     After::Continue
 }
 
-fn meta_get(cache: &mut Cache, conn: ConnRef, seq: u64, key: &[u8], flags: &MetaFlags<'_>, now: u64) {
+fn meta_get(
+    cache: &mut Cache,
+    out: &mut Outbox,
+    conn: ConnRef,
+    seq: u64,
+    key: &[u8],
+    flags: &MetaFlags<'_>,
+    now: u64,
+) {
     cache.stats.cmd_get += 1;
     let Some(id) = cache.live(key, now) else {
         cache.stats.get_misses += 1;
         let bytes = line(MetaCommand::Get, MetaStatus::En, flags, key, &MetaItem::default());
-        return cache.reply(conn, seq, bytes);
+        return out.reply(conn, seq, bytes);
     };
     cache.stats.get_hits += 1;
     let item = item_of(cache, id, now);
@@ -186,16 +197,24 @@ fn meta_get(cache: &mut Cache, conn: ConnRef, seq: u64, key: &[u8], flags: &Meta
             cache.index.touch_lru(id);
         }
         cache.index.entry_mut(id).fetched = true;
-        return cache.reply(conn, seq, hd_line);
+        return out.reply(conn, seq, hd_line);
     }
     // The reply: the HD line as `VA <size> <flags>`, the value and its `\r\n`.
     let reserved = item.size as usize + hd_line.len() + 32;
     cache.budget.hold(conn, reserved);
-    let render = Render::Meta { head: hd_line.into(), opaque_and_key: Box::default(), return_value: true };
+    let render = Render::Meta { head: hd_line.into(), return_value: true };
     cache.read_entry(id, Waiter::Get { conn, seq, render, end: None, reserved }, now);
 }
 
-fn meta_arithmetic(cache: &mut Cache, conn: ConnRef, seq: u64, key: &[u8], flags: &MetaFlags<'_>, now: u64) {
+fn meta_arithmetic(
+    cache: &mut Cache,
+    out: &mut Outbox,
+    conn: ConnRef,
+    seq: u64,
+    key: &[u8],
+    flags: &MetaFlags<'_>,
+    now: u64,
+) {
     let increment = !flags.decrement();
     let delta = flags.delta_or_default();
     let hd_line = line(
@@ -214,19 +233,19 @@ fn meta_arithmetic(cache: &mut Cache, conn: ConnRef, seq: u64, key: &[u8], flags
                 cache.stats.decr_misses += 1;
             }
             let bytes = line(MetaCommand::Arithmetic, MetaStatus::Nf, flags, key, &MetaItem::default());
-            return cache.reply(conn, seq, bytes);
+            return out.reply(conn, seq, bytes);
         };
         // Vivify: the item starts at the initial value (the delta is not applied).
         let initial = flags.initial_value.unwrap_or(0);
         let Ok(expires_at) = deadline(vivify, now) else {
-            return cache.reply(conn, seq, arithmetic_reply(&reply, initial));
+            return out.reply(conn, seq, arithmetic_reply(&reply, initial));
         };
         let value: Rc<[u8]> = Rc::from(initial.to_string().into_bytes());
         let scheme = cache.config.policy.choose(key, value.len(), None);
         let scheme = if cache.space.offers(scheme) { scheme } else { commands::fallback_scheme(cache) };
-        let ack = crate::cache::Ack { conn, seq, ok: arithmetic_reply(&reply, initial), noreply: false };
+        let ack = Ack { conn, seq, ok: arithmetic_reply(&reply, initial), noreply: false };
         if let Err(error) = cache.store(key, value, 0, expires_at, scheme, false, None, vec![ack]) {
-            cache.reply(conn, seq, format!("{error}\r\n").into_bytes());
+            out.reply(conn, seq, crate::reply::refused(error));
         }
         return;
     }
@@ -238,6 +257,7 @@ fn meta_arithmetic(cache: &mut Cache, conn: ConnRef, seq: u64, key: &[u8], flags
     let kind = if increment { RmwKind::Incr(delta) } else { RmwKind::Decr(delta) };
     commands::rmw(
         cache,
+        out,
         key,
         RmwOp { kind, conn, seq, noreply: false, meta: Some(reply), ok: Vec::new() },
         now,

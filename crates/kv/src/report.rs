@@ -58,8 +58,8 @@ fn general(cache: &mut Cache, out: &mut Vec<u8>) {
     let uptime = cache.uptime().as_secs();
     response::stat(out, "pid", std::process::id());
     response::stat(out, "uptime", uptime);
-    response::stat(out, "time", crate::now_unix());
-    response::stat(out, "version", crate::VERSION);
+    response::stat(out, "time", crate::clock::now_unix());
+    response::stat(out, "version", VERSION);
     response::stat(out, "pointer_size", 64);
     response::stat(out, "curr_connections", stats.curr_connections);
     response::stat(out, "total_connections", stats.total_connections);
@@ -365,3 +365,6 @@ pub fn prometheus(cache: &mut Cache) -> String {
     cache.stats.latency.render(&mut out);
     out
 }
+
+/// What `version` answers: memcached's major version (clients check it) and remem's.
+pub const VERSION: &str = concat!("1.6.0-remem-", env!("CARGO_PKG_VERSION"));

@@ -22,7 +22,8 @@ use mio::{Events, Interest, Poll, Token};
 use remem_memcache::{parse, Limits, Parse};
 
 use crate::cache::Cache;
-use crate::reply::ConnRef;
+use crate::completion::ConnRef;
+use crate::reply::Outbox;
 use crate::text::{self, After, MultiGet};
 
 const TCP: Token = Token(0);
@@ -138,6 +139,8 @@ pub struct Server {
     connections: Vec<Option<Connection>>,
     next_generation: u64,
     pub cache: Cache,
+    /// Replies made and not yet put in their connections' order.
+    outbox: Outbox,
     config: ServerConfig,
     /// Called once a second from the event loop (the CLI follows the cluster file with it).
     pub on_housekeeping: Option<Housekeeping>,
@@ -222,6 +225,7 @@ impl Server {
             connections: Vec::new(),
             next_generation: 1,
             cache,
+            outbox: Outbox::default(),
             config,
             on_housekeeping: None,
             standby: None,
@@ -307,16 +311,16 @@ impl Server {
             }
             self.cache.kick();
             // Read-modify-writes whose values arrived are applied before any request is read.
-            crate::commands::settle(&mut self.cache);
+            crate::dispatch::settle(&mut self.cache, &mut self.outbox);
             if self.cache.io.waiting() < MAX_WAITING_PAGE_OPS / 2 {
                 self.resume_paused();
             }
             if Instant::now() >= next_housekeeping {
-                self.cache.housekeeping(crate::now_unix());
+                self.cache.housekeeping(crate::clock::now_unix());
                 if let Some(hook) = self.on_housekeeping.as_mut() {
                     hook(&mut self.cache);
                 }
-                crate::commands::settle(&mut self.cache);
+                crate::dispatch::settle(&mut self.cache, &mut self.outbox);
                 next_housekeeping = Instant::now() + Duration::from_secs(1);
             }
             if let Some(port) = self.standby.as_mut() {
@@ -486,7 +490,9 @@ impl Server {
         loop {
             if let Some(get) = connection.multi_get.as_mut() {
                 // A lost value's SERVER_ERROR ended the answer: the other keys send nothing.
-                if connection.next_to_send > get.end() || text::continue_get(&mut self.cache, conn, get) {
+                if connection.next_to_send > get.end()
+                    || text::continue_get(&mut self.cache, &mut self.outbox, conn, get)
+                {
                     connection.multi_get = None;
                 } else {
                     connection.paused = true;
@@ -526,13 +532,19 @@ impl Server {
                             self.config.auth.as_ref().expect("unauthenticated only with an auth file");
                         let (reply, close) = crate::auth::authenticate(credentials, &request);
                         connection.authenticated = reply == crate::auth::STORED;
-                        self.cache.reply(conn, seq, reply.to_vec());
+                        self.outbox.reply(conn, seq, reply.to_vec());
                         connection.closing |= close;
                         continue;
                     }
                     let (first, kind) = (connection.next_seq, crate::latency::Kind::of(&request));
                     let parsed = std::time::Instant::now();
-                    match crate::dispatch::execute(&mut self.cache, conn, &mut connection.next_seq, request) {
+                    match crate::dispatch::execute(
+                        &mut self.cache,
+                        &mut self.outbox,
+                        conn,
+                        &mut connection.next_seq,
+                        request,
+                    ) {
                         After::Continue => {}
                         After::Close => connection.closing = true,
                         After::Get(get) => connection.multi_get = Some(get),
@@ -550,7 +562,7 @@ impl Server {
                     if !noreply {
                         error.write_to(&mut bytes);
                     }
-                    self.cache.reply(conn, seq, bytes);
+                    self.outbox.reply(conn, seq, bytes);
                     if close {
                         connection.closing = true;
                     }
@@ -570,14 +582,17 @@ impl Server {
 
     /// Puts finished replies in their connections' order and writes what is due.
     fn dispatch(&mut self) {
-        if self.cache.outbox.is_empty() {
+        // Values that finished during the last engine call without a settle after it (a key
+        // of a resumed multi-get served from the chunk cache) are answered now.
+        crate::dispatch::settle(&mut self.cache, &mut self.outbox);
+        if self.outbox.is_empty() {
             return;
         }
         // No reply leaves before the standby's copy holds the records it acknowledges.
         if let Some(backup) = self.cache.backup.as_mut() {
             backup.barrier();
         }
-        let outs = std::mem::take(&mut self.cache.outbox);
+        let outs = self.outbox.take();
         let mut touched = Vec::new();
         for out in outs {
             // The reply replaces what was reserved for it (a closed connection's is dropped).

@@ -304,7 +304,7 @@ impl Space {
         }
     }
 
-    /// Marks a restored value's pages and chunk as taken (a restart: `crate::durability`). The
+    /// Marks a restored value's pages and chunk as taken (a restart: `crate::cache::durability`). The
     /// caller has checked that they are inside the scheme's region and that no two values
     /// share a page or a chunk slot. Call [`Space::finish_restore`] after the last one.
     pub fn take(&mut self, scheme: Scheme, extent: &Extent) {

@@ -24,7 +24,7 @@ use clap::Args;
 use remem_client::{Client, ClientConfig};
 use remem_frontend::units::{format_bytes, parse_bytes};
 
-use crate::durability::RestoreReport;
+use crate::cache::durability::RestoreReport;
 use crate::{CacheConfig, EcShape, Policy, Scheme, Server, ServerConfig};
 use state::{KvState, ReopenTimes};
 
@@ -234,7 +234,8 @@ fn new_cache(
     let client = Client::connect(&cluster.addresses(), secret, config, placement)
         .with_context(|| format!("connecting to the cluster of {}", cluster_path.display()))?;
     let region_bytes = args.memory_limit.div_ceil(4096) * 4096;
-    let mut cache = crate::build_cache(client, cache_config, region_bytes).context("creating the regions")?;
+    let mut cache = crate::cache::open::build_cache(client, cache_config, region_bytes)
+        .context("creating the regions")?;
     if let Some(state) = state {
         let bytes = args.backup_size.unwrap_or(state::default_backup_bytes(args.memory_limit));
         cache.backup = Some(state.create_backup(bytes)?);
@@ -333,7 +334,7 @@ fn client_config(args: &KvArgs, ec: EcShape) -> Result<(ClientConfig, Box<dyn re
         None => bail!("unknown --placement {:?}", args.placement),
     };
     let region_bytes = args.memory_limit.div_ceil(4096) * 4096;
-    let shape = crate::region_shape(Scheme::Ec, ec);
+    let shape = crate::scheme::region_shape(Scheme::Ec, ec);
     let mut config = ClientConfig::new(shape, region_bytes);
     config.allow_shared_domains = args.allow_shared_domains;
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
@@ -375,7 +376,11 @@ fn announce(args: &KvArgs, policy: &Policy, ec: EcShape, nodes: usize) {
     eprintln!(
         "remem kv: {} of items, schemes {}, across {} nodes{}",
         format_bytes(args.memory_limit),
-        crate::schemes_needed(policy).iter().map(|scheme| scheme.label(ec)).collect::<Vec<_>>().join(", "),
+        crate::scheme::schemes_needed(policy)
+            .iter()
+            .map(|scheme| scheme.label(ec))
+            .collect::<Vec<_>>()
+            .join(", "),
         nodes,
         args.unix.as_ref().map(|path| format!(", unix socket {}", path.display())).unwrap_or_default()
     );

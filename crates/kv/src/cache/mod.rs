@@ -1,7 +1,11 @@
-//! The cache: index, space, work table and the tasks that move values between the server and
-//! remote memory. No sockets: requests come in through `commands.rs`, replies leave through
-//! [`Cache::outbox`] named by (connection, sequence number), and page I/O goes through
-//! [`PageIo`] over the poll driver.
+//! The cache, the kv's engine: index, space, work table and the tasks that move values between
+//! the server and remote memory. No sockets and no protocol: operations come in as calls from
+//! the protocol layer (`commands.rs`, `text.rs`, `meta.rs`), what finishes leaves as typed
+//! [`Completion`]s in [`Cache::completions`] named by (connection, sequence number) for the
+//! dispatcher to answer, and page I/O goes through [`PageIo`] over the poll driver. Stores
+//! (`writes.rs`), transitions between schemes (`transition.rs`, tasks in the same work table),
+//! the backup region's records (`durability.rs`) and the rewrite journal (`rewrites.rs`) are
+//! further `impl Cache` blocks in this module's children.
 //!
 //! The work table (seed 003 §4.3.2) is three things here:
 //! - an entry whose write is in flight keeps its value in its store task: a get is answered from
@@ -20,10 +24,17 @@ use std::time::{Duration, Instant};
 
 use remem_client::PollClient;
 
+pub mod durability;
+pub mod open;
+pub mod rewrites;
+pub mod transition;
+mod writes;
+
 use crate::chunks::ChunkCache;
+use crate::completion::{Ack, ArithmeticReply, Completion, ConnRef, Fetched, Render};
+use crate::error::ValueError;
 use crate::index::{EntryId, Index, LocationId, Released};
 use crate::pageio::{IoDone, IoKind, IoOwner, PageIo, TaskId};
-use crate::reply::{render_value, ArithmeticReply, ConnRef, Out, Render};
 use crate::scheme::{EcShape, Policy, Scheme};
 use crate::space::{RegionKind, Space, PAGE_BYTES};
 use crate::stats::Stats;
@@ -33,7 +44,7 @@ use crate::stats::Stats;
 pub const TAIL: u32 = 0x00ff_ffff;
 pub const MAIN: u32 = 1 << 30;
 pub const FALLBACK: u32 = 1 << 29;
-/// A chunk page's journal copy (`crate::rewrites`).
+/// A chunk page's journal copy (`crate::cache::rewrites`).
 pub const JOURNAL: u32 = 1 << 28;
 const PART_MASK: u32 = 0x00ff_ffff;
 /// The owner of read-repair writes (their completion needs nothing).
@@ -63,25 +74,13 @@ pub enum Waiter {
         /// the whole answer, and a later `END` would be taken for the next command's).
         /// `None` for a meta get, whose one line is the whole answer anyway.
         end: Option<u64>,
-        /// Bytes reserved in [`Cache::budget`] for the reply (see [`Out::reserved`]).
+        /// Bytes reserved in [`Cache::budget`] for the reply (`reply::Out::reserved`).
         reserved: usize,
     },
     /// A read-modify-write chain of this key waits for the value.
     Rmw { key: Box<[u8]> },
     /// A transition waits for the value.
     Transition { task: TaskId },
-}
-
-/// A value read from remote memory, or why it could not be.
-pub type Fetched = Result<Rc<[u8]>, String>;
-
-/// A reply to send when a store finishes: `ok` on success, else SERVER_ERROR.
-#[derive(Debug)]
-pub struct Ack {
-    pub conn: ConnRef,
-    pub seq: u64,
-    pub ok: Vec<u8>,
-    pub noreply: bool,
 }
 
 #[derive(Debug)]
@@ -91,7 +90,7 @@ pub struct Fetch {
     pub scheme: Scheme,
     pub value: Vec<u8>,
     pub outstanding: u32,
-    pub error: Option<String>,
+    pub error: Option<ValueError>,
     pub waiters: Vec<Waiter>,
     pub shared: bool,
     /// An EOR value read again from its data splits: its main copy's bytes did not match the
@@ -106,7 +105,7 @@ pub struct Store {
     pub location: LocationId,
     pub value: Rc<[u8]>,
     pub outstanding: u32,
-    pub error: Option<String>,
+    pub error: Option<ValueError>,
     pub acks: Vec<Ack>,
     /// Gets that wait for the write to finish (bypassing off).
     pub after: Vec<Waiter>,
@@ -138,7 +137,7 @@ pub struct Transition {
     pub bytes_written: u64,
     pub reply: Option<(ConnRef, u64)>,
     pub outstanding: u32,
-    pub error: Option<String>,
+    pub error: Option<ValueError>,
     pub background: bool,
     /// Same pages, new scheme (EOR <-> EC).
     pub in_place: bool,
@@ -181,13 +180,12 @@ pub struct Cache {
     pub(crate) next_task: TaskId,
     pub fetch_of_location: HashMap<LocationId, TaskId>,
     pub rmw: HashMap<Box<[u8]>, RmwChain>,
-    /// Values fetched for read-modify-write chains, waiting for the command layer to apply them
-    /// (`commands::settle`): the engine hands completions up, it never calls up.
-    pub rmw_values: std::collections::VecDeque<(Box<[u8]>, Fetched)>,
     pub config: CacheConfig,
     pub stats: Stats,
     next_cas: u64,
-    pub outbox: Vec<Out>,
+    /// What finished, for the dispatcher to answer (`dispatch::settle`): the engine hands
+    /// completions up, it never calls up.
+    pub completions: std::collections::VecDeque<Completion>,
     /// First page of the EC region and of the EOR main copies (same offsets).
     pub ec_first_page: u64,
     pub main_first_page: Option<u64>,
@@ -196,16 +194,16 @@ pub struct Cache {
     pub flush_at: Option<u64>,
     pub started: Instant,
     done_buffer: Vec<IoDone>,
-    /// Where acknowledged items are recorded for a restart (`crate::durability`); none with
+    /// Where acknowledged items are recorded for a restart (`crate::cache::durability`); none with
     /// `remem kv --ephemeral`.
     pub backup: Option<crate::backup::Backup>,
-    /// Rewrites of EC chunk pages go through a journal page first (`crate::rewrites`): the
+    /// Rewrites of EC chunk pages go through a journal page first (`crate::cache::rewrites`): the
     /// first of the EC region's journal pages, the free journal slots, the pages waiting for
     /// one, and the intents file (none with `--ephemeral`: nothing outlives a kill then).
     pub journal_first_page: u64,
     pub journal_free: Vec<u32>,
     pub journal_waiting: std::collections::VecDeque<u64>,
-    pub rewrites: Option<crate::rewrites::RewriteLog>,
+    pub rewrites: Option<crate::cache::rewrites::RewriteLog>,
     /// Bytes held for replies, per connection and in all (`crate::budget`): gets reserve their
     /// value here before they fetch it, the server counts what waits to be written.
     pub budget: crate::budget::OutputBudget,
@@ -224,11 +222,10 @@ impl Cache {
             next_task: 1,
             fetch_of_location: HashMap::new(),
             rmw: HashMap::new(),
-            rmw_values: Default::default(),
             config,
             stats: Stats::default(),
             next_cas: 1,
-            outbox: Vec::new(),
+            completions: Default::default(),
             ec_first_page,
             main_first_page,
             background_transitions: 0,
@@ -242,6 +239,13 @@ impl Cache {
             rewrites: None,
             budget: crate::budget::OutputBudget::new(crate::budget::DEFAULT_OUTPUT_BUDGET_BYTES),
         }
+    }
+
+    /// The EC region's journal pages for chunk page rewrites start at `first_page`
+    /// (`rewrites.rs`); all of them are free.
+    pub fn set_journal(&mut self, first_page: u64) {
+        self.journal_first_page = first_page;
+        self.journal_free = (0..rewrites::JOURNAL_PAGES as u32).rev().collect();
     }
 
     pub fn new_task_id(&mut self) -> TaskId {
@@ -262,15 +266,6 @@ impl Cache {
     /// Cas values given later are above `cas` (a restored item's).
     pub fn raise_cas(&mut self, cas: u64) {
         self.next_cas = self.next_cas.max(cas);
-    }
-
-    pub fn reply(&mut self, conn: ConnRef, seq: u64, bytes: Vec<u8>) {
-        self.outbox.push(Out { conn, seq, bytes, ends_through: None, reserved: 0 });
-    }
-
-    /// A reply that ends its command: the places after `seq` up to `through` send nothing.
-    pub fn reply_ending(&mut self, conn: ConnRef, seq: u64, bytes: Vec<u8>, through: u64) {
-        self.outbox.push(Out { conn, seq, bytes, ends_through: Some(through), reserved: 0 });
     }
 
     /// The EOR main copy of an EC-region page.
@@ -386,7 +381,7 @@ impl Cache {
         }
     }
 
-    fn fetch_done(&mut self, task: TaskId, done: &IoDone) {
+    fn fetch_done(&mut self, task: TaskId, done: &mut IoDone) {
         let (scheme, location_id) = match self.tasks.get(&task) {
             Some(Task::Fetch(fetch)) => (fetch.scheme, fetch.location),
             _ => return,
@@ -401,7 +396,7 @@ impl Cache {
                 extent.pages[index as usize]
             }
         };
-        let mut error_text = None;
+        let mut error = None;
         match &done.result {
             Ok(()) => {
                 // Missing data splits, or an EOR main copy that could not serve: not a parity
@@ -435,11 +430,11 @@ impl Cache {
                 self.io.read(&mut self.client, page, IoOwner { task, part: index | FALLBACK });
                 return;
             }
-            Err(error) => error_text = Some(error.to_string()),
+            Err(_) => error = ValueError::take_page(&mut done.result),
         }
         let Some(Task::Fetch(fetch)) = self.tasks.get_mut(&task) else { return };
         if fetch.error.is_none() {
-            fetch.error = error_text;
+            fetch.error = error;
         }
         fetch.outstanding -= 1;
         if fetch.outstanding == 0 {
@@ -510,7 +505,7 @@ impl Cache {
         if fetch.shared {
             self.fetch_of_location.remove(&fetch.location);
         }
-        let mut value: Result<Rc<[u8]>, String> = match fetch.error {
+        let mut value: Fetched = match fetch.error {
             None => Ok(Rc::from(fetch.value)),
             Some(error) => Err(error),
         };
@@ -522,7 +517,7 @@ impl Cache {
             } else {
                 self.stats.restored_mismatches += 1;
                 tracing::warn!(key = %String::from_utf8_lossy(&fetch.key), "a restored value does not match its record's checksum: dropped");
-                value = Err("the value read does not match the checksum of its restored record".into());
+                value = Err(ValueError::RestoredChecksumMismatch);
             }
         }
         if value.is_err() {
@@ -567,20 +562,12 @@ impl Cache {
     }
 
     /// Hands a fetched value (or why it could not be read) to one waiter.
-    pub fn deliver(&mut self, waiter: Waiter, value: Result<Rc<[u8]>, String>) {
+    pub fn deliver(&mut self, waiter: Waiter, value: Fetched) {
         match waiter {
             Waiter::Get { conn, seq, render, end, reserved } => {
-                let (bytes, ends_through) = match value {
-                    Ok(value) => (render_value(&render, &value), None),
-                    Err(error) => {
-                        let bytes =
-                            format!("SERVER_ERROR remote memory lost the value: {error}\r\n").into_bytes();
-                        (bytes, end)
-                    }
-                };
-                self.outbox.push(Out { conn, seq, bytes, ends_through, reserved });
+                self.completions.push_back(Completion::Value { conn, seq, render, end, reserved, value });
             }
-            Waiter::Rmw { key } => self.rmw_values.push_back((key, value)),
+            Waiter::Rmw { key } => self.completions.push_back(Completion::RmwValue { key, value }),
             Waiter::Transition { task } => self.transition_fetched(task, value),
         }
     }
@@ -605,12 +592,12 @@ impl Cache {
             if done.is_empty() {
                 break;
             }
-            for op in done.drain(..) {
+            for mut op in done.drain(..) {
                 match self.tasks.get(&op.owner.task) {
-                    Some(Task::Fetch(_)) => self.fetch_done(op.owner.task, &op),
-                    Some(Task::Store(_)) => self.store_done(op.owner.task, &op),
-                    Some(Task::ChunkPage) => self.chunk_page_done(op.owner.task, &op),
-                    Some(Task::Transition(_)) => self.transition_io_done(op.owner.task, &op),
+                    Some(Task::Fetch(_)) => self.fetch_done(op.owner.task, &mut op),
+                    Some(Task::Store(_)) => self.store_done(op.owner.task, &mut op),
+                    Some(Task::ChunkPage) => self.chunk_page_done(op.owner.task, &mut op),
+                    Some(Task::Transition(_)) => self.transition_io_done(op.owner.task, &mut op),
                     None if op.owner.task == REPAIR_TASK => {
                         if let Err(error) = &op.result {
                             tracing::debug!(%error, page = op.page, "a read repair failed");
