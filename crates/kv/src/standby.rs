@@ -17,7 +17,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::backup::replica::STANDBY_TIMEOUT;
+use crate::backup::replica::{ReplicaError, STANDBY_TIMEOUT};
 use crate::backup::wire::{self, Message, Mode, PROTOCOL_VERSION};
 use crate::backup::{Replica, SyncPolicy};
 use crate::cache::Cache;
@@ -261,7 +261,7 @@ impl StandbyPort {
                 let holder = self.standby_pid.map(|pid| format!(" (pid {pid})")).unwrap_or_default();
                 return refuse(&mut stream, format!("this primary has a standby already{holder}"));
             }
-            replica.lose("its socket closed".into());
+            replica.lose(ReplicaError::SocketClosed);
             self.detach(cache);
         }
         let backup = cache.backup.as_mut().expect("checked above");
@@ -284,7 +284,7 @@ impl StandbyPort {
             read_frame(&mut stream, &mut buffer).map(|frame| wire::decode(frame) == Ok(Message::Ready));
         let replica = match ready {
             Ok(true) => Replica::attach(self.mode, stream, &region, region_bytes, &ring),
-            _ => Err("the standby did not say it was ready".to_owned()),
+            _ => Err(ReplicaError::NotReady),
         };
         let replica = replica.map_err(|error| {
             // What it may have created is of no use to anyone.
@@ -312,7 +312,7 @@ impl StandbyPort {
             "the standby{} is given up ({}): its files are removed, so it can never take over; serving \
              without one",
             self.standby_pid.map(|pid| format!(" (pid {pid})")).unwrap_or_default(),
-            replica.lost.unwrap_or_default()
+            replica.lost.map(|why| why.to_string()).unwrap_or_default()
         );
         self.attached = false;
         self.standby_pid = None;
