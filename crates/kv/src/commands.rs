@@ -11,7 +11,7 @@ use std::rc::Rc;
 
 use remem_memcache::{expiry_deadline, Expiry, StoreMode};
 
-use crate::cache::{Cache, RmwChain, RmwKind, RmwOp, Task, Waiter};
+use crate::cache::{Cache, RmwKind, RmwOp};
 use crate::completion::{Ack, ConnRef, Fetched};
 use crate::reply::{self, Outbox};
 use crate::scheme::Scheme;
@@ -78,20 +78,20 @@ pub fn store_command(
     match mode {
         StoreMode::Add if current.is_some() => {
             // memcached bumps the existing item in the LRU on a failed add.
-            cache.index.touch_lru(current.expect("checked"));
+            cache.index_mut().touch_lru(current.expect("checked"));
             return answer(out, not_stored);
         }
         StoreMode::Replace if current.is_none() => return answer(out, not_stored),
         StoreMode::Cas => match current {
             None => {
-                cache.stats.cas_misses += 1;
+                cache.stats_mut().cas_misses += 1;
                 return answer(out, not_found);
             }
-            Some(id) if cache.index.entry(id).cas != cas_unique => {
-                cache.stats.cas_badval += 1;
+            Some(id) if cache.index().entry(id).cas != cas_unique => {
+                cache.stats_mut().cas_badval += 1;
                 return answer(out, exists);
             }
-            Some(_) => cache.stats.cas_hits += 1,
+            Some(_) => cache.stats_mut().cas_hits += 1,
         },
         StoreMode::Append | StoreMode::Prepend => {
             let Some(_) = current else { return answer(out, not_stored) };
@@ -112,9 +112,9 @@ pub fn store_command(
         }
         return answer(out, stored_text);
     };
-    let pinned_scheme = hint.or_else(|| cache.config.policy.prefix_rule(key));
-    let scheme = cache.config.policy.choose(key, data.len(), hint);
-    let scheme = if cache.space.offers(scheme) { scheme } else { fallback_scheme(cache) };
+    let pinned_scheme = hint.or_else(|| cache.config().policy.prefix_rule(key));
+    let scheme = cache.config().policy.choose(key, data.len(), hint);
+    let scheme = if cache.space().offers(scheme) { scheme } else { fallback_scheme(cache) };
     let ack = Ack { conn, seq, ok: stored_text, noreply };
     if let Err(error) =
         cache.store(key, Rc::from(data), flags, expires_at, scheme, pinned_scheme.is_some(), None, vec![ack])
@@ -132,7 +132,7 @@ pub fn store_command(
 /// A scheme this server has, for policies that name one it does not.
 pub fn fallback_scheme(cache: &Cache) -> Scheme {
     for scheme in [Scheme::Ec, Scheme::Rep2, Scheme::Rep3, Scheme::Eor, Scheme::None] {
-        if cache.space.offers(scheme) {
+        if cache.space().offers(scheme) {
             return scheme;
         }
     }
@@ -142,40 +142,26 @@ pub fn fallback_scheme(cache: &Cache) -> Scheme {
 /// Queues a read-modify-write of `key`: at once on a value in the work table, behind the
 /// chain in flight, or after a new fetch.
 pub fn rmw(cache: &mut Cache, out: &mut Outbox, key: &[u8], op: RmwOp, now: u64) {
-    if let Some(chain) = cache.rmw.get_mut(key) {
-        chain.ops.push(op);
-        return;
+    if let Some((value, op)) = cache.rmw_value(key, op, now) {
+        apply_rmw(cache, out, key, value, vec![op], true, now);
     }
-    let id = cache.live(key, now).expect("the caller checked the key");
-    let entry = cache.index.entry(id);
-    if let Some(task) = entry.pending {
-        if let Some(Task::Store(store)) = cache.tasks.get(&task) {
-            let value = store.value.clone();
-            return apply_rmw(cache, out, key, value, vec![op], true, now);
-        }
-    }
-    let location = entry.location;
-    cache.rmw.insert(key.into(), RmwChain { location, ops: vec![op] });
-    cache.fetch(key, location, Waiter::Rmw { key: key.into() });
 }
 
 /// The value a read-modify-write chain waited for arrived (the dispatcher hands it over from
 /// the engine's completions, before the next request is looked at).
 pub fn rmw_fetched(cache: &mut Cache, out: &mut Outbox, key: &[u8], value: Fetched) {
-    let Some(chain) = cache.rmw.remove(key) else { return };
     let now = crate::clock::now_unix();
+    let Some((ops, current)) = cache.take_rmw_chain(key, now) else { return };
     match value {
         Err(error) => {
-            for op in chain.ops {
+            for op in ops {
                 out.reply_unless(op.noreply, op.conn, op.seq, reply::lost_value(&error));
             }
         }
         Ok(value) => {
-            // Still the value the chain read? Else a write that came after these ops replaced
-            // it: they happened before it, and their results are answered without a write.
-            let current =
-                cache.live(key, now).is_some_and(|id| cache.index.entry(id).location == chain.location);
-            apply_rmw(cache, out, key, value, chain.ops, current, now);
+            // Not the key's value any more: a write that came after these ops replaced it. They
+            // happened before it, and their results are answered without a write.
+            apply_rmw(cache, out, key, value, ops, current, now);
         }
     }
 }
@@ -238,11 +224,11 @@ fn apply_rmw(
         return;
     }
     let id = id.expect("checked");
-    let entry = cache.index.entry(id);
+    let entry = cache.index().entry(id);
     let (flags, expires_at, pinned) = (entry.flags, entry.expires_at, entry.pinned);
-    let scheme = cache.index.location(entry.location).scheme;
-    let scheme = if pinned { scheme } else { cache.config.policy.choose(key, value.len(), None) };
-    let scheme = if cache.space.offers(scheme) { scheme } else { fallback_scheme(cache) };
+    let scheme = cache.index().location(entry.location).scheme;
+    let scheme = if pinned { scheme } else { cache.config().policy.choose(key, value.len(), None) };
+    let scheme = if cache.space().offers(scheme) { scheme } else { fallback_scheme(cache) };
     let replies: Vec<(ConnRef, u64, bool)> =
         acks.iter().map(|ack| (ack.conn, ack.seq, ack.noreply)).collect();
     if let Err(error) = cache.store(key, Rc::from(value), flags, expires_at, scheme, pinned, None, acks) {
@@ -264,11 +250,11 @@ pub fn delete(cache: &mut Cache, key: &[u8], now: u64) -> bool {
     match cache.live(key, now) {
         Some(id) => {
             cache.remove_entry(id);
-            cache.stats.delete_hits += 1;
+            cache.stats_mut().delete_hits += 1;
             true
         }
         None => {
-            cache.stats.delete_misses += 1;
+            cache.stats_mut().delete_misses += 1;
             false
         }
     }
@@ -278,7 +264,7 @@ pub fn touch(cache: &mut Cache, key: &[u8], exptime: i64, now: u64) -> bool {
     let Some(id) = cache.live(key, now) else { return false };
     match deadline(exptime, now) {
         Ok(at) => {
-            cache.index.entry_mut(id).expires_at = at;
+            cache.index_mut().entry_mut(id).expires_at = at;
             cache.rerecord(id);
         }
         Err(AlreadyExpired) => cache.remove_entry(id),

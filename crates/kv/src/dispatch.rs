@@ -32,7 +32,7 @@ pub fn execute(
 /// Applying a read-modify-write may finish more (a store that fails at once): those are
 /// answered in the same call.
 pub fn settle(cache: &mut Cache, out: &mut Outbox) {
-    while let Some(completion) = cache.completions.pop_front() {
+    while let Some(completion) = cache.next_completion() {
         answer(cache, out, completion);
     }
 }

@@ -39,6 +39,8 @@ pub mod dispatch;
 pub mod error;
 pub mod index;
 pub mod latency;
+#[cfg(test)]
+mod layering;
 pub mod meta;
 pub mod pageio;
 pub mod reply;

@@ -19,7 +19,7 @@ use crate::scheme::Scheme;
 use crate::text::After;
 
 fn item_of(cache: &Cache, id: crate::index::EntryId, now: u64) -> MetaItem {
-    let entry = cache.index.entry(id);
+    let entry = cache.index().entry(id);
     MetaItem {
         cas: entry.cas,
         client_flags: entry.flags,
@@ -47,7 +47,7 @@ fn line(
 fn hint(cache: &Cache, flags: &MetaFlags<'_>) -> Result<Option<Scheme>, crate::scheme::SchemeError> {
     match flags.scheme_hint {
         None => Ok(None),
-        Some(token) => Scheme::parse(token, cache.config.ec).map(Some),
+        Some(token) => Scheme::parse(token, cache.config().ec).map(Some),
     }
 }
 
@@ -64,7 +64,7 @@ pub fn execute(
     match request {
         Request::MetaGet { key, flags } => meta_get(cache, out, conn, seq, &key, &flags, now),
         Request::MetaSet { key, data, flags } => {
-            cache.stats.cmd_set += 1;
+            cache.stats_mut().cmd_set += 1;
             let hint = match hint(cache, &flags) {
                 Ok(hint) => hint,
                 Err(error) => {
@@ -111,15 +111,15 @@ pub fn execute(
         Request::MetaDelete { key, flags } => {
             let status = match cache.live(&key, now) {
                 None => {
-                    cache.stats.delete_misses += 1;
+                    cache.stats_mut().delete_misses += 1;
                     MetaStatus::Nf
                 }
-                Some(id) if flags.compare_cas.is_some_and(|cas| cas != cache.index.entry(id).cas) => {
+                Some(id) if flags.compare_cas.is_some_and(|cas| cas != cache.index().entry(id).cas) => {
                     MetaStatus::Ex
                 }
                 Some(id) => {
                     cache.remove_entry(id);
-                    cache.stats.delete_hits += 1;
+                    cache.stats_mut().delete_hits += 1;
                     MetaStatus::Hd
                 }
             };
@@ -138,7 +138,7 @@ pub fn execute(
                 None => meta::miss(&mut bytes),
                 Some(id) => {
                     let item = item_of(cache, id, now);
-                    let scheme = cache.index.location(cache.index.entry(id).location).scheme;
+                    let scheme = cache.index().location(cache.index().entry(id).location).scheme;
                     let info = DebugInfo {
                         exptime_seconds: item.ttl_seconds,
                         last_access_seconds: item.last_access_seconds,
@@ -169,20 +169,20 @@ fn meta_get(
     flags: &MetaFlags<'_>,
     now: u64,
 ) {
-    cache.stats.cmd_get += 1;
+    cache.stats_mut().cmd_get += 1;
     let Some(id) = cache.live(key, now) else {
-        cache.stats.get_misses += 1;
+        cache.stats_mut().get_misses += 1;
         let bytes = line(MetaCommand::Get, MetaStatus::En, flags, key, &MetaItem::default());
         return out.reply(conn, seq, bytes);
     };
-    cache.stats.get_hits += 1;
+    cache.stats_mut().get_hits += 1;
     let item = item_of(cache, id, now);
     if let Some(exptime) = flags.exptime {
-        cache.stats.cmd_touch += 1;
-        cache.stats.touch_hits += 1;
+        cache.stats_mut().cmd_touch += 1;
+        cache.stats_mut().touch_hits += 1;
         match deadline(exptime, now) {
-            Ok(at) => cache.index.entry_mut(id).expires_at = at,
-            Err(commands::AlreadyExpired) => cache.index.entry_mut(id).expires_at = 1,
+            Ok(at) => cache.index_mut().entry_mut(id).expires_at = at,
+            Err(commands::AlreadyExpired) => cache.index_mut().entry_mut(id).expires_at = 1,
         }
         cache.rerecord(id);
     }
@@ -194,14 +194,14 @@ fn meta_get(
     let hd_line = line(MetaCommand::Get, MetaStatus::Hd, flags, key, &item);
     if !flags.return_value {
         if !flags.no_lru_bump {
-            cache.index.touch_lru(id);
+            cache.index_mut().touch_lru(id);
         }
-        cache.index.entry_mut(id).fetched = true;
+        cache.index_mut().entry_mut(id).fetched = true;
         return out.reply(conn, seq, hd_line);
     }
     // The reply: the HD line as `VA <size> <flags>`, the value and its `\r\n`.
     let reserved = item.size as usize + hd_line.len() + 32;
-    cache.budget.hold(conn, reserved);
+    cache.budget_mut().hold(conn, reserved);
     let render = Render::Meta { head: hd_line.into(), return_value: true };
     cache.read_entry(id, Waiter::Get { conn, seq, render, end: None, reserved }, now);
 }
@@ -228,9 +228,9 @@ fn meta_arithmetic(
     if cache.live(key, now).is_none() {
         let Some(vivify) = flags.vivify_exptime else {
             if increment {
-                cache.stats.incr_misses += 1;
+                cache.stats_mut().incr_misses += 1;
             } else {
-                cache.stats.decr_misses += 1;
+                cache.stats_mut().decr_misses += 1;
             }
             let bytes = line(MetaCommand::Arithmetic, MetaStatus::Nf, flags, key, &MetaItem::default());
             return out.reply(conn, seq, bytes);
@@ -241,8 +241,8 @@ fn meta_arithmetic(
             return out.reply(conn, seq, arithmetic_reply(&reply, initial));
         };
         let value: Rc<[u8]> = Rc::from(initial.to_string().into_bytes());
-        let scheme = cache.config.policy.choose(key, value.len(), None);
-        let scheme = if cache.space.offers(scheme) { scheme } else { commands::fallback_scheme(cache) };
+        let scheme = cache.config().policy.choose(key, value.len(), None);
+        let scheme = if cache.space().offers(scheme) { scheme } else { commands::fallback_scheme(cache) };
         let ack = Ack { conn, seq, ok: arithmetic_reply(&reply, initial), noreply: false };
         if let Err(error) = cache.store(key, value, 0, expires_at, scheme, false, None, vec![ack]) {
             out.reply(conn, seq, crate::reply::refused(error));
@@ -250,9 +250,9 @@ fn meta_arithmetic(
         return;
     }
     if increment {
-        cache.stats.incr_hits += 1;
+        cache.stats_mut().incr_hits += 1;
     } else {
-        cache.stats.decr_hits += 1;
+        cache.stats_mut().decr_hits += 1;
     }
     let kind = if increment { RmwKind::Incr(delta) } else { RmwKind::Decr(delta) };
     commands::rmw(

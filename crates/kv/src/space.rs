@@ -287,6 +287,7 @@ impl Space {
             debug_assert!(page >= region.first_page && page < region.first_page + region.page_count);
             region.free.push(page);
         }
+        debug_assert!(self.pages_in_use[kind] >= pages.len() as u64, "freed more pages than were in use");
         self.pages_in_use[kind] -= pages.len() as u64;
     }
 

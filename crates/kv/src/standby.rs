@@ -250,7 +250,7 @@ impl StandbyPort {
             }
             other => return refuse(&mut stream, format!("expected a hello, got {other:?}")),
         }
-        let Some(backup) = cache.backup.as_mut() else {
+        let Some(backup) = cache.backup_mut() else {
             return refuse(&mut stream, "this primary keeps no backup region (--ephemeral)".into());
         };
         if self.attached {
@@ -264,7 +264,7 @@ impl StandbyPort {
             replica.lose(ReplicaError::SocketClosed);
             self.detach(cache);
         }
-        let backup = cache.backup.as_mut().expect("checked above");
+        let backup = cache.backup_mut().expect("checked above");
         let (_, chunk_count) = backup.chunks_used();
         let region_bytes = backup.file_bytes();
         let attach_id = new_attach_id();
@@ -307,7 +307,7 @@ impl StandbyPort {
 
     /// Drops the standby given up (`Replica::lose` fenced it) and says so.
     fn detach(&mut self, cache: &mut Cache) {
-        let Some(replica) = cache.backup.as_mut().and_then(|backup| backup.detach_replica()) else { return };
+        let Some(replica) = cache.backup_mut().and_then(|backup| backup.detach_replica()) else { return };
         eprintln!(
             "the standby{} is given up ({}): its files are removed, so it can never take over; serving \
              without one",
@@ -324,7 +324,7 @@ impl StandbyPort {
         if !self.attached {
             return;
         }
-        let Some(backup) = cache.backup.as_mut() else { return };
+        let Some(backup) = cache.backup_mut() else { return };
         if let Some(progress) = backup.sync_step(SYNC_STEP) {
             let replica = backup.replica_mut().expect("a sync runs with a replica");
             // A standby given up during the sync is not synced, whatever its copy reached.

@@ -63,8 +63,8 @@ const STREAMING_WAITING_PAGE_OPS: usize = 4 * crate::pageio::PAGE_OPS_IN_FLIGHT;
 /// Whether `conn` may start another value now: its output budget admits one (`crate::budget`),
 /// and it holds nothing or the page-op queue is short (each waiting op holds a 4 KiB buffer).
 pub fn may_start_value(cache: &Cache, conn: ConnRef) -> bool {
-    cache.budget.admits(conn)
-        && (cache.budget.held_by(conn) == 0 || cache.io.waiting() <= STREAMING_WAITING_PAGE_OPS)
+    cache.budget().admits(conn)
+        && (cache.budget().held_by(conn) == 0 || cache.io().waiting() <= STREAMING_WAITING_PAGE_OPS)
 }
 
 /// Starts the keys of `get` while [`may_start_value`] allows, in order; the `END` goes with the
@@ -73,8 +73,8 @@ pub fn continue_get(cache: &mut Cache, out: &mut Outbox, conn: ConnRef, get: &mu
     let now = crate::clock::now_unix();
     while !get.keys.is_empty() {
         if !may_start_value(cache, conn) {
-            if !cache.budget.admits(conn) {
-                cache.budget.waits += 1;
+            if !cache.budget().admits(conn) {
+                cache.budget_mut().waits += 1;
             }
             return false;
         }
@@ -119,7 +119,7 @@ pub fn execute<'a>(
         }
         Request::Store { mode, key, flags, exptime, data, cas_unique, noreply } => {
             let seq = take_seq(next_seq);
-            cache.stats.cmd_set += 1;
+            cache.stats_mut().cmd_set += 1;
             let replies = StoreReplies::text();
             store_command(
                 cache, out, conn, seq, mode, &key, flags, exptime, data, cas_unique, noreply, replies, None,
@@ -139,23 +139,23 @@ pub fn execute<'a>(
         }
         Request::Touch { key, exptime, noreply } => {
             let seq = take_seq(next_seq);
-            cache.stats.cmd_touch += 1;
+            cache.stats_mut().cmd_touch += 1;
             let found = touch(cache, &key, exptime, now);
             if found {
-                cache.stats.touch_hits += 1;
+                cache.stats_mut().touch_hits += 1;
             } else {
-                cache.stats.touch_misses += 1;
+                cache.stats_mut().touch_misses += 1;
             }
             let reply = if found { "TOUCHED\r\n" } else { "NOT_FOUND\r\n" };
             out.reply_unless(noreply, conn, seq, text(reply));
         }
         Request::FlushAll { delay, noreply } => {
             let seq = take_seq(next_seq);
-            cache.stats.cmd_flush += 1;
+            cache.stats_mut().cmd_flush += 1;
             if delay <= 0 {
                 cache.flush_all();
             } else {
-                cache.flush_at = deadline(delay, now).ok().filter(|&at| at != 0);
+                cache.flush_at(deadline(delay, now).ok().filter(|&at| at != 0));
             }
             out.reply_unless(noreply, conn, seq, text("OK\r\n"));
         }
@@ -177,7 +177,7 @@ pub fn execute<'a>(
         Request::Quit => return Ok(After::Close),
         Request::Transition { key, scheme, naive } => {
             let seq = take_seq(next_seq);
-            let scheme = match Scheme::parse(scheme, cache.config.ec) {
+            let scheme = match Scheme::parse(scheme, cache.config().ec) {
                 Ok(scheme) => scheme,
                 Err(error) => {
                     out.reply(conn, seq, format!("CLIENT_ERROR {error}\r\n").into_bytes());
@@ -209,34 +209,34 @@ fn get_one(
     touch_exptime: Option<i64>,
     now: u64,
 ) {
-    cache.stats.cmd_get += 1;
+    cache.stats_mut().cmd_get += 1;
     if touch_exptime.is_some() {
-        cache.stats.cmd_touch += 1;
+        cache.stats_mut().cmd_touch += 1;
     }
     let Some(id) = cache.live(key, now) else {
-        cache.stats.get_misses += 1;
+        cache.stats_mut().get_misses += 1;
         if touch_exptime.is_some() {
-            cache.stats.touch_misses += 1;
+            cache.stats_mut().touch_misses += 1;
         }
         out.reply(conn, seq, Vec::new());
         return;
     };
     if let Some(exptime) = touch_exptime {
-        cache.stats.touch_hits += 1;
+        cache.stats_mut().touch_hits += 1;
         match deadline(exptime, now) {
-            Ok(at) => cache.index.entry_mut(id).expires_at = at,
+            Ok(at) => cache.index_mut().entry_mut(id).expires_at = at,
             Err(AlreadyExpired) => {
                 // gat with a past time: memcached returns the item, then it is gone.
-                cache.index.entry_mut(id).expires_at = 1;
+                cache.index_mut().entry_mut(id).expires_at = 1;
             }
         }
         cache.rerecord(id);
     }
-    cache.stats.get_hits += 1;
-    let entry = cache.index.entry(id);
+    cache.stats_mut().get_hits += 1;
+    let entry = cache.index().entry(id);
     let render = Render::Text { key: key.into(), flags: entry.flags, cas: with_cas.then_some(entry.cas) };
     let reserved = entry.value_bytes + key.len() + VALUE_LINE_BYTES;
-    cache.budget.hold(conn, reserved);
+    cache.budget_mut().hold(conn, reserved);
     let waiter = Waiter::Get { conn, seq, render, end: Some(end), reserved };
     cache.read_entry(id, waiter, now);
 }
@@ -255,16 +255,16 @@ fn arithmetic(
     let increment = matches!(kind, RmwKind::Incr(_));
     if cache.live(key, now).is_none() {
         if increment {
-            cache.stats.incr_misses += 1;
+            cache.stats_mut().incr_misses += 1;
         } else {
-            cache.stats.decr_misses += 1;
+            cache.stats_mut().decr_misses += 1;
         }
         return out.reply_unless(noreply, conn, seq, text("NOT_FOUND\r\n"));
     }
     if increment {
-        cache.stats.incr_hits += 1;
+        cache.stats_mut().incr_hits += 1;
     } else {
-        cache.stats.decr_hits += 1;
+        cache.stats_mut().decr_hits += 1;
     }
     rmw(cache, out, key, RmwOp { kind, conn, seq, noreply, meta: None, ok: Vec::new() }, now);
 }

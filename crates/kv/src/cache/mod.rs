@@ -85,35 +85,35 @@ pub enum Waiter {
 
 #[derive(Debug)]
 pub struct Fetch {
-    pub key: Box<[u8]>,
-    pub location: LocationId,
-    pub scheme: Scheme,
-    pub value: Vec<u8>,
-    pub outstanding: u32,
-    pub error: Option<ValueError>,
-    pub waiters: Vec<Waiter>,
-    pub shared: bool,
+    key: Box<[u8]>,
+    location: LocationId,
+    scheme: Scheme,
+    value: Vec<u8>,
+    outstanding: u32,
+    error: Option<ValueError>,
+    waiters: Vec<Waiter>,
+    shared: bool,
     /// An EOR value read again from its data splits: its main copy's bytes did not match the
     /// restored record (a main copy on a replaced node reads as a never-written page after a
     /// restart, since the client that knew it lost lived in the previous process).
-    pub from_data_splits: bool,
+    from_data_splits: bool,
 }
 
 #[derive(Debug)]
 pub struct Store {
-    pub key: Box<[u8]>,
-    pub location: LocationId,
-    pub value: Rc<[u8]>,
-    pub outstanding: u32,
-    pub error: Option<ValueError>,
-    pub acks: Vec<Ack>,
+    key: Box<[u8]>,
+    location: LocationId,
+    value: Rc<[u8]>,
+    outstanding: u32,
+    error: Option<ValueError>,
+    acks: Vec<Ack>,
     /// Gets that wait for the write to finish (bypassing off).
-    pub after: Vec<Waiter>,
+    after: Vec<Waiter>,
     /// The store is a transition's rewrite: the entry is switched by the transition.
-    pub transition: Option<TaskId>,
+    transition: Option<TaskId>,
     /// Flags, expiry and cas the item had when this write arrived (for its backup record if
     /// a newer write of the key is still in flight when this one completes).
-    pub fields: (u32, u64, u64),
+    fields: (u32, u64, u64),
 }
 
 #[derive(Debug)]
@@ -128,19 +128,19 @@ pub enum Task {
 /// A move of one object to another scheme in flight (`transition.rs`).
 #[derive(Debug)]
 pub struct Transition {
-    pub key: Box<[u8]>,
-    pub from: LocationId,
-    pub from_scheme: Scheme,
-    pub to: Scheme,
-    pub started: Instant,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-    pub reply: Option<(ConnRef, u64)>,
-    pub outstanding: u32,
-    pub error: Option<ValueError>,
-    pub background: bool,
+    key: Box<[u8]>,
+    from: LocationId,
+    from_scheme: Scheme,
+    to: Scheme,
+    started: Instant,
+    bytes_read: u64,
+    bytes_written: u64,
+    reply: Option<(ConnRef, u64)>,
+    outstanding: u32,
+    error: Option<ValueError>,
+    background: bool,
     /// Same pages, new scheme (EOR <-> EC).
-    pub in_place: bool,
+    in_place: bool,
 }
 
 /// A queued read-modify-write.
@@ -166,47 +166,47 @@ pub enum RmwKind {
 
 #[derive(Debug)]
 pub struct RmwChain {
-    pub location: LocationId,
-    pub ops: Vec<RmwOp>,
+    location: LocationId,
+    ops: Vec<RmwOp>,
 }
 
 pub struct Cache {
-    pub client: PollClient,
-    pub io: PageIo,
-    pub index: Index,
-    pub space: Space,
-    pub chunks: ChunkCache,
-    pub tasks: HashMap<TaskId, Task>,
-    pub(crate) next_task: TaskId,
-    pub fetch_of_location: HashMap<LocationId, TaskId>,
-    pub rmw: HashMap<Box<[u8]>, RmwChain>,
-    pub config: CacheConfig,
-    pub stats: Stats,
+    client: PollClient,
+    io: PageIo,
+    index: Index,
+    space: Space,
+    chunks: ChunkCache,
+    tasks: HashMap<TaskId, Task>,
+    next_task: TaskId,
+    fetch_of_location: HashMap<LocationId, TaskId>,
+    rmw: HashMap<Box<[u8]>, RmwChain>,
+    config: CacheConfig,
+    stats: Stats,
     next_cas: u64,
     /// What finished, for the dispatcher to answer (`dispatch::settle`): the engine hands
     /// completions up, it never calls up.
-    pub completions: std::collections::VecDeque<Completion>,
+    completions: std::collections::VecDeque<Completion>,
     /// First page of the EC region and of the EOR main copies (same offsets).
-    pub ec_first_page: u64,
-    pub main_first_page: Option<u64>,
-    pub background_transitions: usize,
+    ec_first_page: u64,
+    main_first_page: Option<u64>,
+    background_transitions: usize,
     /// `flush_all` with a delay: at this unix second every item stored before it goes.
-    pub flush_at: Option<u64>,
-    pub started: Instant,
+    flush_at: Option<u64>,
+    started: Instant,
     done_buffer: Vec<IoDone>,
     /// Where acknowledged items are recorded for a restart (`crate::cache::durability`); none with
     /// `remem kv --ephemeral`.
-    pub backup: Option<crate::backup::Backup>,
+    backup: Option<crate::backup::Backup>,
     /// Rewrites of EC chunk pages go through a journal page first (`crate::cache::rewrites`): the
     /// first of the EC region's journal pages, the free journal slots, the pages waiting for
     /// one, and the intents file (none with `--ephemeral`: nothing outlives a kill then).
-    pub journal_first_page: u64,
-    pub journal_free: Vec<u32>,
-    pub journal_waiting: std::collections::VecDeque<u64>,
-    pub rewrites: Option<crate::cache::rewrites::RewriteLog>,
+    journal_first_page: u64,
+    journal_free: Vec<u32>,
+    journal_waiting: std::collections::VecDeque<u64>,
+    rewrites: Option<crate::cache::rewrites::RewriteLog>,
     /// Bytes held for replies, per connection and in all (`crate::budget`): gets reserve their
     /// value here before they fetch it, the server counts what waits to be written.
-    pub budget: crate::budget::OutputBudget,
+    budget: crate::budget::OutputBudget,
 }
 
 impl Cache {
@@ -241,6 +241,120 @@ impl Cache {
         }
     }
 
+    // ---- what the layers above read and change -------------------------------------------
+
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// The index, to change an entry's fields or its LRU place (the protocol layer's gets,
+    /// touches and failed adds).
+    pub fn index_mut(&mut self) -> &mut Index {
+        &mut self.index
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    pub fn stats_mut(&mut self) -> &mut Stats {
+        &mut self.stats
+    }
+
+    pub fn budget(&self) -> &crate::budget::OutputBudget {
+        &self.budget
+    }
+
+    pub fn budget_mut(&mut self) -> &mut crate::budget::OutputBudget {
+        &mut self.budget
+    }
+
+    pub fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+
+    pub fn space(&self) -> &Space {
+        &self.space
+    }
+
+    pub fn io(&self) -> &PageIo {
+        &self.io
+    }
+
+    pub fn chunks(&self) -> &ChunkCache {
+        &self.chunks
+    }
+
+    pub fn client(&self) -> &PollClient {
+        &self.client
+    }
+
+    pub fn client_mut(&mut self) -> &mut PollClient {
+        &mut self.client
+    }
+
+    pub fn backup(&self) -> Option<&crate::backup::Backup> {
+        self.backup.as_ref()
+    }
+
+    pub fn backup_mut(&mut self) -> Option<&mut crate::backup::Backup> {
+        self.backup.as_mut()
+    }
+
+    /// Records acknowledged items in `backup` from now on (`durability.rs`).
+    pub fn set_backup(&mut self, backup: crate::backup::Backup) {
+        self.backup = Some(backup);
+    }
+
+    /// Rewrites of EC chunk pages go through `log`'s intents from now on (`rewrites.rs`).
+    pub fn set_rewrites(&mut self, log: rewrites::RewriteLog) {
+        self.rewrites = Some(log);
+    }
+
+    /// Transitions the hotness policy has in flight.
+    pub fn background_transitions(&self) -> usize {
+        self.background_transitions
+    }
+
+    /// `flush_all` with a delay: every item stored before unix second `at` goes then.
+    pub fn flush_at(&mut self, at: Option<u64>) {
+        self.flush_at = at;
+    }
+
+    /// The next thing the engine finished, oldest first (`dispatch::settle`).
+    pub fn next_completion(&mut self) -> Option<Completion> {
+        self.completions.pop_front()
+    }
+
+    /// Where a read-modify-write of `key` (a live key) gets its value: at once from a write of
+    /// it in the work table (returned with the op), or later as a [`Completion::RmwValue`]: the
+    /// op queues behind the chain of the key in flight, or starts one with a fetch.
+    pub fn rmw_value(&mut self, key: &[u8], op: RmwOp, now: u64) -> Option<(Rc<[u8]>, RmwOp)> {
+        if let Some(chain) = self.rmw.get_mut(key) {
+            chain.ops.push(op);
+            return None;
+        }
+        let id = self.live(key, now).expect("the caller checked the key");
+        let entry = self.index.entry(id);
+        if let Some(task) = entry.pending {
+            if let Some(Task::Store(store)) = self.tasks.get(&task) {
+                return Some((store.value.clone(), op));
+            }
+        }
+        let location = entry.location;
+        self.rmw.insert(key.into(), RmwChain { location, ops: vec![op] });
+        self.fetch(key, location, Waiter::Rmw { key: key.into() });
+        None
+    }
+
+    /// The ops of the read-modify-write chain of `key`, whose value arrived, and whether that value is
+    /// still the key's (else a write that came after the chain's ops replaced it).
+    pub fn take_rmw_chain(&mut self, key: &[u8], now: u64) -> Option<(Vec<RmwOp>, bool)> {
+        let chain = self.rmw.remove(key)?;
+        let current = self.live(key, now).is_some_and(|id| self.index.entry(id).location == chain.location);
+        Some((chain.ops, current))
+    }
+
     /// The EC region's journal pages for chunk page rewrites start at `first_page`
     /// (`rewrites.rs`); all of them are free.
     pub fn set_journal(&mut self, first_page: u64) {
@@ -259,6 +373,7 @@ impl Cache {
     }
 
     pub fn next_cas(&mut self) -> u64 {
+        debug_assert!(self.next_cas < u64::MAX, "cas values never wrap");
         self.next_cas += 1;
         self.next_cas
     }
@@ -631,6 +746,9 @@ impl Cache {
 
     /// Once a second: the delayed flush, cold objects to EC.
     pub fn housekeeping(&mut self, now_unix: u64) {
+        if cfg!(debug_assertions) {
+            self.check_invariants();
+        }
         if let Some(at) = self.flush_at {
             if at <= now_unix {
                 self.flush_at = None;
@@ -638,6 +756,49 @@ impl Cache {
             }
         }
         self.cool_down(now_unix);
+    }
+
+    /// Checks the engine's counted state (debug builds' housekeeping calls it once a second, so
+    /// the integration tests run it under load; it walks every entry and task): the index's
+    /// counts and links, every location held by an entry, a record or a task of the work table
+    /// live with at least that many references, one shared fetch per location, the output
+    /// budget's totals, the journal slots each free or held once, and pages in use within each
+    /// region.
+    pub fn check_invariants(&self) {
+        let mut held: HashMap<LocationId, u32> = HashMap::new();
+        for task in self.tasks.values() {
+            let location = match task {
+                Task::Fetch(fetch) => Some(fetch.location),
+                Task::Store(store) => Some(store.location),
+                Task::Transition(transition) if transition.from_scheme != transition.to => {
+                    Some(transition.from)
+                }
+                Task::Transition(_) | Task::ChunkPage => None,
+            };
+            if let Some(location) = location {
+                *held.entry(location).or_default() += 1;
+            }
+        }
+        self.index.check_invariants(&held);
+        for (location, task) in &self.fetch_of_location {
+            assert!(
+                matches!(self.tasks.get(task), Some(Task::Fetch(fetch)) if fetch.location == *location),
+                "the shared fetch of location {location} is a fetch of it"
+            );
+        }
+        self.budget.check_invariants();
+        let mut journal = self.journal_free.clone();
+        journal.sort_unstable();
+        journal.dedup();
+        assert_eq!(journal.len(), self.journal_free.len(), "a journal slot is free once");
+        for kind in [RegionKind::Ec, RegionKind::None, RegionKind::Rep2, RegionKind::Rep3] {
+            if let Some((_, pages)) = self.space.region_pages(kind) {
+                assert!(
+                    self.space.pages_in_use(kind) <= pages,
+                    "{kind:?}: more pages in use than the region has"
+                );
+            }
+        }
     }
 
     pub fn flush_all(&mut self) {

@@ -20,7 +20,7 @@ impl Cache {
     /// Makes room for an item of `bytes`: evicts from the LRU tail while the memory limit
     /// would be passed.
     fn make_room(&mut self, item_bytes: u64) {
-        while self.index.bytes_used + item_bytes > self.config.memory_limit_bytes && self.evict_one() {}
+        while self.index.bytes_used() + item_bytes > self.config.memory_limit_bytes && self.evict_one() {}
     }
 
     /// Evicts the least recently used item whose value is in `kind`'s region (looking at most

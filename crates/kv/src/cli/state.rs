@@ -149,7 +149,7 @@ impl KvState {
              items are lost either way)",
         )?;
         let scanned = started.elapsed();
-        cache.backup = Some(backup);
+        cache.set_backup(backup);
         let report = cache.restore(records, scan, crate::clock::now_unix());
         let times = ReopenTimes { slabs, scan: scanned - slabs, restore: started.elapsed() - scanned };
         Ok(Some((cache, report, times)))
