@@ -16,7 +16,7 @@
 //!
 //! No I/O: the server tells it what it holds and writes, the cache what it reserves.
 
-use crate::reply::ConnRef;
+use crate::completion::ConnRef;
 
 /// Default total of held bytes (`remem kv --output-budget`).
 pub const DEFAULT_OUTPUT_BUDGET_BYTES: usize = 256 << 20;
@@ -134,6 +134,19 @@ impl OutputBudget {
         let held = self.held_by(conn);
         held == 0 || (held < self.connection_limit_bytes && self.held_bytes < self.total_limit_bytes)
     }
+
+    /// Checks the counts: the total covers every open connection's bytes (the rest are
+    /// reservations of closed connections' fetches), a closed slot holds nothing, and the
+    /// peak is at least the total.
+    pub fn check_invariants(&self) {
+        let open: usize = self.connections.iter().map(|slot| slot.bytes).sum();
+        assert!(open <= self.held_bytes, "open connections hold {open} B of the {} B total", self.held_bytes);
+        assert!(
+            self.connections.iter().all(|slot| slot.generation != 0 || slot.bytes == 0),
+            "a closed slot holds nothing"
+        );
+        assert!(self.peak_held_bytes >= self.held_bytes, "the peak is at least the total");
+    }
 }
 
 #[cfg(test)]
@@ -161,6 +174,7 @@ mod tests {
         assert!(budget.admits(reader), "it holds nothing");
         budget.hold(conn(1, 2), 0);
         assert_eq!((budget.held_bytes(), budget.peak_held_bytes()), (25, 105));
+        budget.check_invariants();
     }
 
     #[test]
@@ -173,11 +187,13 @@ mod tests {
         budget.close(old);
         assert_eq!(budget.held_by(old), 0);
         assert_eq!(budget.held_bytes(), 600, "its fetches in flight still hold their buffers");
+        budget.check_invariants();
         let new = conn(3, 8);
         budget.open(new);
         budget.hold(new, 10);
         budget.release(old, 600);
         assert_eq!((budget.held_by(new), budget.held_bytes()), (10, 10));
+        budget.check_invariants();
     }
 
     #[test]

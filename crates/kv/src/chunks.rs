@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use crate::error::ValueError;
 use crate::pageio::TaskId;
 use crate::scheme::Scheme;
 use crate::space::PAGE_BYTES;
@@ -34,14 +35,14 @@ pub struct CachedPage {
     pub loading: bool,
     /// Writes of this page in flight (2 for EOR: data splits and main copy).
     pub writing: u32,
-    pub write_error: Option<String>,
+    pub write_error: Option<ValueError>,
     /// Stores acknowledged by the write in flight, and those waiting for the next one.
     pub current: Vec<TaskId>,
     pub next: Vec<TaskId>,
     /// Patches that arrived while the page was loading.
     pub held: Vec<Patch>,
     /// A value in the page was acknowledged (or may have been): a rewrite of an EC page must not
-    /// be able to tear it (`crate::rewrites`).
+    /// be able to tear it (`crate::cache::rewrites`).
     pub holds_acknowledged: bool,
     /// The journal slot of the write in flight, when it was journaled.
     pub journal: Option<u32>,
@@ -58,11 +59,11 @@ pub struct ChunkCache {
 }
 
 /// A page's write, all of its parts finished.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct WriteDone {
     /// The stores it acknowledges (or fails).
     pub stores: Vec<TaskId>,
-    pub error: Option<String>,
+    pub error: Option<ValueError>,
     /// Patches wait: another write should start.
     pub again: bool,
     /// The journal slot it held, to clear and free.
@@ -230,7 +231,7 @@ impl ChunkCache {
 
     /// One write of the page finished. When all did: what it carried, and whether another
     /// write should start.
-    pub fn write_done(&mut self, page: u64, error: Option<String>) -> Option<WriteDone> {
+    pub fn write_done(&mut self, page: u64, error: Option<ValueError>) -> Option<WriteDone> {
         let cached = self.pages.get_mut(&page).expect("cached");
         cached.writing -= 1;
         if error.is_some() {
@@ -307,12 +308,16 @@ mod tests {
             PatchStep::Queued
         );
         let done = cache.write_done(7, None).unwrap();
-        assert_eq!((done.stores, done.error, done.again), (vec![1], None, true));
+        assert_eq!((done.stores, done.error.is_none(), done.again), (vec![1], true, true));
         let bytes = cache.begin_write(7, 2, None);
         assert_eq!((bytes[0], bytes[64], bytes[128]), (1, 2, 3));
-        assert!(cache.write_done(7, Some("node down".into())).is_none());
+        assert!(cache.write_done(7, Some(ValueError::TailPageUnreadable)).is_none());
         let done = cache.write_done(7, None).unwrap();
-        assert_eq!((done.stores, done.error.as_deref(), done.again), (vec![2, 3], Some("node down"), false));
+        assert_eq!((&done.stores, done.again), (&vec![2, 3], false));
+        assert!(
+            matches!(done.error, Some(ValueError::TailPageUnreadable)),
+            "the first error of the write stays"
+        );
         assert!(cache.bytes(7).is_some(), "the open page stays cached");
     }
 

@@ -1,8 +1,8 @@
 //! The operations both protocols share (`text.rs`, `meta.rs`): stores, read-modify-writes,
 //! deletes and touches, each answering in its place of the connection's reply order. Values
-//! the engine fetched for a read-modify-write come back up through [`settle`], which every
-//! caller of the engine runs after it (`dispatch.rs`, the server loop): the engine never calls
-//! into this layer.
+//! the engine fetched for a read-modify-write come back up as completions, which the
+//! dispatcher (`dispatch::settle`) hands to [`rmw_fetched`]: the engine never calls into this
+//! layer.
 //!
 //! Error texts are memcached's; a value remote memory lost gives `SERVER_ERROR`, never other
 //! bytes (docs/KV.md "Semantics").
@@ -11,8 +11,9 @@ use std::rc::Rc;
 
 use remem_memcache::{expiry_deadline, Expiry, StoreMode};
 
-use crate::cache::{Ack, Cache, RmwChain, RmwKind, RmwOp, Task, Waiter};
-use crate::reply::ConnRef;
+use crate::cache::{Cache, RmwKind, RmwOp};
+use crate::completion::{Ack, ConnRef, Fetched};
+use crate::reply::{self, Outbox};
 use crate::scheme::Scheme;
 
 /// An exptime that is already past.
@@ -57,6 +58,7 @@ impl StoreReplies {
 #[allow(clippy::too_many_arguments)]
 pub fn store_command(
     cache: &mut Cache,
+    out: &mut Outbox,
     conn: ConnRef,
     seq: u64,
     mode: StoreMode,
@@ -71,36 +73,35 @@ pub fn store_command(
     now: u64,
 ) {
     let StoreReplies { stored: stored_text, not_stored, exists, not_found } = replies;
-    let answer =
-        |cache: &mut Cache, bytes: Vec<u8>| cache.reply(conn, seq, if noreply { Vec::new() } else { bytes });
+    let answer = |out: &mut Outbox, bytes: Vec<u8>| out.reply_unless(noreply, conn, seq, bytes);
     let current = cache.live(key, now);
     match mode {
         StoreMode::Add if current.is_some() => {
             // memcached bumps the existing item in the LRU on a failed add.
-            cache.index.touch_lru(current.expect("checked"));
-            return answer(cache, not_stored);
+            cache.index_mut().touch_lru(current.expect("checked"));
+            return answer(out, not_stored);
         }
-        StoreMode::Replace if current.is_none() => return answer(cache, not_stored),
+        StoreMode::Replace if current.is_none() => return answer(out, not_stored),
         StoreMode::Cas => match current {
             None => {
-                cache.stats.cas_misses += 1;
-                return answer(cache, not_found);
+                cache.stats_mut().cas_misses += 1;
+                return answer(out, not_found);
             }
-            Some(id) if cache.index.entry(id).cas != cas_unique => {
-                cache.stats.cas_badval += 1;
-                return answer(cache, exists);
+            Some(id) if cache.index().entry(id).cas != cas_unique => {
+                cache.stats_mut().cas_badval += 1;
+                return answer(out, exists);
             }
-            Some(_) => cache.stats.cas_hits += 1,
+            Some(_) => cache.stats_mut().cas_hits += 1,
         },
         StoreMode::Append | StoreMode::Prepend => {
-            let Some(_) = current else { return answer(cache, not_stored) };
+            let Some(_) = current else { return answer(out, not_stored) };
             let kind = if mode == StoreMode::Append {
                 RmwKind::Append(data.to_vec())
             } else {
                 RmwKind::Prepend(data.to_vec())
             };
             let op = RmwOp { kind, conn, seq, noreply, meta: None, ok: stored_text };
-            return rmw(cache, key, op, now);
+            return rmw(cache, out, key, op, now);
         }
         _ => {}
     }
@@ -109,11 +110,11 @@ pub fn store_command(
         if let Some(id) = current {
             cache.remove_entry(id);
         }
-        return answer(cache, stored_text);
+        return answer(out, stored_text);
     };
-    let pinned_scheme = hint.or_else(|| cache.config.policy.prefix_rule(key));
-    let scheme = cache.config.policy.choose(key, data.len(), hint);
-    let scheme = if cache.space.offers(scheme) { scheme } else { fallback_scheme(cache) };
+    let pinned_scheme = hint.or_else(|| cache.config().policy.prefix_rule(key));
+    let scheme = cache.config().policy.choose(key, data.len(), hint);
+    let scheme = if cache.space().offers(scheme) { scheme } else { fallback_scheme(cache) };
     let ack = Ack { conn, seq, ok: stored_text, noreply };
     if let Err(error) =
         cache.store(key, Rc::from(data), flags, expires_at, scheme, pinned_scheme.is_some(), None, vec![ack])
@@ -124,14 +125,14 @@ pub fn store_command(
                 cache.remove_entry(id);
             }
         }
-        answer(cache, format!("{error}\r\n").into_bytes());
+        answer(out, reply::refused(error));
     }
 }
 
 /// A scheme this server has, for policies that name one it does not.
 pub fn fallback_scheme(cache: &Cache) -> Scheme {
     for scheme in [Scheme::Ec, Scheme::Rep2, Scheme::Rep3, Scheme::Eor, Scheme::None] {
-        if cache.space.offers(scheme) {
+        if cache.space().offers(scheme) {
             return scheme;
         }
     }
@@ -140,58 +141,42 @@ pub fn fallback_scheme(cache: &Cache) -> Scheme {
 
 /// Queues a read-modify-write of `key`: at once on a value in the work table, behind the
 /// chain in flight, or after a new fetch.
-pub fn rmw(cache: &mut Cache, key: &[u8], op: RmwOp, now: u64) {
-    if let Some(chain) = cache.rmw.get_mut(key) {
-        chain.ops.push(op);
-        return;
-    }
-    let id = cache.live(key, now).expect("the caller checked the key");
-    let entry = cache.index.entry(id);
-    if let Some(task) = entry.pending {
-        if let Some(Task::Store(store)) = cache.tasks.get(&task) {
-            let value = store.value.clone();
-            return apply_rmw(cache, key, value, vec![op], true, now);
-        }
-    }
-    let location = entry.location;
-    cache.rmw.insert(key.into(), RmwChain { location, ops: vec![op] });
-    cache.fetch(key, location, Waiter::Rmw { key: key.into() });
-}
-
-/// Applies the read-modify-writes whose values the engine fetched since the last call, in the
-/// order they arrived (`Cache::rmw_values`: the engine hands them up instead of calling this
-/// layer). Run after every call into the engine, before the next request is looked at, so a
-/// command after an `incr` sees its result as it did when the engine applied it itself.
-pub fn settle(cache: &mut Cache) {
-    while let Some((key, value)) = cache.rmw_values.pop_front() {
-        rmw_fetched(cache, &key, value);
+pub fn rmw(cache: &mut Cache, out: &mut Outbox, key: &[u8], op: RmwOp, now: u64) {
+    if let Some((value, op)) = cache.rmw_value(key, op, now) {
+        apply_rmw(cache, out, key, value, vec![op], true, now);
     }
 }
 
-/// The value a read-modify-write chain waited for arrived.
-fn rmw_fetched(cache: &mut Cache, key: &[u8], value: Result<Rc<[u8]>, String>) {
-    let Some(chain) = cache.rmw.remove(key) else { return };
-    let now = crate::now_unix();
+/// The value a read-modify-write chain waited for arrived (the dispatcher hands it over from
+/// the engine's completions, before the next request is looked at).
+pub fn rmw_fetched(cache: &mut Cache, out: &mut Outbox, key: &[u8], value: Fetched) {
+    let now = crate::clock::now_unix();
+    let Some((ops, current)) = cache.take_rmw_chain(key, now) else { return };
     match value {
         Err(error) => {
-            for op in chain.ops {
-                let bytes = format!("SERVER_ERROR remote memory lost the value: {error}\r\n").into_bytes();
-                cache.reply(op.conn, op.seq, if op.noreply { Vec::new() } else { bytes });
+            for op in ops {
+                out.reply_unless(op.noreply, op.conn, op.seq, reply::lost_value(&error));
             }
         }
         Ok(value) => {
-            // Still the value the chain read? Else a write that came after these ops replaced
-            // it: they happened before it, and their results are answered without a write.
-            let current =
-                cache.live(key, now).is_some_and(|id| cache.index.entry(id).location == chain.location);
-            apply_rmw(cache, key, value, chain.ops, current, now);
+            // Not the key's value any more: a write that came after these ops replaced it. They
+            // happened before it, and their results are answered without a write.
+            apply_rmw(cache, out, key, value, ops, current, now);
         }
     }
 }
 
 /// Applies ops in order to `value`; when `write`, stores the result and answers when it is
 /// stored.
-fn apply_rmw(cache: &mut Cache, key: &[u8], value: Rc<[u8]>, ops: Vec<RmwOp>, write: bool, now: u64) {
+fn apply_rmw(
+    cache: &mut Cache,
+    out: &mut Outbox,
+    key: &[u8],
+    value: Rc<[u8]>,
+    ops: Vec<RmwOp>,
+    write: bool,
+    now: u64,
+) {
     let mut value: Vec<u8> = value.to_vec();
     let mut acks = Vec::new();
     let mut changed = false;
@@ -212,7 +197,7 @@ fn apply_rmw(cache: &mut Cache, key: &[u8], value: Rc<[u8]>, ops: Vec<RmwOp>, wr
             RmwKind::Incr(delta) | RmwKind::Decr(delta) => match parse_counter(&value) {
                 None => {
                     let bytes = text("CLIENT_ERROR cannot increment or decrement non-numeric value\r\n");
-                    cache.reply(op.conn, op.seq, if op.noreply { Vec::new() } else { bytes });
+                    out.reply_unless(op.noreply, op.conn, op.seq, bytes);
                     continue;
                 }
                 Some(number) => {
@@ -223,7 +208,7 @@ fn apply_rmw(cache: &mut Cache, key: &[u8], value: Rc<[u8]>, ops: Vec<RmwOp>, wr
                     value = result.to_string().into_bytes();
                     changed = true;
                     match &op.meta {
-                        Some(meta) => crate::reply::arithmetic_reply(meta, result),
+                        Some(meta) => reply::arithmetic_reply(meta, result),
                         None => format!("{result}\r\n").into_bytes(),
                     }
                 }
@@ -234,21 +219,21 @@ fn apply_rmw(cache: &mut Cache, key: &[u8], value: Rc<[u8]>, ops: Vec<RmwOp>, wr
     let id = cache.live(key, now);
     if !write || !changed || id.is_none() {
         for ack in acks {
-            cache.reply(ack.conn, ack.seq, if ack.noreply { Vec::new() } else { ack.ok });
+            out.reply_unless(ack.noreply, ack.conn, ack.seq, ack.ok);
         }
         return;
     }
     let id = id.expect("checked");
-    let entry = cache.index.entry(id);
+    let entry = cache.index().entry(id);
     let (flags, expires_at, pinned) = (entry.flags, entry.expires_at, entry.pinned);
-    let scheme = cache.index.location(entry.location).scheme;
-    let scheme = if pinned { scheme } else { cache.config.policy.choose(key, value.len(), None) };
-    let scheme = if cache.space.offers(scheme) { scheme } else { fallback_scheme(cache) };
+    let scheme = cache.index().location(entry.location).scheme;
+    let scheme = if pinned { scheme } else { cache.config().policy.choose(key, value.len(), None) };
+    let scheme = if cache.space().offers(scheme) { scheme } else { fallback_scheme(cache) };
     let replies: Vec<(ConnRef, u64, bool)> =
         acks.iter().map(|ack| (ack.conn, ack.seq, ack.noreply)).collect();
     if let Err(error) = cache.store(key, Rc::from(value), flags, expires_at, scheme, pinned, None, acks) {
         for (conn, seq, noreply) in replies {
-            cache.reply(conn, seq, if noreply { Vec::new() } else { format!("{error}\r\n").into_bytes() });
+            out.reply_unless(noreply, conn, seq, reply::refused(error));
         }
     }
 }
@@ -265,11 +250,11 @@ pub fn delete(cache: &mut Cache, key: &[u8], now: u64) -> bool {
     match cache.live(key, now) {
         Some(id) => {
             cache.remove_entry(id);
-            cache.stats.delete_hits += 1;
+            cache.stats_mut().delete_hits += 1;
             true
         }
         None => {
-            cache.stats.delete_misses += 1;
+            cache.stats_mut().delete_misses += 1;
             false
         }
     }
@@ -279,7 +264,7 @@ pub fn touch(cache: &mut Cache, key: &[u8], exptime: i64, now: u64) -> bool {
     let Some(id) = cache.live(key, now) else { return false };
     match deadline(exptime, now) {
         Ok(at) => {
-            cache.index.entry_mut(id).expires_at = at;
+            cache.index_mut().entry_mut(id).expires_at = at;
             cache.rerecord(id);
         }
         Err(AlreadyExpired) => cache.remove_entry(id),

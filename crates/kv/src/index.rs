@@ -81,7 +81,7 @@ pub struct Index {
     tail: Option<EntryId>,
     locations: HashMap<LocationId, Location, foldhash::fast::RandomState>,
     next_location: LocationId,
-    pub bytes_used: u64,
+    bytes_used: u64,
 }
 
 /// Locations whose last reference went away: their space is to be freed.
@@ -90,6 +90,11 @@ pub type Released = Vec<Location>;
 impl Index {
     pub fn new() -> Index {
         Index { next_location: 1, ..Default::default() }
+    }
+
+    /// What the entries count against `--memory-limit`: the sum of their [`item_bytes`].
+    pub fn bytes_used(&self) -> u64 {
+        self.bytes_used
     }
 
     pub fn len(&self) -> usize {
@@ -170,6 +175,7 @@ impl Index {
     /// Drops one reference; the location is returned when it was the last.
     pub fn release(&mut self, id: LocationId, released: &mut Released) {
         let location = self.locations.get_mut(&id).expect("referenced location");
+        assert!(location.refs > 0, "location {id} released more often than retained");
         location.refs -= 1;
         if location.refs == 0 {
             released.push(self.locations.remove(&id).expect("present"));
@@ -236,6 +242,48 @@ impl Index {
     /// Every live entry id (for flush_all).
     pub fn ids(&self) -> Vec<EntryId> {
         self.map.values().copied().collect()
+    }
+
+    /// Checks the counted state (tests and debug builds' housekeeping call it; it walks every
+    /// entry): `bytes_used` is the sum of the entries' [`item_bytes`], the key map and the LRU
+    /// list hold exactly the live entries, the free list the other slots, and every location
+    /// an entry names or records is live with at least that many references (`extra`: the
+    /// references the work table holds, per location).
+    pub fn check_invariants(&self, extra: &HashMap<LocationId, u32>) {
+        let mut live = 0;
+        let mut bytes = 0;
+        let mut references: HashMap<LocationId, u32> = extra.clone();
+        for (id, entry) in self.entries.iter().enumerate() {
+            let Some(entry) = entry else { continue };
+            live += 1;
+            assert_eq!(self.map.get(&entry.key), Some(&(id as EntryId)), "the key map names entry {id}");
+            bytes += item_bytes(entry.key.len(), entry.value_bytes);
+            *references.entry(entry.location).or_default() += 1;
+            if let Some(recorded) = entry.recorded {
+                *references.entry(recorded.location).or_default() += 1;
+            }
+        }
+        assert_eq!(live, self.map.len(), "every live entry is in the key map");
+        assert_eq!(live + self.free.len(), self.entries.len(), "a slot is live or free");
+        assert_eq!(bytes, self.bytes_used, "bytes_used is the sum of the entries' item bytes");
+        let (mut listed, mut at, mut older) = (0, self.tail, NIL);
+        while let Some(id) = at {
+            listed += 1;
+            assert!(listed <= live, "the LRU list has no cycle");
+            assert_eq!(self.entry(id).next, older, "the LRU list links both ways");
+            older = id;
+            at = self.newer(id);
+        }
+        assert_eq!(listed, live, "the LRU list holds every live entry");
+        assert_eq!(self.head, (older != NIL).then_some(older), "the LRU list ends at its head");
+        for (location, held) in references {
+            let refs = self.locations.get(&location).map_or(0, |location| location.refs);
+            assert!(refs >= held, "location {location} has {refs} references, {held} holders");
+        }
+        assert!(
+            self.locations.values().all(|location| location.refs > 0),
+            "an unreferenced location is released"
+        );
     }
 
     fn push_front(&mut self, id: EntryId) {
@@ -335,6 +383,7 @@ mod tests {
         let c = insert(&mut index, "c", &mut released);
         assert_eq!(index.lru_tail(), Some(a));
         index.touch_lru(a);
+        index.check_invariants(&HashMap::new());
         assert_eq!(index.lru_tail(), Some(b));
         assert_eq!(index.newer(b), Some(c));
         index.remove(c, &mut released);
@@ -342,6 +391,7 @@ mod tests {
         index.remove(b, &mut released);
         index.remove(a, &mut released);
         assert_eq!((index.lru_tail(), index.bytes_used, released.len()), (None, 0, 3));
+        index.check_invariants(&HashMap::new());
     }
 
     #[test]
@@ -353,6 +403,7 @@ mod tests {
         index.retain(location); // a read in flight
         insert(&mut index, "a", &mut released); // overwritten
         assert!(released.is_empty());
+        index.check_invariants(&HashMap::from([(location, 1)]));
         index.release(location, &mut released);
         assert_eq!(released.len(), 1);
         assert_eq!(index.len(), 1);

@@ -13,12 +13,13 @@ use remem_memcache::{MetaFlags, MetaSetMode, Request, StoreMode};
 
 use crate::cache::{Cache, RmwKind, RmwOp, Waiter};
 use crate::commands::{self, deadline, StoreReplies};
-use crate::reply::{arithmetic_reply, ArithmeticReply, ConnRef, Render};
+use crate::completion::{Ack, ArithmeticReply, ConnRef, Render};
+use crate::reply::{arithmetic_reply, Outbox};
 use crate::scheme::Scheme;
 use crate::text::After;
 
 fn item_of(cache: &Cache, id: crate::index::EntryId, now: u64) -> MetaItem {
-    let entry = cache.index.entry(id);
+    let entry = cache.index().entry(id);
     MetaItem {
         cas: entry.cas,
         client_flags: entry.flags,
@@ -43,15 +44,16 @@ fn line(
 }
 
 /// The client's scheme hint (`P` or `L` token), if it names a scheme this server has.
-fn hint(cache: &Cache, flags: &MetaFlags<'_>) -> Result<Option<Scheme>, String> {
+fn hint(cache: &Cache, flags: &MetaFlags<'_>) -> Result<Option<Scheme>, crate::scheme::SchemeError> {
     match flags.scheme_hint {
         None => Ok(None),
-        Some(token) => Scheme::parse(token, cache.config.ec).map(Some).map_err(|error| error.to_string()),
+        Some(token) => Scheme::parse(token, cache.config().ec).map(Some),
     }
 }
 
 pub fn execute(
     cache: &mut Cache,
+    out: &mut Outbox,
     conn: ConnRef,
     next_seq: &mut u64,
     request: Request<'_>,
@@ -60,13 +62,13 @@ pub fn execute(
     let seq = *next_seq;
     *next_seq += 1;
     match request {
-        Request::MetaGet { key, flags } => meta_get(cache, conn, seq, &key, &flags, now),
+        Request::MetaGet { key, flags } => meta_get(cache, out, conn, seq, &key, &flags, now),
         Request::MetaSet { key, data, flags } => {
-            cache.stats.cmd_set += 1;
+            cache.stats_mut().cmd_set += 1;
             let hint = match hint(cache, &flags) {
                 Ok(hint) => hint,
                 Err(error) => {
-                    cache.reply(conn, seq, format!("CLIENT_ERROR {error}\r\n").into_bytes());
+                    out.reply(conn, seq, format!("CLIENT_ERROR {error}\r\n").into_bytes());
                     return After::Continue;
                 }
             };
@@ -91,6 +93,7 @@ pub fn execute(
             let cas = flags.compare_cas.unwrap_or(0);
             commands::store_command(
                 cache,
+                out,
                 conn,
                 seq,
                 mode,
@@ -108,34 +111,34 @@ pub fn execute(
         Request::MetaDelete { key, flags } => {
             let status = match cache.live(&key, now) {
                 None => {
-                    cache.stats.delete_misses += 1;
+                    cache.stats_mut().delete_misses += 1;
                     MetaStatus::Nf
                 }
-                Some(id) if flags.compare_cas.is_some_and(|cas| cas != cache.index.entry(id).cas) => {
+                Some(id) if flags.compare_cas.is_some_and(|cas| cas != cache.index().entry(id).cas) => {
                     MetaStatus::Ex
                 }
                 Some(id) => {
                     cache.remove_entry(id);
-                    cache.stats.delete_hits += 1;
+                    cache.stats_mut().delete_hits += 1;
                     MetaStatus::Hd
                 }
             };
             let bytes = line(MetaCommand::Delete, status, &flags, &key, &MetaItem::default());
-            cache.reply(conn, seq, bytes);
+            out.reply(conn, seq, bytes);
         }
-        Request::MetaArithmetic { key, flags } => meta_arithmetic(cache, conn, seq, &key, &flags, now),
+        Request::MetaArithmetic { key, flags } => meta_arithmetic(cache, out, conn, seq, &key, &flags, now),
         Request::MetaNoop => {
-            let mut out = Vec::new();
-            meta::noop(&mut out);
-            cache.reply(conn, seq, out);
+            let mut bytes = Vec::new();
+            meta::noop(&mut bytes);
+            out.reply(conn, seq, bytes);
         }
         Request::MetaDebug { key, base64_key } => {
-            let mut out = Vec::new();
+            let mut bytes = Vec::new();
             match cache.live(&key, now) {
-                None => meta::miss(&mut out),
+                None => meta::miss(&mut bytes),
                 Some(id) => {
                     let item = item_of(cache, id, now);
-                    let scheme = cache.index.location(cache.index.entry(id).location).scheme;
+                    let scheme = cache.index().location(cache.index().entry(id).location).scheme;
                     let info = DebugInfo {
                         exptime_seconds: item.ttl_seconds,
                         last_access_seconds: item.last_access_seconds,
@@ -144,34 +147,42 @@ pub fn execute(
                         class: scheme.index() as u32,
                         size: item.size,
                     };
-                    meta::debug(&mut out, &key, base64_key, &info);
+                    meta::debug(&mut bytes, &key, base64_key, &info);
                 }
             }
-            cache.reply(conn, seq, out);
+            out.reply(conn, seq, bytes);
         }
         other => {
             tracing::error!(?other, "a text command reached the meta handler");
-            cache.reply(conn, seq, b"ERROR\r\n".to_vec());
+            out.reply(conn, seq, b"ERROR\r\n".to_vec());
         }
     }
     After::Continue
 }
 
-fn meta_get(cache: &mut Cache, conn: ConnRef, seq: u64, key: &[u8], flags: &MetaFlags<'_>, now: u64) {
-    cache.stats.cmd_get += 1;
+fn meta_get(
+    cache: &mut Cache,
+    out: &mut Outbox,
+    conn: ConnRef,
+    seq: u64,
+    key: &[u8],
+    flags: &MetaFlags<'_>,
+    now: u64,
+) {
+    cache.stats_mut().cmd_get += 1;
     let Some(id) = cache.live(key, now) else {
-        cache.stats.get_misses += 1;
+        cache.stats_mut().get_misses += 1;
         let bytes = line(MetaCommand::Get, MetaStatus::En, flags, key, &MetaItem::default());
-        return cache.reply(conn, seq, bytes);
+        return out.reply(conn, seq, bytes);
     };
-    cache.stats.get_hits += 1;
+    cache.stats_mut().get_hits += 1;
     let item = item_of(cache, id, now);
     if let Some(exptime) = flags.exptime {
-        cache.stats.cmd_touch += 1;
-        cache.stats.touch_hits += 1;
+        cache.stats_mut().cmd_touch += 1;
+        cache.stats_mut().touch_hits += 1;
         match deadline(exptime, now) {
-            Ok(at) => cache.index.entry_mut(id).expires_at = at,
-            Err(commands::AlreadyExpired) => cache.index.entry_mut(id).expires_at = 1,
+            Ok(at) => cache.index_mut().entry_mut(id).expires_at = at,
+            Err(commands::AlreadyExpired) => cache.index_mut().entry_mut(id).expires_at = 1,
         }
         cache.rerecord(id);
     }
@@ -183,19 +194,27 @@ fn meta_get(cache: &mut Cache, conn: ConnRef, seq: u64, key: &[u8], flags: &Meta
     let hd_line = line(MetaCommand::Get, MetaStatus::Hd, flags, key, &item);
     if !flags.return_value {
         if !flags.no_lru_bump {
-            cache.index.touch_lru(id);
+            cache.index_mut().touch_lru(id);
         }
-        cache.index.entry_mut(id).fetched = true;
-        return cache.reply(conn, seq, hd_line);
+        cache.index_mut().entry_mut(id).fetched = true;
+        return out.reply(conn, seq, hd_line);
     }
     // The reply: the HD line as `VA <size> <flags>`, the value and its `\r\n`.
     let reserved = item.size as usize + hd_line.len() + 32;
-    cache.budget.hold(conn, reserved);
-    let render = Render::Meta { head: hd_line.into(), opaque_and_key: Box::default(), return_value: true };
+    cache.budget_mut().hold(conn, reserved);
+    let render = Render::Meta { head: hd_line.into(), return_value: true };
     cache.read_entry(id, Waiter::Get { conn, seq, render, end: None, reserved }, now);
 }
 
-fn meta_arithmetic(cache: &mut Cache, conn: ConnRef, seq: u64, key: &[u8], flags: &MetaFlags<'_>, now: u64) {
+fn meta_arithmetic(
+    cache: &mut Cache,
+    out: &mut Outbox,
+    conn: ConnRef,
+    seq: u64,
+    key: &[u8],
+    flags: &MetaFlags<'_>,
+    now: u64,
+) {
     let increment = !flags.decrement();
     let delta = flags.delta_or_default();
     let hd_line = line(
@@ -209,35 +228,36 @@ fn meta_arithmetic(cache: &mut Cache, conn: ConnRef, seq: u64, key: &[u8], flags
     if cache.live(key, now).is_none() {
         let Some(vivify) = flags.vivify_exptime else {
             if increment {
-                cache.stats.incr_misses += 1;
+                cache.stats_mut().incr_misses += 1;
             } else {
-                cache.stats.decr_misses += 1;
+                cache.stats_mut().decr_misses += 1;
             }
             let bytes = line(MetaCommand::Arithmetic, MetaStatus::Nf, flags, key, &MetaItem::default());
-            return cache.reply(conn, seq, bytes);
+            return out.reply(conn, seq, bytes);
         };
         // Vivify: the item starts at the initial value (the delta is not applied).
         let initial = flags.initial_value.unwrap_or(0);
         let Ok(expires_at) = deadline(vivify, now) else {
-            return cache.reply(conn, seq, arithmetic_reply(&reply, initial));
+            return out.reply(conn, seq, arithmetic_reply(&reply, initial));
         };
         let value: Rc<[u8]> = Rc::from(initial.to_string().into_bytes());
-        let scheme = cache.config.policy.choose(key, value.len(), None);
-        let scheme = if cache.space.offers(scheme) { scheme } else { commands::fallback_scheme(cache) };
-        let ack = crate::cache::Ack { conn, seq, ok: arithmetic_reply(&reply, initial), noreply: false };
+        let scheme = cache.config().policy.choose(key, value.len(), None);
+        let scheme = if cache.space().offers(scheme) { scheme } else { commands::fallback_scheme(cache) };
+        let ack = Ack { conn, seq, ok: arithmetic_reply(&reply, initial), noreply: false };
         if let Err(error) = cache.store(key, value, 0, expires_at, scheme, false, None, vec![ack]) {
-            cache.reply(conn, seq, format!("{error}\r\n").into_bytes());
+            out.reply(conn, seq, crate::reply::refused(error));
         }
         return;
     }
     if increment {
-        cache.stats.incr_hits += 1;
+        cache.stats_mut().incr_hits += 1;
     } else {
-        cache.stats.decr_hits += 1;
+        cache.stats_mut().decr_hits += 1;
     }
     let kind = if increment { RmwKind::Incr(delta) } else { RmwKind::Decr(delta) };
     commands::rmw(
         cache,
+        out,
         key,
         RmwOp { kind, conn, seq, noreply: false, meta: Some(reply), ok: Vec::new() },
         now,

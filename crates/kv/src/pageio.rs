@@ -239,3 +239,6 @@ impl Default for PageIo {
 fn client_slot_limit(client: &mut PollClient) -> usize {
     client.client().engine().slot_count()
 }
+
+/// Engine op slots: page ops in flight at once.
+pub const PAGE_OPS_IN_FLIGHT: usize = 256;

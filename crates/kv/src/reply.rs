@@ -1,16 +1,12 @@
-//! Replies and where they go: the connection a reply is for, its place in that connection's
-//! order, and how a value read from remote memory is rendered for the command that asked
-//! (text `VALUE` lines, meta `VA` lines, `ma` numbers). No cache state: the engine (`cache.rs`)
-//! renders a get's reply with these when its value arrives, the command layers when they answer.
+//! Replies and where they go: a reply's place in its connection's order, the queue of replies
+//! the server sends ([`Outbox`]), and the rendering of what the engine hands up (values as text
+//! `VALUE` lines, meta `VA` lines or `ma` numbers; the engine's errors as memcached's
+//! `SERVER_ERROR` lines). No cache state.
 
 use remem_memcache::response;
 
-/// A connection as the cache names it; a reply to a connection that closed is dropped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ConnRef {
-    pub index: usize,
-    pub generation: u64,
-}
+use crate::completion::{ArithmeticReply, ConnRef, Render};
+use crate::error::{StoreError, ValueError};
 
 /// A reply, in the place `seq` of its connection's reply order.
 #[derive(Debug)]
@@ -26,13 +22,35 @@ pub struct Out {
     pub reserved: usize,
 }
 
-/// How a fetched value is rendered for its waiter.
-#[derive(Clone, Debug)]
-pub enum Render {
-    /// Text get/gets: `VALUE key flags bytes [cas]`.
-    Text { key: Box<[u8]>, flags: u32, cas: Option<u64> },
-    /// Meta get: the reply line is built by [`meta_value`] with the value.
-    Meta { head: Box<[u8]>, opaque_and_key: Box<[u8]>, return_value: bool },
+/// Replies ready to go, in the order they were made (the server puts them in each
+/// connection's order).
+#[derive(Debug, Default)]
+pub struct Outbox {
+    outs: Vec<Out>,
+}
+
+impl Outbox {
+    pub fn reply(&mut self, conn: ConnRef, seq: u64, bytes: Vec<u8>) {
+        self.outs.push(Out { conn, seq, bytes, ends_through: None, reserved: 0 });
+    }
+
+    /// A reply, or nothing for a `noreply` command (its place still sends, empty).
+    pub fn reply_unless(&mut self, noreply: bool, conn: ConnRef, seq: u64, bytes: Vec<u8>) {
+        self.reply(conn, seq, if noreply { Vec::new() } else { bytes });
+    }
+
+    pub fn push(&mut self, out: Out) {
+        self.outs.push(out);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.outs.is_empty()
+    }
+
+    /// Every reply made since the last call.
+    pub fn take(&mut self) -> Vec<Out> {
+        std::mem::take(&mut self.outs)
+    }
 }
 
 /// The text of a value for its waiter.
@@ -43,14 +61,12 @@ pub fn render_value(render: &Render, value: &[u8]) -> Vec<u8> {
             response::value(&mut out, key, *flags, value, *cas);
             out
         }
-        Render::Meta { head, opaque_and_key, return_value } => {
-            meta_value(head, opaque_and_key, *return_value, value)
-        }
+        Render::Meta { head, return_value } => meta_value(head, *return_value, value),
     }
 }
 
 /// A meta reply with its value: the HD line turned into `VA <size>` and the data block.
-pub fn meta_value(head: &[u8], _opaque_and_key: &[u8], return_value: bool, value: &[u8]) -> Vec<u8> {
+pub fn meta_value(head: &[u8], return_value: bool, value: &[u8]) -> Vec<u8> {
     if !return_value {
         return head.to_vec();
     }
@@ -64,18 +80,25 @@ pub fn meta_value(head: &[u8], _opaque_and_key: &[u8], return_value: bool, value
     out
 }
 
-/// How to answer an `ma` once its number is known.
-#[derive(Debug)]
-pub struct ArithmeticReply {
-    /// The HD line with the return flags (empty when quiet mode hides it).
-    pub hd_line: Vec<u8>,
-    pub return_value: bool,
-}
-
 /// The reply of an `ma` whose result is `number`.
 pub fn arithmetic_reply(reply: &ArithmeticReply, number: u64) -> Vec<u8> {
     if reply.hd_line.is_empty() {
         return Vec::new();
     }
-    meta_value(&reply.hd_line, &[], reply.return_value, number.to_string().as_bytes())
+    meta_value(&reply.hd_line, reply.return_value, number.to_string().as_bytes())
+}
+
+/// A value remote memory lost (a get's or a read-modify-write's).
+pub fn lost_value(error: &ValueError) -> Vec<u8> {
+    format!("SERVER_ERROR remote memory lost the value: {error}\r\n").into_bytes()
+}
+
+/// A store whose write (or record) failed.
+pub fn store_failed(error: &ValueError) -> Vec<u8> {
+    format!("SERVER_ERROR remote memory could not store the value: {error}\r\n").into_bytes()
+}
+
+/// A store that could not start.
+pub fn refused(error: StoreError) -> Vec<u8> {
+    format!("SERVER_ERROR {error}\r\n").into_bytes()
 }

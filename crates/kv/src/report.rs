@@ -12,9 +12,9 @@ use crate::space::{class_sizes, RegionKind, PAGE_BYTES};
 /// Items and bytes of values per scheme, from the index.
 pub fn scheme_totals(cache: &Cache) -> [(u64, u64); 5] {
     let mut totals = [(0u64, 0u64); 5];
-    for id in cache.index.ids() {
-        let entry = cache.index.entry(id);
-        let scheme = cache.index.location(entry.location).scheme;
+    for id in cache.index().ids() {
+        let entry = cache.index().entry(id);
+        let scheme = cache.index().location(entry.location).scheme;
         totals[scheme.index()].0 += 1;
         totals[scheme.index()].1 += entry.value_bytes as u64;
     }
@@ -25,9 +25,9 @@ pub fn scheme_totals(cache: &Cache) -> [(u64, u64); 5] {
 /// class size) times the scheme's overhead. EOR's reserved parity slots are not counted.
 pub fn scheme_node_bytes(cache: &Cache) -> [f64; 5] {
     let mut bytes = [0f64; 5];
-    let ec = cache.config.ec;
-    for id in cache.index.ids() {
-        let location = cache.index.location(cache.index.entry(id).location);
+    let ec = cache.config().ec;
+    for id in cache.index().ids() {
+        let location = cache.index().location(cache.index().entry(id).location);
         let held = location.extent.pages.len() * PAGE_BYTES
             + location.extent.tail.map(|chunk| crate::space::class_bytes(chunk.class)).unwrap_or(0);
         bytes[location.scheme.index()] += held as f64 * location.scheme.ideal_overhead(ec);
@@ -54,12 +54,17 @@ pub fn stats(cache: &mut Cache, group: Option<&[u8]>) -> Vec<u8> {
 }
 
 fn general(cache: &mut Cache, out: &mut Vec<u8>) {
-    let stats = &cache.stats;
+    let (nodes, connected) = {
+        let engine = cache.client_mut().client().engine();
+        let members = engine.nodes().iter().filter(|node| node.membership == Membership::Member);
+        members.fold((0, 0), |(all, up), node| (all + 1, up + usize::from(node.connected)))
+    };
+    let stats = cache.stats();
     let uptime = cache.uptime().as_secs();
     response::stat(out, "pid", std::process::id());
     response::stat(out, "uptime", uptime);
-    response::stat(out, "time", crate::now_unix());
-    response::stat(out, "version", crate::VERSION);
+    response::stat(out, "time", crate::clock::now_unix());
+    response::stat(out, "version", VERSION);
     response::stat(out, "pointer_size", 64);
     response::stat(out, "curr_connections", stats.curr_connections);
     response::stat(out, "total_connections", stats.total_connections);
@@ -84,18 +89,13 @@ fn general(cache: &mut Cache, out: &mut Vec<u8>) {
     response::stat(out, "touch_misses", stats.touch_misses);
     response::stat(out, "bytes_read", stats.bytes_read);
     response::stat(out, "bytes_written", stats.bytes_written);
-    response::stat(out, "limit_maxbytes", cache.config.memory_limit_bytes);
+    response::stat(out, "limit_maxbytes", cache.config().memory_limit_bytes);
     response::stat(out, "threads", 1);
-    response::stat(out, "bytes", cache.index.bytes_used);
-    response::stat(out, "curr_items", cache.index.len());
+    response::stat(out, "bytes", cache.index().bytes_used());
+    response::stat(out, "curr_items", cache.index().len());
     response::stat(out, "total_items", stats.total_items);
     response::stat(out, "expired_unfetched", stats.expired_unfetched);
     response::stat(out, "evictions", stats.evictions);
-    let (nodes, connected) = {
-        let engine = cache.client.client().engine();
-        let members = engine.nodes().iter().filter(|node| node.membership == Membership::Member);
-        members.fold((0, 0), |(all, up), node| (all + 1, up + usize::from(node.connected)))
-    };
     response::stat(out, "remem_nodes", nodes);
     response::stat(out, "remem_nodes_connected", connected);
     response::stat(out, "remem_degraded_reads", stats.degraded_reads);
@@ -114,12 +114,12 @@ fn general(cache: &mut Cache, out: &mut Vec<u8>) {
     response::stat(out, "remem_transitions", stats.transitions);
     response::stat(out, "remem_transition_bytes_read", stats.transition_bytes_read);
     response::stat(out, "remem_transition_bytes_written", stats.transition_bytes_written);
-    response::stat(out, "remem_background_transitions", cache.background_transitions);
-    response::stat(out, "remem_page_ops_in_flight", cache.io.busy());
-    response::stat(out, "remem_page_ops_waiting", cache.io.waiting());
-    response::stat(out, "remem_output_held_bytes", cache.budget.held_bytes());
-    response::stat(out, "remem_output_held_bytes_peak", cache.budget.peak_held_bytes());
-    response::stat(out, "remem_output_budget_waits", cache.budget.waits);
+    response::stat(out, "remem_background_transitions", cache.background_transitions());
+    response::stat(out, "remem_page_ops_in_flight", cache.io().busy());
+    response::stat(out, "remem_page_ops_waiting", cache.io().waiting());
+    response::stat(out, "remem_output_held_bytes", cache.budget().held_bytes());
+    response::stat(out, "remem_output_held_bytes_peak", cache.budget().peak_held_bytes());
+    response::stat(out, "remem_output_budget_waits", cache.budget().waits);
     let totals = scheme_totals(cache);
     for scheme in Scheme::ALL {
         let (items, bytes) = totals[scheme.index()];
@@ -141,15 +141,15 @@ fn general(cache: &mut Cache, out: &mut Vec<u8>) {
 }
 
 fn settings(cache: &Cache, out: &mut Vec<u8>) {
-    let config = &cache.config;
+    let config = cache.config();
     response::stat(out, "maxbytes", config.memory_limit_bytes);
     response::stat(out, "item_size_max", config.max_item_bytes);
     response::stat(out, "evictions", "on");
     response::stat(out, "cas_enabled", "yes");
     response::stat(out, "remem_ec", config.ec.name());
     response::stat(out, "remem_bypass", if config.bypass { "yes" } else { "no" });
-    response::stat(out, "remem_output_budget_bytes", cache.budget.total_limit_bytes());
-    response::stat(out, "remem_connection_output_limit_bytes", cache.budget.connection_limit_bytes());
+    response::stat(out, "remem_output_budget_bytes", cache.budget().total_limit_bytes());
+    response::stat(out, "remem_connection_output_limit_bytes", cache.budget().connection_limit_bytes());
     let policy = &config.policy;
     let fixed = policy.fixed.map(|scheme| scheme.label(config.ec)).unwrap_or_else(|| "auto".into());
     response::stat(out, "remem_scheme", fixed);
@@ -175,7 +175,7 @@ fn items(cache: &Cache, out: &mut Vec<u8>) {
         if items > 0 {
             let id = scheme.index() + 1;
             response::stat(out, &format!("items:{id}:number"), items);
-            response::stat(out, &format!("items:{id}:remem_scheme"), scheme.label(cache.config.ec));
+            response::stat(out, &format!("items:{id}:remem_scheme"), scheme.label(cache.config().ec));
             response::stat(out, &format!("items:{id}:remem_bytes"), bytes);
         }
     }
@@ -187,24 +187,24 @@ fn slabs(cache: &Cache, out: &mut Vec<u8>) {
         response::stat(out, &format!("{}:chunk_size", index + 1), size);
     }
     response::stat(out, "active_slabs", class_sizes().len());
-    response::stat(out, "total_malloced", cache.index.bytes_used);
-    response::stat(out, "remem_chunk_pages_cached", cache.chunks.cached_pages());
+    response::stat(out, "total_malloced", cache.index().bytes_used());
+    response::stat(out, "remem_chunk_pages_cached", cache.chunks().cached_pages());
 }
 
 /// remem: memory per scheme, node bytes held against the scheme's ideal.
 fn schemes(cache: &Cache, out: &mut Vec<u8>) {
     let totals = scheme_totals(cache);
-    let ec = cache.config.ec;
+    let ec = cache.config().ec;
     for (kind, name) in [
         (RegionKind::None, "none"),
         (RegionKind::Rep2, "rep2"),
         (RegionKind::Rep3, "rep3"),
         (RegionKind::Ec, "ec"),
     ] {
-        if cache.space.region_pages(kind).is_none() {
+        if cache.space().region_pages(kind).is_none() {
             continue;
         }
-        let pages = cache.space.pages_in_use(kind);
+        let pages = cache.space().pages_in_use(kind);
         response::stat(out, &format!("{name}:pages_in_use"), pages);
         response::stat(out, &format!("{name}:page_bytes_in_use"), pages * PAGE_BYTES as u64);
     }
@@ -227,94 +227,94 @@ type Plain = (&'static str, &'static str, &'static str, fn(&mut Cache) -> u64);
 
 /// The cache's metrics with one sample each, in the order `/metrics` shows them.
 const PLAIN_METRICS: &[Plain] = &[
-    ("gets_total", "counter", "Keys asked by get, gets, gat, gats and mg.", |cache| cache.stats.cmd_get),
-    ("sets_total", "counter", "Storage commands.", |cache| cache.stats.cmd_set),
-    ("get_hits_total", "counter", "Keys found.", |cache| cache.stats.get_hits),
-    ("get_misses_total", "counter", "Keys not found.", |cache| cache.stats.get_misses),
-    ("evictions_total", "counter", "Items evicted by the LRU.", |cache| cache.stats.evictions),
+    ("gets_total", "counter", "Keys asked by get, gets, gat, gats and mg.", |cache| cache.stats().cmd_get),
+    ("sets_total", "counter", "Storage commands.", |cache| cache.stats().cmd_set),
+    ("get_hits_total", "counter", "Keys found.", |cache| cache.stats().get_hits),
+    ("get_misses_total", "counter", "Keys not found.", |cache| cache.stats().get_misses),
+    ("evictions_total", "counter", "Items evicted by the LRU.", |cache| cache.stats().evictions),
     (
         "degraded_reads_total",
         "counter",
         "Reads that decoded because a data split was missing (a node down, a corrupt or stale \
          split), or fell back from an EOR main copy to its data splits.",
-        |cache| cache.stats.degraded_reads,
+        |cache| cache.stats().degraded_reads,
     ),
     (
         "lost_reads_total",
         "counter",
         "Values remote memory lost (more failures than their scheme survives).",
-        |cache| cache.stats.lost_reads,
+        |cache| cache.stats().lost_reads,
     ),
-    ("failed_writes_total", "counter", "Writes remote memory refused.", |cache| cache.stats.failed_writes),
+    ("failed_writes_total", "counter", "Writes remote memory refused.", |cache| cache.stats().failed_writes),
     (
         "unreadable_chunk_pages_total",
         "counter",
         "Chunk pages a set could not read to fill a free chunk (left as they were).",
-        |cache| cache.stats.unreadable_chunk_pages,
+        |cache| cache.stats().unreadable_chunk_pages,
     ),
     (
         "eor_whole_page_writes_total",
         "counter",
         "EOR pages written whole (data and parities) because a data split's node was down.",
-        |cache| cache.stats.eor_whole_page_writes,
+        |cache| cache.stats().eor_whole_page_writes,
     ),
     (
         "backup_records_written_total",
         "counter",
         "Item records written to the backup region (docs/KV.md Restarts).",
-        |cache| cache.stats.backup_records_written,
+        |cache| cache.stats().backup_records_written,
     ),
     (
         "backup_failures_total",
         "counter",
         "Items the backup region could not record (full): answered with an error.",
-        |cache| cache.stats.backup_failures,
+        |cache| cache.stats().backup_failures,
     ),
     (
         "restored_mismatches_total",
         "counter",
         "Restored values whose bytes did not match their record's checksum (dropped).",
-        |cache| cache.stats.restored_mismatches,
+        |cache| cache.stats().restored_mismatches,
     ),
     ("backup_chunks_used", "gauge", "1 MiB chunks of the backup region in use.", |cache| {
-        cache.backup.as_ref().map_or(0, |backup| u64::from(backup.chunks_used().0))
+        cache.backup().map_or(0, |backup| u64::from(backup.chunks_used().0))
     }),
     ("backup_chunks", "gauge", "1 MiB chunks of the backup region.", |cache| {
-        cache.backup.as_ref().map_or(0, |backup| u64::from(backup.chunks_used().1))
+        cache.backup().map_or(0, |backup| u64::from(backup.chunks_used().1))
     }),
-    ("read_repairs_total", "counter", "EOR halves written back after a read.", |cache| cache.stats.repairs),
+    ("read_repairs_total", "counter", "EOR halves written back after a read.", |cache| cache.stats().repairs),
     ("bypassed_gets_total", "counter", "Gets answered from a write in flight.", |cache| {
-        cache.stats.bypassed_gets
+        cache.stats().bypassed_gets
     }),
-    ("transitions_total", "counter", "Objects moved to another scheme.", |cache| cache.stats.transitions),
+    ("transitions_total", "counter", "Objects moved to another scheme.", |cache| cache.stats().transitions),
     ("remote_read_bytes_total", "counter", "Page bytes read from remote memory.", |cache| {
-        cache.stats.bytes_read_remote
+        cache.stats().bytes_read_remote
     }),
     ("remote_written_bytes_total", "counter", "Page bytes written to remote memory.", |cache| {
-        cache.stats.bytes_written_remote
+        cache.stats().bytes_written_remote
     }),
-    ("connections", "gauge", "Client connections open.", |cache| cache.stats.curr_connections),
+    ("connections", "gauge", "Client connections open.", |cache| cache.stats().curr_connections),
     (
         "output_held_bytes",
         "gauge",
         "Bytes held for replies: values fetched for gets, replies waiting, output not yet written.",
-        |cache| cache.budget.held_bytes() as u64,
+        |cache| cache.budget().held_bytes() as u64,
     ),
     (
         "output_budget_bytes",
         "gauge",
         "--output-budget: held bytes beyond which connections wait for their clients to read.",
-        |cache| cache.budget.total_limit_bytes() as u64,
+        |cache| cache.budget().total_limit_bytes() as u64,
     ),
     (
         "output_budget_waits_total",
         "counter",
         "Times a connection's next value or request waited for the output budget.",
-        |cache| cache.budget.waits,
+        |cache| cache.budget_mut().waits,
     ),
-    ("items", "gauge", "Items in the cache.", |cache| cache.index.len() as u64),
-    ("item_bytes", "gauge", "Bytes counted against --memory-limit.", |cache| cache.index.bytes_used),
-    ("memory_limit_bytes", "gauge", "--memory-limit.", |cache| cache.config.memory_limit_bytes),
+    ("items", "gauge", "Items in the cache.", |cache| cache.index().len() as u64),
+    ("item_bytes", "gauge", "Bytes counted against --memory-limit.", |cache| cache.index().bytes_used()),
+    ("memory_limit_bytes", "gauge", "--memory-limit.", |cache| cache.config().memory_limit_bytes),
 ];
 
 /// The client's view of the cluster, after the per-scheme metrics.
@@ -325,7 +325,7 @@ const NODE_METRICS: &[Plain] = &[
 
 /// Member nodes the cache's client knows, and how many of them are connected.
 fn member_nodes(cache: &mut Cache) -> (u64, u64) {
-    let engine = cache.client.client().engine();
+    let engine = cache.client_mut().client().engine();
     let members = engine.nodes().iter().filter(|node| node.membership == Membership::Member);
     members.fold((0u64, 0u64), |(all, up), node| (all + 1, up + u64::from(node.connected)))
 }
@@ -362,6 +362,9 @@ pub fn prometheus(cache: &mut Cache) -> String {
     for (name, kind, help, read) in NODE_METRICS {
         metric(name, kind, help, &plain(read(cache)));
     }
-    cache.stats.latency.render(&mut out);
+    cache.stats().latency.render(&mut out);
     out
 }
+
+/// What `version` answers: memcached's major version (clients check it) and remem's.
+pub const VERSION: &str = concat!("1.6.0-remem-", env!("CARGO_PKG_VERSION"));

@@ -14,6 +14,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use remem_client::Shape;
+
 /// The schemes a server offers; `Ec` and `Eor` use the server's one EC shape (k, m).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scheme {
@@ -194,6 +196,34 @@ impl Policy {
     /// Whether hotness may move this object: not when its scheme was asked for explicitly.
     pub fn adaptive(&self, key: &[u8], pinned: bool) -> bool {
         !pinned && self.fixed.is_none() && self.prefix_rule(key).is_none() && self.hot_reads > 0
+    }
+}
+
+/// The shape of a scheme's region (EOR: the EC one).
+pub fn region_shape(scheme: Scheme, ec: EcShape) -> Shape {
+    let (data_splits, parity_splits) = match scheme {
+        Scheme::None => (1, 0),
+        Scheme::Rep2 => (1, 1),
+        Scheme::Rep3 => (1, 2),
+        Scheme::Ec | Scheme::Eor => (ec.data_splits, ec.parity_splits),
+    };
+    Shape { data_splits, parity_splits, extra_reads: parity_splits.min(1) }
+}
+
+/// The schemes a server needs regions for: all of them when the policy may pick any, else the
+/// ones its rules name (EC included: cold objects move there).
+pub fn schemes_needed(policy: &Policy) -> Vec<Scheme> {
+    match policy.fixed {
+        None => Scheme::ALL.to_vec(),
+        Some(fixed) => {
+            let mut schemes = vec![fixed];
+            for (_, scheme) in &policy.prefixes {
+                if !schemes.contains(scheme) {
+                    schemes.push(*scheme);
+                }
+            }
+            schemes
+        }
     }
 }
 

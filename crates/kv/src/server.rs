@@ -22,7 +22,8 @@ use mio::{Events, Interest, Poll, Token};
 use remem_memcache::{parse, Limits, Parse};
 
 use crate::cache::Cache;
-use crate::reply::ConnRef;
+use crate::completion::ConnRef;
+use crate::reply::Outbox;
 use crate::text::{self, After, MultiGet};
 
 const TCP: Token = Token(0);
@@ -138,6 +139,8 @@ pub struct Server {
     connections: Vec<Option<Connection>>,
     next_generation: u64,
     pub cache: Cache,
+    /// Replies made and not yet put in their connections' order.
+    outbox: Outbox,
     config: ServerConfig,
     /// Called once a second from the event loop (the CLI follows the cluster file with it).
     pub on_housekeeping: Option<Housekeeping>,
@@ -195,7 +198,7 @@ impl Connection {
 impl Server {
     /// Binds the listeners and registers the client's sockets.
     pub fn bind(mut cache: Cache, config: ServerConfig) -> io::Result<Server> {
-        cache.budget = crate::budget::OutputBudget::new(config.output_budget_bytes);
+        *cache.budget_mut() = crate::budget::OutputBudget::new(config.output_budget_bytes);
         let poll = Poll::new()?;
         let mut tcp = match config.listen {
             Some(address) => Some(TcpListener::bind(address)?),
@@ -214,7 +217,7 @@ impl Server {
         if let Some(listener) = unix.as_mut() {
             poll.registry().register(listener, UNIX, Interest::READABLE)?;
         }
-        cache.client.register(poll.registry(), CLIENT)?;
+        cache.client_mut().register(poll.registry(), CLIENT)?;
         Ok(Server {
             poll,
             tcp,
@@ -222,6 +225,7 @@ impl Server {
             connections: Vec::new(),
             next_generation: 1,
             cache,
+            outbox: Outbox::default(),
             config,
             on_housekeeping: None,
             standby: None,
@@ -254,8 +258,8 @@ impl Server {
             if let Some(deadline) = self.cache.next_deadline() {
                 timeout = timeout.min(deadline.saturating_duration_since(now));
             }
-            if self.cache.io.waiting() > 0
-                || self.cache.io.unflushed
+            if self.cache.io().waiting() > 0
+                || self.cache.io().unflushed
                 || self.standby.as_ref().is_some_and(|port| port.busy())
             {
                 timeout = Duration::ZERO;
@@ -301,22 +305,22 @@ impl Server {
                 self.cache.on_io(true);
             }
             if self.cache.next_deadline().is_some_and(|deadline| deadline <= Instant::now())
-                || self.cache.io.waiting() > 0
+                || self.cache.io().waiting() > 0
             {
                 self.cache.on_io(false);
             }
             self.cache.kick();
             // Read-modify-writes whose values arrived are applied before any request is read.
-            crate::commands::settle(&mut self.cache);
-            if self.cache.io.waiting() < MAX_WAITING_PAGE_OPS / 2 {
+            crate::dispatch::settle(&mut self.cache, &mut self.outbox);
+            if self.cache.io().waiting() < MAX_WAITING_PAGE_OPS / 2 {
                 self.resume_paused();
             }
             if Instant::now() >= next_housekeeping {
-                self.cache.housekeeping(crate::now_unix());
+                self.cache.housekeeping(crate::clock::now_unix());
                 if let Some(hook) = self.on_housekeeping.as_mut() {
                     hook(&mut self.cache);
                 }
-                crate::commands::settle(&mut self.cache);
+                crate::dispatch::settle(&mut self.cache, &mut self.outbox);
                 next_housekeeping = Instant::now() + Duration::from_secs(1);
             }
             if let Some(port) = self.standby.as_mut() {
@@ -347,7 +351,7 @@ impl Server {
     /// bound and its budget admits another value.
     fn may_resume(&self, index: usize, connection: &Connection) -> bool {
         connection.outstanding_replies() <= MAX_PENDING_REPLIES / 2
-            && self.cache.budget.admits(connection.conn(index))
+            && self.cache.budget().admits(connection.conn(index))
     }
 
     fn accept_tcp(&mut self) {
@@ -386,7 +390,7 @@ impl Server {
         if open >= self.config.max_connections {
             // memcached's answer when it is out of connections.
             let _ = stream.write(b"ERROR Too many open connections\r\n");
-            self.cache.stats.rejected_connections += 1;
+            self.cache.stats_mut().rejected_connections += 1;
             return;
         }
         let index = match self.connections.iter().position(Option::is_none) {
@@ -404,7 +408,7 @@ impl Server {
             return;
         }
         self.next_generation += 1;
-        self.cache.budget.open(ConnRef { index, generation: self.next_generation });
+        self.cache.budget_mut().open(ConnRef { index, generation: self.next_generation });
         self.connections[index] = Some(Connection {
             stream,
             generation: self.next_generation,
@@ -423,8 +427,8 @@ impl Server {
             authenticated: self.config.auth.is_none(),
             started: std::collections::VecDeque::new(),
         });
-        self.cache.stats.curr_connections += 1;
-        self.cache.stats.total_connections += 1;
+        self.cache.stats_mut().curr_connections += 1;
+        self.cache.stats_mut().total_connections += 1;
         // Data may have arrived with the connection (edge-triggered: no event would tell).
         self.read_connection(index);
     }
@@ -438,7 +442,7 @@ impl Server {
             }
             if connection.replies.len() + connection.outstanding_replies() > MAX_PENDING_REPLIES
                 || connection.multi_get.is_some()
-                || !self.cache.budget.admits(connection.conn(index))
+                || !self.cache.budget().admits(connection.conn(index))
             {
                 connection.paused = true;
                 break;
@@ -459,7 +463,7 @@ impl Server {
                 }
                 Ok(read) => {
                     connection.input.truncate(start + read);
-                    self.cache.stats.bytes_read += read as u64;
+                    self.cache.stats_mut().bytes_read += read as u64;
                     self.process(index);
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
@@ -486,7 +490,9 @@ impl Server {
         loop {
             if let Some(get) = connection.multi_get.as_mut() {
                 // A lost value's SERVER_ERROR ended the answer: the other keys send nothing.
-                if connection.next_to_send > get.end() || text::continue_get(&mut self.cache, conn, get) {
+                if connection.next_to_send > get.end()
+                    || text::continue_get(&mut self.cache, &mut self.outbox, conn, get)
+                {
                     connection.multi_get = None;
                 } else {
                     connection.paused = true;
@@ -505,13 +511,13 @@ impl Server {
                 break;
             }
             if connection.outstanding_replies() > MAX_PENDING_REPLIES
-                || self.cache.io.waiting() > MAX_WAITING_PAGE_OPS
+                || self.cache.io().waiting() > MAX_WAITING_PAGE_OPS
             {
                 connection.paused = true;
                 break;
             }
-            if !self.cache.budget.admits(conn) {
-                self.cache.budget.waits += 1;
+            if !self.cache.budget().admits(conn) {
+                self.cache.budget_mut().waits += 1;
                 connection.paused = true;
                 break;
             }
@@ -526,13 +532,19 @@ impl Server {
                             self.config.auth.as_ref().expect("unauthenticated only with an auth file");
                         let (reply, close) = crate::auth::authenticate(credentials, &request);
                         connection.authenticated = reply == crate::auth::STORED;
-                        self.cache.reply(conn, seq, reply.to_vec());
+                        self.outbox.reply(conn, seq, reply.to_vec());
                         connection.closing |= close;
                         continue;
                     }
                     let (first, kind) = (connection.next_seq, crate::latency::Kind::of(&request));
                     let parsed = std::time::Instant::now();
-                    match crate::dispatch::execute(&mut self.cache, conn, &mut connection.next_seq, request) {
+                    match crate::dispatch::execute(
+                        &mut self.cache,
+                        &mut self.outbox,
+                        conn,
+                        &mut connection.next_seq,
+                        request,
+                    ) {
                         After::Continue => {}
                         After::Close => connection.closing = true,
                         After::Get(get) => connection.multi_get = Some(get),
@@ -550,7 +562,7 @@ impl Server {
                     if !noreply {
                         error.write_to(&mut bytes);
                     }
-                    self.cache.reply(conn, seq, bytes);
+                    self.outbox.reply(conn, seq, bytes);
                     if close {
                         connection.closing = true;
                     }
@@ -570,18 +582,21 @@ impl Server {
 
     /// Puts finished replies in their connections' order and writes what is due.
     fn dispatch(&mut self) {
-        if self.cache.outbox.is_empty() {
+        // Values that finished during the last engine call without a settle after it (a key
+        // of a resumed multi-get served from the chunk cache) are answered now.
+        crate::dispatch::settle(&mut self.cache, &mut self.outbox);
+        if self.outbox.is_empty() {
             return;
         }
         // No reply leaves before the standby's copy holds the records it acknowledges.
-        if let Some(backup) = self.cache.backup.as_mut() {
+        if let Some(backup) = self.cache.backup_mut() {
             backup.barrier();
         }
-        let outs = std::mem::take(&mut self.cache.outbox);
+        let outs = self.outbox.take();
         let mut touched = Vec::new();
         for out in outs {
             // The reply replaces what was reserved for it (a closed connection's is dropped).
-            self.cache.budget.release(out.conn, out.reserved);
+            self.cache.budget_mut().release(out.conn, out.reserved);
             let Some(connection) = self.connections.get_mut(out.conn.index).and_then(Option::as_mut) else {
                 continue;
             };
@@ -592,11 +607,11 @@ impl Server {
             // usually at the front.
             if let Some(position) = connection.started.iter().position(|&(seq, _, _)| seq == out.seq) {
                 let (_, kind, started) = connection.started.remove(position).expect("found above");
-                self.cache.stats.latency.record(kind, started.elapsed());
+                self.cache.stats_mut().latency.record(kind, started.elapsed());
             }
             // A place an earlier reply ended its command through sends nothing.
             if out.seq >= connection.next_to_send {
-                self.cache.budget.hold(out.conn, out.bytes.len());
+                self.cache.budget_mut().hold(out.conn, out.bytes.len());
                 let previous = connection.replies.insert(out.seq, (out.bytes, out.ends_through));
                 assert!(previous.is_none(), "two replies for place {}", out.seq);
             }
@@ -614,7 +629,7 @@ impl Server {
                     let rest = connection.replies.split_off(&(through + 1));
                     let dropped = std::mem::replace(&mut connection.replies, rest);
                     let dropped_bytes = dropped.values().map(|(bytes, _)| bytes.len()).sum();
-                    self.cache.budget.release(connection.conn(index), dropped_bytes);
+                    self.cache.budget_mut().release(connection.conn(index), dropped_bytes);
                     connection.next_to_send = connection.next_to_send.max(through + 1);
                 }
             }
@@ -637,8 +652,8 @@ impl Server {
                 Ok(0) => connection.dead = true,
                 Ok(written) => {
                     connection.consume_output(written);
-                    self.cache.budget.release(conn, written);
-                    self.cache.stats.bytes_written += written as u64;
+                    self.cache.budget_mut().release(conn, written);
+                    self.cache.stats_mut().bytes_written += written as u64;
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
@@ -663,13 +678,13 @@ impl Server {
         if connection.dead || (connection.closing && replies_out) {
             let mut connection = self.connections[index].take().expect("present");
             let _ = self.poll.registry().deregister(connection.stream.source());
-            self.cache.stats.curr_connections -= 1;
+            self.cache.stats_mut().curr_connections -= 1;
             // Its buffers go now; the reservations of its fetches in flight go when they finish.
             let conn = connection.conn(index);
             let buffered = connection.buffered_bytes();
-            assert!(buffered <= self.cache.budget.held_by(conn), "a connection holds what it buffers");
-            self.cache.budget.release(conn, buffered);
-            self.cache.budget.close(conn);
+            assert!(buffered <= self.cache.budget().held_by(conn), "a connection holds what it buffers");
+            self.cache.budget_mut().release(conn, buffered);
+            self.cache.budget_mut().close(conn);
         }
     }
 }

@@ -287,6 +287,7 @@ impl Space {
             debug_assert!(page >= region.first_page && page < region.first_page + region.page_count);
             region.free.push(page);
         }
+        debug_assert!(self.pages_in_use[kind] >= pages.len() as u64, "freed more pages than were in use");
         self.pages_in_use[kind] -= pages.len() as u64;
     }
 
@@ -304,7 +305,7 @@ impl Space {
         }
     }
 
-    /// Marks a restored value's pages and chunk as taken (a restart: `crate::durability`). The
+    /// Marks a restored value's pages and chunk as taken (a restart: `crate::cache::durability`). The
     /// caller has checked that they are inside the scheme's region and that no two values
     /// share a page or a chunk slot. Call [`Space::finish_restore`] after the last one.
     pub fn take(&mut self, scheme: Scheme, extent: &Extent) {

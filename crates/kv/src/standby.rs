@@ -17,7 +17,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::backup::replica::STANDBY_TIMEOUT;
+use crate::backup::replica::{ReplicaError, STANDBY_TIMEOUT};
 use crate::backup::wire::{self, Message, Mode, PROTOCOL_VERSION};
 use crate::backup::{Replica, SyncPolicy};
 use crate::cache::Cache;
@@ -250,7 +250,7 @@ impl StandbyPort {
             }
             other => return refuse(&mut stream, format!("expected a hello, got {other:?}")),
         }
-        let Some(backup) = cache.backup.as_mut() else {
+        let Some(backup) = cache.backup_mut() else {
             return refuse(&mut stream, "this primary keeps no backup region (--ephemeral)".into());
         };
         if self.attached {
@@ -261,10 +261,10 @@ impl StandbyPort {
                 let holder = self.standby_pid.map(|pid| format!(" (pid {pid})")).unwrap_or_default();
                 return refuse(&mut stream, format!("this primary has a standby already{holder}"));
             }
-            replica.lose("its socket closed".into());
+            replica.lose(ReplicaError::SocketClosed);
             self.detach(cache);
         }
-        let backup = cache.backup.as_mut().expect("checked above");
+        let backup = cache.backup_mut().expect("checked above");
         let (_, chunk_count) = backup.chunks_used();
         let region_bytes = backup.file_bytes();
         let attach_id = new_attach_id();
@@ -284,7 +284,7 @@ impl StandbyPort {
             read_frame(&mut stream, &mut buffer).map(|frame| wire::decode(frame) == Ok(Message::Ready));
         let replica = match ready {
             Ok(true) => Replica::attach(self.mode, stream, &region, region_bytes, &ring),
-            _ => Err("the standby did not say it was ready".to_owned()),
+            _ => Err(ReplicaError::NotReady),
         };
         let replica = replica.map_err(|error| {
             // What it may have created is of no use to anyone.
@@ -307,12 +307,12 @@ impl StandbyPort {
 
     /// Drops the standby given up (`Replica::lose` fenced it) and says so.
     fn detach(&mut self, cache: &mut Cache) {
-        let Some(replica) = cache.backup.as_mut().and_then(|backup| backup.detach_replica()) else { return };
+        let Some(replica) = cache.backup_mut().and_then(|backup| backup.detach_replica()) else { return };
         eprintln!(
             "the standby{} is given up ({}): its files are removed, so it can never take over; serving \
              without one",
             self.standby_pid.map(|pid| format!(" (pid {pid})")).unwrap_or_default(),
-            replica.lost.unwrap_or_default()
+            replica.lost.map(|why| why.to_string()).unwrap_or_default()
         );
         self.attached = false;
         self.standby_pid = None;
@@ -324,7 +324,7 @@ impl StandbyPort {
         if !self.attached {
             return;
         }
-        let Some(backup) = cache.backup.as_mut() else { return };
+        let Some(backup) = cache.backup_mut() else { return };
         if let Some(progress) = backup.sync_step(SYNC_STEP) {
             let replica = backup.replica_mut().expect("a sync runs with a replica");
             // A standby given up during the sync is not synced, whatever its copy reached.

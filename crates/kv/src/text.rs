@@ -6,9 +6,11 @@
 
 use remem_memcache::{response, Request};
 
-use crate::cache::{Cache, RmwKind, RmwOp, Waiter};
+use crate::cache::{transition, Cache, RmwKind, RmwOp, Waiter};
 use crate::commands::{deadline, delete, rmw, store_command, text, touch, AlreadyExpired, StoreReplies};
-use crate::reply::{ConnRef, Render};
+use crate::completion::{ConnRef, Render};
+use crate::error::StartError;
+use crate::reply::Outbox;
 use crate::scheme::Scheme;
 
 /// What the connection does after a request.
@@ -56,33 +58,33 @@ impl MultiGet {
 /// Page ops waiting for an engine slot beyond which a connection that holds bytes already
 /// starts no more values: four times the ops in flight keeps the engine busy, and a client
 /// that holds nothing (one get) never waits behind more than this of another's multi-gets.
-const STREAMING_WAITING_PAGE_OPS: usize = 4 * crate::PAGE_OPS_IN_FLIGHT;
+const STREAMING_WAITING_PAGE_OPS: usize = 4 * crate::pageio::PAGE_OPS_IN_FLIGHT;
 
 /// Whether `conn` may start another value now: its output budget admits one (`crate::budget`),
 /// and it holds nothing or the page-op queue is short (each waiting op holds a 4 KiB buffer).
 pub fn may_start_value(cache: &Cache, conn: ConnRef) -> bool {
-    cache.budget.admits(conn)
-        && (cache.budget.held_by(conn) == 0 || cache.io.waiting() <= STREAMING_WAITING_PAGE_OPS)
+    cache.budget().admits(conn)
+        && (cache.budget().held_by(conn) == 0 || cache.io().waiting() <= STREAMING_WAITING_PAGE_OPS)
 }
 
 /// Starts the keys of `get` while [`may_start_value`] allows, in order; the `END` goes with the
 /// last. True when the whole get is started.
-pub fn continue_get(cache: &mut Cache, conn: ConnRef, get: &mut MultiGet) -> bool {
-    let now = crate::now_unix();
+pub fn continue_get(cache: &mut Cache, out: &mut Outbox, conn: ConnRef, get: &mut MultiGet) -> bool {
+    let now = crate::clock::now_unix();
     while !get.keys.is_empty() {
         if !may_start_value(cache, conn) {
-            if !cache.budget.admits(conn) {
-                cache.budget.waits += 1;
+            if !cache.budget().admits(conn) {
+                cache.budget_mut().waits += 1;
             }
             return false;
         }
         let key = get.keys.pop_front().expect("not empty");
         let seq = get.next_seq;
         get.next_seq += 1;
-        get_one(cache, conn, (seq, get.end), &key, get.with_cas, get.touch_exptime, now);
+        get_one(cache, out, conn, (seq, get.end), &key, get.with_cas, get.touch_exptime, now);
     }
     assert_eq!(get.next_seq, get.end, "every key had its place before the END");
-    cache.reply(conn, get.end, text("END\r\n"));
+    out.reply(conn, get.end, text("END\r\n"));
     true
 }
 
@@ -96,11 +98,12 @@ fn take_seq(seq: &mut u64) -> u64 {
 #[allow(clippy::result_large_err)]
 pub fn execute<'a>(
     cache: &mut Cache,
+    out: &mut Outbox,
     conn: ConnRef,
     next_seq: &mut u64,
     request: Request<'a>,
 ) -> Result<After, Request<'a>> {
-    let now = crate::now_unix();
+    let now = crate::clock::now_unix();
     match request {
         Request::Get { keys, with_cas, touch_exptime } => {
             // Every key takes its place now, the `END` the place after the keys'; the keys are
@@ -110,89 +113,83 @@ pub fn execute<'a>(
             *next_seq = end + 1;
             let keys = keys.into_iter().map(|key| Box::from(key.as_ref())).collect();
             let mut get = MultiGet { keys, next_seq: first, end, with_cas, touch_exptime };
-            if !continue_get(cache, conn, &mut get) {
+            if !continue_get(cache, out, conn, &mut get) {
                 return Ok(After::Get(get));
             }
         }
         Request::Store { mode, key, flags, exptime, data, cas_unique, noreply } => {
             let seq = take_seq(next_seq);
-            cache.stats.cmd_set += 1;
+            cache.stats_mut().cmd_set += 1;
             let replies = StoreReplies::text();
             store_command(
-                cache, conn, seq, mode, &key, flags, exptime, data, cas_unique, noreply, replies, None, now,
+                cache, out, conn, seq, mode, &key, flags, exptime, data, cas_unique, noreply, replies, None,
+                now,
             );
         }
         Request::Arithmetic { increment, key, delta, noreply } => {
             let seq = take_seq(next_seq);
             let kind = if increment { RmwKind::Incr(delta) } else { RmwKind::Decr(delta) };
-            arithmetic(cache, conn, seq, &key, kind, noreply, now);
+            arithmetic(cache, out, conn, seq, &key, kind, noreply, now);
         }
         Request::Delete { key, noreply } => {
             let seq = take_seq(next_seq);
             let found = delete(cache, &key, now);
             let reply = if found { "DELETED\r\n" } else { "NOT_FOUND\r\n" };
-            cache.reply(conn, seq, if noreply { Vec::new() } else { text(reply) });
+            out.reply_unless(noreply, conn, seq, text(reply));
         }
         Request::Touch { key, exptime, noreply } => {
             let seq = take_seq(next_seq);
-            cache.stats.cmd_touch += 1;
+            cache.stats_mut().cmd_touch += 1;
             let found = touch(cache, &key, exptime, now);
             if found {
-                cache.stats.touch_hits += 1;
+                cache.stats_mut().touch_hits += 1;
             } else {
-                cache.stats.touch_misses += 1;
+                cache.stats_mut().touch_misses += 1;
             }
             let reply = if found { "TOUCHED\r\n" } else { "NOT_FOUND\r\n" };
-            cache.reply(conn, seq, if noreply { Vec::new() } else { text(reply) });
+            out.reply_unless(noreply, conn, seq, text(reply));
         }
         Request::FlushAll { delay, noreply } => {
             let seq = take_seq(next_seq);
-            cache.stats.cmd_flush += 1;
+            cache.stats_mut().cmd_flush += 1;
             if delay <= 0 {
                 cache.flush_all();
             } else {
-                cache.flush_at = deadline(delay, now).ok().filter(|&at| at != 0);
+                cache.flush_at(deadline(delay, now).ok().filter(|&at| at != 0));
             }
-            cache.reply(conn, seq, if noreply { Vec::new() } else { text("OK\r\n") });
+            out.reply_unless(noreply, conn, seq, text("OK\r\n"));
         }
         Request::Stats { group } => {
             let seq = take_seq(next_seq);
             let bytes = crate::report::stats(cache, group);
-            cache.reply(conn, seq, bytes);
+            out.reply(conn, seq, bytes);
         }
         Request::Version => {
             let seq = take_seq(next_seq);
-            let mut out = Vec::new();
-            response::version(&mut out, crate::VERSION);
-            cache.reply(conn, seq, out);
+            let mut bytes = Vec::new();
+            response::version(&mut bytes, crate::report::VERSION);
+            out.reply(conn, seq, bytes);
         }
         Request::Verbosity { noreply, .. } => {
             let seq = take_seq(next_seq);
-            cache.reply(conn, seq, if noreply { Vec::new() } else { text("OK\r\n") });
+            out.reply_unless(noreply, conn, seq, text("OK\r\n"));
         }
         Request::Quit => return Ok(After::Close),
         Request::Transition { key, scheme, naive } => {
             let seq = take_seq(next_seq);
-            let scheme = match Scheme::parse(scheme, cache.config.ec) {
+            let scheme = match Scheme::parse(scheme, cache.config().ec) {
                 Ok(scheme) => scheme,
                 Err(error) => {
-                    cache.reply(conn, seq, format!("CLIENT_ERROR {error}\r\n").into_bytes());
+                    out.reply(conn, seq, format!("CLIENT_ERROR {error}\r\n").into_bytes());
                     return Ok(After::Continue);
                 }
             };
-            let result = crate::transition::start(cache, &key, scheme, naive, Some((conn, seq)));
-            let error = match result {
-                Ok(()) => None,
-                Err(crate::transition::StartError::NotFound) => Some("NOT_FOUND\r\n"),
-                Err(crate::transition::StartError::Busy) => {
-                    Some("SERVER_ERROR the object is being written or moved; try again\r\n")
+            match transition::start(cache, &key, scheme, naive, Some((conn, seq))) {
+                Ok(()) => {}
+                Err(StartError::NotFound) => out.reply(conn, seq, text("NOT_FOUND\r\n")),
+                Err(error @ (StartError::Busy | StartError::NotOffered)) => {
+                    out.reply(conn, seq, format!("SERVER_ERROR {error}\r\n").into_bytes())
                 }
-                Err(crate::transition::StartError::NotOffered) => {
-                    Some("SERVER_ERROR this server does not offer that scheme\r\n")
-                }
-            };
-            if let Some(error) = error {
-                cache.reply(conn, seq, text(error));
             }
         }
         meta => return Err(meta),
@@ -204,6 +201,7 @@ pub fn execute<'a>(
 #[allow(clippy::too_many_arguments)]
 fn get_one(
     cache: &mut Cache,
+    out: &mut Outbox,
     conn: ConnRef,
     (seq, end): (u64, u64),
     key: &[u8],
@@ -211,40 +209,42 @@ fn get_one(
     touch_exptime: Option<i64>,
     now: u64,
 ) {
-    cache.stats.cmd_get += 1;
+    cache.stats_mut().cmd_get += 1;
     if touch_exptime.is_some() {
-        cache.stats.cmd_touch += 1;
+        cache.stats_mut().cmd_touch += 1;
     }
     let Some(id) = cache.live(key, now) else {
-        cache.stats.get_misses += 1;
+        cache.stats_mut().get_misses += 1;
         if touch_exptime.is_some() {
-            cache.stats.touch_misses += 1;
+            cache.stats_mut().touch_misses += 1;
         }
-        cache.reply(conn, seq, Vec::new());
+        out.reply(conn, seq, Vec::new());
         return;
     };
     if let Some(exptime) = touch_exptime {
-        cache.stats.touch_hits += 1;
+        cache.stats_mut().touch_hits += 1;
         match deadline(exptime, now) {
-            Ok(at) => cache.index.entry_mut(id).expires_at = at,
+            Ok(at) => cache.index_mut().entry_mut(id).expires_at = at,
             Err(AlreadyExpired) => {
                 // gat with a past time: memcached returns the item, then it is gone.
-                cache.index.entry_mut(id).expires_at = 1;
+                cache.index_mut().entry_mut(id).expires_at = 1;
             }
         }
         cache.rerecord(id);
     }
-    cache.stats.get_hits += 1;
-    let entry = cache.index.entry(id);
+    cache.stats_mut().get_hits += 1;
+    let entry = cache.index().entry(id);
     let render = Render::Text { key: key.into(), flags: entry.flags, cas: with_cas.then_some(entry.cas) };
     let reserved = entry.value_bytes + key.len() + VALUE_LINE_BYTES;
-    cache.budget.hold(conn, reserved);
+    cache.budget_mut().hold(conn, reserved);
     let waiter = Waiter::Get { conn, seq, render, end: Some(end), reserved };
     cache.read_entry(id, waiter, now);
 }
 
+#[allow(clippy::too_many_arguments)]
 fn arithmetic(
     cache: &mut Cache,
+    out: &mut Outbox,
     conn: ConnRef,
     seq: u64,
     key: &[u8],
@@ -255,16 +255,16 @@ fn arithmetic(
     let increment = matches!(kind, RmwKind::Incr(_));
     if cache.live(key, now).is_none() {
         if increment {
-            cache.stats.incr_misses += 1;
+            cache.stats_mut().incr_misses += 1;
         } else {
-            cache.stats.decr_misses += 1;
+            cache.stats_mut().decr_misses += 1;
         }
-        return cache.reply(conn, seq, if noreply { Vec::new() } else { text("NOT_FOUND\r\n") });
+        return out.reply_unless(noreply, conn, seq, text("NOT_FOUND\r\n"));
     }
     if increment {
-        cache.stats.incr_hits += 1;
+        cache.stats_mut().incr_hits += 1;
     } else {
-        cache.stats.decr_hits += 1;
+        cache.stats_mut().decr_hits += 1;
     }
-    rmw(cache, key, RmwOp { kind, conn, seq, noreply, meta: None, ok: Vec::new() }, now);
+    rmw(cache, out, key, RmwOp { kind, conn, seq, noreply, meta: None, ok: Vec::new() }, now);
 }

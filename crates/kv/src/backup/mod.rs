@@ -35,8 +35,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use memmap2::MmapMut;
 pub use record::{ItemRecord, RecordView};
-pub use replica::{Change, Replica};
-pub use sync::{SyncPolicy, SyncProgress};
+pub use replica::{Change, Replica, ReplicaError, RingError};
+pub use sync::{ApplyError, SyncPolicy, SyncProgress};
 
 pub const MAGIC: &[u8; 8] = b"REMEMKVB";
 pub const VERSION: u32 = 1;

@@ -51,6 +51,57 @@ const KIND_PAD: u32 = 3;
 /// gives the standby up and serves on without one.
 pub const STANDBY_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Why a standby is given up, or could not be attached (the primary's side).
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    #[error("{}: {source}", path.display())]
+    Open { path: PathBuf, source: std::io::Error },
+    #[error("{0}")]
+    Metadata(std::io::Error),
+    #[error("{} has {length} bytes, not {expected}", path.display())]
+    Size { path: PathBuf, length: u64, expected: u64 },
+    #[error("mapping {}: {source}", path.display())]
+    Map { path: PathBuf, source: std::io::Error },
+    #[error("the standby's log ring is not new")]
+    RingNotNew,
+    #[error("{0}")]
+    Timeouts(std::io::Error),
+    #[error("the standby did not say it was ready")]
+    NotReady,
+    #[error("waiting for the standby's acknowledgement: {0}")]
+    AckRead(std::io::Error),
+    #[error("{0}")]
+    AckFrame(wire::WireError),
+    #[error("the standby sent something other than an acknowledgement")]
+    NotAnAck,
+    #[error("expected acknowledgement {expected}, got {got}")]
+    WrongAck { expected: u64, got: String },
+    #[error("writing to the standby: {0}")]
+    Write(std::io::Error),
+    #[error("the standby does not drain its log ring")]
+    RingFull,
+    #[error("its socket closed")]
+    SocketClosed,
+}
+
+/// Why the standby stopped draining its log ring: an entry that does not make sense, or a
+/// change the region refused. The ring is not trusted.
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    #[error("log ring head {head} and tail {tail} are inconsistent")]
+    Inconsistent { head: u64, tail: u64 },
+    #[error("log ring entry at {at} has length {len}")]
+    Length { at: u64, len: usize },
+    #[error("log ring entry at {at} of {len} bytes claims {bytes}")]
+    Bytes { at: u64, len: usize, bytes: usize },
+    #[error("a state entry without its word")]
+    StateWord,
+    #[error("log ring entry at {at} has kind {kind}")]
+    Kind { at: u64, kind: u32 },
+    #[error("{0}")]
+    Apply(#[from] super::sync::ApplyError),
+}
+
 /// The file size of a log ring.
 pub fn ring_file_bytes() -> u64 {
     (RING_DATA + RING_BYTES) as u64
@@ -66,7 +117,7 @@ pub struct Replica {
     target: Target,
     barriers: u64,
     /// Why the standby was given up, once it was.
-    pub lost: Option<String>,
+    pub lost: Option<ReplicaError>,
     /// Changes sent since the last barrier (RPC).
     unacknowledged: bool,
     /// The standby's files (its region, its ring), removed when it is given up: the fence.
@@ -79,20 +130,20 @@ enum Target {
     Ring(Ring),
 }
 
-fn map_file(path: &Path, bytes: u64) -> Result<MmapMut, String> {
+fn map_file(path: &Path, bytes: u64) -> Result<MmapMut, ReplicaError> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(path)
-        .map_err(|error| format!("{}: {error}", path.display()))?;
-    let length = file.metadata().map_err(|error| error.to_string())?.len();
+        .map_err(|source| ReplicaError::Open { path: path.to_owned(), source })?;
+    let length = file.metadata().map_err(ReplicaError::Metadata)?.len();
     if length != bytes {
-        return Err(format!("{} has {length} bytes, not {bytes}", path.display()));
+        return Err(ReplicaError::Size { path: path.to_owned(), length, expected: bytes });
     }
     // SAFETY: the file is the standby's in our own state directory (0700); its size was checked
     // and neither side truncates it while attached. What the standby changes in it is never read
     // here (the primary only stores).
-    unsafe { MmapMut::map_mut(&file) }.map_err(|error| format!("mapping {}: {error}", path.display()))
+    unsafe { MmapMut::map_mut(&file) }.map_err(|source| ReplicaError::Map { path: path.to_owned(), source })
 }
 
 impl Replica {
@@ -104,7 +155,7 @@ impl Replica {
         region: &Path,
         region_bytes: u64,
         ring: &Path,
-    ) -> Result<Replica, String> {
+    ) -> Result<Replica, ReplicaError> {
         let target = match mode {
             Mode::OneSided => Target::Mapped(map_file(region, region_bytes)?),
             Mode::Rpc => Target::Rpc,
@@ -113,8 +164,8 @@ impl Replica {
         if let Target::Ring(ring) = &target {
             ring.check_empty()?;
         }
-        stream.set_write_timeout(Some(STANDBY_TIMEOUT)).map_err(|error| error.to_string())?;
-        stream.set_read_timeout(Some(STANDBY_TIMEOUT)).map_err(|error| error.to_string())?;
+        stream.set_write_timeout(Some(STANDBY_TIMEOUT)).map_err(ReplicaError::Timeouts)?;
+        stream.set_read_timeout(Some(STANDBY_TIMEOUT)).map_err(ReplicaError::Timeouts)?;
         Ok(Replica {
             mode,
             stream,
@@ -211,17 +262,16 @@ impl Replica {
         }
     }
 
-    fn wait_ack(&mut self, seq: u64) -> Result<(), String> {
+    fn wait_ack(&mut self, seq: u64) -> Result<(), ReplicaError> {
         let mut ack = [0u8; 13];
-        std::io::Read::read_exact(&mut self.stream, &mut ack)
-            .map_err(|error| format!("waiting for the standby's acknowledgement: {error}"))?;
-        match wire::frame_len(&ack).map_err(|error| error.to_string())? {
+        std::io::Read::read_exact(&mut self.stream, &mut ack).map_err(ReplicaError::AckRead)?;
+        match wire::frame_len(&ack).map_err(ReplicaError::AckFrame)? {
             Some(13) => {}
-            _ => return Err("the standby sent something other than an acknowledgement".into()),
+            _ => return Err(ReplicaError::NotAnAck),
         }
         match wire::decode(&ack[4..]) {
             Ok(Message::Ack { seq: acked }) if acked == seq => Ok(()),
-            other => Err(format!("expected acknowledgement {seq}, got {other:?}")),
+            other => Err(ReplicaError::WrongAck { expected: seq, got: format!("{other:?}") }),
         }
     }
 
@@ -241,13 +291,13 @@ impl Replica {
         let result = self.stream.write_all(&self.out);
         self.out.clear();
         if let Err(error) = result {
-            self.lose(format!("writing to the standby: {error}"));
+            self.lose(ReplicaError::Write(error));
         }
     }
 
     /// Gives the standby up: fences it (its files removed, see the module docs) before the
     /// caller goes on to serve without it.
-    pub fn lose(&mut self, why: String) {
+    pub fn lose(&mut self, why: ReplicaError) {
         if self.lost.is_some() {
             return;
         }
@@ -287,14 +337,14 @@ fn shared_u64(map: &mut MmapMut, at: usize) -> &AtomicU64 {
 }
 
 impl Ring {
-    fn check_empty(&self) -> Result<(), String> {
+    fn check_empty(&self) -> Result<(), ReplicaError> {
         if self.map[..RING_DATA].iter().any(|&byte| byte != 0) {
-            return Err("the standby's log ring is not new".into());
+            return Err(ReplicaError::RingNotNew);
         }
         Ok(())
     }
 
-    fn append(&mut self, kind: u32, offset: u64, bytes: &[u8]) -> Result<(), String> {
+    fn append(&mut self, kind: u32, offset: u64, bytes: &[u8]) -> Result<(), ReplicaError> {
         let len = (ENTRY_HEADER + bytes.len()).next_multiple_of(ENTRY_ALIGN);
         assert!(len <= RING_BYTES / 2, "a ring entry is at most a chunk");
         let at = (self.head % RING_BYTES as u64) as usize;
@@ -323,7 +373,7 @@ impl Ring {
 
     /// Waits (publishing what is appended, so the standby can drain it) until `len` bytes are
     /// free, for at most [`STANDBY_TIMEOUT`].
-    fn wait_room(&mut self, len: usize) -> Result<(), String> {
+    fn wait_room(&mut self, len: usize) -> Result<(), ReplicaError> {
         let tail = |ring: &mut Ring| shared_u64(&mut ring.map, 64).load(Ordering::Acquire);
         if self.head + len as u64 - tail(self) <= RING_BYTES as u64 {
             return Ok(());
@@ -332,7 +382,7 @@ impl Ring {
         let deadline = Instant::now() + STANDBY_TIMEOUT;
         while self.head + len as u64 - tail(self) > RING_BYTES as u64 {
             if Instant::now() > deadline {
-                return Err("the standby does not drain its log ring".into());
+                return Err(ReplicaError::RingFull);
             }
             std::thread::sleep(Duration::from_micros(20));
         }
@@ -372,11 +422,14 @@ impl RingReader {
 
     /// Applies every published entry with `apply`, in order; returns how many. An entry that
     /// does not make sense (a length or kind out of range) is an error: the ring is not trusted.
-    pub fn drain(&mut self, mut apply: impl FnMut(Change) -> Result<(), String>) -> Result<usize, String> {
+    pub fn drain(
+        &mut self,
+        mut apply: impl FnMut(Change) -> Result<(), super::sync::ApplyError>,
+    ) -> Result<usize, RingError> {
         let head = shared_u64(&mut self.map, 0).load(Ordering::Acquire);
         let mut tail = shared_u64(&mut self.map, 64).load(Ordering::Relaxed);
         if head < tail || head - tail > RING_BYTES as u64 {
-            return Err(format!("log ring head {head} and tail {tail} are inconsistent"));
+            return Err(RingError::Inconsistent { head, tail });
         }
         let mut applied = 0;
         while tail < head {
@@ -392,11 +445,11 @@ impl RingReader {
                 || at + len > RING_BYTES
                 || len as u64 > head - tail
             {
-                return Err(format!("log ring entry at {tail} has length {len}"));
+                return Err(RingError::Length { at: tail, len });
             }
             let bytes = field(header + 16) as usize;
             if bytes > len - ENTRY_HEADER {
-                return Err(format!("log ring entry at {tail} of {len} bytes claims {bytes}"));
+                return Err(RingError::Bytes { at: tail, len, bytes });
             }
             let body = &self.map[header + ENTRY_HEADER..header + ENTRY_HEADER + bytes];
             match kind {
@@ -406,14 +459,14 @@ impl RingReader {
                     applied += 1;
                 }
                 KIND_STATE => {
-                    let state = body.get(..4).ok_or("a state entry without its word")?;
+                    let state = body.get(..4).ok_or(RingError::StateWord)?;
                     apply(Change::State {
                         offset,
                         state: u32::from_le_bytes(state.try_into().expect("4 bytes")),
                     })?;
                     applied += 1;
                 }
-                other => return Err(format!("log ring entry at {tail} has kind {other}")),
+                other => return Err(RingError::Kind { at: tail, kind: other }),
             }
             tail += len as u64;
             shared_u64(&mut self.map, 64).store(tail, Ordering::Release);

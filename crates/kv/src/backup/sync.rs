@@ -156,20 +156,17 @@ impl Backup {
     /// The standby's side: applies one change the primary sent, after checking that it stays
     /// inside the region's class bytes and chunks (the header's fixed part is the standby's
     /// own) and that a state word is a slot's.
-    pub fn apply(&mut self, change: Change) -> Result<(), String> {
+    pub fn apply(&mut self, change: Change) -> Result<(), ApplyError> {
         let length = self.map.len();
         match change {
             Change::Write { offset, bytes } => {
-                let at = usize::try_from(offset).map_err(|_| format!("offset {offset}"))?;
+                let at = usize::try_from(offset).map_err(|_| ApplyError::Offset(offset))?;
                 let end = at.checked_add(bytes.len()).filter(|&end| end <= length);
                 let Some(end) = end.filter(|_| at >= HEADER_FIXED_BYTES) else {
-                    return Err(format!(
-                        "a write of {} bytes at {offset} is outside the region",
-                        bytes.len()
-                    ));
+                    return Err(ApplyError::Outside { len: bytes.len(), offset });
                 };
                 if at < self.header_bytes && end > HEADER_FIXED_BYTES + self.chunk_count as usize {
-                    return Err(format!("a write at {offset} crosses the header's end"));
+                    return Err(ApplyError::CrossesHeader { offset });
                 }
                 self.map[at..end].copy_from_slice(bytes);
                 Ok(())
@@ -177,11 +174,25 @@ impl Backup {
             Change::State { offset, state } => {
                 if offset < self.header_bytes as u64 || offset >= length as u64 || !offset.is_multiple_of(128)
                 {
-                    return Err(format!("state word at {offset} is not a slot's"));
+                    return Err(ApplyError::NotASlot { offset });
                 }
                 self.set_state(offset, state);
                 Ok(())
             }
         }
     }
+}
+
+/// A change from the primary that the standby's region refuses (it would reach outside the
+/// class bytes and chunks, or a state word is not a slot's).
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("offset {0}")]
+    Offset(u64),
+    #[error("a write of {len} bytes at {offset} is outside the region")]
+    Outside { len: usize, offset: u64 },
+    #[error("a write at {offset} crosses the header's end")]
+    CrossesHeader { offset: u64 },
+    #[error("state word at {offset} is not a slot's")]
+    NotASlot { offset: u64 },
 }

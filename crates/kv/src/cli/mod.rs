@@ -24,7 +24,7 @@ use clap::Args;
 use remem_client::{Client, ClientConfig};
 use remem_frontend::units::{format_bytes, parse_bytes};
 
-use crate::durability::RestoreReport;
+use crate::cache::durability::RestoreReport;
 use crate::{CacheConfig, EcShape, Policy, Scheme, Server, ServerConfig};
 use state::{KvState, ReopenTimes};
 
@@ -234,20 +234,21 @@ fn new_cache(
     let client = Client::connect(&cluster.addresses(), secret, config, placement)
         .with_context(|| format!("connecting to the cluster of {}", cluster_path.display()))?;
     let region_bytes = args.memory_limit.div_ceil(4096) * 4096;
-    let mut cache = crate::build_cache(client, cache_config, region_bytes).context("creating the regions")?;
+    let mut cache = crate::cache::open::build_cache(client, cache_config, region_bytes)
+        .context("creating the regions")?;
     if let Some(state) = state {
         let bytes = args.backup_size.unwrap_or(state::default_backup_bytes(args.memory_limit));
-        cache.backup = Some(state.create_backup(bytes)?);
+        cache.set_backup(state.create_backup(bytes)?);
         // A new server: no rewrite of its pages was cut short; anything in the file is
         // another server's.
         let (mut log, intents) = state.open_rewrites()?;
         for intent in intents {
             log.clear(intent.slot).context("clearing the rewrites file")?;
         }
-        cache.rewrites = Some(log);
+        cache.set_rewrites(log);
         let map_path = state.map_path();
         cache
-            .client
+            .client_mut()
             .client()
             .save_map(&map_path)
             .with_context(|| format!("saving the slab map to {}", map_path.display()))?;
@@ -266,7 +267,7 @@ fn serve_standbys(
     let mode = crate::backup::wire::Mode::parse(&args.replication).expect("checked by clap");
     let policy = crate::backup::SyncPolicy::parse(&args.sync).expect("checked by clap");
     let unix_text = unix.map(|path| path.display().to_string()).unwrap_or_default();
-    let settings = standby::standby_settings(cluster_path, &server.cache.config, args.auth_file.as_deref());
+    let settings = standby::standby_settings(cluster_path, server.cache.config(), args.auth_file.as_deref());
     let port = crate::standby::StandbyPort::bind(
         &state.dir,
         mode,
@@ -292,9 +293,9 @@ fn housekeeping(
 ) -> Box<dyn FnMut(&mut crate::Cache)> {
     let mut watch = remem_frontend::cluster_watch::ClusterWatch::new(cluster_path.clone(), cluster);
     let mut reporter = None;
-    let mut rebuilds_saved = cache.client.client().regeneration_status().done;
+    let mut rebuilds_saved = cache.client_mut().client().regeneration_status().done;
     Box::new(move |cache: &mut crate::Cache| {
-        let client = cache.client.client();
+        let client = cache.client_mut().client();
         let reporter = reporter.get_or_insert_with(|| {
             remem_frontend::client_report::ClientReporter::new(&cluster_path, "kv", &name, client.client_id())
         });
@@ -306,16 +307,16 @@ fn housekeeping(
             }
         }
         if let Some(map_path) = &map_path {
-            let done = cache.client.client().regeneration_status().done;
+            let done = cache.client_mut().client().regeneration_status().done;
             if done != rebuilds_saved {
-                match cache.client.client().save_map(map_path) {
+                match cache.client_mut().client().save_map(map_path) {
                     Ok(()) => rebuilds_saved = done,
                     Err(error) => tracing::warn!(%error, "cannot save the slab map after a rebuild"),
                 }
             }
         }
         let nodes = watch.new_nodes();
-        let client = cache.client.client();
+        let client = cache.client_mut().client();
         remem_frontend::cluster_watch::hand_new_nodes(nodes, client, "the cache's client", |address| {
             watch.joined(address)
         });
@@ -333,7 +334,7 @@ fn client_config(args: &KvArgs, ec: EcShape) -> Result<(ClientConfig, Box<dyn re
         None => bail!("unknown --placement {:?}", args.placement),
     };
     let region_bytes = args.memory_limit.div_ceil(4096) * 4096;
-    let shape = crate::region_shape(Scheme::Ec, ec);
+    let shape = crate::scheme::region_shape(Scheme::Ec, ec);
     let mut config = ClientConfig::new(shape, region_bytes);
     config.allow_shared_domains = args.allow_shared_domains;
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
@@ -375,7 +376,11 @@ fn announce(args: &KvArgs, policy: &Policy, ec: EcShape, nodes: usize) {
     eprintln!(
         "remem kv: {} of items, schemes {}, across {} nodes{}",
         format_bytes(args.memory_limit),
-        crate::schemes_needed(policy).iter().map(|scheme| scheme.label(ec)).collect::<Vec<_>>().join(", "),
+        crate::scheme::schemes_needed(policy)
+            .iter()
+            .map(|scheme| scheme.label(ec))
+            .collect::<Vec<_>>()
+            .join(", "),
         nodes,
         args.unix.as_ref().map(|path| format!(", unix socket {}", path.display())).unwrap_or_default()
     );
@@ -477,7 +482,7 @@ pub fn run(args: KvArgs) -> Result<()> {
     }
     println!("listening {address}");
     std::io::stdout().flush()?;
-    announce(&args, &server.cache.config.policy, ec, cluster.nodes.len());
+    announce(&args, &server.cache.config().policy, ec, cluster.nodes.len());
     let name = args.listen.to_string();
     let saved_map = state.as_ref().map(|state| state.map_path());
     let publish = args.metrics.is_some().then_some(snapshot);

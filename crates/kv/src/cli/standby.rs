@@ -297,7 +297,7 @@ impl Attached {
         let poll_timeout = if self.mode == Mode::Log { 0 } else { 100 };
         let how = 'standing: loop {
             if let Some(ring) = self.ring.as_mut() {
-                let applied = ring.drain(|change| self.region.apply(change)).map_err(anyhow::Error::msg)?;
+                let applied = ring.drain(|change| self.region.apply(change))?;
                 if applied == 0 {
                     // The log baseline polls: a short sleep when the ring is empty.
                     std::thread::sleep(Duration::from_micros(50));
@@ -321,12 +321,8 @@ impl Attached {
                         synced = true;
                         eprintln!("standby synced: {records} records copied in {:.3} s", micros as f64 / 1e6);
                     }
-                    Message::Write { offset, bytes } => {
-                        self.region.apply(Change::Write { offset, bytes }).map_err(anyhow::Error::msg)?
-                    }
-                    Message::State { offset, state } => {
-                        self.region.apply(Change::State { offset, state }).map_err(anyhow::Error::msg)?
-                    }
+                    Message::Write { offset, bytes } => self.region.apply(Change::Write { offset, bytes })?,
+                    Message::State { offset, state } => self.region.apply(Change::State { offset, state })?,
                     Message::Barrier { seq } => {
                         out.clear();
                         wire::encode(&Message::Ack { seq }, &mut out);
@@ -368,7 +364,7 @@ impl Attached {
         };
         // What the primary appended before it died is in the ring (the standby's memory).
         if let Some(ring) = self.ring.as_mut() {
-            ring.drain(|change| self.region.apply(change)).map_err(anyhow::Error::msg)?;
+            ring.drain(|change| self.region.apply(change))?;
         }
         // The primary removes the region before it closes the socket of a standby it gives up.
         Ok(Ended { how, synced, given_up: self.fenced() })

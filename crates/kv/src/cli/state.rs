@@ -4,7 +4,7 @@
 //! `kv-NAME/` beside the cluster file (or `--state DIR`), mode 0700, holds `lock` (flock: one
 //! server at a time), `slabmap.json` (the regions' slabs, every region), `backup` (the
 //! backup region the server records every acknowledged item in, `crate::backup`) and
-//! `rewrites` (chunk page rewrites that a kill may have cut short, `crate::rewrites`).
+//! `rewrites` (chunk page rewrites that a kill may have cut short, `crate::cache::rewrites`).
 
 use std::path::{Path, PathBuf};
 
@@ -13,9 +13,9 @@ use remem_client::{Client, ClientConfig, SlabMapFile};
 use remem_frontend::state_dir::{LockError, LockedDir};
 
 use crate::backup::Backup;
+use crate::cache::durability::RestoreReport;
+use crate::cache::rewrites::{Intent, RewriteLog};
 use crate::cache::CacheConfig;
-use crate::durability::RestoreReport;
-use crate::rewrites::{Intent, RewriteLog};
 use crate::Cache;
 
 pub const SLAB_MAP_FILE: &str = "slabmap.json";
@@ -126,7 +126,7 @@ impl KvState {
         let started = std::time::Instant::now();
         let client = Client::reopen(&map, secret, config)
             .with_context(|| format!("reopening the slabs saved in {}", map_path.display()))?;
-        let mut cache = crate::cache_over_regions(client, cache_config).map_err(|message| {
+        let mut cache = crate::cache::open::cache_over_regions(client, cache_config).map_err(|message| {
             anyhow::anyhow!(
                 "{}: {message}; start with the flags it was saved with (--scheme, --prefix-scheme, \
                  --small-scheme, --large-scheme, -k, -r), or --fresh",
@@ -149,8 +149,8 @@ impl KvState {
              items are lost either way)",
         )?;
         let scanned = started.elapsed();
-        cache.backup = Some(backup);
-        let report = cache.restore(records, scan, crate::now_unix());
+        cache.set_backup(backup);
+        let report = cache.restore(records, scan, crate::clock::now_unix());
         let times = ReopenTimes { slabs, scan: scanned - slabs, restore: started.elapsed() - scanned };
         Ok(Some((cache, report, times)))
     }

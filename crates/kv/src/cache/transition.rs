@@ -14,24 +14,24 @@
 //! write that arrived meanwhile wins and the transition's work is dropped (seed 003 §4.3.3 lets
 //! the later one fail; a cache's last writer should win).
 
-use std::rc::Rc;
 use std::time::Instant;
 
-use crate::cache::{Ack, Cache, Store, Task, Transition, Waiter, FALLBACK, MAIN};
+use crate::cache::{Cache, Store, Task, Transition, Waiter, FALLBACK, MAIN};
+use crate::completion::{Ack, Completion, ConnRef, Fetched, Moved};
+use crate::error::{StartError, ValueError};
 use crate::index::Released;
 use crate::pageio::{IoDone, IoKind, IoOwner, TaskId};
-use crate::reply::ConnRef;
 use crate::scheme::Scheme;
 use crate::space::PAGE_BYTES;
 
 impl Cache {
     /// A page op of an in-place transition finished (the engine's completion loop).
-    pub(crate) fn transition_io_done(&mut self, task: TaskId, done: &IoDone) {
+    pub(crate) fn transition_io_done(&mut self, task: TaskId, done: &mut IoDone) {
         io_done(self, task, done);
     }
 
     /// The value a naive transition waited for arrived (or could not be read).
-    pub(crate) fn transition_fetched(&mut self, task: TaskId, value: Result<Rc<[u8]>, String>) {
+    pub(crate) fn transition_fetched(&mut self, task: TaskId, value: Fetched) {
         fetched(self, task, value);
     }
 
@@ -46,15 +46,8 @@ impl Cache {
     }
 }
 
-/// Why a transition did not start.
-#[derive(Debug, PartialEq, Eq)]
-pub enum StartError {
-    NotFound,
-    Busy,
-    NotOffered,
-}
-
-/// Starts moving `key` to `to`. `reply`: answer `TRANSITIONED <read> <written> <us>` there.
+/// Starts moving `key` to `to`, as a task of the work table. `reply`: where the
+/// [`Completion::Transitioned`] goes (none for the hotness policy's moves).
 pub fn start(
     cache: &mut Cache,
     key: &[u8],
@@ -62,7 +55,7 @@ pub fn start(
     naive: bool,
     reply: Option<(ConnRef, u64)>,
 ) -> Result<(), StartError> {
-    let now = crate::now_unix();
+    let now = crate::clock::now_unix();
     let id = cache.live(key, now).ok_or(StartError::NotFound)?;
     let entry = cache.index.entry(id);
     if entry.pending.is_some() || entry.moving {
@@ -128,7 +121,7 @@ pub fn start(
 }
 
 /// A page op of an in-place transition finished.
-fn io_done(cache: &mut Cache, task: TaskId, done: &IoDone) {
+fn io_done(cache: &mut Cache, task: TaskId, done: &mut IoDone) {
     let Some(Task::Transition(transition)) = cache.tasks.get_mut(&task) else { return };
     let index = (done.owner.part & 0x00ff_ffff) as usize;
     let page = cache.index.location(transition.from).extent.pages[index];
@@ -138,8 +131,11 @@ fn io_done(cache: &mut Cache, task: TaskId, done: &IoDone) {
             cache.io.read(&mut cache.client, page, IoOwner { task, part: index as u32 | FALLBACK });
             return;
         }
-        (Err(error), _) => {
-            transition.error.get_or_insert_with(|| error.to_string());
+        (Err(_), _) => {
+            let error = ValueError::take_page(&mut done.result);
+            if transition.error.is_none() {
+                transition.error = error;
+            }
             transition.outstanding -= 1;
         }
         (Ok(()), IoKind::Read) => {
@@ -196,7 +192,7 @@ fn transition_to(cache: &Cache, task: TaskId) -> Scheme {
 }
 
 /// The value of a naive transition was read: write it in the new scheme.
-fn fetched(cache: &mut Cache, task: TaskId, value: Result<Rc<[u8]>, String>) {
+fn fetched(cache: &mut Cache, task: TaskId, value: Fetched) {
     let Some(Task::Transition(transition)) = cache.tasks.get_mut(&task) else { return };
     let value = match value {
         Ok(value) => value,
@@ -213,7 +209,7 @@ fn fetched(cache: &mut Cache, task: TaskId, value: Result<Rc<[u8]>, String>) {
         Ok(allocated) => allocated,
         Err(error) => {
             if let Some(Task::Transition(transition)) = cache.tasks.get_mut(&task) {
-                transition.error = Some(error.trim_start_matches("SERVER_ERROR ").to_string());
+                transition.error = Some(ValueError::NoRoom(error));
             }
             return finish(cache, task);
         }
@@ -321,13 +317,15 @@ fn finish(cache: &mut Cache, task: TaskId) {
         }
     }
     if let Some((conn, seq)) = transition.reply {
-        let bytes = match transition.error {
-            None => {
-                format!("TRANSITIONED {} {} {}\r\n", transition.bytes_read, transition.bytes_written, micros)
-            }
-            Some(error) => format!("SERVER_ERROR transition failed: {error}\r\n"),
+        let result = match transition.error {
+            None => Ok(Moved {
+                bytes_read: transition.bytes_read,
+                bytes_written: transition.bytes_written,
+                micros,
+            }),
+            Some(error) => Err(error),
         };
-        cache.reply(conn, seq, bytes.into_bytes());
+        cache.completions.push_back(Completion::Transitioned { conn, seq, result });
     }
 }
 

@@ -4,8 +4,11 @@
 
 use std::rc::Rc;
 
-use crate::cache::{Ack, Cache, Store, Task, FALLBACK, JOURNAL, MAIN, MAX_EVICTIONS_PER_STORE};
+use super::transition;
+use crate::cache::{Cache, Store, Task, FALLBACK, JOURNAL, MAIN, MAX_EVICTIONS_PER_STORE};
 use crate::chunks::{Patch, PatchStep};
+use crate::completion::{Ack, Completion};
+use crate::error::{StoreError, ValueError};
 use crate::index::{Entry, LocationId, Released};
 use crate::pageio::{IoDone, IoKind, IoOwner, TaskId};
 use crate::scheme::Scheme;
@@ -17,7 +20,7 @@ impl Cache {
     /// Makes room for an item of `bytes`: evicts from the LRU tail while the memory limit
     /// would be passed.
     fn make_room(&mut self, item_bytes: u64) {
-        while self.index.bytes_used + item_bytes > self.config.memory_limit_bytes && self.evict_one() {}
+        while self.index.bytes_used() + item_bytes > self.config.memory_limit_bytes && self.evict_one() {}
     }
 
     /// Evicts the least recently used item whose value is in `kind`'s region (looking at most
@@ -44,21 +47,19 @@ impl Cache {
         true
     }
 
-    /// Allocates space for a value, evicting while the scheme's region is full. Errors with
-    /// memcached's text when nothing more can be evicted.
+    /// Allocates space for a value, evicting while the scheme's region is full. Errors when
+    /// nothing more can be evicted or the server has no region for `scheme`.
     pub fn allocate(
         &mut self,
         scheme: Scheme,
         bytes: usize,
-    ) -> Result<(crate::space::Extent, bool), &'static str> {
+    ) -> Result<(crate::space::Extent, bool), StoreError> {
         // Evicted values whose pages are still being read free their space only later: give
         // up after a bounded number of evictions rather than empty the cache.
         for _ in 0..MAX_EVICTIONS_PER_STORE {
             match self.space.allocate(scheme, bytes) {
                 Ok(allocated) => return Ok(allocated),
-                Err(SpaceError::NotOffered) => {
-                    return Err("SERVER_ERROR this server does not offer that scheme")
-                }
+                Err(SpaceError::NotOffered) => return Err(StoreError::NotOffered),
                 Err(SpaceError::Full) => {
                     if !self.evict_one_of(RegionKind::of(scheme)) {
                         break;
@@ -66,7 +67,7 @@ impl Cache {
                 }
             }
         }
-        Err("SERVER_ERROR out of memory storing object")
+        Err(StoreError::OutOfMemory)
     }
 
     /// Stores `value` as the new item of `key` (the index switches now; the write goes on in the
@@ -82,9 +83,9 @@ impl Cache {
         pinned: bool,
         cas: Option<u64>,
         acks: Vec<Ack>,
-    ) -> Result<u64, &'static str> {
+    ) -> Result<u64, StoreError> {
         if value.len() > self.config.max_item_bytes {
-            return Err("SERVER_ERROR object too large for cache");
+            return Err(StoreError::TooLarge);
         }
         self.make_room(crate::index::item_bytes(key.len(), value.len()));
         let (extent, fresh) = self.allocate(scheme, value.len())?;
@@ -96,7 +97,7 @@ impl Cache {
         let mut entry = Entry::new(key, flags, expires_at, cas, value.len(), location);
         entry.pending = Some(task);
         entry.pinned = pinned;
-        entry.last_access = crate::now_unix();
+        entry.last_access = crate::clock::now_unix();
         entry.window_start = entry.last_access;
         let mut released = Released::new();
         self.index.upsert(entry, &mut released);
@@ -202,8 +203,7 @@ impl Cache {
                     self.write_tail(scheme, chunk, fresh, patch);
                 }
                 None => {
-                    let error = "the chunk page of its tail could not be read and no other has room";
-                    self.store_part_done(patch.task, Some(error.to_string()));
+                    self.store_part_done(patch.task, Some(ValueError::TailPageUnreadable));
                 }
             }
         }
@@ -245,7 +245,7 @@ impl Cache {
     }
 
     /// Writes a cached chunk page: in place, or first to a journal page when it is an EC or EOR
-    /// page that holds acknowledged values (a torn rewrite would lose them: `crate::rewrites`).
+    /// page that holds acknowledged values (a torn rewrite would lose them: `crate::cache::rewrites`).
     fn write_chunk_page(&mut self, page: u64, scheme: Scheme) {
         let journaled = self.rewrites.is_some()
             && RegionKind::of(scheme) == RegionKind::Ec
@@ -294,18 +294,18 @@ impl Cache {
     }
 
     /// A chunk page's journal copy was written: its intent is recorded, then it goes in place.
-    fn chunk_page_journaled(&mut self, page: u64, done: &IoDone) {
+    fn chunk_page_journaled(&mut self, page: u64, done: &mut IoDone) {
         let (scheme, slot) = {
             let cached = &self.chunks.pages[&page];
             (cached.scheme, cached.journal.expect("a journaled write holds a slot"))
         };
-        let recorded = match (&done.result, self.rewrites.as_mut()) {
+        let recorded = match (std::mem::replace(&mut done.result, Ok(())), self.rewrites.as_mut()) {
             (Ok(()), Some(log)) => log.record(slot, page, scheme == Scheme::Eor).map_err(|error| {
                 tracing::error!(%error, "the rewrites file could not take an intent");
-                format!("the rewrites file could not take an intent: {error}")
+                ValueError::IntentNotRecorded(Rc::new(error))
             }),
             (Ok(()), None) => unreachable!("journaled only with a rewrites file"),
-            (Err(error), _) => Err(format!("its journal copy could not be written: {error}")),
+            (Err(error), _) => Err(ValueError::JournalNotWritten(Rc::new(error))),
         };
         match recorded {
             Ok(()) => {
@@ -320,7 +320,7 @@ impl Cache {
 
     /// One write of a chunk page finished (`error` if it failed); when all did, its stores are
     /// answered, its journal slot freed, and the next write starts.
-    fn chunk_page_written(&mut self, page: u64, error: Option<String>) {
+    fn chunk_page_written(&mut self, page: u64, error: Option<ValueError>) {
         let Some(done) = self.chunks.write_done(page, error) else { return };
         if let Some(slot) = done.journal {
             if let Some(log) = self.rewrites.as_mut() {
@@ -344,7 +344,7 @@ impl Cache {
         self.finish_stores(done.stores, done.error);
     }
 
-    fn finish_stores(&mut self, stores: Vec<TaskId>, error: Option<String>) {
+    fn finish_stores(&mut self, stores: Vec<TaskId>, error: Option<ValueError>) {
         for store in stores {
             self.store_part_done(store, error.clone());
         }
@@ -361,7 +361,7 @@ impl Cache {
         }
     }
 
-    pub(crate) fn chunk_page_done(&mut self, task: TaskId, done: &IoDone) {
+    pub(crate) fn chunk_page_done(&mut self, task: TaskId, done: &mut IoDone) {
         let Some(page) = self.chunks.page_of_task(task) else { return };
         if done.kind == IoKind::Read {
             match &done.result {
@@ -392,7 +392,7 @@ impl Cache {
         if self.retried_as_whole_page(done) {
             return;
         }
-        let error = done.result.as_ref().err().map(|error| error.to_string());
+        let error = ValueError::take_page(&mut done.result);
         self.chunk_page_written(page, error);
     }
 
@@ -416,15 +416,15 @@ impl Cache {
         true
     }
 
-    pub(crate) fn store_done(&mut self, task: TaskId, done: &IoDone) {
+    pub(crate) fn store_done(&mut self, task: TaskId, done: &mut IoDone) {
         if self.retried_as_whole_page(done) {
             return;
         }
-        let error = done.result.as_ref().err().map(|error| error.to_string());
+        let error = ValueError::take_page(&mut done.result);
         self.store_part_done(task, error);
     }
 
-    pub(crate) fn store_part_done(&mut self, task: TaskId, error: Option<String>) {
+    pub(crate) fn store_part_done(&mut self, task: TaskId, error: Option<ValueError>) {
         let Some(Task::Store(store)) = self.tasks.get_mut(&task) else { return };
         if error.is_some() && store.error.is_none() {
             store.error = error;
@@ -435,7 +435,7 @@ impl Cache {
         }
         let Some(Task::Store(store)) = self.tasks.remove(&task) else { unreachable!() };
         if let Some(transition) = store.transition {
-            crate::transition::rewritten(self, transition, store);
+            transition::rewritten(self, transition, store);
             return;
         }
         let mut store = store;
@@ -456,7 +456,7 @@ impl Cache {
                     self.stats.backup_failures += 1;
                     tracing::error!(%error, "an item could not be recorded for restarts");
                     if current.is_some() {
-                        store.error = Some(error.to_string());
+                        store.error = Some(ValueError::NotRecorded(Rc::new(error)));
                     }
                 }
             }
@@ -473,17 +473,11 @@ impl Cache {
         self.index.release(store.location, &mut released);
         self.free(released);
         for ack in store.acks {
-            if ack.noreply {
-                self.reply(ack.conn, ack.seq, Vec::new());
-                continue;
-            }
-            let bytes = match &store.error {
-                None => ack.ok,
-                Some(error) => {
-                    format!("SERVER_ERROR remote memory could not store the value: {error}\r\n").into_bytes()
-                }
+            let result = match &store.error {
+                None => Ok(()),
+                Some(error) => Err(error.clone()),
             };
-            self.reply(ack.conn, ack.seq, bytes);
+            self.completions.push_back(Completion::Stored { ack, result });
         }
         let value = match &store.error {
             None => Ok(store.value.clone()),

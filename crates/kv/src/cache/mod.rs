@@ -1,7 +1,11 @@
-//! The cache: index, space, work table and the tasks that move values between the server and
-//! remote memory. No sockets: requests come in through `commands.rs`, replies leave through
-//! [`Cache::outbox`] named by (connection, sequence number), and page I/O goes through
-//! [`PageIo`] over the poll driver.
+//! The cache, the kv's engine: index, space, work table and the tasks that move values between
+//! the server and remote memory. No sockets and no protocol: operations come in as calls from
+//! the protocol layer (`commands.rs`, `text.rs`, `meta.rs`), what finishes leaves as typed
+//! [`Completion`]s in [`Cache::completions`] named by (connection, sequence number) for the
+//! dispatcher to answer, and page I/O goes through [`PageIo`] over the poll driver. Stores
+//! (`writes.rs`), transitions between schemes (`transition.rs`, tasks in the same work table),
+//! the backup region's records (`durability.rs`) and the rewrite journal (`rewrites.rs`) are
+//! further `impl Cache` blocks in this module's children.
 //!
 //! The work table (seed 003 §4.3.2) is three things here:
 //! - an entry whose write is in flight keeps its value in its store task: a get is answered from
@@ -20,10 +24,17 @@ use std::time::{Duration, Instant};
 
 use remem_client::PollClient;
 
+pub mod durability;
+pub mod open;
+pub mod rewrites;
+pub mod transition;
+mod writes;
+
 use crate::chunks::ChunkCache;
+use crate::completion::{Ack, ArithmeticReply, Completion, ConnRef, Fetched, Render};
+use crate::error::ValueError;
 use crate::index::{EntryId, Index, LocationId, Released};
 use crate::pageio::{IoDone, IoKind, IoOwner, PageIo, TaskId};
-use crate::reply::{render_value, ArithmeticReply, ConnRef, Out, Render};
 use crate::scheme::{EcShape, Policy, Scheme};
 use crate::space::{RegionKind, Space, PAGE_BYTES};
 use crate::stats::Stats;
@@ -33,7 +44,7 @@ use crate::stats::Stats;
 pub const TAIL: u32 = 0x00ff_ffff;
 pub const MAIN: u32 = 1 << 30;
 pub const FALLBACK: u32 = 1 << 29;
-/// A chunk page's journal copy (`crate::rewrites`).
+/// A chunk page's journal copy (`crate::cache::rewrites`).
 pub const JOURNAL: u32 = 1 << 28;
 const PART_MASK: u32 = 0x00ff_ffff;
 /// The owner of read-repair writes (their completion needs nothing).
@@ -63,7 +74,7 @@ pub enum Waiter {
         /// the whole answer, and a later `END` would be taken for the next command's).
         /// `None` for a meta get, whose one line is the whole answer anyway.
         end: Option<u64>,
-        /// Bytes reserved in [`Cache::budget`] for the reply (see [`Out::reserved`]).
+        /// Bytes reserved in [`Cache::budget`] for the reply (`reply::Out::reserved`).
         reserved: usize,
     },
     /// A read-modify-write chain of this key waits for the value.
@@ -72,49 +83,37 @@ pub enum Waiter {
     Transition { task: TaskId },
 }
 
-/// A value read from remote memory, or why it could not be.
-pub type Fetched = Result<Rc<[u8]>, String>;
-
-/// A reply to send when a store finishes: `ok` on success, else SERVER_ERROR.
-#[derive(Debug)]
-pub struct Ack {
-    pub conn: ConnRef,
-    pub seq: u64,
-    pub ok: Vec<u8>,
-    pub noreply: bool,
-}
-
 #[derive(Debug)]
 pub struct Fetch {
-    pub key: Box<[u8]>,
-    pub location: LocationId,
-    pub scheme: Scheme,
-    pub value: Vec<u8>,
-    pub outstanding: u32,
-    pub error: Option<String>,
-    pub waiters: Vec<Waiter>,
-    pub shared: bool,
+    key: Box<[u8]>,
+    location: LocationId,
+    scheme: Scheme,
+    value: Vec<u8>,
+    outstanding: u32,
+    error: Option<ValueError>,
+    waiters: Vec<Waiter>,
+    shared: bool,
     /// An EOR value read again from its data splits: its main copy's bytes did not match the
     /// restored record (a main copy on a replaced node reads as a never-written page after a
     /// restart, since the client that knew it lost lived in the previous process).
-    pub from_data_splits: bool,
+    from_data_splits: bool,
 }
 
 #[derive(Debug)]
 pub struct Store {
-    pub key: Box<[u8]>,
-    pub location: LocationId,
-    pub value: Rc<[u8]>,
-    pub outstanding: u32,
-    pub error: Option<String>,
-    pub acks: Vec<Ack>,
+    key: Box<[u8]>,
+    location: LocationId,
+    value: Rc<[u8]>,
+    outstanding: u32,
+    error: Option<ValueError>,
+    acks: Vec<Ack>,
     /// Gets that wait for the write to finish (bypassing off).
-    pub after: Vec<Waiter>,
+    after: Vec<Waiter>,
     /// The store is a transition's rewrite: the entry is switched by the transition.
-    pub transition: Option<TaskId>,
+    transition: Option<TaskId>,
     /// Flags, expiry and cas the item had when this write arrived (for its backup record if
     /// a newer write of the key is still in flight when this one completes).
-    pub fields: (u32, u64, u64),
+    fields: (u32, u64, u64),
 }
 
 #[derive(Debug)]
@@ -129,19 +128,19 @@ pub enum Task {
 /// A move of one object to another scheme in flight (`transition.rs`).
 #[derive(Debug)]
 pub struct Transition {
-    pub key: Box<[u8]>,
-    pub from: LocationId,
-    pub from_scheme: Scheme,
-    pub to: Scheme,
-    pub started: Instant,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-    pub reply: Option<(ConnRef, u64)>,
-    pub outstanding: u32,
-    pub error: Option<String>,
-    pub background: bool,
+    key: Box<[u8]>,
+    from: LocationId,
+    from_scheme: Scheme,
+    to: Scheme,
+    started: Instant,
+    bytes_read: u64,
+    bytes_written: u64,
+    reply: Option<(ConnRef, u64)>,
+    outstanding: u32,
+    error: Option<ValueError>,
+    background: bool,
     /// Same pages, new scheme (EOR <-> EC).
-    pub in_place: bool,
+    in_place: bool,
 }
 
 /// A queued read-modify-write.
@@ -167,48 +166,47 @@ pub enum RmwKind {
 
 #[derive(Debug)]
 pub struct RmwChain {
-    pub location: LocationId,
-    pub ops: Vec<RmwOp>,
+    location: LocationId,
+    ops: Vec<RmwOp>,
 }
 
 pub struct Cache {
-    pub client: PollClient,
-    pub io: PageIo,
-    pub index: Index,
-    pub space: Space,
-    pub chunks: ChunkCache,
-    pub tasks: HashMap<TaskId, Task>,
-    pub(crate) next_task: TaskId,
-    pub fetch_of_location: HashMap<LocationId, TaskId>,
-    pub rmw: HashMap<Box<[u8]>, RmwChain>,
-    /// Values fetched for read-modify-write chains, waiting for the command layer to apply them
-    /// (`commands::settle`): the engine hands completions up, it never calls up.
-    pub rmw_values: std::collections::VecDeque<(Box<[u8]>, Fetched)>,
-    pub config: CacheConfig,
-    pub stats: Stats,
+    client: PollClient,
+    io: PageIo,
+    index: Index,
+    space: Space,
+    chunks: ChunkCache,
+    tasks: HashMap<TaskId, Task>,
+    next_task: TaskId,
+    fetch_of_location: HashMap<LocationId, TaskId>,
+    rmw: HashMap<Box<[u8]>, RmwChain>,
+    config: CacheConfig,
+    stats: Stats,
     next_cas: u64,
-    pub outbox: Vec<Out>,
+    /// What finished, for the dispatcher to answer (`dispatch::settle`): the engine hands
+    /// completions up, it never calls up.
+    completions: std::collections::VecDeque<Completion>,
     /// First page of the EC region and of the EOR main copies (same offsets).
-    pub ec_first_page: u64,
-    pub main_first_page: Option<u64>,
-    pub background_transitions: usize,
+    ec_first_page: u64,
+    main_first_page: Option<u64>,
+    background_transitions: usize,
     /// `flush_all` with a delay: at this unix second every item stored before it goes.
-    pub flush_at: Option<u64>,
-    pub started: Instant,
+    flush_at: Option<u64>,
+    started: Instant,
     done_buffer: Vec<IoDone>,
-    /// Where acknowledged items are recorded for a restart (`crate::durability`); none with
+    /// Where acknowledged items are recorded for a restart (`crate::cache::durability`); none with
     /// `remem kv --ephemeral`.
-    pub backup: Option<crate::backup::Backup>,
-    /// Rewrites of EC chunk pages go through a journal page first (`crate::rewrites`): the
+    backup: Option<crate::backup::Backup>,
+    /// Rewrites of EC chunk pages go through a journal page first (`crate::cache::rewrites`): the
     /// first of the EC region's journal pages, the free journal slots, the pages waiting for
     /// one, and the intents file (none with `--ephemeral`: nothing outlives a kill then).
-    pub journal_first_page: u64,
-    pub journal_free: Vec<u32>,
-    pub journal_waiting: std::collections::VecDeque<u64>,
-    pub rewrites: Option<crate::rewrites::RewriteLog>,
+    journal_first_page: u64,
+    journal_free: Vec<u32>,
+    journal_waiting: std::collections::VecDeque<u64>,
+    rewrites: Option<crate::cache::rewrites::RewriteLog>,
     /// Bytes held for replies, per connection and in all (`crate::budget`): gets reserve their
     /// value here before they fetch it, the server counts what waits to be written.
-    pub budget: crate::budget::OutputBudget,
+    budget: crate::budget::OutputBudget,
 }
 
 impl Cache {
@@ -224,11 +222,10 @@ impl Cache {
             next_task: 1,
             fetch_of_location: HashMap::new(),
             rmw: HashMap::new(),
-            rmw_values: Default::default(),
             config,
             stats: Stats::default(),
             next_cas: 1,
-            outbox: Vec::new(),
+            completions: Default::default(),
             ec_first_page,
             main_first_page,
             background_transitions: 0,
@@ -244,6 +241,127 @@ impl Cache {
         }
     }
 
+    // ---- what the layers above read and change -------------------------------------------
+
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// The index, to change an entry's fields or its LRU place (the protocol layer's gets,
+    /// touches and failed adds).
+    pub fn index_mut(&mut self) -> &mut Index {
+        &mut self.index
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    pub fn stats_mut(&mut self) -> &mut Stats {
+        &mut self.stats
+    }
+
+    pub fn budget(&self) -> &crate::budget::OutputBudget {
+        &self.budget
+    }
+
+    pub fn budget_mut(&mut self) -> &mut crate::budget::OutputBudget {
+        &mut self.budget
+    }
+
+    pub fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+
+    pub fn space(&self) -> &Space {
+        &self.space
+    }
+
+    pub fn io(&self) -> &PageIo {
+        &self.io
+    }
+
+    pub fn chunks(&self) -> &ChunkCache {
+        &self.chunks
+    }
+
+    pub fn client(&self) -> &PollClient {
+        &self.client
+    }
+
+    pub fn client_mut(&mut self) -> &mut PollClient {
+        &mut self.client
+    }
+
+    pub fn backup(&self) -> Option<&crate::backup::Backup> {
+        self.backup.as_ref()
+    }
+
+    pub fn backup_mut(&mut self) -> Option<&mut crate::backup::Backup> {
+        self.backup.as_mut()
+    }
+
+    /// Records acknowledged items in `backup` from now on (`durability.rs`).
+    pub fn set_backup(&mut self, backup: crate::backup::Backup) {
+        self.backup = Some(backup);
+    }
+
+    /// Rewrites of EC chunk pages go through `log`'s intents from now on (`rewrites.rs`).
+    pub fn set_rewrites(&mut self, log: rewrites::RewriteLog) {
+        self.rewrites = Some(log);
+    }
+
+    /// Transitions the hotness policy has in flight.
+    pub fn background_transitions(&self) -> usize {
+        self.background_transitions
+    }
+
+    /// `flush_all` with a delay: every item stored before unix second `at` goes then.
+    pub fn flush_at(&mut self, at: Option<u64>) {
+        self.flush_at = at;
+    }
+
+    /// The next thing the engine finished, oldest first (`dispatch::settle`).
+    pub fn next_completion(&mut self) -> Option<Completion> {
+        self.completions.pop_front()
+    }
+
+    /// Where a read-modify-write of `key` (a live key) gets its value: at once from a write of
+    /// it in the work table (returned with the op), or later as a [`Completion::RmwValue`]: the
+    /// op queues behind the chain of the key in flight, or starts one with a fetch.
+    pub fn rmw_value(&mut self, key: &[u8], op: RmwOp, now: u64) -> Option<(Rc<[u8]>, RmwOp)> {
+        if let Some(chain) = self.rmw.get_mut(key) {
+            chain.ops.push(op);
+            return None;
+        }
+        let id = self.live(key, now).expect("the caller checked the key");
+        let entry = self.index.entry(id);
+        if let Some(task) = entry.pending {
+            if let Some(Task::Store(store)) = self.tasks.get(&task) {
+                return Some((store.value.clone(), op));
+            }
+        }
+        let location = entry.location;
+        self.rmw.insert(key.into(), RmwChain { location, ops: vec![op] });
+        self.fetch(key, location, Waiter::Rmw { key: key.into() });
+        None
+    }
+
+    /// The ops of the read-modify-write chain of `key`, whose value arrived, and whether that value is
+    /// still the key's (else a write that came after the chain's ops replaced it).
+    pub fn take_rmw_chain(&mut self, key: &[u8], now: u64) -> Option<(Vec<RmwOp>, bool)> {
+        let chain = self.rmw.remove(key)?;
+        let current = self.live(key, now).is_some_and(|id| self.index.entry(id).location == chain.location);
+        Some((chain.ops, current))
+    }
+
+    /// The EC region's journal pages for chunk page rewrites start at `first_page`
+    /// (`rewrites.rs`); all of them are free.
+    pub fn set_journal(&mut self, first_page: u64) {
+        self.journal_first_page = first_page;
+        self.journal_free = (0..rewrites::JOURNAL_PAGES as u32).rev().collect();
+    }
+
     pub fn new_task_id(&mut self) -> TaskId {
         self.next_task += 1;
         self.next_task
@@ -255,6 +373,7 @@ impl Cache {
     }
 
     pub fn next_cas(&mut self) -> u64 {
+        debug_assert!(self.next_cas < u64::MAX, "cas values never wrap");
         self.next_cas += 1;
         self.next_cas
     }
@@ -262,15 +381,6 @@ impl Cache {
     /// Cas values given later are above `cas` (a restored item's).
     pub fn raise_cas(&mut self, cas: u64) {
         self.next_cas = self.next_cas.max(cas);
-    }
-
-    pub fn reply(&mut self, conn: ConnRef, seq: u64, bytes: Vec<u8>) {
-        self.outbox.push(Out { conn, seq, bytes, ends_through: None, reserved: 0 });
-    }
-
-    /// A reply that ends its command: the places after `seq` up to `through` send nothing.
-    pub fn reply_ending(&mut self, conn: ConnRef, seq: u64, bytes: Vec<u8>, through: u64) {
-        self.outbox.push(Out { conn, seq, bytes, ends_through: Some(through), reserved: 0 });
     }
 
     /// The EOR main copy of an EC-region page.
@@ -386,7 +496,7 @@ impl Cache {
         }
     }
 
-    fn fetch_done(&mut self, task: TaskId, done: &IoDone) {
+    fn fetch_done(&mut self, task: TaskId, done: &mut IoDone) {
         let (scheme, location_id) = match self.tasks.get(&task) {
             Some(Task::Fetch(fetch)) => (fetch.scheme, fetch.location),
             _ => return,
@@ -401,7 +511,7 @@ impl Cache {
                 extent.pages[index as usize]
             }
         };
-        let mut error_text = None;
+        let mut error = None;
         match &done.result {
             Ok(()) => {
                 // Missing data splits, or an EOR main copy that could not serve: not a parity
@@ -435,11 +545,11 @@ impl Cache {
                 self.io.read(&mut self.client, page, IoOwner { task, part: index | FALLBACK });
                 return;
             }
-            Err(error) => error_text = Some(error.to_string()),
+            Err(_) => error = ValueError::take_page(&mut done.result),
         }
         let Some(Task::Fetch(fetch)) = self.tasks.get_mut(&task) else { return };
         if fetch.error.is_none() {
-            fetch.error = error_text;
+            fetch.error = error;
         }
         fetch.outstanding -= 1;
         if fetch.outstanding == 0 {
@@ -510,7 +620,7 @@ impl Cache {
         if fetch.shared {
             self.fetch_of_location.remove(&fetch.location);
         }
-        let mut value: Result<Rc<[u8]>, String> = match fetch.error {
+        let mut value: Fetched = match fetch.error {
             None => Ok(Rc::from(fetch.value)),
             Some(error) => Err(error),
         };
@@ -522,7 +632,7 @@ impl Cache {
             } else {
                 self.stats.restored_mismatches += 1;
                 tracing::warn!(key = %String::from_utf8_lossy(&fetch.key), "a restored value does not match its record's checksum: dropped");
-                value = Err("the value read does not match the checksum of its restored record".into());
+                value = Err(ValueError::RestoredChecksumMismatch);
             }
         }
         if value.is_err() {
@@ -567,20 +677,12 @@ impl Cache {
     }
 
     /// Hands a fetched value (or why it could not be read) to one waiter.
-    pub fn deliver(&mut self, waiter: Waiter, value: Result<Rc<[u8]>, String>) {
+    pub fn deliver(&mut self, waiter: Waiter, value: Fetched) {
         match waiter {
             Waiter::Get { conn, seq, render, end, reserved } => {
-                let (bytes, ends_through) = match value {
-                    Ok(value) => (render_value(&render, &value), None),
-                    Err(error) => {
-                        let bytes =
-                            format!("SERVER_ERROR remote memory lost the value: {error}\r\n").into_bytes();
-                        (bytes, end)
-                    }
-                };
-                self.outbox.push(Out { conn, seq, bytes, ends_through, reserved });
+                self.completions.push_back(Completion::Value { conn, seq, render, end, reserved, value });
             }
-            Waiter::Rmw { key } => self.rmw_values.push_back((key, value)),
+            Waiter::Rmw { key } => self.completions.push_back(Completion::RmwValue { key, value }),
             Waiter::Transition { task } => self.transition_fetched(task, value),
         }
     }
@@ -605,12 +707,12 @@ impl Cache {
             if done.is_empty() {
                 break;
             }
-            for op in done.drain(..) {
+            for mut op in done.drain(..) {
                 match self.tasks.get(&op.owner.task) {
-                    Some(Task::Fetch(_)) => self.fetch_done(op.owner.task, &op),
-                    Some(Task::Store(_)) => self.store_done(op.owner.task, &op),
-                    Some(Task::ChunkPage) => self.chunk_page_done(op.owner.task, &op),
-                    Some(Task::Transition(_)) => self.transition_io_done(op.owner.task, &op),
+                    Some(Task::Fetch(_)) => self.fetch_done(op.owner.task, &mut op),
+                    Some(Task::Store(_)) => self.store_done(op.owner.task, &mut op),
+                    Some(Task::ChunkPage) => self.chunk_page_done(op.owner.task, &mut op),
+                    Some(Task::Transition(_)) => self.transition_io_done(op.owner.task, &mut op),
                     None if op.owner.task == REPAIR_TASK => {
                         if let Err(error) = &op.result {
                             tracing::debug!(%error, page = op.page, "a read repair failed");
@@ -644,6 +746,9 @@ impl Cache {
 
     /// Once a second: the delayed flush, cold objects to EC.
     pub fn housekeeping(&mut self, now_unix: u64) {
+        if cfg!(debug_assertions) {
+            self.check_invariants();
+        }
         if let Some(at) = self.flush_at {
             if at <= now_unix {
                 self.flush_at = None;
@@ -651,6 +756,49 @@ impl Cache {
             }
         }
         self.cool_down(now_unix);
+    }
+
+    /// Checks the engine's counted state (debug builds' housekeeping calls it once a second, so
+    /// the integration tests run it under load; it walks every entry and task): the index's
+    /// counts and links, every location held by an entry, a record or a task of the work table
+    /// live with at least that many references, one shared fetch per location, the output
+    /// budget's totals, the journal slots each free or held once, and pages in use within each
+    /// region.
+    pub fn check_invariants(&self) {
+        let mut held: HashMap<LocationId, u32> = HashMap::new();
+        for task in self.tasks.values() {
+            let location = match task {
+                Task::Fetch(fetch) => Some(fetch.location),
+                Task::Store(store) => Some(store.location),
+                Task::Transition(transition) if transition.from_scheme != transition.to => {
+                    Some(transition.from)
+                }
+                Task::Transition(_) | Task::ChunkPage => None,
+            };
+            if let Some(location) = location {
+                *held.entry(location).or_default() += 1;
+            }
+        }
+        self.index.check_invariants(&held);
+        for (location, task) in &self.fetch_of_location {
+            assert!(
+                matches!(self.tasks.get(task), Some(Task::Fetch(fetch)) if fetch.location == *location),
+                "the shared fetch of location {location} is a fetch of it"
+            );
+        }
+        self.budget.check_invariants();
+        let mut journal = self.journal_free.clone();
+        journal.sort_unstable();
+        journal.dedup();
+        assert_eq!(journal.len(), self.journal_free.len(), "a journal slot is free once");
+        for kind in [RegionKind::Ec, RegionKind::None, RegionKind::Rep2, RegionKind::Rep3] {
+            if let Some((_, pages)) = self.space.region_pages(kind) {
+                assert!(
+                    self.space.pages_in_use(kind) <= pages,
+                    "{kind:?}: more pages in use than the region has"
+                );
+            }
+        }
     }
 
     pub fn flush_all(&mut self) {

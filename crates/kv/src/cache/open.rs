@@ -1,0 +1,100 @@
+//! Making the engine over a client's regions: new ones (one per scheme the policy needs, EOR's
+//! main copies beside the EC region), or those of a reopened slab map, checked against the
+//! flags.
+
+use remem_client::{Client, ConnectError, PollClient, Shape};
+
+use super::rewrites::JOURNAL_PAGES;
+use crate::cache::{Cache, CacheConfig};
+use crate::error::RegionsError;
+use crate::pageio::PAGE_OPS_IN_FLIGHT;
+use crate::scheme::{region_shape, schemes_needed, Scheme};
+use crate::space;
+
+/// What `remem status` and the client's region report call the region of EOR values' main
+/// copies (its scheme, `none`, is also that of `none` values).
+pub const MAIN_COPIES_LABEL: &str = "EOR main copies";
+
+/// Builds the cache over a connected client whose first region (`first`) is the EC region of
+/// `region_bytes`: adds the other schemes' regions.
+pub fn build_cache(
+    mut client: Client,
+    config: CacheConfig,
+    region_bytes: u64,
+) -> Result<Cache, ConnectError> {
+    let needed = schemes_needed(&config.policy);
+    let ec_region = client.regions()[0];
+    for scheme in [Scheme::None, Scheme::Rep2, Scheme::Rep3] {
+        if needed.contains(&scheme) {
+            client.create_region(region_shape(scheme, config.ec), region_bytes)?;
+        }
+    }
+    if needed.contains(&Scheme::Eor) {
+        let none = region_shape(Scheme::None, config.ec);
+        client.create_region_beside(none, ec_region.page_count * 4096, &ec_region, config.ec.data_splits)?;
+    }
+    cache_over_regions(client, config).map_err(|message| unreachable!("regions made just now: {message}"))
+}
+
+/// The cache over a client that has its regions already (a reopened slab map): the EC region,
+/// then none, rep2 and rep3 when the policy needs them, then EOR's main copies beside the EC
+/// region, in the order [`build_cache`] makes them. Errors when the client's regions are not
+/// those (a map saved with other schemes or another shape).
+pub fn cache_over_regions(mut client: Client, config: CacheConfig) -> Result<Cache, RegionsError> {
+    let needed = schemes_needed(&config.policy);
+    let regions = client.regions();
+    let mut expected = vec![(Some(space::RegionKind::Ec), region_shape(Scheme::Ec, config.ec))];
+    for (scheme, kind) in [
+        (Scheme::None, space::RegionKind::None),
+        (Scheme::Rep2, space::RegionKind::Rep2),
+        (Scheme::Rep3, space::RegionKind::Rep3),
+    ] {
+        if needed.contains(&scheme) {
+            expected.push((Some(kind), region_shape(scheme, config.ec)));
+        }
+    }
+    if needed.contains(&Scheme::Eor) {
+        expected.push((None, region_shape(Scheme::None, config.ec)));
+    }
+    let shapes = |shapes: Vec<Shape>| {
+        shapes
+            .iter()
+            .map(|shape| format!("({},{})", shape.data_splits, shape.parity_splits))
+            .collect::<Vec<_>>()
+    };
+    let have: Vec<Shape> = regions.iter().map(|region| region.shape).collect();
+    let want: Vec<Shape> = expected.iter().map(|(_, shape)| *shape).collect();
+    let same = have.len() == want.len()
+        && have
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| (a.data_splits, a.parity_splits) == (b.data_splits, b.parity_splits));
+    if !same {
+        return Err(RegionsError::Shapes { have: shapes(have), want: shapes(want) });
+    }
+    let mut space = space::Space::new();
+    let mut main_first_page = None;
+    let mut journal_first_page = 0;
+    for (region, (kind, _)) in regions.iter().zip(&expected) {
+        match kind {
+            // The EC region's last pages are the journal of chunk page rewrites.
+            Some(space::RegionKind::Ec) => {
+                if region.page_count <= 2 * JOURNAL_PAGES {
+                    return Err(RegionsError::EcTooSmall { pages: region.page_count });
+                }
+                let values = region.page_count - JOURNAL_PAGES;
+                space.add_region(space::RegionKind::Ec, region.first_page, values);
+                journal_first_page = region.first_page + values;
+            }
+            Some(kind) => space.add_region(*kind, region.first_page, region.page_count),
+            None => {
+                main_first_page = Some(region.first_page);
+                client.label_region(region.index, MAIN_COPIES_LABEL);
+            }
+        }
+    }
+    client.set_max_in_flight(PAGE_OPS_IN_FLIGHT);
+    let mut cache = Cache::new(PollClient::new(client), space, config, main_first_page);
+    cache.set_journal(journal_first_page);
+    Ok(cache)
+}
