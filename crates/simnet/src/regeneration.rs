@@ -1,5 +1,8 @@
-//! Simulated slab rebuilds (`Regenerate`), following `crates/node/src/regenerate/` page by page
-//! but reading the sources' slabs straight from the other simulated nodes instead of over sockets.
+//! Simulated slab rebuilds (`Regenerate`), admitted by the node core and following
+//! `crates/node/src/regenerate/` page by page, but reading the sources' slabs through the other
+//! simulated nodes' cores (as the rebuild's client id) instead of over sockets. Each page ends in
+//! the core's own last step, `remem_node::core::store_rebuilt_page`; the batch loop below is the
+//! simulator's (the rebuild is not yet one step machine in the core).
 //!
 //! A rebuild runs in steps of `NetworkOptions::regeneration_batch_pages` slots, one step per
 //! batch's worth of simulated time, so the client's writes, unmaps, evictions and faults land
@@ -16,8 +19,9 @@
 //!   ([`newest_with_k`]) wins, never a mix; a page the k batch sources do not settle is asked of
 //!   every other usable source. Newest version 0 means the page was never written: it counts as
 //!   skipped and nothing is stored. No version with k votes: the page is lost and its slot stays
-//!   unwritten. Otherwise the lost split is decoded (a data split) or re-encoded (a parity),
-//!   checksummed with the target's split index and stored only if the slot is still unwritten.
+//!   unwritten. Otherwise the core decodes the lost split (a data split) or re-encodes it (a
+//!   parity), checksums it with the target's split index and stores it only if the slot is still
+//!   unwritten.
 //!
 //! Invariant: a job holds its node's incarnation; a killed node's jobs are dropped by the cluster
 //! and never report.
@@ -25,8 +29,8 @@
 use crate::cluster::node::{AcceptedRegeneration, SimNode};
 use crate::{NetworkOptions, SimTime};
 use remem_codec::{new_codec, CodecParams, PageCodec};
-use remem_node::core::{Admission, Slab};
-use remem_proto::{judge_split, max_read_splits_count, newest_with_k, split_checksum, SplitMeta};
+use remem_node::core::{store_rebuilt_page, Admission, PageStored, Slab};
+use remem_proto::{judge_split, max_read_splits_count, newest_with_k, SplitMeta};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -72,7 +76,6 @@ pub(crate) struct Job {
     /// rebuild ends (`SimCluster::finish_regeneration`).
     pub(crate) admission: Admission,
     params: CodecParams,
-    target_split: u8,
     pub(crate) pages: u32,
     /// Sorted by split index: data splits first.
     sources: Vec<JobSource>,
@@ -112,7 +115,6 @@ impl Job {
             client_id: admission.client_id,
             slab_id: admission.slab_id,
             params: admission.params,
-            target_split: admission.target_split,
             pages: admission.pages,
             admission,
             sources,
@@ -183,12 +185,8 @@ enum PageOutcome {
     /// The slot was written by the client since the rebuild began, or the page was never written.
     Skipped,
     Lost,
-    /// The rebuilt split is in the scratch page (data) or parity buffer at this byte range.
-    Rebuilt {
-        meta: SplitMeta,
-        in_parity: bool,
-        at: usize,
-    },
+    /// k splits of one version were found: what the core's last step of a page did with them.
+    Stored(PageStored),
 }
 
 /// Runs one step of `job` at `now`; see the module documentation.
@@ -222,15 +220,9 @@ pub(crate) fn step(
             match rebuild_page(nodes, scratch, codec, job, slot, now) {
                 PageOutcome::Skipped => job.skipped += 1,
                 PageOutcome::Lost => job.lost += 1,
-                PageOutcome::Rebuilt { meta, in_parity, at } => {
-                    let buffer = if in_parity { &scratch.parity } else { &scratch.page };
-                    let split = &buffer[at..at + job.split_bytes()];
-                    if target.store_if_unwritten(slot, split, meta) {
-                        job.rebuilt += 1;
-                    } else {
-                        job.skipped += 1;
-                    }
-                }
+                PageOutcome::Stored(PageStored::Rebuilt) => job.rebuilt += 1,
+                PageOutcome::Stored(PageStored::WrittenMeanwhile) => job.skipped += 1,
+                PageOutcome::Stored(PageStored::Lost) => job.lost += 1,
             }
         }
     }
@@ -367,22 +359,18 @@ fn rebuild_page(
         source_split(job, position, slot, buffer);
         present |= 1 << split_index;
     }
-    let codec = &mut scratch.codecs[codec];
-    if codec.decode(&mut scratch.page, &scratch.parity, present).is_err() {
-        // k votes for one version were counted above, so only a bug gets here; lose the page.
-        debug_assert!(false, "decode failed with k valid splits");
-        return PageOutcome::Lost;
-    }
-    let target = usize::from(job.target_split);
-    let (in_parity, at) = if target < k {
-        (false, target * split_bytes)
-    } else {
-        codec.encode(&scratch.page, &mut scratch.parity);
-        (true, (target - k) * split_bytes)
-    };
-    let buffer = if in_parity { &scratch.parity } else { &scratch.page };
-    let checksum = split_checksum(&buffer[at..at + split_bytes], version, page_number, job.target_split);
-    PageOutcome::Rebuilt { meta: SplitMeta { version, checksum }, in_parity, at }
+    let codec = scratch.codecs[codec].as_mut();
+    let stored = store_rebuilt_page(
+        codec,
+        &mut scratch.page,
+        &mut scratch.parity,
+        present,
+        &job.admission,
+        slot,
+        page_number,
+        version,
+    );
+    PageOutcome::Stored(stored)
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ mod rebuild;
 mod session;
 mod slab;
 
-pub use rebuild::{Admission, RebuildProgress, MAX_CONCURRENT_REGENERATIONS};
+pub use rebuild::{store_rebuilt_page, Admission, PageStored, RebuildProgress, MAX_CONCURRENT_REGENERATIONS};
 pub use session::{Effect, Served, Session, Transport};
 pub use slab::{
     Backing, PooledMemory, Slab, SlabActivity, SlabError, SlabLabel, SlabTable, TableStats,

@@ -2,9 +2,9 @@
 //! a rebuild request, in the order the protocol documents them, and the place each admitted
 //! rebuild holds among the [`MAX_CONCURRENT_REGENERATIONS`] a node runs at once.
 //!
-//! The rebuild itself (reading k surviving slabs, judging, decoding, storing) is run by the
-//! shell that admitted it: the threaded node's `regenerate` module over sockets, the simulator's
-//! over its simulated nodes.
+//! The rebuild's reads (k surviving slabs, batch by batch) and its choice of each page's version
+//! are run by the shell that admitted it: the threaded node's `regenerate` module over sockets,
+//! the simulator's over its simulated nodes. Both end every page with [`store_rebuilt_page`].
 //!
 //! Invariant: every [`Admission`] is released exactly once ([`RebuildProgress::release`]), which
 //! gives back its place, removes its pages from the progress and ends the slab's rebuild mode.
@@ -147,5 +147,55 @@ impl NodeCore {
             pages: request.pages,
             sources: request.sources,
         })
+    }
+}
+
+/// What storing one rebuilt page came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageStored {
+    /// The target's split was decoded (or re-encoded) and stored.
+    Rebuilt,
+    /// The client wrote the slot meanwhile: its newer split wins, nothing stored.
+    WrittenMeanwhile,
+    /// The splits did not decode (only a bug gets here: k splits of one version were chosen).
+    Lost,
+}
+
+/// The last step of rebuilding one page, the same for every shell: `page` and `parity` hold the
+/// splits of `version` marked in `present` (k of them at least, put there with
+/// `remem_codec::split_buffer_mut`); decodes the page, takes the target's split (a data split
+/// from the page, a parity split by re-encoding it), checksums it with the target's split index
+/// and stores it in `slot` of the target slab only if the slot is still unwritten.
+#[allow(clippy::too_many_arguments)]
+pub fn store_rebuilt_page(
+    codec: &mut dyn remem_codec::PageCodec,
+    page: &mut [u8],
+    parity: &mut [u8],
+    present: u32,
+    admission: &Admission,
+    slot: u32,
+    page_number: u64,
+    version: u8,
+) -> PageStored {
+    assert_ne!(version, 0, "a page never written is not rebuilt");
+    let k = admission.params.data_splits;
+    assert!(present.count_ones() as usize >= k, "k splits of one version are present");
+    if let Err(error) = codec.decode(page, parity, present) {
+        tracing::error!(slab_id = admission.slab_id, slot, %error, "regeneration decode failed");
+        return PageStored::Lost;
+    }
+    let split_bytes = admission.params.split_bytes();
+    let target = usize::from(admission.target_split);
+    let rebuilt = if target < k {
+        &page[target * split_bytes..(target + 1) * split_bytes]
+    } else {
+        codec.encode(page, parity);
+        &parity[(target - k) * split_bytes..(target - k + 1) * split_bytes]
+    };
+    let checksum = remem_proto::split_checksum(rebuilt, version, page_number, admission.target_split);
+    if admission.slab.store_if_unwritten(slot, rebuilt, remem_proto::SplitMeta { version, checksum }) {
+        PageStored::Rebuilt
+    } else {
+        PageStored::WrittenMeanwhile
     }
 }

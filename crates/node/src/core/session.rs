@@ -402,3 +402,103 @@ fn close(out: &mut Vec<u8>, request_id: u64, refusal: Refusal) -> Served {
     refusal.reply().encode(request_id, out);
     Served::Close(refusal)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{Backing, CoreConfig};
+    use remem_proto::encode_write_split;
+    use std::time::Duration;
+
+    fn core() -> NodeCore {
+        NodeCore::new(CoreConfig {
+            node_id: 9,
+            capacity_bytes: 1 << 20,
+            slab_size_bytes: 64 << 10,
+            failure_domain: "d".to_owned(),
+            fault_injection: false,
+            backing: Backing::Heap,
+            lease_grace: Duration::from_secs(1),
+            lease_timeout: Duration::from_secs(1),
+        })
+    }
+
+    fn session(client_id: u64) -> Session {
+        Session { client_id, session: 0, connection: 1, transport: Transport::Simulated }
+    }
+
+    /// Serves every frame of `input`, as a shell would; returns the output and whether it closed.
+    fn serve_all(core: &NodeCore, session: &Session, input: &[u8]) -> (Vec<u8>, bool) {
+        let (mut out, mut at) = (Vec::new(), 0);
+        loop {
+            match session.serve_one(core, &input[at..], &mut out) {
+                Served::Wait => return (out, false),
+                Served::Done { consumed, .. } => at += consumed,
+                Served::Close(_) => return (out, true),
+            }
+        }
+    }
+
+    fn replies(mut bytes: &[u8]) -> Vec<(FrameHeader, Vec<u8>)> {
+        let mut frames = Vec::new();
+        while let Some(header_bytes) = bytes.first_chunk::<HEADER_BYTES>() {
+            let header = FrameHeader::decode(header_bytes).unwrap();
+            let end = HEADER_BYTES + header.body_len as usize;
+            frames.push((header, bytes[HEADER_BYTES..end].to_vec()));
+            bytes = &bytes[end..];
+        }
+        frames
+    }
+
+    #[test]
+    fn a_core_maps_writes_and_reads_back_without_io_and_fences_other_clients() {
+        let core = core();
+        let owner = session(7);
+        let mut input = Vec::new();
+        Control::MapSlab { split_bytes: 512, split_index: 0, first_page: 0, range_id: 0 }
+            .encode(1, &mut input);
+        let (out, closed) = serve_all(&core, &owner, &input);
+        assert!(!closed);
+        let (header, body) = &replies(&out)[0];
+        let Ok(Control::SlabMapped { slab_id, slots: 128 }) = Control::decode_body(header.kind, body) else {
+            panic!("expected SlabMapped, got {header:?}");
+        };
+
+        let payload = [0xAB; 512];
+        let prefix = WriteSplitPrefix { slab_id, slot: 3, version: 2, checksum: 77 };
+        let mut input = Vec::new();
+        encode_write_split(2, &prefix, &payload, &mut input);
+        Control::ReadSplit { slab_id, slot: 3 }.encode(3, &mut input);
+        // Half a frame waits; the rest serves both.
+        assert!(matches!(owner.serve_one(&core, &input[..HEADER_BYTES + 4], &mut Vec::new()), Served::Wait));
+        let (out, closed) = serve_all(&core, &owner, &input);
+        assert!(!closed);
+        let frames = replies(&out);
+        assert_eq!(frames[0].0.kind, Kind::WriteSplitOk);
+        assert_eq!((frames[1].0.kind, frames[1].0.request_id), (Kind::ReadSplitReply, 3));
+        let meta = SplitMeta::decode(frames[1].1[..SPLIT_META_BYTES].try_into().unwrap()).unwrap();
+        assert_eq!((meta.version, meta.checksum), (2, 77));
+        assert_eq!(&frames[1].1[SPLIT_META_BYTES..], &payload[..]);
+        assert_eq!(core.node_info().requests_served, 3);
+
+        // Another client id: a read is refused and the connection stays; a write closes it.
+        let other = session(8);
+        let mut input = Vec::new();
+        Control::ReadSplit { slab_id, slot: 3 }.encode(4, &mut input);
+        let (out, closed) = serve_all(&core, &other, &input);
+        assert!(!closed);
+        assert!(matches!(
+            Control::decode_body(Kind::Error, &replies(&out)[0].1),
+            Ok(Control::Error { code: remem_proto::ErrorCode::NotOwner, .. })
+        ));
+        let mut input = Vec::new();
+        encode_write_split(5, &prefix, &payload, &mut input);
+        let (_, closed) = serve_all(&core, &other, &input);
+        assert!(closed, "a refused WriteSplit closes the connection");
+        assert_eq!(
+            core.table.get(7, slab_id).unwrap().meta(3).version,
+            2,
+            "the refused write stored nothing"
+        );
+    }
+}

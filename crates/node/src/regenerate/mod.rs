@@ -47,12 +47,12 @@ mod sources;
 
 pub use sources::{read_floor, FloorSource, PIPELINE_DEPTH};
 
-use crate::core::{Admission, Session, Slab};
+use crate::core::{store_rebuilt_page, Admission, PageStored, Session, Slab};
 use crate::shared::Shared;
 use remem_codec::{new_codec, split_buffer_mut, CodecParams, PageCodec, MAX_DATA_SPLITS};
 use remem_proto::{
-    judge_split, judge_split_crc, max_read_splits_count, newest_with_k, split_checksum, Control, SplitMeta,
-    SplitVerdict, SPLIT_META_BYTES,
+    judge_split, judge_split_crc, max_read_splits_count, newest_with_k, Control, SplitMeta, SplitVerdict,
+    SPLIT_META_BYTES,
 };
 use sources::{fetch_batch, Batch, Claim, Source};
 use std::net::TcpStream;
@@ -444,24 +444,20 @@ fn rebuild_page(
             .copy_from_slice(payload);
         present |= 1 << split_index;
     }
-    if let Err(error) = scratch.codec.decode(&mut scratch.page, &scratch.parity, present) {
-        // k valid splits were chosen above, so only a bug gets here; lose the page, not the node.
-        tracing::error!(slab_id = job.admission.slab_id, slot, %error, "regeneration decode failed");
-        counts.lost += 1;
-        return;
-    }
-    let target = usize::from(job.target_split);
-    let rebuilt = if target < k {
-        &scratch.page[target * split_bytes..(target + 1) * split_bytes]
-    } else {
-        scratch.codec.encode(&scratch.page, &mut scratch.parity);
-        &scratch.parity[(target - k) * split_bytes..(target - k + 1) * split_bytes]
-    };
-    let checksum = split_checksum(rebuilt, version, page_number, job.target_split);
-    if job.slab.store_if_unwritten(slot, rebuilt, SplitMeta { version, checksum }) {
-        counts.rebuilt += 1;
-    } else {
-        counts.skipped += 1;
+    let stored = store_rebuilt_page(
+        scratch.codec.as_mut(),
+        &mut scratch.page,
+        &mut scratch.parity,
+        present,
+        &job.admission,
+        slot,
+        page_number,
+        version,
+    );
+    match stored {
+        PageStored::Rebuilt => counts.rebuilt += 1,
+        PageStored::WrittenMeanwhile => counts.skipped += 1,
+        PageStored::Lost => counts.lost += 1,
     }
 }
 
@@ -474,7 +470,7 @@ mod tests {
         let payload = [0u8; 64];
         assert_eq!(judge(None, &payload, 3, 1), SplitVerdict::Corrupt);
         assert_eq!(judge(Some(SplitMeta::default()), &payload, 3, 1), SplitVerdict::NeverWritten);
-        let checksum = split_checksum(&payload, 4, 3, 1);
+        let checksum = remem_proto::split_checksum(&payload, 4, 3, 1);
         assert_eq!(
             judge(Some(SplitMeta { version: 4, checksum }), &payload, 3, 1),
             SplitVerdict::Valid { version: 4 }
