@@ -1,4 +1,7 @@
-//! One client connection: the handshake, then requests served strictly in order.
+//! One client connection: the handshake, then requests served strictly in order by the node core
+//! (`core::Session::serve_one`); this module is the shell around it: socket, buffers, deadlines,
+//! and the effects the core asks for (sending a memfd, telling other connections of an eviction,
+//! starting a rebuild thread, a reply delay).
 //!
 //! I/O shape: one `read` fills a per-connection input buffer with as many frames as the socket
 //! holds; every complete frame in it is served; every reply is appended to a per-connection
@@ -27,20 +30,16 @@
 mod buffers;
 mod requests;
 
-use crate::fault::{ConnectionDelay, DelayFault};
+use crate::core::{Effect, Served, Session, Transport};
+use crate::fault::ConnectionDelay;
 use crate::log_limit::UNAUTHENTICATED_FAILURES;
 use crate::peers::Peer;
 use crate::regenerate;
 use crate::shared::Shared;
-use crate::slab::{SlabError, SlabLabel};
 use crate::stream::Stream;
 use remem_proto::auth;
-use remem_proto::{
-    encode_read_splits_reply_head, max_read_splits_count, Control, DecodeError, ErrorCode, FrameHeader, Kind,
-    SplitMeta, WriteSplitPrefix, HEADER_BYTES, MAX_BODY_BYTES, SPLIT_META_BYTES, WRITE_SPLIT_PREFIX_BYTES,
-};
+use remem_proto::{Control, DecodeError, ErrorCode, FrameHeader, Kind, HEADER_BYTES, MAX_BODY_BYTES};
 use std::io::{self, Read, Write};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -234,7 +233,7 @@ impl Connection {
         if self.shared.peers.authenticated_count() >= self.shared.max_connections {
             return Err(self.refuse(request_id, ErrorCode::NoCapacity, "connection limit reached"));
         }
-        match self.shared.leases.claim(client_id, session) {
+        match self.shared.core.leases.claim(client_id, session) {
             Ok(took_over) => {
                 self.claimed = true;
                 if took_over {
@@ -245,7 +244,7 @@ impl Connection {
                 return Err(self.refuse(request_id, ErrorCode::ClientIdInUse, refused.to_string()));
             }
         }
-        self.push_control(request_id, &Control::AuthOk { node_id: self.shared.node_id });
+        self.push_control(request_id, &Control::AuthOk { node_id: self.shared.core.node_id });
         self.flush()?;
         self.stream.set_read_timeout(None)?;
         self.read_timeout = None;
@@ -256,7 +255,7 @@ impl Connection {
     /// starts the grace period of the client's slabs).
     fn release_lease(&mut self) {
         if std::mem::take(&mut self.claimed) {
-            self.shared.leases.release(self.client_id, self.session, Instant::now());
+            self.shared.core.leases.release(self.client_id, self.session, Instant::now());
         }
     }
 
@@ -298,46 +297,36 @@ impl Connection {
         }
     }
 
-    /// Serves every complete buffered frame; when none is left, writes the replies and reads.
+    /// Serves every complete buffered frame through the node core (`core::Session`); when none
+    /// is left, writes the replies and reads.
     fn serve_requests_until_error(&mut self) -> Result<std::convert::Infallible, ConnectionEnd> {
+        let session = Session {
+            client_id: self.client_id,
+            session: self.session,
+            connection: self.number,
+            transport: if self.stream.is_unix() { Transport::Unix } else { Transport::Tcp },
+        };
         loop {
-            if let Some(header) = self.peek_header(MAX_FRAME_BYTES)? {
-                let served = match header.kind {
-                    Kind::WriteSplit => self.write_split(header)?,
-                    Kind::MapSlab
-                    | Kind::UnmapSlab
-                    | Kind::NodeInfo
-                    | Kind::Ping
-                    | Kind::Pong
-                    | Kind::ReadSplit
-                    | Kind::ReadSplits
-                    | Kind::InjectFault
-                    | Kind::Regenerate
-                    | Kind::ExportSlab
-                    | Kind::AnswerActivity
-                    | Kind::SlabActivity => {
-                        if self.frame_complete(header) {
-                            let request = self.take_control(header)?;
-                            self.handle_control(header.request_id, request)?;
-                            true
-                        } else {
-                            false
+            if self.peek_header(MAX_FRAME_BYTES)?.is_some() {
+                match session.serve_one(&self.shared.core, &self.input[self.start..self.end], &mut self.out) {
+                    Served::Wait => {}
+                    Served::Done { consumed, replies, effect } => {
+                        self.start += consumed;
+                        debug_assert!(self.start <= self.end);
+                        self.frame_done();
+                        self.replies_pending += replies;
+                        if let Some(effect) = effect {
+                            self.carry_out(&session, effect)?;
                         }
+                        if self.out.len() >= OUTPUT_FLUSH_BYTES {
+                            self.flush()?;
+                        }
+                        continue;
                     }
-                    kind => {
-                        return Err(self.refuse(
-                            header.request_id,
-                            ErrorCode::Unsupported,
-                            format!("{kind:?} is not a request a node accepts"),
-                        ))
+                    Served::Close(refusal) => {
+                        self.replies_pending += 1;
+                        return Err(self.closed_after(refusal.code(), refusal.to_string()));
                     }
-                };
-                if served {
-                    self.shared.requests_served.fetch_add(1, Ordering::Relaxed);
-                    if self.out.len() >= OUTPUT_FLUSH_BYTES {
-                        self.flush()?;
-                    }
-                    continue;
                 }
             }
             self.flush()?;
@@ -345,201 +334,26 @@ impl Connection {
         }
     }
 
-    fn handle_control(&mut self, request_id: u64, request: Control) -> Result<(), ConnectionEnd> {
-        let client_id = self.client_id;
-        let reply = match request {
-            Control::Ping => Control::Pong,
-            // A Pong answers nothing the node asked; ignore it rather than reply to a reply.
-            Control::Pong => return Ok(()),
-            Control::NodeInfo => Control::NodeInfoReply(self.shared.node_info()),
-            Control::MapSlab { split_bytes, split_index, first_page, range_id } => {
-                let label = SlabLabel { split_bytes, split_index, first_page, range_id };
-                match self.shared.table.map(client_id, label) {
-                    Ok((slab_id, slots)) => {
-                        tracing::info!(
-                            client_id,
-                            slab_id,
-                            slots,
-                            split_bytes,
-                            split_index,
-                            first_page,
-                            range_id,
-                            "slab mapped"
-                        );
-                        Control::SlabMapped { slab_id, slots }
-                    }
-                    Err(error) => self.refusal_reply(error),
-                }
+    /// Does what the core asked for a request it served.
+    fn carry_out(&mut self, session: &Session, effect: Effect) -> Result<(), ConnectionEnd> {
+        match effect {
+            Effect::Rebuild { request_id, admission } => {
+                // The core's Ok goes out before the rebuild can possibly report.
+                self.flush()?;
+                regenerate::spawn(&self.shared, session, request_id, admission);
             }
-            Control::UnmapSlab { slab_id } => match self.shared.table.unmap(client_id, slab_id) {
-                Ok(label) => {
-                    tracing::info!(
-                        client_id,
-                        slab_id,
-                        split_index = label.split_index,
-                        first_page = label.first_page,
-                        range_id = label.range_id,
-                        "slab unmapped"
-                    );
-                    Control::Ok
-                }
-                Err(error) => self.refusal_reply(error),
-            },
-            Control::ReadSplit { slab_id, slot } => {
-                match self.read_splits(request_id, slab_id, slot, 1, false) {
-                    Ok(()) => return Ok(()),
-                    Err(error) => self.refusal_reply(error),
-                }
+            Effect::Export { request_id, slab_id, slab } => self.export_slab(request_id, slab_id, &slab)?,
+            Effect::Evict { request_id, slab_id } => {
+                let result = self.shared.evict_slab(slab_id, Some(self.number));
+                self.replies_pending += session.evicted(request_id, slab_id, result, &mut self.out);
             }
-            Control::ReadSplits { slab_id, first_slot, count } => {
-                match self.read_splits(request_id, slab_id, first_slot, count, true) {
-                    Ok(()) => return Ok(()),
-                    Err(error) => self.refusal_reply(error),
-                }
+            Effect::SetDelay(delay) => self.shared.faults.set_delay(delay),
+            Effect::AnswersActivity => self.handle.volunteer_for_activity(),
+            // Kept only if the monitor asked this request id of this client about this slab.
+            Effect::ActivityAnswer { request_id, slab_id, accesses } => {
+                self.shared.activity_answers.answer(request_id, self.client_id, slab_id, accesses);
             }
-            Control::InjectFault { fault, slab_id, delay_us, fraction_ppm, flips, seed } => {
-                self.inject_fault(fault, slab_id, DelayFault { delay_us, fraction_ppm, seed }, flips)
-            }
-            Control::Regenerate { slab_id, data_splits, parity_splits, page_bytes, pages, sources } => {
-                let request = regenerate::Request {
-                    client_id,
-                    session: self.session,
-                    connection: self.number,
-                    request_id,
-                    slab_id,
-                    data_splits,
-                    parity_splits,
-                    page_bytes,
-                    pages,
-                    sources,
-                };
-                match regenerate::prepare(&self.shared, request) {
-                    Ok(job) => {
-                        // The Ok goes out before the rebuild can possibly report, so the client
-                        // always sees Ok, then RegenerationDone.
-                        self.push_control(request_id, &Control::Ok);
-                        self.flush()?;
-                        regenerate::spawn(&self.shared, job);
-                        return Ok(());
-                    }
-                    Err((code, message)) => {
-                        tracing::info!(client_id, slab_id, %code, %message, "regeneration refused");
-                        Control::error(code, message)
-                    }
-                }
-            }
-            Control::AnswerActivity => {
-                self.handle.volunteer_for_activity();
-                Control::Ok
-            }
-            // An owner's answer to the resource monitor: no reply. Kept only if the monitor asked
-            // this request id of this client about this slab.
-            Control::SlabActivity { slab_id, accesses } => {
-                self.shared.activity_answers.answer(request_id, client_id, slab_id, accesses);
-                return Ok(());
-            }
-            Control::ExportSlab { slab_id } => match self.export_slab(request_id, slab_id)? {
-                None => return Ok(()),
-                Some(refusal) => refusal,
-            },
-            other => unreachable!("serve_requests only passes requests, got {other:?}"),
-        };
-        self.push_control(request_id, &reply);
-        Ok(())
-    }
-
-    /// Validates a `WriteSplit` as soon as its prefix is buffered, and once the whole frame is,
-    /// copies the payload into the slot and publishes its metadata. Returns whether the frame was
-    /// served (false: wait for more bytes). Any refusal closes the connection: the unconsumed
-    /// payload makes the stream unusable.
-    fn write_split(&mut self, header: FrameHeader) -> Result<bool, ConnectionEnd> {
-        if self.end - self.start < HEADER_BYTES + WRITE_SPLIT_PREFIX_BYTES {
-            return Ok(false);
         }
-        let prefix_at = self.start + HEADER_BYTES;
-        let prefix_bytes: [u8; WRITE_SPLIT_PREFIX_BYTES] = self.input
-            [prefix_at..prefix_at + WRITE_SPLIT_PREFIX_BYTES]
-            .try_into()
-            .expect("slice of the prefix length");
-        let prefix = match WriteSplitPrefix::decode(&prefix_bytes) {
-            Ok(prefix) => prefix,
-            Err(error) => return Err(self.refuse_malformed(header.request_id, error)),
-        };
-        let slab = match self.shared.table.get(self.client_id, prefix.slab_id) {
-            Ok(slab) => slab,
-            Err(error) => return Err(self.refuse(header.request_id, error.code(), error.to_string())),
-        };
-        let payload_bytes = header.body_len - WRITE_SPLIT_PREFIX_BYTES as u32;
-        let refusal = if prefix.slot >= slab.slots() {
-            Some(SlabError::SlotOutOfRange {
-                slab_id: prefix.slab_id,
-                first_slot: prefix.slot,
-                count: 1,
-                slots: slab.slots(),
-            })
-        } else if payload_bytes != slab.split_bytes() {
-            Some(SlabError::PayloadSize {
-                slab_id: prefix.slab_id,
-                payload_bytes,
-                split_bytes: slab.split_bytes(),
-            })
-        } else {
-            None
-        };
-        if let Some(error) = refusal {
-            return Err(self.refuse(header.request_id, error.code(), error.to_string()));
-        }
-        if !self.frame_complete(header) {
-            return Ok(false);
-        }
-        let payload_at = prefix_at + WRITE_SPLIT_PREFIX_BYTES;
-        // Counted once the frame is complete: a frame may be looked at several times before.
-        slab.record_request();
-        slab.write(
-            prefix.slot,
-            &self.input[payload_at..payload_at + payload_bytes as usize],
-            SplitMeta { version: prefix.version, checksum: prefix.checksum },
-        );
-        self.consume(header);
-        self.push_control(header.request_id, &Control::WriteSplitOk);
-        Ok(true)
-    }
-
-    /// Appends the reply to `ReadSplit` (`many == false`, count 1) or `ReadSplits`: header, then
-    /// each slot's metadata and bytes copied from the slab.
-    fn read_splits(
-        &mut self,
-        request_id: u64,
-        slab_id: u32,
-        first_slot: u32,
-        count: u32,
-        many: bool,
-    ) -> Result<(), SlabError> {
-        let slab = self.shared.table.get(self.client_id, slab_id)?;
-        slab.record_request();
-        let split_bytes = slab.split_bytes();
-        let in_range = u64::from(first_slot) + u64::from(count) <= u64::from(slab.slots());
-        if !in_range || (many && count > max_read_splits_count(split_bytes)) {
-            return Err(SlabError::SlotOutOfRange { slab_id, first_slot, count, slots: slab.slots() });
-        }
-        if many {
-            encode_read_splits_reply_head(request_id, count, split_bytes, &mut self.out);
-        } else {
-            let header = FrameHeader {
-                kind: Kind::ReadSplitReply,
-                body_len: SPLIT_META_BYTES as u32 + split_bytes,
-                request_id,
-            };
-            self.out.extend_from_slice(&header.encode());
-        }
-        for slot in first_slot..first_slot + count {
-            let meta_at = self.out.len();
-            let payload_at = meta_at + SPLIT_META_BYTES;
-            self.out.resize(payload_at + split_bytes as usize, 0);
-            let meta = slab.read(slot, &mut self.out[payload_at..]);
-            self.out[meta_at..payload_at].copy_from_slice(&meta.encode());
-        }
-        self.replies_pending += 1;
         Ok(())
     }
 
@@ -646,6 +460,12 @@ impl Connection {
     fn refuse(&mut self, request_id: u64, code: ErrorCode, message: impl Into<String>) -> ConnectionEnd {
         let message = message.into();
         self.push_control(request_id, &Control::error(code, message.clone()));
+        self.closed_after(code, message)
+    }
+
+    /// The refusal `Error(code)` is the last frame of the output: sends it (best effort: the
+    /// peer may be gone) and ends the connection.
+    fn closed_after(&mut self, code: ErrorCode, message: String) -> ConnectionEnd {
         if let Err(error) = self.flush() {
             tracing::debug!(peer = %self.peer, %error, "could not send the refusal");
         }

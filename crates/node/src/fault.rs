@@ -6,7 +6,7 @@
 //! connection before it writes its output; the hot path pays one atomic load per write when no
 //! fault was ever injected.
 
-use crate::slab::Slab;
+use crate::core::Slab;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;

@@ -7,7 +7,9 @@
 //! `regenerate`): there the node acts for the client, reads surviving splits from other nodes,
 //! checks their checksums and decodes, to fill a new slab without the client doing the work.
 //!
-//! Shape: one acceptor loop ([`Node::run`]) and one thread per connection with blocking I/O and
+//! Shape: every decision is the sans-I/O core's (`core`: slab table, sessions, leases, rebuild
+//! admission), which the simulator (crates/simnet) runs too; the rest of this crate is the
+//! threaded shell that runs it over sockets. One acceptor loop ([`Node::run`]) and one thread per connection with blocking I/O and
 //! buffered frames (module `connection`). Each node is its own process and the connection count
 //! is bounded by `max_connections`, so threads are cheap enough and keep request order per
 //! connection trivially. What all these threads share is one `shared::Shared`. Rebuilds run on
@@ -26,6 +28,7 @@
 //!   unmapped.
 
 mod connection;
+pub mod core;
 mod fault;
 pub mod leases;
 mod log_limit;
@@ -34,7 +37,6 @@ mod peers;
 mod regenerate;
 mod shared;
 mod shared_memory;
-mod slab;
 mod slot_copy;
 mod stream;
 
@@ -46,11 +48,9 @@ pub use connection::{
 /// Connections that have not authenticated yet, at most, apart from `max_connections`
 /// authenticated ones. Each lives at most [`HANDSHAKE_TIMEOUT`] in all.
 pub const MAX_UNAUTHENTICATED_CONNECTIONS: usize = 64;
+pub use core::{MAX_CONCURRENT_REGENERATIONS, METADATA_BYTES_PER_SLOT};
 pub use monitor::{MemorySource, ResourceMonitorConfig};
-pub use regenerate::{
-    read_floor, FloorSource, RegenerationReport, MAX_CONCURRENT_REGENERATIONS, PIPELINE_DEPTH,
-};
-pub use slab::METADATA_BYTES_PER_SLOT;
+pub use regenerate::{read_floor, FloorSource, RegenerationReport, PIPELINE_DEPTH};
 
 use connection::Connection;
 use fault::Faults;
@@ -60,13 +60,12 @@ use regenerate::Regenerations;
 use remem_proto::auth::Secret;
 use remem_proto::MAX_FAILURE_DOMAIN_BYTES;
 use shared::Shared;
-use slab::SlabTable;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -147,7 +146,7 @@ impl NodeHandle {
 
     /// What the node would answer to `NodeInfo` now.
     pub fn info(&self) -> remem_proto::NodeInfo {
-        self.shared.node_info()
+        self.shared.core.node_info()
     }
 
     /// Bytes of connection buffers charged to the node-wide budget now
@@ -158,12 +157,12 @@ impl NodeHandle {
 
     /// Pre-allocated slabs waiting for a `MapSlab`.
     pub fn pooled_slabs(&self) -> u32 {
-        self.shared.table.stats().pooled_slabs
+        self.shared.core.table.stats().pooled_slabs
     }
 
     /// Slabs freed since start because their client's lease expired (`leases`).
     pub fn slabs_freed_by_lease_expiry(&self) -> u64 {
-        self.shared.slabs_freed_by_expiry.load(Ordering::Relaxed)
+        self.shared.core.slabs_freed_by_expiry.load(Ordering::Relaxed)
     }
 }
 
@@ -237,13 +236,17 @@ impl Node {
             unix_listener,
             monitor,
             shared: Arc::new(Shared {
-                node_id: config.node_id,
+                core: core::NodeCore::new(core::CoreConfig {
+                    node_id: config.node_id,
+                    capacity_bytes: config.capacity_bytes,
+                    slab_size_bytes: config.slab_size_bytes,
+                    failure_domain: config.failure_domain,
+                    fault_injection: config.fault_injection,
+                    backing: core::Backing::Memfd,
+                    lease_grace: config.lease_grace,
+                    lease_timeout: config.lease_timeout,
+                }),
                 secret: config.secret,
-                capacity_bytes: config.capacity_bytes,
-                slab_size_bytes: config.slab_size_bytes,
-                failure_domain: config.failure_domain,
-                table: SlabTable::new(config.slab_size_bytes, config.capacity_bytes),
-                requests_served: AtomicU64::new(0),
                 peers: Peers::default(),
                 faults: Faults::new(config.fault_injection),
                 regenerations: Regenerations::default(),
@@ -251,8 +254,6 @@ impl Node {
                 activity_answers: monitor::ActivityAnswers::default(),
                 max_connections: config.max_connections,
                 buffer_budget: connection::BufferBudget::new(CONNECTION_BUFFER_BUDGET_BYTES),
-                leases: leases::Leases::new(config.lease_grace, config.lease_timeout),
-                slabs_freed_by_expiry: AtomicU64::new(0),
             }),
         })
     }
@@ -284,7 +285,7 @@ impl Node {
             }
             if leases_checked.elapsed() >= LEASE_CHECK_PERIOD {
                 leases_checked = Instant::now();
-                self.shared.expire_leases(leases_checked);
+                self.shared.core.expire_leases(leases_checked);
             }
             threads.retain(|thread| !thread.is_finished());
             let unix_fd = self.unix_listener.as_ref().map(|(listener, _)| listener.as_raw_fd());
@@ -405,14 +406,14 @@ impl Node {
             }
         }
         self.shared.regenerations.stop_and_join();
-        let slabs = self.shared.table.clear();
+        let slabs = self.shared.core.table.clear();
         if let Some((_, path)) = &self.unix_listener {
             let _ = std::fs::remove_file(path);
         }
         tracing::info!(
             connections_closed = open.len(),
             slabs_unmapped = slabs,
-            requests_served = self.shared.requests_served.load(Ordering::Relaxed),
+            requests_served = self.shared.core.requests_served.load(Ordering::Relaxed),
             "node stopped"
         );
     }

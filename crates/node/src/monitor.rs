@@ -25,8 +25,8 @@
 //! table enforces it); the pool only holds fresh mappings; the loop runs at most once per period
 //! and each period does bounded work (at most E + E' samples, the pool target of fills).
 
+use crate::core::SlabActivity;
 use crate::shared::Shared;
-use crate::slab::SlabActivity;
 use rand::seq::SliceRandom;
 use remem_proto::Control;
 use std::collections::HashMap;
@@ -463,7 +463,7 @@ fn ask_owners(shared: &Shared, sample: &mut [SlabActivity], wait: Duration) {
     }
     for (index, total) in totals.into_iter().enumerate() {
         let Some(total) = total else { continue };
-        let Ok(slab) = shared.table.get_any(sample[index].slab_id) else { continue };
+        let Ok(slab) = shared.core.table.get_any(sample[index].slab_id) else { continue };
         let reported = slab.owner_accesses_since_last(total);
         let seen = &mut sample[index].requests;
         *seen = if *seen == u64::MAX { reported } else { (*seen).max(reported) };
@@ -503,7 +503,7 @@ fn run(shared: &Shared, config: &ResourceMonitorConfig, source: &MemorySource) {
     let mut below_headroom = false;
     while !shared.stopping.load(Ordering::Relaxed) {
         let started = Instant::now();
-        let activity = shared.table.take_activity();
+        let activity = shared.core.table.take_activity();
         match source.read() {
             Ok(reading) => {
                 if read_failing {
@@ -540,20 +540,20 @@ fn act(
     was_below_headroom: bool,
     rng: &mut impl rand::Rng,
 ) -> bool {
-    let stats = shared.table.stats();
+    let stats = shared.core.table.stats();
     let plan = plan(PlanInput {
         reading,
         headroom_percent: config.headroom_percent,
-        slab_size_bytes: shared.slab_size_bytes,
+        slab_size_bytes: shared.core.slab_size_bytes,
         pooled_slabs: stats.pooled_slabs as usize,
         mapped_slabs: activity.len(),
         prealloc_target: config.prealloc_slabs as usize,
     });
-    shared.table.set_host_budget(Some(plan.budget_bytes));
+    shared.core.table.set_host_budget(Some(plan.budget_bytes));
     let headroom_bytes = (u128::from(reading.limit_bytes) * u128::from(config.headroom_percent) / 100) as u64;
     let below_headroom = reading.free_bytes < headroom_bytes;
     if below_headroom {
-        let released = shared.table.drain_pool(plan.release_pooled).len();
+        let released = shared.core.table.drain_pool(plan.release_pooled).len();
         let wait = OWNER_ANSWER_WAIT.min(config.period / 4);
         let victims =
             choose_victims_asking(activity, plan.evict, config.eviction_extra as usize, rng, |sample| {
@@ -588,7 +588,7 @@ fn act(
         }
         let mut added = 0;
         for _ in 0..plan.prealloc {
-            match shared.table.fill_pool_one(config.prealloc_slabs as usize) {
+            match shared.core.table.fill_pool_one(config.prealloc_slabs as usize) {
                 Ok(true) => added += 1,
                 Ok(false) => break,
                 Err(error) => {
@@ -603,7 +603,7 @@ fn act(
                 free_bytes = reading.free_bytes,
                 headroom_bytes,
                 added,
-                pooled_slabs = shared.table.stats().pooled_slabs,
+                pooled_slabs = shared.core.table.stats().pooled_slabs,
                 "resource monitor: slabs pre-allocated"
             );
         }

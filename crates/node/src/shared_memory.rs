@@ -12,6 +12,9 @@
 //! through Rust references. The memfd is sealed against shrinking and growing, so a client cannot
 //! truncate it under the node (which would turn the node's next access into SIGBUS).
 //!
+//! Heap regions: [`Region::heap`] lays the same bytes out in zeroed process memory, with no memfd,
+//! for a node core driven by the simulator (crates/simnet), which has no files and never exports.
+//!
 //! Revocation: [`Region::revoke`] sets the header's `revoked` flag and punches the whole file out
 //! (FALLOC_FL_PUNCH_HOLE), so the memory returns to the OS at once even though the client still
 //! maps it; the client sees the flag (or zeros, which fail the end-to-end checksum) and unmaps.
@@ -34,12 +37,17 @@ pub struct HeaderFields {
     pub slab_id: u32,
 }
 
-/// One slab's memfd and its shared mapping; unmapped and closed on drop.
+/// One slab's memfd and its shared mapping, unmapped and closed on drop; or the same layout in
+/// zeroed heap memory (no memfd), freed on drop.
 pub struct Region {
-    memfd: OwnedFd,
+    /// `None` for a heap region.
+    memfd: Option<OwnedFd>,
     base: NonNull<u8>,
     layout: ShmLayout,
 }
+
+/// Alignment of a heap region: a page, as a mapping has, so slots and metadata are aligned alike.
+const HEAP_ALIGN_BYTES: usize = 4096;
 
 // SAFETY: `base` points to a shared mapping owned by this value and unmapped only in `Drop`;
 // every access to it goes through atomics (see the module docs), so the value may be shared and
@@ -96,7 +104,32 @@ impl Region {
             return Err(io::Error::last_os_error());
         }
         let base = NonNull::new(base.cast::<u8>()).expect("mmap never returns null on success");
-        let region = Region { memfd, base, layout };
+        let region = Region { memfd: Some(memfd), base, layout };
+        region.write_header(header);
+        Ok(region)
+    }
+
+    /// A region of `backing`: [`Region::create`] or [`Region::heap`].
+    pub fn new(layout: ShmLayout, header: HeaderFields, backing: crate::core::Backing) -> io::Result<Region> {
+        match backing {
+            crate::core::Backing::Memfd => Region::create(layout, header),
+            crate::core::Backing::Heap => Region::heap(layout, header),
+        }
+    }
+
+    /// The same layout in zeroed heap memory, with its header written: no memfd, so it can be
+    /// neither exported nor punched out. For the simulator, where untouched pages cost nothing.
+    pub fn heap(layout: ShmLayout, header: HeaderFields) -> io::Result<Region> {
+        let len =
+            usize::try_from(layout.total_bytes).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let heap_layout = std::alloc::Layout::from_size_align(len, HEAP_ALIGN_BYTES)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        assert!(len > 0, "a layout holds at least one page");
+        // SAFETY: a non-zero size (asserted) and a valid power-of-two alignment; the result is
+        // checked for null before use and freed with the same layout in `Drop`.
+        let base = unsafe { std::alloc::alloc_zeroed(heap_layout) };
+        let base = NonNull::new(base).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
+        let region = Region { memfd: None, base, layout };
         region.write_header(header);
         Ok(region)
     }
@@ -105,8 +138,9 @@ impl Region {
         self.layout
     }
 
-    pub fn memfd(&self) -> BorrowedFd<'_> {
-        self.memfd.as_fd()
+    /// The memfd to hand to the owner; `None` for a heap region.
+    pub fn memfd(&self) -> Option<BorrowedFd<'_>> {
+        self.memfd.as_ref().map(AsFd::as_fd)
     }
 
     /// Start of the split bytes of `slot` (`slot < slots`): for `slot_copy` only.
@@ -165,13 +199,16 @@ impl Region {
         self.header_u32(SHM_HEADER_REVOKED).store(1, Ordering::SeqCst);
         // Punch everything but the header's page, so the flag stays readable.
         let header_page = self.layout.header_offset & !(remem_proto::shm::SHM_PAGE_BYTES - 1);
+        let Some(memfd) = &self.memfd else {
+            return;
+        };
         if header_page == 0 {
             return;
         }
         // SAFETY: a system call on our own descriptor; the range lies within the file.
         let result = unsafe {
             libc::fallocate(
-                self.memfd.as_raw_fd(),
+                memfd.as_raw_fd(),
                 libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
                 0,
                 header_page as libc::off_t,
@@ -185,6 +222,15 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
+        if self.memfd.is_none() {
+            let heap_layout =
+                std::alloc::Layout::from_size_align(self.layout.total_bytes as usize, HEAP_ALIGN_BYTES)
+                    .expect("checked in `heap`");
+            // SAFETY: `base` was allocated in `heap` with this very layout and is freed only here;
+            // the owner is being dropped, so no pointer into it is still in use.
+            unsafe { std::alloc::dealloc(self.base.as_ptr(), heap_layout) };
+            return;
+        }
         // SAFETY: `base`/`total_bytes` are exactly the mapping made in `create`, unmapped only here;
         // the owner (`Slab`) is being dropped, so no pointer into it is still in use.
         let result = unsafe { libc::munmap(self.base.as_ptr().cast(), self.layout.total_bytes as usize) };

@@ -14,10 +14,10 @@
 //! the previous one (its arrival time is at least the previous arrival time): TCP order.
 
 use crate::error::SimError;
-use crate::node::{Inbox, SimNode};
 use crate::regeneration::{self, Job, Scratch, Step};
 use crate::schedule::{FaultAction, ScheduledFault};
 use crate::{NetworkOptions, SimTime};
+use node::{Inbox, SimNode};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use remem_proto::{Control, NodeInfo, SplitMeta, MAX_FAILURE_DOMAIN_BYTES};
@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 
 mod faults;
+pub(crate) mod node;
 
 /// What reaches a client: bytes from one of its connections, or the news that one closed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -182,14 +183,15 @@ enum Event {
 ///
 /// # How a simulated node answers
 ///
-/// Like `crates/node`, frame for frame (docs/PROTOCOL.md):
-/// - `MapSlab`: split size checked (`BadSplitSize`), capacity counted in whole slabs
+/// By the real node core (`remem_node::core`), frame for frame (docs/PROTOCOL.md):
+/// - `MapSlab`: split size checked (`BadSplitSize`), capacity counted in slab footprints (slab,
+///   metadata and header; `add_node`'s `capacity_slabs` slabs of the smallest split size fit)
 ///   (`NoCapacity` when full); `SlabMapped { slab_id, slots = slab_size / split_bytes }`. Slab ids
 ///   run 1, 2, ... per life of the node and are never reused within one.
 /// - `UnmapSlab`: `Ok`. `WriteSplit`: payload, version and checksum stored as given;
 ///   `WriteSplitOk`. `ReadSplit`/`ReadSplits`: stored metadata and payload (a slot never written
 ///   reads version 0, checksum 0, zero bytes).
-/// - `NodeInfo`: `NodeInfoReply` (capacity and free bytes in whole slabs, slabs mapped, failure
+/// - `NodeInfo`: `NodeInfoReply` (capacity and free bytes, slabs mapped, failure
 ///   domain, slab size, rebuild progress). `Ping`: `Pong`. `AnswerActivity`: `Ok`. `Pong` and
 ///   `SlabActivity`: no reply. `ExportSlab`, `InjectFault`: `Error(Unsupported)`.
 /// - `Regenerate`: the real node's checks, `Ok`, then after `pages ×
@@ -331,7 +333,7 @@ impl SimCluster {
             },
         );
         self.current.insert((node, client_id), id);
-        Ok(self.nodes[node].info())
+        Ok(self.nodes[node].core.node_info())
     }
 
     /// Whether `client_id` has a connection to `node` it has not closed nor heard was lost (its
@@ -396,34 +398,38 @@ impl SimCluster {
     }
 
     /// The metadata and bytes stored in `slot` of slab `slab_id` on `node`.
-    pub fn slab_split(&self, node: usize, slab_id: u32, slot: u32) -> Option<(SplitMeta, &[u8])> {
-        let slab = self.nodes.get(node)?.slabs.get(&slab_id)?;
-        (slot < slab.slots).then(|| (slab.meta(slot), slab.payload(slot)))
+    pub fn slab_split(&self, node: usize, slab_id: u32, slot: u32) -> Option<(SplitMeta, Vec<u8>)> {
+        let slab = self.nodes.get(node)?.core.table.get_any(slab_id).ok()?;
+        (slot < slab.slots()).then(|| {
+            let mut payload = vec![0; slab.split_bytes() as usize];
+            (slab.read(slot, &mut payload), payload)
+        })
     }
 
     /// The slabs mapped on `node`, as (slab id, owner client id), by slab id.
     pub fn slabs_of(&self, node: usize) -> Vec<(u32, u64)> {
-        self.nodes[node].slabs.iter().map(|(id, slab)| (*id, slab.owner_client_id)).collect()
+        self.nodes[node].core.table.owners()
     }
 
     pub fn slab_info(&self, node: usize, slab_id: u32) -> Option<SlabInfo> {
-        let slab = self.nodes.get(node)?.slabs.get(&slab_id)?;
+        let slab = self.nodes.get(node)?.core.table.get_any(slab_id).ok()?;
+        let label = slab.label();
         Some(SlabInfo {
             slab_id,
-            owner_client_id: slab.owner_client_id,
-            split_bytes: slab.split_bytes,
-            split_index: slab.split_index,
-            first_page: slab.first_page,
-            range_id: slab.range_id,
-            slots: slab.slots,
-            regenerating: slab.regenerating,
+            owner_client_id: slab.owner_client_id(),
+            split_bytes: label.split_bytes,
+            split_index: label.split_index,
+            first_page: label.first_page,
+            range_id: label.range_id,
+            slots: slab.slots(),
+            regenerating: slab.is_regenerating(),
         })
     }
 
     /// What the node would answer to `NodeInfo` now (`None` if dead).
     pub fn node_info(&self, node: usize) -> Option<NodeInfo> {
         let state = &self.nodes[node];
-        state.alive.then(|| state.info())
+        state.alive.then(|| state.core.node_info())
     }
 
     pub fn node_state(&self, node: usize) -> NodeState {
@@ -436,7 +442,7 @@ impl SimCluster {
             extra_delay_ns: state.extra_delay_ns,
             extra_jitter_ns: state.extra_jitter_ns,
             writes_to_drop: state.writes_to_drop,
-            slabs_mapped: state.slabs.len() as u32,
+            slabs_mapped: state.core.table.stats().slabs_mapped,
         }
     }
 
@@ -632,13 +638,7 @@ impl SimCluster {
 
     fn finish_regeneration(&mut self, now: SimTime, mut job: Job) {
         job.lost += u64::from(job.pages - job.next_slot);
-        let node = &mut self.nodes[job.node];
-        node.regenerations_running -= 1;
-        node.regeneration_pages_done -= u64::from(job.next_slot);
-        node.regeneration_pages_total -= u64::from(job.pages);
-        if let Some(slab) = node.slabs.get_mut(&job.slab_id) {
-            slab.regenerating = false;
-        }
+        self.nodes[job.node].core.rebuilds.release(&job.admission, u64::from(job.next_slot));
         let report_sent =
             self.connections.get(&job.connection).is_some_and(|connection| connection.node_open);
         if report_sent {
@@ -736,12 +736,12 @@ impl SimCluster {
     fn random_slab(&mut self, now: SimTime, node: usize) -> Result<u32, SimError> {
         self.advance(now);
         self.check_alive(node)?;
-        let slabs = &self.nodes[node].slabs;
+        let slabs = self.nodes[node].core.table.owners();
         if slabs.is_empty() {
             return Err(SimError::NoSlab { node });
         }
         let pick = self.fault_rng.gen_range(0..slabs.len());
-        Ok(*slabs.keys().nth(pick).expect("pick < len"))
+        Ok(slabs[pick].0)
     }
 
     fn check_node(&self, node: usize) -> Result<(), SimError> {

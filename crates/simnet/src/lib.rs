@@ -15,9 +15,10 @@
 //!   where reordering comes from.
 //! - **A node** ([`SimCluster::add_node`]) serves every complete frame of what arrived, in order,
 //!   and answers all of them in one message, as the real node answers a `read` with one `write`.
-//!   It answers like `crates/node` (see [`SimCluster`] for each message), stores split bytes and
-//!   metadata as given, and rebuilds slabs (`Regenerate`) by reading the other simulated nodes'
-//!   slabs directly, with the same judge ([`remem_proto::judge_split`]), version rule
+//!   It *is* the real node's core (`remem_node::core`: slab table, ownership, capacity, refusals,
+//!   rebuild admission; slabs on the heap), driven frame by frame as the threaded node drives it;
+//!   this crate has no model of the node. Admitted rebuilds (`Regenerate`) run by reading the other
+//!   simulated nodes' slabs through their cores, with the same judge ([`remem_proto::judge_split`]), version rule
 //!   ([`remem_proto::newest_with_k`]) and codec ([`remem_codec`]) as the real rebuild.
 //! - **Faults** are calls at a given time: kill, restart empty, stall (SIGSTOP), partition,
 //!   straggler delay, bit flips, eviction, dropped writes and a client crash with its in-flight
@@ -61,13 +62,13 @@
 //!   give the same deliveries, byte for byte.
 //! - Input from the client is untrusted exactly as on a real socket: any bytes get an `Error`
 //!   frame (and, where the protocol says so, a closed connection), never a panic.
-//! - The cluster knows nothing of the client: it speaks only the wire protocol of `remem-proto`.
+//! - The cluster knows nothing of the client: it speaks only the wire protocol of `remem-proto`,
+//!   answered by the node core of `remem-node`.
 //!   Only [`driver`] and [`scenario`] use the client's engine, through its public API.
 
 mod cluster;
 pub mod driver;
 mod error;
-mod node;
 mod options;
 mod regeneration;
 pub mod scenario;

@@ -1,5 +1,8 @@
-//! Simulated slab rebuilds (`Regenerate`), following `crates/node/src/regenerate/` page by page
-//! but reading the sources' slabs straight from the other simulated nodes instead of over sockets.
+//! Simulated slab rebuilds (`Regenerate`), admitted by the node core and following
+//! `crates/node/src/regenerate/` page by page, but reading the sources' slabs through the other
+//! simulated nodes' cores (as the rebuild's client id) instead of over sockets. Each page ends in
+//! the core's own last step, `remem_node::core::store_rebuilt_page`; the batch loop below is the
+//! simulator's (the rebuild is not yet one step machine in the core).
 //!
 //! A rebuild runs in steps of `NetworkOptions::regeneration_batch_pages` slots, one step per
 //! batch's worth of simulated time, so the client's writes, unmaps, evictions and faults land
@@ -16,17 +19,20 @@
 //!   ([`newest_with_k`]) wins, never a mix; a page the k batch sources do not settle is asked of
 //!   every other usable source. Newest version 0 means the page was never written: it counts as
 //!   skipped and nothing is stored. No version with k votes: the page is lost and its slot stays
-//!   unwritten. Otherwise the lost split is decoded (a data split) or re-encoded (a parity),
-//!   checksummed with the target's split index and stored only if the slot is still unwritten.
+//!   unwritten. Otherwise the core decodes the lost split (a data split) or re-encodes it (a
+//!   parity), checksums it with the target's split index and stores it only if the slot is still
+//!   unwritten.
 //!
 //! Invariant: a job holds its node's incarnation; a killed node's jobs are dropped by the cluster
 //! and never report.
 
-use crate::node::{AcceptedRegeneration, SimNode};
+use crate::cluster::node::{AcceptedRegeneration, SimNode};
 use crate::{NetworkOptions, SimTime};
 use remem_codec::{new_codec, CodecParams, PageCodec};
-use remem_proto::{judge_split, max_read_splits_count, newest_with_k, split_checksum, SplitMeta};
+use remem_node::core::{store_rebuilt_page, Admission, PageStored, Slab};
+use remem_proto::{judge_split, max_read_splits_count, newest_with_k, SplitMeta};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 /// Port of every simulated node's address.
 pub(crate) const NODE_PORT: u16 = 7077;
@@ -54,6 +60,8 @@ struct JobSource {
     /// `None` if the address names no simulated node: it fails when first asked.
     node: Option<usize>,
     failed: bool,
+    /// The source's slab while the batch being rebuilt reads it.
+    slab: Option<Arc<Slab>>,
 }
 
 /// One running rebuild.
@@ -64,8 +72,10 @@ pub(crate) struct Job {
     pub(crate) request_id: u64,
     pub(crate) client_id: u64,
     pub(crate) slab_id: u32,
+    /// The core's admission: the slab being rebuilt, the code, the sources; released when the
+    /// rebuild ends (`SimCluster::finish_regeneration`).
+    pub(crate) admission: Admission,
     params: CodecParams,
-    target_split: u8,
     pub(crate) pages: u32,
     /// Sorted by split index: data splits first.
     sources: Vec<JobSource>,
@@ -84,7 +94,8 @@ impl Job {
         node_count: usize,
         now: SimTime,
     ) -> Job {
-        let mut sources: Vec<JobSource> = accepted
+        let admission = accepted.admission;
+        let mut sources: Vec<JobSource> = admission
             .sources
             .iter()
             .map(|source| JobSource {
@@ -92,6 +103,7 @@ impl Job {
                 slab_id: source.slab_id,
                 node: node_of_address(source.address, node_count),
                 failed: false,
+                slab: None,
             })
             .collect();
         sources.sort_by_key(|source| source.split_index);
@@ -100,11 +112,11 @@ impl Job {
             incarnation,
             connection: accepted.connection,
             request_id: accepted.request_id,
-            client_id: accepted.client_id,
-            slab_id: accepted.slab_id,
-            params: accepted.params,
-            target_split: accepted.target_split,
-            pages: accepted.pages,
+            client_id: admission.client_id,
+            slab_id: admission.slab_id,
+            params: admission.params,
+            pages: admission.pages,
+            admission,
             sources,
             next_slot: 0,
             rebuilt: 0,
@@ -143,6 +155,8 @@ pub(crate) struct Scratch {
     active: Vec<usize>,
     /// (source position, version) of each split of the current page that is not corrupt.
     votes: Vec<(usize, u8)>,
+    /// One source split, copied out of its slab.
+    split: Vec<u8>,
 }
 
 impl Scratch {
@@ -171,12 +185,8 @@ enum PageOutcome {
     /// The slot was written by the client since the rebuild began, or the page was never written.
     Skipped,
     Lost,
-    /// The rebuilt split is in the scratch page (data) or parity buffer at this byte range.
-    Rebuilt {
-        meta: SplitMeta,
-        in_parity: bool,
-        at: usize,
-    },
+    /// k splits of one version were found: what the core's last step of a page did with them.
+    Stored(PageStored),
 }
 
 /// Runs one step of `job` at `now`; see the module documentation.
@@ -187,19 +197,14 @@ pub(crate) fn step(
     options: &NetworkOptions,
     now: SimTime,
 ) -> Step {
-    let target_present = nodes[job.node]
-        .slabs
-        .get(&job.slab_id)
-        .is_some_and(|slab| slab.owner_client_id == job.client_id && slab.regenerating);
-    if !target_present || job.next_slot >= job.pages {
+    let target = Arc::clone(&job.admission.slab);
+    // The real rebuild's check between batches: a slab unmapped or evicted is no longer filled.
+    if target.is_detached() || job.next_slot >= job.pages {
         return Step::Finished;
     }
     let count = job.next_batch_pages(options);
     let first_slot = job.next_slot;
-    let all_written = {
-        let slab = &nodes[job.node].slabs[&job.slab_id];
-        (first_slot..first_slot + count).all(|slot| slab.meta(slot).version != 0)
-    };
+    let all_written = (first_slot..first_slot + count).all(|slot| target.meta(slot).version != 0);
     if all_written {
         job.skipped += u64::from(count);
     } else {
@@ -210,26 +215,22 @@ pub(crate) fn step(
         let codec = scratch.codec_index(job.params);
         scratch.page.resize(job.params.page_bytes, 0);
         scratch.parity.resize(job.params.parity_bytes(), 0);
+        scratch.split.resize(job.split_bytes(), 0);
         for slot in first_slot..first_slot + count {
             match rebuild_page(nodes, scratch, codec, job, slot, now) {
                 PageOutcome::Skipped => job.skipped += 1,
                 PageOutcome::Lost => job.lost += 1,
-                PageOutcome::Rebuilt { meta, in_parity, at } => {
-                    let buffer = if in_parity { &scratch.parity } else { &scratch.page };
-                    let split = &buffer[at..at + job.split_bytes()];
-                    let slab =
-                        nodes[job.node].slabs.get_mut(&job.slab_id).expect("checked at the step's start");
-                    if slab.store_if_unwritten(slot, split, meta) {
-                        job.rebuilt += 1;
-                    } else {
-                        job.skipped += 1;
-                    }
-                }
+                PageOutcome::Stored(PageStored::Rebuilt) => job.rebuilt += 1,
+                PageOutcome::Stored(PageStored::WrittenMeanwhile) => job.skipped += 1,
+                PageOutcome::Stored(PageStored::Lost) => job.lost += 1,
             }
         }
     }
+    for source in &mut job.sources {
+        source.slab = None;
+    }
     job.next_slot += count;
-    nodes[job.node].regeneration_pages_done += u64::from(count);
+    nodes[job.node].core.rebuilds.add_done(u64::from(count));
     if job.next_slot >= job.pages {
         Step::Finished
     } else {
@@ -237,22 +238,26 @@ pub(crate) fn step(
     }
 }
 
-/// Whether source `position` of `job` can serve slots `first_slot..first_slot + count` now.
-fn usable(nodes: &[SimNode], job: &Job, position: usize, first_slot: u32, count: u32, now: SimTime) -> bool {
+/// Source `position`'s slab if it can serve slots `first_slot..first_slot + count` now: read as
+/// the rebuild's client id, as the real rebuild's `ReadSplits` are.
+fn usable(
+    nodes: &[SimNode],
+    job: &Job,
+    position: usize,
+    first_slot: u32,
+    count: u32,
+    now: SimTime,
+) -> Option<Arc<Slab>> {
     let source = &job.sources[position];
-    let Some(index) = source.node else {
-        return false;
-    };
+    let index = source.node?;
     let (rebuilder, node) = (&nodes[job.node], &nodes[index]);
-    !rebuilder.is_partitioned(now)
-        && node.alive
-        && !node.is_stalled(now)
-        && !node.is_partitioned(now)
-        && node.slabs.get(&source.slab_id).is_some_and(|slab| {
-            slab.owner_client_id == job.client_id
-                && slab.split_bytes as usize == job.split_bytes()
-                && u64::from(first_slot) + u64::from(count) <= u64::from(slab.slots)
-        })
+    if rebuilder.is_partitioned(now) || !node.alive || node.is_stalled(now) || node.is_partitioned(now) {
+        return None;
+    }
+    let slab = node.core.table.get(job.client_id, source.slab_id).ok()?;
+    (slab.split_bytes() as usize == job.split_bytes()
+        && u64::from(first_slot) + u64::from(count) <= u64::from(slab.slots()))
+    .then_some(slab)
 }
 
 /// The first k sources that have not failed and can serve the batch, in split-index order;
@@ -273,20 +278,20 @@ fn choose_active(
         if job.sources[position].failed {
             continue;
         }
-        if usable(nodes, job, position, first_slot, count, now) {
-            scratch.active.push(position);
-        } else {
-            job.sources[position].failed = true;
+        match usable(nodes, job, position, first_slot, count, now) {
+            Some(slab) => {
+                job.sources[position].slab = Some(slab);
+                scratch.active.push(position);
+            }
+            None => job.sources[position].failed = true,
         }
     }
 }
 
-/// Source `position`'s stored split of `slot`; the source was checked usable.
-fn source_split<'a>(nodes: &'a [SimNode], job: &Job, position: usize, slot: u32) -> (SplitMeta, &'a [u8]) {
-    let source = &job.sources[position];
-    let node = source.node.expect("usable sources name a node");
-    let slab = &nodes[node].slabs[&source.slab_id];
-    (slab.meta(slot), slab.payload(slot))
+/// Source `position`'s stored split of `slot`, copied into `split`; the source was checked
+/// usable for this batch.
+fn source_split(job: &Job, position: usize, slot: u32, split: &mut [u8]) -> SplitMeta {
+    job.sources[position].slab.as_ref().expect("usable sources hold their slab").read(slot, split)
 }
 
 fn rebuild_page(
@@ -298,15 +303,16 @@ fn rebuild_page(
     now: SimTime,
 ) -> PageOutcome {
     let k = job.params.data_splits;
-    if nodes[job.node].slabs[&job.slab_id].meta(slot).version != 0 {
+    let target = &job.admission.slab;
+    if target.meta(slot).version != 0 {
         return PageOutcome::Skipped;
     }
-    let page_number = nodes[job.node].slabs[&job.slab_id].first_page + u64::from(slot);
+    let page_number = target.label().first_page + u64::from(slot);
     scratch.votes.clear();
     for &position in &scratch.active {
-        let (meta, payload) = source_split(nodes, job, position, slot);
+        let meta = source_split(job, position, slot, &mut scratch.split);
         if let Some(version) =
-            judge_split(payload, meta, page_number, job.sources[position].split_index).version()
+            judge_split(&scratch.split, meta, page_number, job.sources[position].split_index).version()
         {
             scratch.votes.push((position, version));
         }
@@ -318,13 +324,14 @@ fn rebuild_page(
             if scratch.active.contains(&position) || job.sources[position].failed {
                 continue;
             }
-            if !usable(nodes, job, position, slot, 1, now) {
+            let Some(slab) = usable(nodes, job, position, slot, 1, now) else {
                 job.sources[position].failed = true;
                 continue;
-            }
-            let (meta, payload) = source_split(nodes, job, position, slot);
+            };
+            job.sources[position].slab = Some(slab);
+            let meta = source_split(job, position, slot, &mut scratch.split);
             let split_index = job.sources[position].split_index;
-            if let Some(version) = judge_split(payload, meta, page_number, split_index).version() {
+            if let Some(version) = judge_split(&scratch.split, meta, page_number, split_index).version() {
                 scratch.votes.push((position, version));
             }
         }
@@ -342,27 +349,28 @@ fn rebuild_page(
             continue;
         }
         let split_index = usize::from(job.sources[position].split_index);
-        let (_, payload) = source_split(nodes, job, position, slot);
-        remem_codec::split_buffer_mut(&mut scratch.page, &mut scratch.parity, k, split_bytes, split_index)
-            .copy_from_slice(payload);
+        let buffer = remem_codec::split_buffer_mut(
+            &mut scratch.page,
+            &mut scratch.parity,
+            k,
+            split_bytes,
+            split_index,
+        );
+        source_split(job, position, slot, buffer);
         present |= 1 << split_index;
     }
-    let codec = &mut scratch.codecs[codec];
-    if codec.decode(&mut scratch.page, &scratch.parity, present).is_err() {
-        // k votes for one version were counted above, so only a bug gets here; lose the page.
-        debug_assert!(false, "decode failed with k valid splits");
-        return PageOutcome::Lost;
-    }
-    let target = usize::from(job.target_split);
-    let (in_parity, at) = if target < k {
-        (false, target * split_bytes)
-    } else {
-        codec.encode(&scratch.page, &mut scratch.parity);
-        (true, (target - k) * split_bytes)
-    };
-    let buffer = if in_parity { &scratch.parity } else { &scratch.page };
-    let checksum = split_checksum(&buffer[at..at + split_bytes], version, page_number, job.target_split);
-    PageOutcome::Rebuilt { meta: SplitMeta { version, checksum }, in_parity, at }
+    let codec = scratch.codecs[codec].as_mut();
+    let stored = store_rebuilt_page(
+        codec,
+        &mut scratch.page,
+        &mut scratch.parity,
+        present,
+        &job.admission,
+        slot,
+        page_number,
+        version,
+    );
+    PageOutcome::Stored(stored)
 }
 
 #[cfg(test)]

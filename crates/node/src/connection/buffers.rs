@@ -178,7 +178,8 @@ impl Connection {
             }
             let small = self.charged_bytes == 0;
             // An idle claimed connection wakes once per lease timeout to see whether it lapsed.
-            let lease_timeout = (self.claimed && self.session != 0).then(|| self.shared.leases.timeout());
+            let lease_timeout =
+                (self.claimed && self.session != 0).then(|| self.shared.core.leases.timeout());
             let timeout = if empty && small { lease_timeout } else { Some(IDLE_SHRINK_AFTER) };
             if timeout != self.read_timeout {
                 self.stream.set_read_timeout(timeout).map_err(end_of_io)?;

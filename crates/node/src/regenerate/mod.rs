@@ -37,7 +37,7 @@
 //! page without k consistent splits is lost and its slot stays unwritten, so it reads as version
 //! 0 (an erasure), never as wrong data.
 //!
-//! Invariant: at most [`MAX_CONCURRENT_REGENERATIONS`] rebuilds run at once, one thread each; the
+//! Invariant: at most `MAX_CONCURRENT_REGENERATIONS` rebuilds run at once (the core admits them), one thread each; the
 //! node stops them (and joins them) before it unmaps its slabs. A rebuild holds its place only
 //! while someone waits for it: it ends (and frees the place) when the node stops, its slab is
 //! unmapped, or the connection that asked for it closes, checked between batches; every read of
@@ -47,39 +47,19 @@ mod sources;
 
 pub use sources::{read_floor, FloorSource, PIPELINE_DEPTH};
 
+use crate::core::{store_rebuilt_page, Admission, PageStored, Session, Slab};
 use crate::shared::Shared;
-use crate::slab::Slab;
 use remem_codec::{new_codec, split_buffer_mut, CodecParams, PageCodec, MAX_DATA_SPLITS};
 use remem_proto::{
-    judge_split, judge_split_crc, max_read_splits_count, newest_with_k, split_checksum, Control, ErrorCode,
-    RegenerationSource, SplitMeta, SplitVerdict, SPLIT_META_BYTES,
+    judge_split, judge_split_crc, max_read_splits_count, newest_with_k, Control, SplitMeta, SplitVerdict,
+    SPLIT_META_BYTES,
 };
 use sources::{fetch_batch, Batch, Claim, Source};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// Most rebuilds one node runs at once; a further `Regenerate` gets `Error(NoCapacity)`.
-pub const MAX_CONCURRENT_REGENERATIONS: u32 = 4;
-
-/// A `Regenerate` as the connection received it.
-pub struct Request {
-    pub client_id: u64,
-    /// The requester's session: the rebuild reads the sources under the same claim, so a
-    /// session fenced off at a source cannot rebuild from it (`leases`).
-    pub session: u64,
-    /// The requesting connection, which gets `RegenerationDone`.
-    pub connection: u64,
-    pub request_id: u64,
-    pub slab_id: u32,
-    pub data_splits: u8,
-    pub parity_splits: u8,
-    pub page_bytes: u32,
-    pub pages: u32,
-    pub sources: Vec<RegenerationSource>,
-}
 
 /// What a rebuild did: the numbers of `RegenerationDone`, and its speed for logs and benches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,35 +80,16 @@ impl RegenerationReport {
     }
 }
 
-/// Progress of the rebuilds running now, summed, for `NodeInfoReply`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Progress {
-    pub regenerating_slabs: u32,
-    pub pages_done: u64,
-    pub pages_total: u64,
-}
-
-/// The node's rebuilds: counters, threads, and the sockets to their sources (so a stopping node
-/// can unblock them).
+/// The node's rebuild threads, and the sockets to their sources (so a stopping node can unblock
+/// them). Their admission and progress are the core's (`core::RebuildProgress`).
 #[derive(Default)]
 pub struct Regenerations {
-    running: AtomicU32,
-    pages_done: AtomicU64,
-    pages_total: AtomicU64,
     next_job: AtomicU64,
     threads: Mutex<Vec<JoinHandle<()>>>,
     streams: Mutex<Vec<(u64, TcpStream)>>,
 }
 
 impl Regenerations {
-    pub fn progress(&self) -> Progress {
-        Progress {
-            regenerating_slabs: self.running.load(Ordering::Relaxed),
-            pages_done: self.pages_done.load(Ordering::Relaxed),
-            pages_total: self.pages_total.load(Ordering::Relaxed),
-        }
-    }
-
     /// Unblocks every rebuild (their sources' sockets are shut down; they also check
     /// `Shared::stopping` between batches) and joins their threads.
     pub fn stop_and_join(&self) {
@@ -159,12 +120,18 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A validated rebuild, holding its place among the running ones. Dropping it (finished or never
-/// started) releases the place, ends the slab's regeneration mode and removes its progress.
+/// An admitted rebuild (`core::Admission`) and the thread-side facts it needs. Dropping it
+/// (finished or never started) releases its place in the core, ends the slab's rebuild mode and
+/// removes its progress.
 pub struct Job {
     shared: Arc<Shared>,
     id: u64,
-    request: Request,
+    /// The requester: its client id and session (the rebuild reads the sources under the same
+    /// claim, so a session fenced off at a source cannot rebuild from it, `leases`) and its
+    /// connection, which gets `RegenerationDone`.
+    session: Session,
+    request_id: u64,
+    admission: Admission,
     slab: Arc<Slab>,
     params: CodecParams,
     target_split: u8,
@@ -175,113 +142,38 @@ impl Job {
     fn claim(&self) -> Claim<'_> {
         Claim {
             secret: &self.shared.secret,
-            client_id: self.request.client_id,
-            session: self.request.session,
+            client_id: self.session.client_id,
+            session: self.session.session,
         }
     }
 
     fn add_done(&mut self, pages: u64) {
         self.pages_done += pages;
-        self.shared.regenerations.pages_done.fetch_add(pages, Ordering::Relaxed);
+        self.shared.core.rebuilds.add_done(pages);
     }
 }
 
 impl Drop for Job {
     fn drop(&mut self) {
-        let regenerations = &self.shared.regenerations;
-        regenerations.pages_done.fetch_sub(self.pages_done, Ordering::Relaxed);
-        regenerations.pages_total.fetch_sub(u64::from(self.request.pages), Ordering::Relaxed);
-        regenerations.forget_streams(self.id);
-        self.slab.set_regenerating(false);
-        regenerations.running.fetch_sub(1, Ordering::Relaxed);
+        self.shared.regenerations.forget_streams(self.id);
+        self.shared.core.rebuilds.release(&self.admission, self.pages_done);
     }
-}
-
-/// Checks a `Regenerate` and reserves a place for it; the caller replies `Ok` and then calls
-/// [`spawn`].
-///
-/// Errors (the `Error` reply, connection kept): `UnknownSlab`/`NotOwner` for the target slab;
-/// `BadSplitSize` if the code is invalid or its split size is not the slab's; `SlotOutOfRange`
-/// if `pages` exceeds the slab's slots; `Unsupported` for split indices that do not fit the code
-/// (target or source index >= k + r, a source with the target's index, duplicates), fewer than k
-/// sources, or a slab already being rebuilt; `NoCapacity` with
-/// [`MAX_CONCURRENT_REGENERATIONS`] rebuilds running.
-pub fn prepare(shared: &Arc<Shared>, request: Request) -> Result<Job, (ErrorCode, String)> {
-    let slab = shared
-        .table
-        .get(request.client_id, request.slab_id)
-        .map_err(|error| (error.code(), error.to_string()))?;
-    let (k, r) = (usize::from(request.data_splits), usize::from(request.parity_splits));
-    let params = CodecParams::new(k, r, request.page_bytes as usize)
-        .map_err(|error| (ErrorCode::BadSplitSize, format!("regeneration code: {error}")))?;
-    if params.split_bytes() != slab.split_bytes() as usize {
-        return Err((
-            ErrorCode::BadSplitSize,
-            format!(
-                "code splits of {} bytes, slab {} holds {}",
-                params.split_bytes(),
-                request.slab_id,
-                slab.split_bytes()
-            ),
-        ));
-    }
-    if request.pages > slab.slots() {
-        return Err((
-            ErrorCode::SlotOutOfRange,
-            format!("{} pages, slab has {} slots", request.pages, slab.slots()),
-        ));
-    }
-    let total = params.total_splits();
-    let target_split = slab.label().split_index;
-    let unsupported = |message: String| Err((ErrorCode::Unsupported, message));
-    if usize::from(target_split) >= total {
-        return unsupported(format!(
-            "slab {} holds split {target_split}, the code has {total}",
-            request.slab_id
-        ));
-    }
-    // A source may name the split being rebuilt: the slab it replaces, kept by the client as a
-    // source while its node is reachable (a node that corrupts, a drained node). Its splits are
-    // judged like any other: corrupt or stale ones are erasures.
-    let mut seen = 0u32;
-    for source in &request.sources {
-        if usize::from(source.split_index) >= total || seen & (1 << source.split_index) != 0 {
-            return unsupported(format!("source split {} is out of range or repeated", source.split_index));
-        }
-        seen |= 1 << source.split_index;
-    }
-    if request.sources.len() < k {
-        return unsupported(format!("{} sources, at least k = {k} needed", request.sources.len()));
-    }
-    let regenerations = &shared.regenerations;
-    let reserved = regenerations.running.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |running| {
-        (running < MAX_CONCURRENT_REGENERATIONS).then_some(running + 1)
-    });
-    if reserved.is_err() {
-        return Err((
-            ErrorCode::NoCapacity,
-            format!("{MAX_CONCURRENT_REGENERATIONS} regenerations already running"),
-        ));
-    }
-    if !slab.set_regenerating(true) {
-        regenerations.running.fetch_sub(1, Ordering::Relaxed);
-        return unsupported(format!("slab {} is already being rebuilt", request.slab_id));
-    }
-    regenerations.pages_total.fetch_add(u64::from(request.pages), Ordering::Relaxed);
-    Ok(Job {
-        shared: Arc::clone(shared),
-        id: regenerations.next_job.fetch_add(1, Ordering::Relaxed),
-        request,
-        slab,
-        params,
-        target_split,
-        pages_done: 0,
-    })
 }
 
 /// Runs the rebuild on its own thread; it reports `RegenerationDone` when it ends.
-pub fn spawn(shared: &Arc<Shared>, job: Job) {
-    let slab_id = job.request.slab_id;
+pub fn spawn(shared: &Arc<Shared>, session: &Session, request_id: u64, admission: Admission) {
+    let slab_id = admission.slab_id;
+    let job = Job {
+        shared: Arc::clone(shared),
+        id: shared.regenerations.next_job.fetch_add(1, Ordering::Relaxed),
+        session: *session,
+        request_id,
+        slab: Arc::clone(&admission.slab),
+        params: admission.params,
+        target_split: admission.target_split,
+        admission,
+        pages_done: 0,
+    };
     let spawned = std::thread::Builder::new().name(format!("remem-regen-{slab_id}")).spawn(move || {
         let mut job = job;
         let report = rebuild(&mut job);
@@ -303,7 +195,6 @@ pub fn spawn(shared: &Arc<Shared>, job: Job) {
 }
 
 fn send_report(job: &Job, report: &RegenerationReport) {
-    let request = &job.request;
     let mut frame = Vec::with_capacity(64);
     Control::RegenerationDone {
         slab_id: report.slab_id,
@@ -311,16 +202,16 @@ fn send_report(job: &Job, report: &RegenerationReport) {
         pages_skipped: report.pages_skipped,
         pages_lost: report.pages_lost,
     }
-    .encode(request.request_id, &mut frame);
+    .encode(job.request_id, &mut frame);
     // Connection numbers are never reused, so this is the requesting connection if it is open.
-    let delivered = match job.shared.peers.get(request.connection) {
+    let delivered = match job.shared.peers.get(job.session.connection) {
         Some(peer) => peer.send_frames(&frame),
         None => false,
     };
     if !delivered {
         tracing::warn!(
-            client_id = request.client_id,
-            slab_id = request.slab_id,
+            client_id = job.session.client_id,
+            slab_id = job.admission.slab_id,
             "the requesting connection is gone; RegenerationDone not delivered"
         );
     }
@@ -360,14 +251,14 @@ fn judge(meta: Option<SplitMeta>, payload: &[u8], page: u64, split_index: u8) ->
 
 fn rebuild(job: &mut Job) -> RegenerationReport {
     let started = Instant::now();
-    let request = &job.request;
+    let request = &job.admission;
     let split_bytes = job.slab.split_bytes();
     tracing::info!(
         client_id = request.client_id,
         slab_id = request.slab_id,
         split_index = job.target_split,
-        data_splits = request.data_splits,
-        parity_splits = request.parity_splits,
+        data_splits = job.params.data_splits,
+        parity_splits = job.params.parity_splits,
         pages = request.pages,
         sources = request.sources.len(),
         "regeneration started"
@@ -388,25 +279,25 @@ fn rebuild(job: &mut Job) -> RegenerationReport {
         single_body: Vec::new(),
     };
     let mut counts = Counts::default();
-    let pages = job.request.pages;
+    let pages = job.admission.pages;
     let batch = max_read_splits_count(split_bytes);
     let mut first_slot = 0u32;
     while first_slot < pages {
         let count = batch.min(pages - first_slot);
         if job.shared.stopping.load(Ordering::Relaxed) || job.slab.is_detached() {
             tracing::warn!(
-                slab_id = job.request.slab_id,
+                slab_id = job.admission.slab_id,
                 "regeneration abandoned: node stopping or slab gone"
             );
             break;
         }
-        if job.shared.peers.get(job.request.connection).is_none() {
+        if job.shared.peers.get(job.session.connection).is_none() {
             // The requester gave up on this rebuild (it drops a connection only when it
             // declares the node failed, and then starts the rebuild over elsewhere): nobody
             // would hear the report, and the place among the running rebuilds is wanted.
             tracing::warn!(
-                client_id = job.request.client_id,
-                slab_id = job.request.slab_id,
+                client_id = job.session.client_id,
+                slab_id = job.admission.slab_id,
                 "regeneration abandoned: the requesting connection is gone"
             );
             break;
@@ -420,7 +311,7 @@ fn rebuild(job: &mut Job) -> RegenerationReport {
             let active = fetch_batch(&claim, &on_connect, &mut sources, job.params.data_splits, span, true);
             if active.len() < job.params.data_splits {
                 tracing::error!(
-                    slab_id = job.request.slab_id,
+                    slab_id = job.admission.slab_id,
                     sources_left = active.len(),
                     "regeneration: fewer than k sources left"
                 );
@@ -436,7 +327,7 @@ fn rebuild(job: &mut Job) -> RegenerationReport {
     counts.lost += u64::from(pages - first_slot);
     job.add_done(u64::from(pages - first_slot));
     let report = RegenerationReport {
-        slab_id: job.request.slab_id,
+        slab_id: job.admission.slab_id,
         pages_rebuilt: counts.rebuilt,
         pages_skipped: counts.skipped,
         pages_lost: counts.lost,
@@ -524,7 +415,8 @@ fn rebuild_page(
     let version = match version {
         None => {
             counts.lost += 1;
-            tracing::debug!(slab_id = job.request.slab_id, slot, "page lost: fewer than k consistent splits");
+            let slab_id = job.admission.slab_id;
+            tracing::debug!(slab_id, slot, "page lost: fewer than k consistent splits");
             return;
         }
         // k splits agree the page was never written and none of a newer version reach k: the
@@ -552,24 +444,20 @@ fn rebuild_page(
             .copy_from_slice(payload);
         present |= 1 << split_index;
     }
-    if let Err(error) = scratch.codec.decode(&mut scratch.page, &scratch.parity, present) {
-        // k valid splits were chosen above, so only a bug gets here; lose the page, not the node.
-        tracing::error!(slab_id = job.request.slab_id, slot, %error, "regeneration decode failed");
-        counts.lost += 1;
-        return;
-    }
-    let target = usize::from(job.target_split);
-    let rebuilt = if target < k {
-        &scratch.page[target * split_bytes..(target + 1) * split_bytes]
-    } else {
-        scratch.codec.encode(&scratch.page, &mut scratch.parity);
-        &scratch.parity[(target - k) * split_bytes..(target - k + 1) * split_bytes]
-    };
-    let checksum = split_checksum(rebuilt, version, page_number, job.target_split);
-    if job.slab.store_if_unwritten(slot, rebuilt, SplitMeta { version, checksum }) {
-        counts.rebuilt += 1;
-    } else {
-        counts.skipped += 1;
+    let stored = store_rebuilt_page(
+        scratch.codec.as_mut(),
+        &mut scratch.page,
+        &mut scratch.parity,
+        present,
+        &job.admission,
+        slot,
+        page_number,
+        version,
+    );
+    match stored {
+        PageStored::Rebuilt => counts.rebuilt += 1,
+        PageStored::WrittenMeanwhile => counts.skipped += 1,
+        PageStored::Lost => counts.lost += 1,
     }
 }
 
@@ -582,7 +470,7 @@ mod tests {
         let payload = [0u8; 64];
         assert_eq!(judge(None, &payload, 3, 1), SplitVerdict::Corrupt);
         assert_eq!(judge(Some(SplitMeta::default()), &payload, 3, 1), SplitVerdict::NeverWritten);
-        let checksum = split_checksum(&payload, 4, 3, 1);
+        let checksum = remem_proto::split_checksum(&payload, 4, 3, 1);
         assert_eq!(
             judge(Some(SplitMeta { version: 4, checksum }), &payload, 3, 1),
             SplitVerdict::Valid { version: 4 }

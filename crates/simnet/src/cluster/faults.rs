@@ -30,9 +30,8 @@ impl SimCluster {
         if self.nodes[node].alive {
             self.kill(now, node)?;
         }
-        self.nodes[node].alive = true;
         // A new process: a new node id, as a real node draws one at start.
-        self.nodes[node].node_id += 1 << 32;
+        self.nodes[node].restart();
         self.counts.restarts += 1;
         Ok(())
     }
@@ -116,11 +115,15 @@ impl SimCluster {
     ) -> Result<Vec<u32>, SimError> {
         self.advance(now);
         self.check_alive(node)?;
-        let slab = self.nodes[node].slabs.get_mut(&slab_id).ok_or(SimError::UnknownSlab { node, slab_id })?;
-        let written: Vec<u32> = (0..slab.slots).filter(|slot| slab.meta(*slot).version != 0).collect();
+        let slab = self.nodes[node]
+            .core
+            .table
+            .get_any(slab_id)
+            .map_err(|_| SimError::UnknownSlab { node, slab_id })?;
+        let written: Vec<u32> = (0..slab.slots()).filter(|slot| slab.meta(*slot).version != 0).collect();
         let mut hit = Vec::new();
         if !written.is_empty() {
-            let bits = slab.split_bytes as usize * 8;
+            let bits = slab.split_bytes() as usize * 8;
             for _ in 0..flips {
                 let slot = written[self.fault_rng.gen_range(0..written.len())];
                 slab.flip_bit(slot, self.fault_rng.gen_range(0..bits));
@@ -150,8 +153,12 @@ impl SimCluster {
     ) -> Result<(), SimError> {
         self.advance(now);
         self.check_alive(node)?;
-        let slab = self.nodes[node].slabs.get_mut(&slab_id).ok_or(SimError::UnknownSlab { node, slab_id })?;
-        if slot >= slab.slots || bit >= slab.split_bytes as usize * 8 {
+        let slab = self.nodes[node]
+            .core
+            .table
+            .get_any(slab_id)
+            .map_err(|_| SimError::UnknownSlab { node, slab_id })?;
+        if slot >= slab.slots() || bit >= slab.split_bytes() as usize * 8 {
             return Err(SimError::UnknownSlab { node, slab_id });
         }
         slab.flip_bit(slot, bit);
@@ -168,25 +175,28 @@ impl SimCluster {
     pub fn evict(&mut self, now: SimTime, node: usize, slab_id: u32) -> Result<(), SimError> {
         self.advance(now);
         self.check_alive(node)?;
-        let owner = self.nodes[node]
-            .slabs
-            .get(&slab_id)
-            .ok_or(SimError::UnknownSlab { node, slab_id })?
-            .owner_client_id;
+        // The core's eviction: the owner's connections are told first, then the slab is unmapped.
+        let mut told = Vec::new();
+        let connections = &self.connections;
+        self.nodes[node]
+            .core
+            .evict_slab(slab_id, |owner| {
+                told.extend(
+                    connections
+                        .iter()
+                        .filter(|(_, connection)| {
+                            connection.node == node && connection.client_id == owner && connection.node_open
+                        })
+                        .map(|(id, _)| *id),
+                );
+                told.len()
+            })
+            .map_err(|_| SimError::UnknownSlab { node, slab_id })?;
         let mut notice = Vec::new();
         Control::SlabEvicted { slab_id }.encode(0, &mut notice);
-        let told: Vec<u64> = self
-            .connections
-            .iter()
-            .filter(|(_, connection)| {
-                connection.node == node && connection.client_id == owner && connection.node_open
-            })
-            .map(|(id, _)| *id)
-            .collect();
         for id in told {
             self.send_to_client(now, id, notice.clone());
         }
-        self.nodes[node].slabs.remove(&slab_id);
         self.counts.evictions += 1;
         Ok(())
     }

@@ -57,7 +57,7 @@ fn assert_rebuilt(
     let (meta, payload) = harness.cluster.slab_split(node, slab_id, slot).unwrap();
     assert_eq!(meta.version, version, "slot {slot}");
     assert_eq!(payload, &range.splits(page)[target][..], "slot {slot} holds the codec's split");
-    let verdict = judge_split(payload, meta, range.first_page + u64::from(slot), target as u8);
+    let verdict = judge_split(&payload, meta, range.first_page + u64::from(slot), target as u8);
     assert_eq!(verdict, SplitVerdict::Valid { version });
 }
 

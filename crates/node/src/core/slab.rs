@@ -29,7 +29,7 @@ use crate::shared_memory::{HeaderFields, Region};
 use crate::slot_copy;
 use remem_proto::shm::ShmLayout;
 use remem_proto::{ErrorCode, SplitMeta, MAX_SPLIT_BYTES, MIN_SPLIT_BYTES};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -119,11 +119,11 @@ pub struct PooledMemory {
 }
 
 impl PooledMemory {
-    fn map(slab_size_bytes: u64) -> Result<PooledMemory, SlabError> {
+    fn map(slab_size_bytes: u64, backing: Backing) -> Result<PooledMemory, SlabError> {
         let layout = ShmLayout::new(slab_size_bytes, POOL_SPLIT_BYTES)
             .expect("slab size checked in Node::bind; 512-byte splits fit every slab size");
         let blank = HeaderFields { epoch: 0, owner_client_id: 0, slab_id: u32::MAX };
-        let region = Region::create(layout, blank)
+        let region = Region::new(layout, blank, backing)
             .map_err(|source| SlabError::MapFailed { bytes: layout.total_bytes, source })?;
         Ok(PooledMemory { region })
     }
@@ -138,13 +138,14 @@ impl Slab {
         label: SlabLabel,
         header: HeaderFields,
         pooled: Option<PooledMemory>,
+        backing: Backing,
     ) -> Result<Slab, SlabError> {
         let region = match pooled {
             Some(PooledMemory { region }) if region.layout() == layout => {
                 region.write_header(header);
                 region
             }
-            _ => Region::create(layout, header)
+            _ => Region::new(layout, header, backing)
                 .map_err(|source| SlabError::MapFailed { bytes: layout.total_bytes, source })?,
         };
         Ok(Slab {
@@ -294,7 +295,8 @@ impl Slab {
         self.region.layout()
     }
 
-    /// The memfd to pass to the owner, or `None` if the slab already left the table. Marks the
+    /// The memfd to pass to the owner, or `None` if the slab already left the table (or lives on
+    /// the heap, `Backing::Heap`, and has none). Marks the
     /// slab exported, so that leaving the table revokes it. `export` and `detach` each store
     /// their flag, then load the other's (SeqCst), so at least one of them sees both and
     /// revokes: an unmap racing an export never leaves a live mapping of a forgotten slab.
@@ -304,7 +306,7 @@ impl Slab {
             self.region.revoke();
             return None;
         }
-        Some(self.region.memfd())
+        self.region.memfd()
     }
 
     /// Accesses the owner reports since its previous answer, from its running `total` (a
@@ -342,8 +344,18 @@ pub struct TableStats {
     pub host_budget_bytes: Option<u64>,
 }
 
-/// All slabs of a node, by id.
+/// Where a table's slabs live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backing {
+    /// Each slab a memfd, mapped shared and populated, exportable (the real node).
+    Memfd,
+    /// Each slab zeroed heap memory of the same layout, never exported (the simulator).
+    Heap,
+}
+
+/// All slabs of a node, by id (a `BTreeMap`: iteration in id order, the same every run).
 pub struct SlabTable {
+    backing: Backing,
     slab_size_bytes: u64,
     /// Memory of one pre-allocated slab: its memfd laid out for [`POOL_SPLIT_BYTES`].
     pool_slab_bytes: u64,
@@ -354,7 +366,7 @@ pub struct SlabTable {
 }
 
 struct TableInner {
-    slabs: HashMap<u32, Arc<Slab>>,
+    slabs: BTreeMap<u32, Arc<Slab>>,
     /// Ids reserved by a map in progress (mmap runs outside the lock).
     reserved_ids: Vec<u32>,
     next_slab_id: u32,
@@ -368,16 +380,17 @@ struct TableInner {
 }
 
 impl SlabTable {
-    pub fn new(slab_size_bytes: u64, capacity_bytes: u64) -> SlabTable {
+    pub fn new(slab_size_bytes: u64, capacity_bytes: u64, backing: Backing) -> SlabTable {
         let pool_slab_bytes = ShmLayout::new(slab_size_bytes, POOL_SPLIT_BYTES)
             .map_or(slab_size_bytes, |layout| layout.total_bytes);
         SlabTable {
+            backing,
             slab_size_bytes,
             pool_slab_bytes,
             capacity_bytes,
             next_epoch: AtomicU64::new(1),
             inner: Mutex::new(TableInner {
-                slabs: HashMap::new(),
+                slabs: BTreeMap::new(),
                 reserved_ids: Vec::new(),
                 next_slab_id: 1,
                 used_bytes: 0,
@@ -440,7 +453,7 @@ impl SlabTable {
         };
         let epoch = self.next_epoch.fetch_add(1, Ordering::Relaxed);
         let header = HeaderFields { epoch, owner_client_id, slab_id };
-        let mapped = Slab::map(layout, owner_client_id, label, header, pooled);
+        let mapped = Slab::map(layout, owner_client_id, label, header, pooled, self.backing);
         let mut inner = self.lock();
         inner.reserved_ids.retain(|id| *id != slab_id);
         match mapped {
@@ -483,6 +496,12 @@ impl SlabTable {
     pub fn owned_by(&self, client_id: u64) -> Vec<u32> {
         let inner = self.lock();
         inner.slabs.iter().filter(|(_, slab)| slab.owner_client_id == client_id).map(|(&id, _)| id).collect()
+    }
+
+    /// Every mapped slab's id and owner, by slab id.
+    pub fn owners(&self) -> Vec<(u32, u64)> {
+        let inner = self.lock();
+        inner.slabs.iter().map(|(&id, slab)| (id, slab.owner_client_id)).collect()
     }
 
     /// The slab `slab_id`, whoever owns it (for eviction, which tells the owner first).
@@ -537,7 +556,7 @@ impl SlabTable {
             inner.used_bytes += self.pool_slab_bytes;
             inner.host_budget_bytes = inner.host_budget_bytes.map(|budget| budget - self.pool_slab_bytes);
         }
-        let mapped = PooledMemory::map(self.slab_size_bytes);
+        let mapped = PooledMemory::map(self.slab_size_bytes, self.backing);
         let mut inner = self.lock();
         match mapped {
             Ok(memory) => {
@@ -628,7 +647,7 @@ mod tests {
 
     #[test]
     fn an_exported_slab_counts_as_most_active() {
-        let table = SlabTable::new(1 << 20, 16 << 20);
+        let table = SlabTable::new(1 << 20, 16 << 20, Backing::Memfd);
         let (seen, _) = table.map(7, label(0)).unwrap();
         let (exported, _) = table.map(7, label(1)).unwrap();
         let slab = table.get(7, seen).unwrap();
