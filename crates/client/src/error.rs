@@ -61,6 +61,8 @@ pub enum ConnectError {
     Beside(#[from] crate::engine::BesideError),
     #[error("cannot create the event loop: {0}")]
     Poll(std::io::Error),
+    #[error("cannot start the probe thread: {0}")]
+    ProbeThread(std::io::Error),
 }
 
 /// The node memory an address space of `bytes` coded with `shape` needs: `10.00 TiB at EC(8,2)

@@ -239,6 +239,8 @@ fn connect(config: &Config, stack: u64, thread_vector: Option<(u64, u64)>) -> Re
     let mut client_config = ClientConfig::new(shape, config.remote_bytes);
     client_config.shared_memory = config.shared_memory;
     client_config.spin_before_block = config.spin;
+    // The handler thread must never start a thread once pages are managed (see the field).
+    client_config.probe_thread_at_start = true;
     let path = config.cluster.clone();
     let map_path = config.map.clone();
     let connect = move || {

@@ -59,6 +59,13 @@ pub struct ClientConfig {
     /// data) when the cluster's domains allow no better, with a warning, instead of refusing;
     /// likewise, rebuild a lost slab into such a domain rather than leave it unrebuilt.
     pub allow_shared_domains: bool,
+    /// Probe failed nodes on one thread started with the client, instead of a thread per
+    /// probe. For a client that must never start a thread once it runs: the pager of `remem
+    /// run --paging uffd`, whose thread serves the faults of the program's memory, where
+    /// starting a thread allocates with the program's malloc (std's thread handle uses the
+    /// `System` allocator) and can fault on a page only that thread would bring back. Its
+    /// probes run one after another.
+    pub probe_thread_at_start: bool,
 }
 
 impl ClientConfig {
@@ -82,6 +89,7 @@ impl ClientConfig {
             heartbeat_interval: Duration::from_secs(1),
             probe_interval: Duration::from_secs(1),
             allow_shared_domains: false,
+            probe_thread_at_start: false,
         }
     }
 

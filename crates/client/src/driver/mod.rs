@@ -61,6 +61,8 @@ pub struct Client {
     /// Failed nodes with a probe under way, and where the probes report.
     probing: Vec<NodeId>,
     probe_results: ProbeChannel,
+    /// The probe thread started with the client (`ClientConfig::probe_thread_at_start`).
+    prober: Option<std::sync::mpsc::Sender<ProbeRequest>>,
     /// This client's claim on `config.client_id` at the nodes (`Control::Hello::session`):
     /// random, never 0, fixed for the client's life.
     session: u64,
@@ -84,6 +86,14 @@ fn warn_unreachable(unreachable: &[UnreachableNode]) {
 /// process is alive.
 const FENCE_WAIT: Duration = Duration::from_secs(3);
 type ProbeChannel = (std::sync::mpsc::Sender<ProbeResult>, std::sync::mpsc::Receiver<ProbeResult>);
+
+/// A failed node for the probe thread to connect to.
+struct ProbeRequest {
+    node: NodeId,
+    address: std::net::SocketAddr,
+    unix: Option<std::path::PathBuf>,
+    timeout: Duration,
+}
 
 impl Client {
     /// Connects to every node (all at once, each bounded by `config.connect_timeout`),
@@ -142,7 +152,7 @@ impl Client {
         placement: Box<dyn Placement>,
     ) -> Result<Client, ConnectError> {
         let transport = Transport::new(config.page_bytes).map_err(ConnectError::Poll)?;
-        Ok(Client {
+        let mut client = Client {
             engine: Engine::new(config.engine_config(), placement, Instant::now()),
             in_flight_limit: config.max_in_flight,
             secret: secret.clone(),
@@ -150,13 +160,18 @@ impl Client {
             last_socket_check: Instant::now(),
             probing: Vec::new(),
             probe_results: std::sync::mpsc::channel(),
+            prober: None,
             region_labels: std::collections::BTreeMap::new(),
             session: match config.session {
                 0 => rand::random::<u64>() | 1,
                 given => given,
             },
             config,
-        })
+        };
+        if client.config.probe_thread_at_start {
+            client.start_prober().map_err(ConnectError::ProbeThread)?;
+        }
+        Ok(client)
     }
 
     /// Connects to one node and adds it to the engine; a failure is returned.
@@ -429,6 +444,12 @@ impl Client {
         let unix = entry.unix_socket.clone().filter(|_| self.config.shared_memory);
         let (secret, claim) = (self.secret.clone(), (self.config.client_id, self.session));
         let timeout = PROBE_CONNECT_TIMEOUT.min(self.config.connect_timeout);
+        if let Some(prober) = &self.prober {
+            if prober.send(ProbeRequest { node, address, unix, timeout }).is_ok() {
+                self.probing.push(node);
+            }
+            return;
+        }
         let results = self.probe_results.0.clone();
         let spawned = std::thread::Builder::new().name(format!("remem-probe-{node}")).spawn(move || {
             let result = connect_node(address, unix.as_deref(), &secret, claim, timeout);
@@ -438,6 +459,24 @@ impl Client {
             Ok(_) => self.probing.push(node),
             Err(error) => tracing::warn!(node = %address, %error, "cannot start a probe thread"),
         }
+    }
+
+    /// Starts the one probe thread (`ClientConfig::probe_thread_at_start`): it connects to the
+    /// nodes it is asked to, one at a time, and ends when the client is dropped.
+    fn start_prober(&mut self) -> std::io::Result<()> {
+        let (requests, receiver) = std::sync::mpsc::channel::<ProbeRequest>();
+        let (secret, claim) = (self.secret.clone(), (self.config.client_id, self.session));
+        let results = self.probe_results.0.clone();
+        std::thread::Builder::new().name("remem-prober".to_owned()).spawn(move || {
+            while let Ok(ProbeRequest { node, address, unix, timeout }) = receiver.recv() {
+                let result = connect_node(address, unix.as_deref(), &secret, claim, timeout);
+                if results.send((node, result)).is_err() {
+                    return;
+                }
+            }
+        })?;
+        self.prober = Some(requests);
+        Ok(())
     }
 
     /// Readmits the failed nodes whose probe connected.
