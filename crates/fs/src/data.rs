@@ -1,12 +1,12 @@
 //! The data path: read, write, truncate and fallocate over a file's extent map and the page
-//! store.
+//! store. Reads and writes run through `crate::batch` (many at once, or one).
 //!
 //! Invariants: a file page without a remem page reads as zeros and costs no I/O; the bytes of a
 //! mapped page beyond the file's size are zeros (truncate and hole punching zero what they cut
 //! from a page), so a write that only partly covers a page reads the page, patches it and
 //! writes it back (read-modify-write) without ever exposing old bytes; a page freshly mapped is
-//! not read at all. Per request nothing is allocated once the read arena has grown to the
-//! largest read (the op list's buffer is recycled).
+//! not read at all. Per request nothing is allocated once the buffers have grown to the
+//! largest batch (see `crate::batch`).
 //!
 //! Journal records (see `crate::persist`): an overwrite of pages already written changes only
 //! times, which are kept lazily (`dirty_times`), so it appends nothing; a write that grows the
@@ -19,15 +19,16 @@ use std::time::SystemTime;
 
 use remem_client::PageOp;
 
+use crate::batch::{DataAnswer, DataRequest};
 use crate::error::{FsError, FsResult};
 use crate::extents::{ExtentMap, RunSet};
-use crate::filesystem::{recycle, FileSystem, MAX_FILE_BYTES, MAX_IO_BYTES};
+use crate::filesystem::{FileSystem, MAX_FILE_BYTES};
 use crate::namespace::{Attributes, Content, Inode};
 use crate::persist::record::{Record, Run};
 use crate::store::PageStore;
 
 /// The file of `entry`, or the errno a data operation on something else gets.
-fn file_of(entry: &mut Inode) -> FsResult<(&mut Attributes, &mut ExtentMap)> {
+pub(crate) fn file_of(entry: &mut Inode) -> FsResult<(&mut Attributes, &mut ExtentMap)> {
     match &mut entry.content {
         Content::File(extents) => Ok((&mut entry.attributes, extents)),
         Content::Directory(_) => Err(FsError::IsDirectory),
@@ -35,7 +36,7 @@ fn file_of(entry: &mut Inode) -> FsResult<(&mut Attributes, &mut ExtentMap)> {
     }
 }
 
-fn check_end(offset: u64, len: u64) -> FsResult<u64> {
+pub(crate) fn check_end(offset: u64, len: u64) -> FsResult<u64> {
     offset.checked_add(len).filter(|&end| end <= MAX_FILE_BYTES).ok_or(FsError::TooLarge {
         offset,
         len,
@@ -58,133 +59,33 @@ fn zero_in_page<S: PageStore>(
 }
 
 impl<S: PageStore> FileSystem<S> {
-    /// Reads up to `size` bytes at `offset`, clipped to the file's size.
+    /// Reads up to `size` bytes at `offset`, clipped to the file's size (a batch of one,
+    /// `crate::batch`).
     pub fn read(&mut self, inode: u64, offset: u64, size: usize) -> FsResult<&[u8]> {
-        if size > MAX_IO_BYTES {
-            return Err(FsError::Invalid("read larger than the FUSE maximum"));
-        }
-        let page_bytes = self.page_bytes as u64;
-        let FileSystem { namespace, store, arena, spare_ops, .. } = self;
-        let (attributes, extents) = file_of(namespace.get_mut(inode)?)?;
-        if offset >= attributes.size_bytes || size == 0 {
-            return Ok(&[]);
-        }
-        // offset < size <= MAX_FILE_BYTES and size <= 16 MiB: no overflow.
-        let end = attributes.size_bytes.min(offset + size as u64);
-        let first_page = offset / page_bytes;
-        let pages = (end - 1) / page_bytes - first_page + 1;
-        let span = (pages * page_bytes) as usize;
-        if arena.len() < span {
-            arena.resize(span, 0);
-        }
-        let mut ops = recycle(std::mem::take(spare_ops));
-        for (index, chunk) in arena[..span].chunks_mut(page_bytes as usize).enumerate() {
-            match extents.lookup(first_page + index as u64) {
-                Some(remote) => ops.push(PageOp::Read { page: remote, buf: chunk }),
-                None => chunk.fill(0),
-            }
-        }
-        let result = store.execute(&mut ops);
-        *spare_ops = recycle(ops);
-        result?;
-        let start = (offset - first_page * page_bytes) as usize;
-        Ok(&arena[start..start + (end - offset) as usize])
+        let mut outcome = None;
+        self.run_data_requests(&[DataRequest::Read { inode, offset, size }], &mut |_, result| {
+            outcome = Some(result.map(|answer| match answer {
+                DataAnswer::Read(bytes) => bytes.len(),
+                DataAnswer::Written(_) => unreachable!("a read is answered with bytes"),
+            }));
+        });
+        let len = outcome.expect("every request is answered")?;
+        // The only read of its batch: its pages begin the arena.
+        let start = if len == 0 { 0 } else { (offset % self.page_bytes as u64) as usize };
+        Ok(&self.arena[start..start + len])
     }
 
     /// Writes `data` at `offset`, allocating pages where the file has none. Returns the bytes
-    /// written (all of them, or an error).
+    /// written (all of them, or an error). A batch of one (`crate::batch`).
     pub fn write(&mut self, inode: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
-        let result = self.write_pages(inode, offset, data);
-        self.commit(result)
-    }
-
-    fn write_pages(&mut self, inode: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
-        if data.len() > MAX_IO_BYTES {
-            return Err(FsError::Invalid("write larger than the FUSE maximum"));
-        }
-        let end = check_end(offset, data.len() as u64)?;
-        if data.is_empty() {
-            return Ok(0);
-        }
-        let page_bytes = self.page_bytes as u64;
-        let page_len = self.page_bytes;
-        let FileSystem {
-            namespace,
-            store,
-            allocator,
-            scratch,
-            spare_ops,
-            unwritten,
-            pending,
-            dirty_times,
-            ..
-        } = self;
-        let (attributes, extents) = file_of(namespace.get_mut(inode)?)?;
-        let first_page = offset / page_bytes;
-        let last_page = (end - 1) / page_bytes;
-        let head_offset = (offset % page_bytes) as usize;
-        let head_partial = head_offset != 0 || end - first_page * page_bytes < page_bytes;
-        let tail_partial = last_page != first_page && end % page_bytes != 0;
-        let head_remote = if head_partial { extents.lookup(first_page) } else { None };
-        let tail_remote = if tail_partial { extents.lookup(last_page) } else { None };
-        let mut new_runs = Vec::new();
-        extents.map_range(first_page, last_page + 1, allocator, |file_page, remote, len| {
-            new_runs.push(Run { file_page, remote, len })
-        })?;
-        attributes.mapped_pages = extents.mapped_pages();
-        if !new_runs.is_empty() {
-            // Journaled even if the write fails below: the pages are the file's from now on.
-            push_allocation(pending, unwritten, inode, &new_runs, attributes.size_bytes, None);
-        }
-
-        let (head, tail) = scratch.split_at_mut(page_len);
-        let mut ops = recycle(std::mem::take(spare_ops));
-        // Read-modify-write: the partial pages that held data are read first; fresh ones are
-        // zeros.
-        if head_partial {
-            match head_remote {
-                Some(remote) => ops.push(PageOp::Read { page: remote, buf: &mut head[..] }),
-                None => head.fill(0),
-            }
-        }
-        if tail_partial {
-            match tail_remote {
-                Some(remote) => ops.push(PageOp::Read { page: remote, buf: &mut tail[..] }),
-                None => tail.fill(0),
-            }
-        }
-        let result = store.execute(&mut ops);
-        let mut ops = recycle(ops);
-        if let Err(error) = result {
-            *spare_ops = recycle(ops);
-            return Err(error.into());
-        }
-        if head_partial {
-            let len = (page_len - head_offset).min(data.len());
-            head[head_offset..head_offset + len].copy_from_slice(&data[..len]);
-        }
-        if tail_partial {
-            let len = (end % page_bytes) as usize;
-            tail[..len].copy_from_slice(&data[data.len() - len..]);
-        }
-        for page in first_page..=last_page {
-            let remote = extents.lookup(page).expect("mapped above");
-            let bytes: &[u8] = if page == first_page && head_partial {
-                head
-            } else if page == last_page && tail_partial {
-                tail
-            } else {
-                let start = (page * page_bytes - offset) as usize;
-                &data[start..start + page_len]
-            };
-            ops.push(PageOp::Write { page: remote, data: bytes });
-        }
-        let result = store.execute(&mut ops);
-        *spare_ops = recycle(ops);
-        result?;
-        let journal = Journal { pending, unwritten, dirty_times };
-        note_write(journal, inode, attributes, extents, (first_page, last_page + 1), end);
-        Ok(data.len() as u32)
+        let mut outcome = None;
+        self.run_data_requests(&[DataRequest::Write { inode, offset, data }], &mut |_, result| {
+            outcome = Some(result.map(|answer| match answer {
+                DataAnswer::Written(written) => written,
+                DataAnswer::Read(_) => unreachable!("a write is answered with a count"),
+            }));
+        });
+        outcome.expect("every request is answered")
     }
 
     /// Sets a file's size: shrinking frees whole pages past the end and zeroes the cut part of
@@ -337,15 +238,15 @@ impl<S: PageStore> FileSystem<S> {
 }
 /// The journal state a write updates: records to persist, pages allocated but never written,
 /// inodes whose times changed with nothing else to journal.
-struct Journal<'a> {
-    pending: &'a mut Vec<Record>,
-    unwritten: &'a mut RunSet,
-    dirty_times: &'a mut BTreeSet<u64>,
+pub(crate) struct Journal<'a> {
+    pub(crate) pending: &'a mut Vec<Record>,
+    pub(crate) unwritten: &'a mut RunSet,
+    pub(crate) dirty_times: &'a mut BTreeSet<u64>,
 }
 
 /// After a write's pages are stored: the file's size and times, and what the journal must say
 /// (a size change or first writes of allocated pages are records; times alone are batched).
-fn note_write(
+pub(crate) fn note_write(
     journal: Journal<'_>,
     inode: u64,
     attributes: &mut Attributes,

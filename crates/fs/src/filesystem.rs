@@ -52,12 +52,14 @@ pub struct FileSystem<S: PageStore> {
     pub(crate) namespace: Namespace,
     pub(crate) allocator: Allocator,
     pub(crate) page_bytes: usize,
-    /// Read replies are built here; grows to the largest read seen, then stays.
+    /// Read replies are built here; grows to the largest batch of reads seen, then stays.
     pub(crate) arena: Vec<u8>,
-    /// The two partial pages of a write (read-modify-write).
+    /// The two partial pages of each write of a batch (read-modify-write); at least two.
     pub(crate) scratch: Vec<u8>,
     /// The allocation of the op list, kept between requests (see `recycle`).
     pub(crate) spare_ops: Vec<PageOp<'static>>,
+    /// The plans and op owners of the batch path, kept between requests.
+    pub(crate) batch: crate::batch::BatchBuffers,
     /// Remem pages mapped to a file and never written since (fallocated): they read as zeros
     /// because they were discarded, which a restarted client would not know, so they are
     /// saved and discarded again at the next start.
@@ -89,6 +91,7 @@ impl<S: PageStore> FileSystem<S> {
             arena: Vec::new(),
             scratch: vec![0; 2 * page_bytes],
             spare_ops: Vec::with_capacity(256),
+            batch: crate::batch::BatchBuffers::default(),
             unwritten: RunSet::default(),
             dirty_times: BTreeSet::new(),
             pending: Vec::new(),

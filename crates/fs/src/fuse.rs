@@ -6,24 +6,31 @@
 //! bits are masked to 07777, and only regular files, directories and symlinks are made.
 //! Errors become errnos in `crate::error` only.
 //!
-//! One lock holds the whole file system: fuser runs one request at a time on its thread, and the
-//! healer thread takes the lock between requests for the client's background work.
+//! Several fuser threads receive requests (`MountOptions::threads`). One lock holds the whole
+//! file system (`crate::combine`): metadata requests take it and run alone; reads and writes
+//! are combined. A read or write whose thread finds the lock free runs at once, with every read
+//! and write queued before it, as one batch (`crate::batch`); one that finds it busy is queued,
+//! its bytes copied into a pooled buffer, with its reply object, and its thread goes back to
+//! the kernel for the next request: the holder runs it and replies (from its own thread). The
+//! healer thread takes the lock between batches for the client's background work.
 //!
 //! With an observer (`crate::observe`) each answered request is reported once, after its work
 //! and before its reply; without one the clock is not read.
 
 use std::ffi::OsStr;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
-use crate::error::FsError;
+use crate::batch::{DataAnswer, DataRequest};
+use crate::combine::{Combine, Combining, Guard};
+use crate::error::{FsError, FsResult};
 use crate::filesystem::{FileSystem, SetAttributes};
 use crate::namespace::{Attributes, Creator, FileKind};
 use crate::observe::{FileOp, FileOpObserver};
@@ -34,10 +41,200 @@ use crate::store::PageStore;
 const TTL: Duration = Duration::from_secs(1);
 /// Largest write the kernel sends us in one request.
 pub const MAX_WRITE_BYTES: u32 = 1 << 20;
+/// Background requests the kernel may have outstanding (readahead, and asynchronous direct
+/// I/O such as a loop device's): enough for a loop device's queue to reach us as batches.
+const MAX_BACKGROUND_REQUESTS: u16 = 128;
+/// Buffers of queued writes kept for reuse; more are freed once their writes are done.
+const POOLED_BUFFERS: usize = 32;
 
 pub struct Fuse<S: PageStore> {
-    pub(crate) inner: Arc<Mutex<FileSystem<S>>>,
+    pub(crate) shared: Arc<Combining<Served<S>>>,
     pub(crate) observer: Option<Arc<dyn FileOpObserver>>,
+    pub(crate) buffers: Arc<BufferPool>,
+}
+
+/// The buffers queued writes copy their bytes into (a request's bytes live in its fuser
+/// thread's buffer only until the thread returns).
+#[derive(Default)]
+pub(crate) struct BufferPool(Mutex<Vec<Vec<u8>>>);
+
+impl BufferPool {
+    fn copy_of(&self, data: &[u8]) -> Vec<u8> {
+        let mut buffer =
+            self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop().unwrap_or_default();
+        buffer.clear();
+        buffer.extend_from_slice(data);
+        buffer
+    }
+
+    fn give_back(&self, buffers: impl Iterator<Item = Vec<u8>>) {
+        let mut pool = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for buffer in buffers {
+            if pool.len() < POOLED_BUFFERS {
+                pool.push(buffer);
+            }
+        }
+    }
+}
+
+/// The bytes of a write: still in its fuser thread's buffer, or copied to be queued.
+enum Payload<'a> {
+    Borrowed(&'a [u8]),
+    Pooled(Vec<u8>),
+}
+
+enum Replier {
+    Data(ReplyData),
+    Write(ReplyWrite),
+}
+
+/// A read or write with its reply, waiting for (or in) a batch.
+pub(crate) struct Pending<'a> {
+    inode: u64,
+    offset: u64,
+    /// `None` for a read, of `size` bytes.
+    payload: Option<Payload<'a>>,
+    size: usize,
+    reply: Option<Replier>,
+    started: Option<Instant>,
+}
+
+impl Pending<'_> {
+    fn request(&self) -> DataRequest<'_> {
+        let (inode, offset) = (self.inode, self.offset);
+        match &self.payload {
+            None => DataRequest::Read { inode, offset, size: self.size },
+            Some(Payload::Borrowed(data)) => DataRequest::Write { inode, offset, data },
+            Some(Payload::Pooled(data)) => DataRequest::Write { inode, offset, data },
+        }
+    }
+
+    /// This request with its bytes copied, so that it may wait in the queue.
+    fn into_owned(self, buffers: &BufferPool) -> Pending<'static> {
+        let payload = match self.payload {
+            None => None,
+            Some(Payload::Borrowed(data)) => Some(Payload::Pooled(buffers.copy_of(data))),
+            Some(Payload::Pooled(buffer)) => Some(Payload::Pooled(buffer)),
+        };
+        Pending { payload, ..self }
+    }
+}
+
+/// Reuses a `Vec`'s allocation for a list of another lifetime (see `filesystem::recycle`).
+fn recycle_vec<'a, 'b, T: 'a, U: 'b>(mut list: Vec<T>) -> Vec<U> {
+    list.clear();
+    list.into_iter().map(|_| unreachable!("cleared")).collect()
+}
+
+/// The file system with what its batches reuse: the state behind the lock.
+pub(crate) struct Served<S: PageStore> {
+    pub(crate) fs: FileSystem<S>,
+    observer: Option<Arc<dyn FileOpObserver>>,
+    buffers: Arc<BufferPool>,
+    spare_batch: Vec<Pending<'static>>,
+    spare_requests: Vec<DataRequest<'static>>,
+    replies: Vec<Option<(Replier, Option<Instant>)>>,
+}
+
+impl<S: PageStore> Served<S> {
+    pub(crate) fn new(
+        fs: FileSystem<S>,
+        observer: Option<Arc<dyn FileOpObserver>>,
+        buffers: Arc<BufferPool>,
+    ) -> Self {
+        Served {
+            fs,
+            observer,
+            buffers,
+            spare_batch: Vec::new(),
+            spare_requests: Vec::new(),
+            replies: Vec::new(),
+        }
+    }
+
+    /// Runs the reads and writes of `batch` (in arrival order) and replies to each; leaves
+    /// `batch` empty and its buffers back in the pool.
+    fn run_batch(&mut self, batch: &mut Vec<Pending<'_>>) {
+        let Served { fs, observer, buffers, spare_requests, replies, .. } = self;
+        replies.clear();
+        replies.extend(
+            batch.iter_mut().map(|pending| pending.reply.take().map(|reply| (reply, pending.started))),
+        );
+        let mut requests = recycle_vec(std::mem::take(spare_requests));
+        requests.extend(batch.iter().map(Pending::request));
+        fs.run_data_requests(&requests, &mut |index, result| {
+            let (reply, started) = replies[index].take().expect("each request is answered once");
+            answer(observer, reply, started, result);
+        });
+        *spare_requests = recycle_vec(requests);
+        buffers.give_back(batch.drain(..).filter_map(|pending| match pending.payload {
+            Some(Payload::Pooled(buffer)) => Some(buffer),
+            _ => None,
+        }));
+    }
+}
+
+impl<S: PageStore> std::ops::Deref for Served<S> {
+    type Target = FileSystem<S>;
+    fn deref(&self) -> &FileSystem<S> {
+        &self.fs
+    }
+}
+
+impl<S: PageStore> std::ops::DerefMut for Served<S> {
+    fn deref_mut(&mut self) -> &mut FileSystem<S> {
+        &mut self.fs
+    }
+}
+
+impl<S: PageStore> Combine for Served<S> {
+    type Item = Pending<'static>;
+    fn run(&mut self, items: &mut Vec<Pending<'static>>) {
+        self.run_batch(items);
+    }
+}
+
+/// Reports a request begun at `started` to the observer, if there is one.
+fn report(
+    observer: &Option<Arc<dyn FileOpObserver>>,
+    op: FileOp,
+    started: Option<Instant>,
+    bytes: u64,
+    failed: bool,
+) {
+    if let (Some(observer), Some(started)) = (observer, started) {
+        observer.file_op(op, bytes, started.elapsed(), failed);
+    }
+}
+
+/// Replies to a read or write.
+fn answer(
+    observer: &Option<Arc<dyn FileOpObserver>>,
+    reply: Replier,
+    started: Option<Instant>,
+    result: FsResult<DataAnswer<'_>>,
+) {
+    match (reply, result) {
+        (Replier::Data(reply), Ok(DataAnswer::Read(bytes))) => {
+            report(observer, FileOp::Read, started, bytes.len() as u64, false);
+            reply.data(bytes);
+        }
+        (Replier::Write(reply), Ok(DataAnswer::Written(written))) => {
+            report(observer, FileOp::Write, started, u64::from(written), false);
+            reply.written(written);
+        }
+        (Replier::Data(reply), Err(error)) => {
+            report(observer, FileOp::Read, started, 0, true);
+            reply.error(errno(&error));
+        }
+        (Replier::Write(reply), Err(error)) => {
+            report(observer, FileOp::Write, started, 0, true);
+            reply.error(errno(&error));
+        }
+        (Replier::Data(_), Ok(DataAnswer::Written(_))) | (Replier::Write(_), Ok(DataAnswer::Read(_))) => {
+            unreachable!("a read is answered with bytes, a write with a count")
+        }
+    }
 }
 
 fn errno(error: &FsError) -> Errno {
@@ -81,11 +278,13 @@ fn creator(request: &Request, mode: u32, umask: u32) -> Creator {
 }
 
 /// `FOPEN_DIRECT_IO` for opens with `O_DIRECT` (loop devices with `--direct-io=on`): their
-/// reads and writes bypass the page cache and reach us as they are issued. Other opens use the
-/// page cache, so mmap works and small reads are served from it.
+/// reads and writes bypass the page cache and reach us as they are issued, and writes that do
+/// not grow the file may be in flight together (`FOPEN_PARALLEL_DIRECT_WRITES`: the kernel
+/// takes the inode lock shared for them), so they can share a batch. Other opens use the page
+/// cache, so mmap works and small reads are served from it.
 fn open_flags(flags: i32) -> FopenFlags {
     if flags & libc::O_DIRECT != 0 {
-        FopenFlags::FOPEN_DIRECT_IO
+        FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
     } else {
         FopenFlags::empty()
     }
@@ -99,10 +298,29 @@ fn time(value: TimeOrNow) -> SystemTime {
 }
 
 impl<S: PageStore> Fuse<S> {
-    fn lock(&self) -> MutexGuard<'_, FileSystem<S>> {
-        // A panic under the lock was a bug in a request; the metadata it left is still the
-        // best there is, and refusing every later request would only add to the damage.
-        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// The file system, after every read and write that came before (a panic under the lock
+    /// was a bug in a request; the metadata it left is still the best there is, and refusing
+    /// every later request would only add to the damage).
+    fn lock(&self) -> Guard<'_, Served<S>> {
+        self.shared.lock()
+    }
+
+    /// Runs a read or write now, with those queued before it, if the lock is free; queues it
+    /// otherwise (its bytes copied), for the holder to run.
+    fn serve(&self, pending: Pending<'_>) {
+        let Some(mut guard) = self.shared.try_lock() else {
+            self.shared.submit(pending.into_owned(&self.buffers));
+            return;
+        };
+        guard.with_queued(|served, queued| {
+            let mut batch: Vec<Pending<'_>> = recycle_vec(std::mem::take(&mut served.spare_batch));
+            for queued in queued.drain(..) {
+                batch.push(queued);
+            }
+            batch.push(pending);
+            served.run_batch(&mut batch);
+            served.spare_batch = recycle_vec(batch);
+        });
     }
 
     /// When a request began, if anyone is told of it.
@@ -112,9 +330,7 @@ impl<S: PageStore> Fuse<S> {
 
     /// Reports a request begun at `started` (see [`Fuse::start`]).
     fn done(&self, op: FileOp, started: Option<Instant>, bytes: u64, failed: bool) {
-        if let (Some(observer), Some(started)) = (&self.observer, started) {
-            observer.file_op(op, bytes, started.elapsed(), failed);
-        }
+        report(&self.observer, op, started, bytes, failed);
     }
 
     fn reply_entry(&self, result: Result<Attributes, FsError>, page_bytes: usize, reply: ReplyEntry) {
@@ -148,6 +364,14 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         // the nodes. 1 MiB requests amortise the per-request cost.
         let _ = config.set_max_write(MAX_WRITE_BYTES);
         let _ = config.set_max_readahead(MAX_WRITE_BYTES);
+        // Asynchronous direct I/O: without it the kernel sends an O_DIRECT read or write of an
+        // asynchronous caller (a loop device's, io_uring, AIO) and waits for its reply before
+        // the caller may issue the next, so a loop device reaches us one request at a time.
+        // With it they arrive together (up to the background limit) and are combined.
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO) {
+            tracing::warn!(?missing, "the kernel lacks asynchronous direct I/O for FUSE");
+        }
+        let _ = config.set_max_background(MAX_BACKGROUND_REQUESTS);
         Ok(())
     }
 
@@ -365,17 +589,8 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         reply: ReplyData,
     ) {
         let started = self.start();
-        let mut fs = self.lock();
-        match fs.read(inode.0, offset, size as usize) {
-            Ok(bytes) => {
-                self.done(FileOp::Read, started, bytes.len() as u64, false);
-                reply.data(bytes)
-            }
-            Err(error) => {
-                self.done(FileOp::Read, started, 0, true);
-                reply.error(errno(&error))
-            }
-        }
+        let reply = Some(Replier::Data(reply));
+        self.serve(Pending { inode: inode.0, offset, payload: None, size: size as usize, reply, started });
     }
 
     fn write(
@@ -391,13 +606,9 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         reply: ReplyWrite,
     ) {
         let started = self.start();
-        let result = self.lock().write(inode.0, offset, data);
-        let written = result.as_ref().map_or(0, |&written| u64::from(written));
-        self.done(FileOp::Write, started, written, result.is_err());
-        match result {
-            Ok(written) => reply.written(written),
-            Err(error) => reply.error(errno(&error)),
-        }
+        let reply = Some(Replier::Write(reply));
+        let payload = Some(Payload::Borrowed(data));
+        self.serve(Pending { inode: inode.0, offset, payload, size: data.len(), reply, started });
     }
 
     fn flush(

@@ -17,7 +17,9 @@
 //! Every value from the kernel is checked before it sizes a buffer or addresses a page. A
 //! page that cannot be read correctly is `EIO`, never other bytes.
 
+pub mod batch;
 pub mod cli;
+mod combine;
 pub mod data;
 pub mod error;
 pub mod extents;
@@ -33,7 +35,7 @@ mod tests;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -57,9 +59,12 @@ pub struct MountOptions {
     pub source_name: String,
     /// Told of every request answered (`remem fs --metrics`); `None` costs the requests nothing.
     pub observer: Option<Arc<dyn FileOpObserver>>,
+    /// Threads that receive requests from the kernel (`remem fs --threads`, at least 1):
+    /// reads and writes that arrive together run as one engine batch.
+    pub threads: usize,
 }
 
-/// A mounted file system: requests are served on a thread of their own until [`Mounted::unmount`].
+/// A mounted file system: requests are served on threads of their own until [`Mounted::unmount`].
 pub struct Mounted {
     mountpoint: PathBuf,
     session: Option<JoinHandle<std::io::Result<()>>>,
@@ -70,7 +75,8 @@ pub struct Mounted {
     sync: Box<dyn FnMut() + Send>,
 }
 
-/// Mounts `filesystem` at `mountpoint` and serves it on a background thread.
+/// Mounts `filesystem` at `mountpoint` and serves it on background threads
+/// (`MountOptions::threads`).
 ///
 /// Errors: the mount itself (no /dev/fuse, no permission, a bad mount point).
 pub fn mount<S: PageStore + 'static>(
@@ -78,7 +84,9 @@ pub fn mount<S: PageStore + 'static>(
     mountpoint: &Path,
     options: &MountOptions,
 ) -> std::io::Result<Mounted> {
-    let inner = Arc::new(Mutex::new(filesystem));
+    let buffers = Arc::new(fuse::BufferPool::default());
+    let served = fuse::Served::new(filesystem, options.observer.clone(), Arc::clone(&buffers));
+    let inner = Arc::new(combine::Combining::new(served));
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName(options.source_name.clone()),
@@ -88,18 +96,19 @@ pub fn mount<S: PageStore + 'static>(
         fuser::MountOption::NoSuid,
     ];
     config.acl = if options.allow_other { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
-    let mut session = fuser::Session::new(
-        fuse::Fuse { inner: Arc::clone(&inner), observer: options.observer.clone() },
-        mountpoint,
-        &config,
-    )?;
+    // Each thread reads requests from its own clone of the FUSE device (its own processing
+    // queue in the kernel).
+    config.n_threads = Some(options.threads.max(1));
+    config.clone_fd = true;
+    let fuse = fuse::Fuse { shared: Arc::clone(&inner), observer: options.observer.clone(), buffers };
+    let mut session = fuser::Session::new(fuse, mountpoint, &config)?;
     let unmounter = session.unmount_callable();
     let session = std::thread::Builder::new().name("remem-fs".to_owned()).spawn(move || session.run())?;
     let stop = Arc::new(AtomicBool::new(false));
     let sync = {
         let inner = Arc::clone(&inner);
         Box::new(move || {
-            if let Err(error) = inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).sync() {
+            if let Err(error) = inner.lock().sync() {
                 tracing::error!(%error, "cannot sync the metadata journal at unmount");
             }
         })
@@ -109,7 +118,7 @@ pub fn mount<S: PageStore + 'static>(
         std::thread::Builder::new().name("remem-fs-heal".to_owned()).spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(BACKGROUND_INTERVAL);
-                inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).background();
+                inner.lock().background();
             }
         })?
     };

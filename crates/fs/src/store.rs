@@ -1,8 +1,9 @@
 //! The page store under the file system: the remem client, or a `HashMap` model in tests.
 //!
-//! Contract: `execute` runs every op of the batch to its end and returns the first error; a
-//! read returns the page's last completed write or an error, never other bytes; a page never
-//! written, or discarded since, reads as zeros.
+//! Contract: `execute_each` runs every op of the batch to its end and names each op that
+//! failed (`execute` returns the first error); a read returns the page's last completed write
+//! or an error, never other bytes; a page never written, or discarded since, reads as zeros.
+//! Ops on the same page run in batch order.
 
 use std::path::{Path, PathBuf};
 
@@ -11,8 +12,17 @@ use remem_client::{Client, PageError, PageOp, SlabMapError};
 pub trait PageStore: Send {
     fn page_bytes(&self) -> usize;
     fn page_count(&self) -> u64;
+    /// Runs a batch of page ops (pages in flight at once) to its end; `failed(index, error)`
+    /// hears of each op that failed, by its index in `ops`.
+    fn execute_each(&mut self, ops: &mut [PageOp<'_>], failed: &mut dyn FnMut(usize, PageError));
     /// Runs a batch of page ops (pages in flight at once); the first error, if any.
-    fn execute(&mut self, ops: &mut [PageOp<'_>]) -> Result<(), PageError>;
+    fn execute(&mut self, ops: &mut [PageOp<'_>]) -> Result<(), PageError> {
+        let mut first_error = None;
+        self.execute_each(ops, &mut |_, error| {
+            first_error.get_or_insert(error);
+        });
+        first_error.map_or(Ok(()), Err)
+    }
     /// Forgets a page: it reads as zeros, without remote I/O, until written again.
     fn discard_page(&mut self, page: u64) -> Result<(), PageError>;
     /// Background work between requests (heartbeats, rebuilds, probes).
@@ -28,8 +38,12 @@ impl PageStore for Client {
         Client::page_count(self)
     }
 
-    fn execute(&mut self, ops: &mut [PageOp<'_>]) -> Result<(), PageError> {
-        self.execute_all(ops)
+    fn execute_each(&mut self, ops: &mut [PageOp<'_>], failed: &mut dyn FnMut(usize, PageError)) {
+        Client::execute(self, ops, |done| {
+            if let Err(error) = done.result {
+                failed(done.index, error);
+            }
+        });
     }
 
     fn discard_page(&mut self, page: u64) -> Result<(), PageError> {
@@ -79,8 +93,8 @@ impl PageStore for SavedMapClient {
         self.client.page_count()
     }
 
-    fn execute(&mut self, ops: &mut [PageOp<'_>]) -> Result<(), PageError> {
-        self.client.execute_all(ops)
+    fn execute_each(&mut self, ops: &mut [PageOp<'_>], failed: &mut dyn FnMut(usize, PageError)) {
+        PageStore::execute_each(&mut self.client, ops, failed);
     }
 
     fn discard_page(&mut self, page: u64) -> Result<(), PageError> {
@@ -107,8 +121,12 @@ pub struct MemoryStore {
     pub page_count: u64,
     /// Page ops run so far (reads and writes), to check that holes cost no I/O.
     pub ops_run: u64,
+    /// Batches run so far (calls of `execute_each`), to check that requests share batches.
+    pub batches_run: u64,
     /// When set, every op fails as if r+1 nodes were down.
     pub failing: bool,
+    /// Remem pages whose ops fail as if r+1 nodes of their range were down.
+    pub failing_pages: std::collections::HashSet<u64>,
 }
 
 #[cfg(test)]
@@ -121,22 +139,25 @@ impl PageStore for MemoryStore {
         self.page_count
     }
 
-    fn execute(&mut self, ops: &mut [PageOp<'_>]) -> Result<(), PageError> {
-        for op in ops.iter_mut() {
+    fn execute_each(&mut self, ops: &mut [PageOp<'_>], failed: &mut dyn FnMut(usize, PageError)) {
+        self.batches_run += 1;
+        for (index, op) in ops.iter_mut().enumerate() {
             self.ops_run += 1;
             let page = match op {
                 PageOp::Write { page, .. } | PageOp::Read { page, .. } => *page,
                 _ => panic!("the file system issues whole writes and reads only"),
             };
             assert!(page < self.page_count, "page {page} beyond the store");
-            if self.failing {
-                return Err(PageError::Lost {
+            if self.failing || self.failing_pages.contains(&page) {
+                let lost = PageError::Lost {
                     page,
                     range: 0,
                     valid_splits: 7,
                     needed_splits: 8,
                     failed_nodes: Vec::new(),
-                });
+                };
+                failed(index, lost);
+                continue;
             }
             match op {
                 PageOp::Write { page, data } => {
@@ -149,7 +170,6 @@ impl PageStore for MemoryStore {
                 _ => unreachable!(),
             }
         }
-        Ok(())
     }
 
     fn discard_page(&mut self, page: u64) -> Result<(), PageError> {

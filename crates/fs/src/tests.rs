@@ -1,11 +1,13 @@
 //! The file system against a `HashMap` page store: a byte-vector model of one file under random
-//! writes, truncates, punches and reads; sparse and TiB-sized files; EIO, never bytes, when the
-//! store fails.
+//! writes, truncates, punches and reads; batches of reads and writes over two files against the
+//! same requests one at a time; sparse and TiB-sized files; EIO, never bytes, when the store
+//! fails, for exactly the requests whose pages failed.
 
 use std::ffi::OsStr;
 
 use proptest::prelude::*;
 
+use crate::batch::{DataAnswer, DataRequest};
 use crate::error::FsError;
 use crate::filesystem::FileSystem;
 use crate::namespace::{Creator, ROOT_INODE};
@@ -128,4 +130,158 @@ fn a_failing_store_gives_eio_never_bytes() {
     assert_eq!(fs.write(inode, 100, b"abc").expect_err("write fails").errno(), libc::EIO);
     fs.store.failing = false;
     assert_eq!(fs.read(inode, 0, 8192).expect("read"), &[7; 8192][..]);
+}
+
+#[derive(Clone, Debug)]
+enum BatchOp {
+    Write { file: usize, offset: u64, len: usize, byte: u8 },
+    Read { file: usize, offset: u64, len: usize },
+}
+
+fn batch_op() -> impl Strategy<Value = BatchOp> {
+    const SPAN: u64 = 8 * 4096;
+    prop_oneof![
+        (0..2usize, 0..SPAN, 1usize..10_000, any::<u8>())
+            .prop_map(|(file, offset, len, byte)| BatchOp::Write { file, offset, len, byte }),
+        (0..2usize, 0..SPAN, 1usize..12_000).prop_map(|(file, offset, len)| BatchOp::Read {
+            file,
+            offset,
+            len
+        }),
+    ]
+}
+
+/// What a request got: bytes read, bytes written, or an errno.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Got {
+    Read(Vec<u8>),
+    Written(u32),
+    Errno(i32),
+}
+
+/// Runs `requests` as one call of the batch path; what each got.
+fn run_batch(fs: &mut FileSystem<MemoryStore>, requests: &[DataRequest<'_>]) -> Vec<Got> {
+    let mut got = vec![None; requests.len()];
+    fs.run_data_requests(requests, &mut |index, result| {
+        assert!(got[index].is_none(), "request {index} answered twice");
+        got[index] = Some(match result {
+            Ok(DataAnswer::Read(bytes)) => Got::Read(bytes.to_vec()),
+            Ok(DataAnswer::Written(written)) => Got::Written(written),
+            Err(error) => Got::Errno(error.errno()),
+        });
+    });
+    got.into_iter().map(|got| got.expect("every request is answered")).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// Reads and writes of two files run as batches (overlapping, partial pages, growing the
+    /// files) give each request exactly what it gets when the requests run one at a time in
+    /// arrival order.
+    #[test]
+    fn a_batch_answers_like_its_requests_one_at_a_time(
+        batches in prop::collection::vec(prop::collection::vec(batch_op(), 1..16), 1..6)
+    ) {
+        let (mut fs, first) = file_system(64);
+        let second = fs.create_file(ROOT_INODE, OsStr::new("g"), ME).expect("create").inode;
+        let inodes = [first, second];
+        let mut model: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
+        for batch in batches {
+            let data: Vec<Vec<u8>> = batch
+                .iter()
+                .map(|op| match *op {
+                    BatchOp::Write { len, byte, .. } => (0..len).map(|index| byte.wrapping_add(index as u8) | 1).collect(),
+                    BatchOp::Read { .. } => Vec::new(),
+                })
+                .collect();
+            let requests: Vec<DataRequest<'_>> = batch
+                .iter()
+                .zip(&data)
+                .map(|(op, data)| match *op {
+                    BatchOp::Write { file, offset, .. } => DataRequest::Write { inode: inodes[file], offset, data },
+                    BatchOp::Read { file, offset, len } => DataRequest::Read { inode: inodes[file], offset, size: len },
+                })
+                .collect();
+            let got = run_batch(&mut fs, &requests);
+            for ((op, data), got) in batch.iter().zip(&data).zip(got) {
+                match *op {
+                    BatchOp::Write { file, offset, len, .. } => {
+                        prop_assert_eq!(got, Got::Written(len as u32));
+                        let end = offset as usize + len;
+                        if model[file].len() < end {
+                            model[file].resize(end, 0);
+                        }
+                        model[file][offset as usize..end].copy_from_slice(data);
+                    }
+                    BatchOp::Read { file, offset, len } => {
+                        let start = (offset as usize).min(model[file].len());
+                        let end = (offset as usize + len).min(model[file].len());
+                        prop_assert_eq!(got, Got::Read(model[file][start..end].to_vec()));
+                    }
+                }
+            }
+        }
+        for (inode, model) in inodes.iter().zip(&model) {
+            prop_assert_eq!(fs.getattr(*inode).expect("attributes").size_bytes, model.len() as u64);
+            prop_assert_eq!(fs.read(*inode, 0, 1 << 20).expect("read"), &model[..]);
+        }
+    }
+}
+
+/// The remem page of `inode`'s file page `page`.
+fn remote_page(fs: &FileSystem<MemoryStore>, inode: u64, page: u64) -> u64 {
+    match &fs.namespace.get(inode).expect("inode").content {
+        crate::namespace::Content::File(extents) => extents.lookup(page).expect("mapped"),
+        _ => panic!("not a file"),
+    }
+}
+
+#[test]
+fn a_failed_page_fails_only_the_requests_that_touch_it_and_the_rest_share_two_batches() {
+    let (mut fs, first) = file_system(16);
+    let second = fs.create_file(ROOT_INODE, OsStr::new("g"), ME).expect("create").inode;
+    fs.write(first, 0, &[1; 8192]).expect("write");
+    fs.write(second, 0, &[2; 8192]).expect("write");
+    let bad = remote_page(&fs, first, 1);
+    fs.store.failing_pages.insert(bad);
+    let batches_before = fs.store.batches_run;
+    let requests = [
+        DataRequest::Read { inode: first, offset: 0, size: 4096 },
+        DataRequest::Read { inode: first, offset: 4000, size: 200 },
+        DataRequest::Read { inode: second, offset: 0, size: 8192 },
+        DataRequest::Write { inode: second, offset: 100, data: b"abc" },
+        DataRequest::Write { inode: first, offset: 4096 + 10, data: b"x" },
+        DataRequest::Write { inode: first, offset: 0, data: &[3; 4096] },
+    ];
+    let got = run_batch(&mut fs, &requests);
+    assert_eq!(got[0], Got::Read(vec![1; 4096]));
+    assert_eq!(got[1], Got::Errno(libc::EIO), "a read touching the failed page");
+    assert_eq!(got[2], Got::Read(vec![2; 8192]));
+    assert_eq!(got[3], Got::Written(3));
+    assert_eq!(got[4], Got::Errno(libc::EIO), "its read-modify-write read failed");
+    assert_eq!(got[5], Got::Written(4096));
+    assert_eq!(fs.store.batches_run - batches_before, 2, "one batch of page reads, one of page writes");
+    fs.store.failing_pages.clear();
+    let mut expected = vec![2; 8192];
+    expected[100..103].copy_from_slice(b"abc");
+    assert_eq!(fs.read(second, 0, 8192).expect("read"), &expected[..]);
+    let mut expected = vec![3; 4096];
+    expected.extend_from_slice(&[1; 4096]);
+    assert_eq!(fs.read(first, 0, 8192).expect("read"), &expected[..], "the failed write wrote nothing");
+}
+
+#[test]
+fn overlapping_partial_writes_in_one_batch_apply_in_arrival_order() {
+    let (mut fs, inode) = file_system(8);
+    fs.write(inode, 0, &[b'.'; 4096]).expect("write");
+    let requests = [
+        DataRequest::Write { inode, offset: 0, data: b"aaaa" },
+        DataRequest::Write { inode, offset: 2, data: b"bb" },
+        DataRequest::Read { inode, offset: 0, size: 6 },
+        DataRequest::Write { inode, offset: 3, data: b"c" },
+    ];
+    let got = run_batch(&mut fs, &requests);
+    assert_eq!(got[2], Got::Read(b"aabb..".to_vec()));
+    assert_eq!(fs.read(inode, 0, 6).expect("read"), b"aabc..");
 }

@@ -240,31 +240,29 @@ impl PageStore for ReportingStore {
         self.inner.page_count()
     }
 
-    fn execute(&mut self, ops: &mut [PageOp<'_>]) -> Result<(), PageError> {
-        let Some(metrics) = &self.metrics else { return self.inner.execute(ops) };
+    fn execute_each(&mut self, ops: &mut [PageOp<'_>], failed: &mut dyn FnMut(usize, PageError)) {
+        let Some(metrics) = &self.metrics else { return self.inner.execute_each(ops, failed) };
         self.reads.clear();
         self.reads.extend(ops.iter().map(|op| matches!(op, PageOp::Read { .. })));
         let reads = &self.reads;
-        let mut first_error = None;
         self.inner.client.execute(ops, |done| {
             let read = reads.get(done.index).copied().unwrap_or(false);
-            let failed = done.result.is_err();
             let latency = done.started.elapsed();
+            let errors = u64::from(done.result.is_err());
             if read {
                 metrics.page_read_latency.observe(latency);
                 add(&metrics.page_reads, 1);
-                add(&metrics.page_read_errors, u64::from(failed));
+                add(&metrics.page_read_errors, errors);
                 add(&metrics.decoded_reads, u64::from(done.decoded));
             } else {
                 metrics.page_write_latency.observe(latency);
                 add(&metrics.page_writes, 1);
-                add(&metrics.page_write_errors, u64::from(failed));
+                add(&metrics.page_write_errors, errors);
             }
             if let Err(error) = done.result {
-                first_error.get_or_insert(error);
+                failed(done.index, error);
             }
         });
-        first_error.map_or(Ok(()), Err)
     }
 
     fn discard_page(&mut self, page: u64) -> Result<(), PageError> {

@@ -47,6 +47,11 @@ pub struct FsArgs {
     /// Pages in flight at once.
     #[arg(long, default_value_t = 32)]
     pub queue_depth: usize,
+    /// Threads that take requests from the kernel. Reads and writes that arrive while the
+    /// file system is busy are queued and run together as one batch of page ops (a loop
+    /// device, for swap, sends many at once); 1 serves one request at a time.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub threads: u16,
     /// A split not answered in this time counts as failed.
     #[arg(long, default_value_t = 2000)]
     pub request_timeout_ms: u64,
@@ -311,7 +316,12 @@ pub fn run(args: FsArgs) -> Result<()> {
         eprintln!("reopened {} files from {} (--fresh to start empty)", report.files, state_path.display());
     }
     let observer = metrics.map(|metrics| metrics as Arc<dyn crate::FileOpObserver>);
-    let options = MountOptions { allow_other: args.allow_other, source_name: "remem".to_owned(), observer };
+    let options = MountOptions {
+        allow_other: args.allow_other,
+        source_name: "remem".to_owned(),
+        observer,
+        threads: usize::from(args.threads),
+    };
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
     let mounted = crate::mount(filesystem, &mountpoint, &options)
