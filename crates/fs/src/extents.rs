@@ -217,13 +217,21 @@ impl ExtentMap {
         Ok(needed)
     }
 
-    /// Adds a run, merged with the run before when both are contiguous in file and remem pages.
+    /// Adds a run, merged with the runs before and after it when they are contiguous with it in
+    /// file and remem pages: the map is the same, run for run, whatever order its pages were
+    /// mapped in (a replay maps them in journal order, the live file system in another).
     fn insert_run(&mut self, first: u64, remote: u64, len: u64) {
         self.mapped_pages += len;
+        let (mut first, mut remote, mut len) = (first, remote, len);
         if let Some((&before, &(before_remote, before_len))) = self.runs.range(..first).next_back() {
             if before + before_len == first && before_remote + before_len == remote {
-                self.runs.insert(before, (before_remote, before_len + len));
-                return;
+                (first, remote, len) = (before, before_remote, before_len + len);
+            }
+        }
+        if let Some(&(after_remote, after_len)) = self.runs.get(&(first + len)) {
+            if after_remote == remote + len {
+                self.runs.remove(&(first + len));
+                len += after_len;
             }
         }
         self.runs.insert(first, (remote, len));
