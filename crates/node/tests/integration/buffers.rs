@@ -1,7 +1,7 @@
 //! Connection buffers are bounded: they shrink when a connection goes quiet, frames that do not
 //! fit the node-wide budget are refused, and the budget is whole again once connections close.
 
-mod common;
+use crate::common;
 
 use common::*;
 use remem_proto::{FrameHeader, Kind, HEADER_BYTES, MAX_BODY_BYTES};

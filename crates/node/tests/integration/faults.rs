@@ -1,6 +1,6 @@
 //! Fault injection on a real node: delays, bit flips and evictions on command.
 
-mod common;
+use crate::common;
 
 use common::*;
 use remem_proto::blocking;

@@ -3,7 +3,7 @@
 //! has: memory source detection, pre-allocation into the pool and its capacity cap, and batch
 //! eviction of the least active slabs below the headroom. Every wait has a deadline.
 
-mod common;
+use crate::common;
 
 use common::*;
 use remem_node::{MemorySource, Node, NodeConfig, NodeHandle, ResourceMonitorConfig};

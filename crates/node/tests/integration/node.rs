@@ -1,6 +1,6 @@
 //! A real node on 127.0.0.1 driven over TCP with `remem_proto::blocking`.
 
-mod common;
+use crate::common;
 
 use common::*;
 use remem_proto::auth::{self, Secret};

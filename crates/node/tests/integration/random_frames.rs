@@ -1,7 +1,7 @@
 //! Throws random and half-valid frames at a live node and checks that it survives: every
 //! connection ends with either well-formed replies or a close, and a fresh client is still served.
 
-mod common;
+use crate::common;
 
 use common::*;
 use proptest::prelude::*;

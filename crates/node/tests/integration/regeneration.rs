@@ -4,7 +4,7 @@
 //! `REMEM_REGEN_BENCH_MIB` (e.g. 256) sets the slab size of the throughput measurement; without
 //! it the measurement runs on a 1 MiB slab so it never rots.
 
-mod common;
+use crate::common;
 
 use common::*;
 use remem_codec::{new_codec, CodecParams};

@@ -2,7 +2,7 @@
 //! a read that decoded because a data split was missing (its node dead, its reply corrupt), not
 //! one that decoded because a parity answered before a slow data split on a healthy cluster.
 
-mod common;
+use crate::common;
 
 use common::*;
 use remem_simnet::{FaultAction, NetworkOptions, SimOp, MILLISECOND};

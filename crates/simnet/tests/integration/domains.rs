@@ -3,7 +3,7 @@
 //! When only a crowded domain has a free node the slab stays unrebuilt (the range runs degraded)
 //! until a node of another domain can take it, unless `allow_shared_domains` accepts the risk.
 
-mod common;
+use crate::common;
 use common::*;
 use remem_simnet::{NetworkOptions, PlacementPolicy, SimCluster};
 

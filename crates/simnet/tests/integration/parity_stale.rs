@@ -5,7 +5,7 @@
 //! or parity slab does to a parity-stale page, that rebuilds complete instead of retrying
 //! forever, and that no read ever returns wrong bytes.
 
-mod common;
+use crate::common;
 
 use common::*;
 use remem_client::PageError;

@@ -206,7 +206,7 @@ fn replay_seed_from_env() {
 // Each is the simulator version of one fault decision the engine must get right, and asserts
 // what would break if the engine regressed.
 
-mod common;
+use crate::common;
 use common::*;
 use remem_simnet::{
     FaultAction, InFlightFate, NetworkOptions, PlacementPolicy, ScheduledFault, SimCluster, SimOp,
