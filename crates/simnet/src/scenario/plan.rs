@@ -257,8 +257,8 @@ impl ScenarioFailure {
 /// The one-line command that replays `seed`.
 pub fn replay_command(seed: u64, tolerance: Tolerance) -> String {
     format!(
-        "REMEM_SIM_SEED={seed} REMEM_SIM_TOLERANCE={} cargo nextest run -p remem-simnet --test scenarios \
-         replay_seed_from_env --no-capture",
+        "REMEM_SIM_SEED={seed} REMEM_SIM_TOLERANCE={} cargo nextest run -p remem-simnet --test integration \
+         scenarios::replay_seed_from_env --no-capture",
         tolerance.name()
     )
 }
