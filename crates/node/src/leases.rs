@@ -22,7 +22,7 @@
 //! expires. Expiry and the freeing of the slabs happen under the lease lock, so a claim that
 //! comes during a freeing waits for it and then starts afresh.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -70,12 +70,12 @@ pub struct LeaseCounts {
 pub struct Leases {
     grace: Duration,
     timeout: Duration,
-    leases: Mutex<HashMap<u64, Lease>>,
+    leases: Mutex<BTreeMap<u64, Lease>>,
 }
 
 impl Leases {
     pub fn new(grace: Duration, timeout: Duration) -> Leases {
-        Leases { grace, timeout, leases: Mutex::new(HashMap::new()) }
+        Leases { grace, timeout, leases: Mutex::new(BTreeMap::new()) }
     }
 
     pub fn grace(&self) -> Duration {
@@ -88,7 +88,7 @@ impl Leases {
         self.timeout
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Lease>> {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, Lease>> {
         // Every step leaves the map consistent; a poisoned lock is no reason to stop serving.
         self.leases.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
