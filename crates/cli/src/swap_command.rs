@@ -58,6 +58,10 @@ pub struct SwapOnArgs {
     /// --metrics`): FUSE request and page op latencies, the fault path's split (docs/APPS.md).
     #[arg(long, value_name = "ADDRESS")]
     pub metrics: Option<std::net::SocketAddr>,
+    /// Threads of the file system daemon that take requests from the kernel (`remem fs
+    /// --threads`): swap-ins and swap-outs that arrive together run as one batch of page ops.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub threads: u16,
 }
 
 #[derive(Args, Debug)]
@@ -183,6 +187,7 @@ fn set_up(
             if args.transport == crate::transport_arg::Transport::Shm { "shm" } else { "tcp" },
         ])
         .args(args.metrics.map(|address| format!("--metrics={address}")))
+        .args(["--threads", &args.threads.to_string()])
         // Swap contents die with the swap device: every `on` starts an empty file system, with
         // its metadata journal in the runtime directory (not beside a shared cluster file).
         .arg("--state")
