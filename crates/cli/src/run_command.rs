@@ -66,7 +66,7 @@ pub struct RunArgs {
     pub transport: crate::transport_arg::Transport,
     /// With --paging uffd: microseconds the pager polls for the next fault before it sleeps
     /// (a sleeping pager costs a wake-up per fault; a polling one a share of a core).
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = remem_host::paging::DEFAULT_SPIN_US)]
     pub spin_us: u64,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, num_args = 1..)]
@@ -211,7 +211,7 @@ fn run_paged(args: &RunArgs, binary: &Path) -> Result<i32> {
         parity_splits: shape.parity_splits,
         shared_memory: args.transport == crate::transport_arg::Transport::Shm,
         spin: std::time::Duration::from_micros(args.spin_us),
-        min_bytes: 1 << 20,
+        min_bytes: remem_host::paging::DEFAULT_MIN_BYTES,
         stats: None,
         map: None,
     };

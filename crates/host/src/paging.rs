@@ -18,6 +18,8 @@ pub const LIBRARY: &str = "libremem_preload.so";
 
 /// The pager's settings (`stats` and `map` are chosen here).
 pub use remem_paging::config::Config as PagedOptions;
+/// The pager's defaults, for the commands that start it.
+pub use remem_paging::config::{DEFAULT_MIN_BYTES, DEFAULT_SPIN_US};
 
 #[derive(Debug)]
 pub struct PagedReport {

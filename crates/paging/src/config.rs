@@ -17,6 +17,11 @@ pub const STATS: &str = "REMEM_PAGING_STATS";
 pub const PARENT: &str = "REMEM_PAGING_PARENT";
 pub const MAP: &str = "REMEM_PAGING_MAP";
 
+/// How long the handler polls for the next fault before it blocks, by default (microseconds).
+pub const DEFAULT_SPIN_US: u64 = 50;
+/// The smallest mapping the pager manages, by default: see `maps.rs` for why.
+pub const DEFAULT_MIN_BYTES: u64 = 1 << 20;
+
 #[derive(Clone, Debug)]
 pub struct Config {
     pub cluster: PathBuf,
@@ -90,8 +95,8 @@ impl Config {
             data_splits,
             parity_splits,
             shared_memory,
-            spin: Duration::from_micros(number(SPIN_US, Some(50))?.min(10_000)),
-            min_bytes: number(MIN_BYTES, Some(1 << 20))?,
+            spin: Duration::from_micros(number(SPIN_US, Some(DEFAULT_SPIN_US))?.min(10_000)),
+            min_bytes: number(MIN_BYTES, Some(DEFAULT_MIN_BYTES))?,
             stats: std::env::var_os(STATS).map(PathBuf::from),
             map: std::env::var_os(MAP).map(PathBuf::from),
         }))

@@ -207,15 +207,16 @@ impl SwapOn {
         let map = work_dir.join("pager.map");
         let _ = std::fs::remove_file(&stats);
         let _ = std::fs::remove_file(&map);
+        let code = backend.code().context("a paging backend has a code")?;
         let options = remem_host::paging::PagedOptions {
             cluster: cluster.cluster_file_path.clone(),
             limit_bytes: bytes,
             remote_bytes: *remote_bytes,
-            data_splits: 8,
-            parity_splits: 2,
+            data_splits: code.data_splits,
+            parity_splits: code.parity_splits,
             shared_memory: backend.shared_memory(),
-            spin: Duration::from_micros(50),
-            min_bytes: 1 << 20,
+            spin: Duration::from_micros(remem_host::paging::DEFAULT_SPIN_US),
+            min_bytes: remem_host::paging::DEFAULT_MIN_BYTES,
             stats: Some(stats.clone()),
             map: Some(map.clone()),
         };
