@@ -172,9 +172,13 @@ impl ServerProcess {
         text[start..].to_owned()
     }
 
-    /// The process's whole stderr so far.
+    /// The process's whole stderr so far, up to its last whole line.
     pub fn log_full(&self) -> String {
-        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+        let mut log = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+        // Only whole lines: the process writes a line in several writes (stderr is unbuffered),
+        // and a reader that saw "standby synced: " without its numbers took it for the line.
+        log.truncate(log.rfind('\n').map_or(0, |end| end + 1));
+        log
     }
 
     /// Resident memory of the process (from /proc), in bytes.
