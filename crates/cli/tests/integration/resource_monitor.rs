@@ -182,6 +182,8 @@ fn slabs_on(client: &Client, node: usize) -> usize {
 
 #[test]
 fn a_memory_hog_in_the_nodes_cgroup_makes_it_evict_and_the_client_rebuilds_every_page() {
+    // The client's log (evictions heard, rebuilds placed and done) is shown if the test fails.
+    let _ = tracing_subscriber::fmt().with_max_level(tracing::Level::INFO).with_test_writer().try_init();
     let name = format!("remem-monitor-test-{}", std::process::id());
     let cgroup = TestCgroup::create(&name, CGROUP_LIMIT_BYTES).unwrap_or_else(|error| {
         panic!("this test needs a writable memory cgroup (run as root on a host with cgroups): {error}")
@@ -296,8 +298,10 @@ fn a_memory_hog_in_the_nodes_cgroup_makes_it_evict_and_the_client_rebuilds_every
     loop {
         assert!(client.wait_for_regenerations(Duration::from_secs(60)), "rebuilds did not finish");
         client.poll_background(Duration::from_millis(500));
-        let settled = client.regeneration_status().in_flight == 0
-            && node_slabs_mapped(&mut client, target) as usize == slabs_on(&client, target);
+        // The node is asked first: eviction notices that arrive while the client waits for its
+        // answer start rebuilds (and move slabs) then, so the client's state is read after it.
+        let mapped = node_slabs_mapped(&mut client, target) as usize;
+        let settled = client.regeneration_status().in_flight == 0 && mapped == slabs_on(&client, target);
         if settled {
             break;
         }
