@@ -411,6 +411,10 @@ fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
             }
             std::io::Write::flush(&mut std::io::stdout())?;
         }
+        if stop.load(Ordering::Relaxed) {
+            // Nodes that exit now exit with the cluster (a signal to the whole process group).
+            break;
+        }
         for (index, exit) in cluster.newly_exited() {
             if !args.restart_dead {
                 eprintln!("warning: {exit}; `restart {index}` starts it again on its address");

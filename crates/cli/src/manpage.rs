@@ -165,7 +165,7 @@ fn page_facts(command: &str) -> PageFacts {
         ),
         "run" => (
             &["remem run --memory-limit 50% -- python3 train.py", "remem run --memory-limit 2GiB --swap-size 4GiB -- sqlite3 big.db 'select count(*) from t'"],
-            &[("/sys/fs/cgroup/remem-run-PID", "The run's memory cgroup, removed after it."), ("DIR/run-swap-PID/", "The swap of --swap-size, turned off and removed after the run.")],
+            &[("/sys/fs/cgroup/remem-run-PID", "The run's memory cgroup, removed after it."), ("/run/remem/run-swap-PID/", "The swap of --swap-size (root; $XDG_RUNTIME_DIR/remem/ when set), turned off and removed after the run.")],
             "SIGINT and SIGTERM during the --swap-size set-up undo it and fail; afterwards they reach COMMAND as usual, and the cgroup and swap are cleaned up after it ends.",
         ),
         "status" => (

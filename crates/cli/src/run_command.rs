@@ -14,7 +14,7 @@
 //! SIGINT or SIGTERM during the swap set-up is handed to `remem swap on`, which undoes its steps;
 //! `remem run` then turns off whatever was turned on and fails. Only a SIGKILL of `remem run`
 //! itself leaves them: the next `remem run --swap-size` turns off the swap of runs that are gone
-//! (their `run-swap-PID` directories in the default directory) and removes their directories;
+//! (their `run-swap-PID` directories, see [`runs_dir`]) and removes their directories;
 //! `remem swap off --runtime-dir DIR` and `rmdir` of the cgroup clean up otherwise.
 
 use std::path::{Path, PathBuf};
@@ -46,7 +46,9 @@ pub struct RunArgs {
     pub cluster: Option<PathBuf>,
     #[command(flatten)]
     pub code: CodeArgs,
-    /// Runtime directory of the swap area `--swap-size` turns on (default: one per run).
+    /// Runtime directory of the swap area `--swap-size` turns on (default: one per run,
+    /// RUNS/run-swap-PID, where RUNS is $XDG_RUNTIME_DIR/remem if set, else /run/remem for
+    /// root, else the `remem up` default directory).
     #[arg(long)]
     pub swap_runtime_dir: Option<PathBuf>,
     /// How the command's memory pages to remem. `kernel`: the command runs in a memory cgroup
@@ -117,9 +119,10 @@ pub fn run(args: RunArgs, binary: &Path) -> Result<i32> {
     let _swap = match args.swap_size {
         Some(size) => {
             clean_runs_that_are_gone(binary);
-            let runtime_dir = args.swap_runtime_dir.clone().unwrap_or_else(|| {
-                crate::launcher::default_dir().join(format!("run-swap-{}", std::process::id()))
-            });
+            let runtime_dir = args
+                .swap_runtime_dir
+                .clone()
+                .unwrap_or_else(|| runs_dir().join(format!("run-swap-{}", std::process::id())));
             let options = RememSwapOptions {
                 size_bytes: size,
                 priority: args.swap_priority,
@@ -187,7 +190,7 @@ fn run_paged(args: &RunArgs, binary: &Path) -> Result<i32> {
     if args.swap_size.is_some() {
         bail!("--swap-size turns on kernel swap: it does not go with --paging uffd (see --remote-size)");
     }
-    let cluster = args.cluster.clone().unwrap_or_else(|| crate::launcher::default_dir().join("cluster.json"));
+    let cluster = remem_frontend::cluster_file::cluster_file_path(args.cluster.as_deref());
     let file = remem_client::cluster::ClusterFile::load(&cluster).with_context(|| {
         "--paging uffd pages to a running cluster (`remem up`, or --cluster FILE)".to_owned()
     })?;
@@ -230,10 +233,10 @@ fn run_paged(args: &RunArgs, binary: &Path) -> Result<i32> {
 }
 
 /// Turns off the swap of earlier `remem run --swap-size` runs that are gone (SIGKILLed or
-/// crashed: their `run-swap-PID` directory is left in the default directory, and no `remem run`
-/// has that PID), and removes their directories, saying so.
+/// crashed: their `run-swap-PID` directory is left in [`runs_dir`], and no `remem run` has that
+/// PID), and removes their directories, saying so.
 fn clean_runs_that_are_gone(binary: &Path) {
-    let Ok(entries) = std::fs::read_dir(crate::launcher::default_dir()) else { return };
+    let Ok(entries) = std::fs::read_dir(runs_dir()) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let Some(pid) = name.strip_prefix("run-swap-").and_then(|pid| pid.parse::<u32>().ok()) else {
@@ -248,6 +251,19 @@ fn clean_runs_that_are_gone(binary: &Path) {
         );
         drop(RememSwap::adopt(binary, entry.path()));
     }
+}
+
+/// Where each `remem run --swap-size` keeps its swap area's runtime directory: the user's
+/// runtime directory when there is one; for root without one, /run/remem (root's own tmpfs for
+/// runtime state, emptied at boot as a swap area's state is, and apart from the `remem up`
+/// cluster directory in /tmp); else the `remem up` default directory.
+fn runs_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() && root && Path::new("/run").is_dir() {
+        return PathBuf::from("/run/remem");
+    }
+    crate::launcher::default_dir()
 }
 
 /// Total swap space on, from `/proc/swaps` (KiB column), in bytes.

@@ -59,10 +59,20 @@ pub fn load_cluster(cluster: Option<&Path>) -> Result<(PathBuf, ClusterFile, Sec
     Ok((path, file, secret))
 }
 
+/// The cluster file `--cluster` names: the default cluster's without one, and DIR/cluster.json
+/// when it names a directory (the `--dir` of `remem up`, which users pass as often as the file).
+pub fn cluster_file_path(cluster: Option<&Path>) -> PathBuf {
+    match cluster {
+        None => default_dir().join("cluster.json"),
+        Some(path) if path.is_dir() => path.join("cluster.json"),
+        Some(path) => path.to_path_buf(),
+    }
+}
+
 /// [`load_cluster`], also when the cluster is gone: for `remem status`, which shows every node
 /// of the file, down ones included.
 pub fn load_cluster_as_it_is(cluster: Option<&Path>) -> Result<(PathBuf, ClusterFile, Secret)> {
-    let path = cluster.map(Path::to_path_buf).unwrap_or_else(|| default_dir().join("cluster.json"));
+    let path = cluster_file_path(cluster);
     let file = ClusterFile::load(&path)?;
     let secret = Secret::load(Some(&file.secret_file))
         .map_err(|error| anyhow::anyhow!("{error}"))

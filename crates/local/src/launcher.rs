@@ -287,6 +287,10 @@ impl LocalCluster {
         }
         let listen = previous.map_or_else(|| "127.0.0.1:0".to_owned(), |node| node.address.to_string());
         let mut command = Command::new(binary);
+        // A group of its own: a terminal's Ctrl-C (SIGINT to the foreground group) reaches only
+        // the launcher, which stops its nodes in order, rather than killing every node at once
+        // under a launcher that would report each as a failure (or restart it).
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
         // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches only the child's own
         // state; run between fork and exec it makes the node get SIGTERM when the thread that
         // started it dies, so a killed `remem up` or `demo` leaves no node behind.

@@ -256,6 +256,32 @@ fn a_sigkilled_ups_cluster_file_is_refused_by_readers_and_replaced_by_the_next_u
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Waits up to 30 s for `remem up` to write its cluster file; returns it.
+fn wait_for_cluster_file(path: &std::path::Path) -> remem_client::cluster::ClusterFile {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    remem_client::cluster::ClusterFile::load(path).unwrap()
+}
+
+/// Waits up to 15 s for `remem up` to stop after `signal`; SIGKILLs it and panics if it does not.
+fn wait_stopped(child: &mut std::process::Child, signal: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("remem up did not stop on {signal}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn up_starts_a_cluster_idles_with_stdin_closed_and_stops_it_on_sigterm() {
     let dir = std::env::temp_dir().join(format!("remem-test-up-{}", std::process::id()));
@@ -270,12 +296,7 @@ fn up_starts_a_cluster_idles_with_stdin_closed_and_stops_it_on_sigterm() {
         .spawn()
         .unwrap();
     let cluster_file = dir.join("cluster.json");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cluster_file.exists() {
-        assert!(Instant::now() < deadline, "cluster.json never appeared");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let cluster = remem_client::cluster::ClusterFile::load(&cluster_file).unwrap();
+    let cluster = wait_for_cluster_file(&cluster_file);
     assert_eq!(cluster.nodes.len(), 3);
     // Watching three idle nodes takes next to no CPU (it once spun on the closed input).
     let before = remem::stats::cpu_seconds(child.id()).expect("remem up's CPU time");
@@ -289,17 +310,7 @@ fn up_starts_a_cluster_idles_with_stdin_closed_and_stops_it_on_sigterm() {
     }
     // SAFETY: signalling the child we spawned.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("remem up did not stop on SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = wait_stopped(&mut child, "SIGTERM");
     assert!(status.success());
     for node in &cluster.nodes {
         let pid = node.pid.unwrap() as libc::pid_t;
@@ -308,6 +319,47 @@ fn up_starts_a_cluster_idles_with_stdin_closed_and_stops_it_on_sigterm() {
     }
     assert!(!cluster_file.exists(), "cluster file removed on stop");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Ctrl-C at a terminal sends SIGINT to the whole foreground process group: `remem up` stops its
+/// nodes in order and reports none of them as failed (its nodes are in a group of their own).
+/// `--cluster` takes the cluster's directory as well as its file.
+#[test]
+fn ctrl_c_to_the_terminals_group_stops_up_without_calling_its_nodes_failed() {
+    let dir = std::env::temp_dir().join(format!("remem-test-up-ctrl-c-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let log = dir.with_extension("log");
+    let mut command = remem();
+    command
+        .args(["up", "--nodes", "3", "--capacity", "8MiB", "--slab-size", "1MiB", "--dir"])
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    // A group of its own, as a shell's job: the test's own group gets no signal.
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut child = command.spawn().unwrap();
+    let cluster_file = dir.join("cluster.json");
+    let cluster = wait_for_cluster_file(&cluster_file);
+    let status = remem().args(["status", "--cluster"]).arg(&dir).output().unwrap();
+    let text =
+        String::from_utf8_lossy(&status.stdout).into_owned() + &String::from_utf8_lossy(&status.stderr);
+    assert!(status.status.success(), "`remem status --cluster DIR` fails: {text}");
+    assert!(text.contains("3 of 3 nodes up"), "three nodes up in:\n{text}");
+    // SAFETY: signalling the process group of the child we spawned (its PID is the group's id).
+    unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGINT) };
+    let status = wait_stopped(&mut child, "SIGINT");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "remem up failed: {text}");
+    assert!(text.contains("stopping 3 nodes"), "{text}");
+    assert!(!text.contains("warning"), "a node of a stopping cluster was reported: {text}");
+    for node in &cluster.nodes {
+        let pid = node.pid.unwrap() as libc::pid_t;
+        // SAFETY: signal 0 only checks whether the process exists.
+        assert!(unsafe { libc::kill(pid, 0) } != 0, "node {pid} outlived remem up");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&log);
 }
 
 #[test]

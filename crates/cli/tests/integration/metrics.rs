@@ -356,3 +356,66 @@ fn fs_metrics_count_file_ops_and_status_shows_its_regions() {
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `remem kv --standby --metrics`: before it takes over, the standby serves gauges of its own
+/// (attached, synced, changes applied, the primary's silence), promtool-clean; after the primary
+/// is SIGKILLed it takes over and the same endpoint serves the cache's metrics.
+#[test]
+fn a_standby_serves_its_own_metrics_until_it_takes_over_then_the_caches() {
+    let flags = ["--replication", "rpc"];
+    let mut target = Target::remem_kv("standby-metrics", "auto", "16MiB", &flags);
+    let port = free_port();
+    let cluster = target.cluster.as_ref().expect("a remem cluster");
+    let args: Vec<String> =
+        ["--scheme", "auto", "-m", "16MiB", "--replication", "rpc", "--standby", "--metrics"]
+            .iter()
+            .map(|arg| arg.to_string())
+            .chain([format!("127.0.0.1:{port}")])
+            .collect();
+    let (mut standby, first_line) = remem::kv_bench::ServerProcess::spawn_remem_kv(
+        kv_support::binary(),
+        &cluster.cluster_file_path,
+        &args,
+        &target.dir.join("standby.log"),
+        "standby",
+    )
+    .unwrap_or_else(|error| panic!("{error:#}"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let text = scrape(port);
+        if text.contains("remem_kv_standby_synced 1") {
+            break text;
+        }
+        assert!(standby.exited().is_none(), "the standby exited: {}", standby.log_full());
+        assert!(Instant::now() < deadline, "the standby never showed itself synced:\n{text}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    promtool_accepts(&text);
+    assert_eq!(value_of(&text, "remem_kv_standby_attached"), 1.0);
+    assert_eq!(value_of(&text, "remem_kv_standby_attaches_total"), 1.0);
+    assert!(!text.contains("remem_kv_items"), "a standby serves no cache metrics:\n{text}");
+    let applied_before = value_of(&text, "remem_kv_standby_changes_applied_total");
+    let mut client = target.client();
+    for index in 0..20 {
+        client.set(&format!("k{index}"), b"value").expect("set");
+    }
+    let applied = value_of(&scrape(port), "remem_kv_standby_changes_applied_total");
+    assert!(applied >= applied_before + 20.0, "20 sets applied: {applied_before} then {applied}");
+    assert!(value_of(&scrape(port), "remem_kv_standby_primary_silence_seconds") < 2.0);
+
+    crate::kv_crash::sigkill(&mut target.server);
+    standby.wait_listening(&first_line, Duration::from_secs(30)).unwrap_or_else(|error| panic!("{error:#}"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = scrape(port);
+        if text.contains("remem_kv_items 20") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "the new primary's metrics never showed the 20 items:\n{text}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    promtool_accepts(&text);
+    assert!(!text.contains("remem_kv_standby_synced"), "the standby's gauges are gone:\n{text}");
+    target.server = standby;
+    target.assert_running();
+}

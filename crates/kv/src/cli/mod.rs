@@ -15,7 +15,7 @@ pub mod state;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -348,6 +348,7 @@ fn open_state(
     args: &KvArgs,
     cluster_path: &Path,
     cache_config: &CacheConfig,
+    gauges: &standby::StandbyGauges,
 ) -> Result<(Option<KvState>, Option<standby::Takeover>)> {
     if args.ephemeral {
         return Ok((None, None));
@@ -364,7 +365,7 @@ fn open_state(
     };
     if args.standby {
         let settings = standby::standby_settings(cluster_path, cache_config, args.auth_file.as_deref());
-        let (found, state) = standby::stand_by(&dir, &settings)?;
+        let (found, state) = standby::stand_by(&dir, &settings, gauges)?;
         Ok((Some(state), Some(found)))
     } else {
         Ok((Some(KvState::lock(&dir)?), None))
@@ -418,7 +419,22 @@ pub fn run(args: KvArgs) -> Result<()> {
         bypass: !args.no_bypass,
         max_background_transitions: 8,
     };
-    let (state, takeover) = open_state(&args, &cluster_path, &cache_config)?;
+    // The metrics endpoint comes first: a standby shows its own gauges until it takes over, and
+    // a busy port fails the start before anything is mapped or `listening` is printed.
+    let stop = Arc::new(AtomicBool::new(false));
+    let gauges = Arc::new(standby::StandbyGauges::default());
+    let snapshot = Arc::new(std::sync::Mutex::new(String::new()));
+    let serving = Arc::new(AtomicBool::new(!args.standby));
+    if let Some(address) = args.metrics {
+        let (served, gauges, serving) = (Arc::clone(&snapshot), Arc::clone(&gauges), Arc::clone(&serving));
+        let render = move || match serving.load(Ordering::Relaxed) {
+            true => served.lock().map(|text| text.clone()).unwrap_or_default(),
+            false => gauges.render(),
+        };
+        let bound = remem_frontend::metrics::serve(address, Arc::clone(&stop), render)?;
+        eprintln!("metrics at http://{bound}/metrics");
+    }
+    let (state, takeover) = open_state(&args, &cluster_path, &cache_config, &gauges)?;
     if let (Some(state), true) = (&state, args.fresh) {
         state.drop_saved(&secret, &config)?;
     }
@@ -461,7 +477,6 @@ pub fn run(args: KvArgs) -> Result<()> {
         output_budget_bytes: args.output_budget as usize,
     };
     let mut server = Server::bind(cache, server_config).with_context(|| format!("binding {listen}"))?;
-    let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
     let address = server.local_addr().expect("a TCP listener");
@@ -471,15 +486,9 @@ pub fn run(args: KvArgs) -> Result<()> {
     if let Some(takeover) = &takeover {
         eprintln!("{}", took_over(takeover));
     }
-    // The metrics snapshot is taken on the cache's own thread and served from another; its port
-    // is bound before `listening` is printed, so a busy one fails the start before it says so.
-    let snapshot = Arc::new(std::sync::Mutex::new(String::new()));
-    if let Some(address) = args.metrics {
-        let served = Arc::clone(&snapshot);
-        let render = move || served.lock().map(|text| text.clone()).unwrap_or_default();
-        let bound = remem_frontend::metrics::serve(address, Arc::clone(&stop), render)?;
-        eprintln!("metrics at http://{bound}/metrics");
-    }
+    // The metrics snapshot is taken on the cache's own thread (housekeeping) and served from
+    // the endpoint's; a standby that took over serves it from now on.
+    serving.store(true, Ordering::Relaxed);
     println!("listening {address}");
     std::io::stdout().flush()?;
     announce(&args, &server.cache.config().policy, ec, cluster.nodes.len());

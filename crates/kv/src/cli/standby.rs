@@ -27,6 +27,7 @@ use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::state::KvState;
@@ -288,7 +289,7 @@ impl Attached {
     }
 
     /// Applies what the primary sends until it is gone or gives this standby up.
-    fn stand(&mut self) -> Result<Ended> {
+    fn stand(&mut self, gauges: &StandbyGauges) -> Result<Ended> {
         self.stream.set_nonblocking(true)?;
         let mut reader = FrameReader::default();
         let mut last_heard = Instant::now();
@@ -298,6 +299,7 @@ impl Attached {
         let how = 'standing: loop {
             if let Some(ring) = self.ring.as_mut() {
                 let applied = ring.drain(|change| self.region.apply(change))?;
+                gauges.applied(applied as u64);
                 if applied == 0 {
                     // The log baseline polls: a short sleep when the ring is empty.
                     std::thread::sleep(Duration::from_micros(50));
@@ -308,7 +310,10 @@ impl Attached {
             unsafe { libc::poll(&mut poll, 1, poll_timeout) };
             match reader.fill(&mut self.stream) {
                 Ok(0) => break "its socket closed",
-                Ok(_) => last_heard = Instant::now(),
+                Ok(_) => {
+                    last_heard = Instant::now();
+                    gauges.heard();
+                }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => break "its socket failed",
@@ -319,10 +324,17 @@ impl Attached {
                     Message::Progress { done, total } => eprintln!("standby sync: {done} of {total} chunks"),
                     Message::Synced { records, micros } => {
                         synced = true;
+                        gauges.synced.store(true, Ordering::Relaxed);
                         eprintln!("standby synced: {records} records copied in {:.3} s", micros as f64 / 1e6);
                     }
-                    Message::Write { offset, bytes } => self.region.apply(Change::Write { offset, bytes })?,
-                    Message::State { offset, state } => self.region.apply(Change::State { offset, state })?,
+                    Message::Write { offset, bytes } => {
+                        self.region.apply(Change::Write { offset, bytes })?;
+                        gauges.applied(1);
+                    }
+                    Message::State { offset, state } => {
+                        self.region.apply(Change::State { offset, state })?;
+                        gauges.applied(1);
+                    }
                     Message::Barrier { seq } => {
                         out.clear();
                         wire::encode(&Message::Ack { seq }, &mut out);
@@ -400,10 +412,66 @@ fn lock_unless_fenced(dir: &Path, attached: &Attached) -> Option<KvState> {
     }
 }
 
+/// What a standby shows on its metrics endpoint until it takes over (the primary's metrics
+/// after): whether it is attached and synced, what it applied, when it last heard the primary.
+/// Atomics written by the standing loop and read by the metrics thread.
+pub struct StandbyGauges {
+    started: Instant,
+    attached: AtomicBool,
+    synced: AtomicBool,
+    attaches: AtomicU64,
+    changes_applied: AtomicU64,
+    /// Milliseconds from `started` to the last frame from the primary (0: none yet).
+    last_heard_ms: AtomicU64,
+}
+
+impl Default for StandbyGauges {
+    fn default() -> Self {
+        StandbyGauges {
+            started: Instant::now(),
+            attached: AtomicBool::new(false),
+            synced: AtomicBool::new(false),
+            attaches: AtomicU64::new(0),
+            changes_applied: AtomicU64::new(0),
+            last_heard_ms: AtomicU64::new(0),
+        }
+    }
+}
+
+impl StandbyGauges {
+    fn heard(&self) {
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX).max(1);
+        self.last_heard_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn applied(&self, changes: u64) {
+        self.changes_applied.fetch_add(changes, Ordering::Relaxed);
+    }
+
+    /// The Prometheus text of a standby that has not taken over.
+    pub fn render(&self) -> String {
+        let heard = self.last_heard_ms.load(Ordering::Relaxed);
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let since = if heard == 0 { now } else { now.saturating_sub(heard) };
+        let gauges: [(&str, &str, &str, String); 5] = [
+            ("remem_kv_standby_attached", "gauge", "1 while attached to a primary", u64::from(self.attached.load(Ordering::Relaxed)).to_string()),
+            ("remem_kv_standby_synced", "gauge", "1 once the copy of the primary's backup region is complete (a takeover serves every acknowledged item)", u64::from(self.synced.load(Ordering::Relaxed)).to_string()),
+            ("remem_kv_standby_attaches_total", "counter", "Times this standby attached to a primary", self.attaches.load(Ordering::Relaxed).to_string()),
+            ("remem_kv_standby_changes_applied_total", "counter", "Writes and slot states of the primary applied to the copy", self.changes_applied.load(Ordering::Relaxed).to_string()),
+            ("remem_kv_standby_primary_silence_seconds", "gauge", "Seconds since the primary last sent anything (since the start before the first)", format!("{:.3}", since as f64 / 1000.0)),
+        ];
+        let mut text = String::new();
+        for (name, kind, help, value) in gauges {
+            text.push_str(&format!("# HELP {name} {help}.\n# TYPE {name} {kind}\n{name} {value}\n"));
+        }
+        text
+    }
+}
+
 /// Attaches to the primary of `dir` and stands by until it dies with this standby's copy
 /// complete and vouched for; returns where to serve, with the state directory locked and the
 /// copy made its backup region. Errors if a primary refuses this standby.
-pub fn stand_by(dir: &Path, settings: &Settings) -> Result<(Takeover, KvState)> {
+pub fn stand_by(dir: &Path, settings: &Settings, gauges: &StandbyGauges) -> Result<(Takeover, KvState)> {
     let plain_restart = format!(
         "its own backup region is complete: a plain `remem kv` with its flags on {} restores every item \
          it acknowledged, and this standby attaches to it",
@@ -420,7 +488,13 @@ pub fn stand_by(dir: &Path, settings: &Settings) -> Result<(Takeover, KvState)> 
                 continue;
             }
         };
-        let Ended { how, synced, given_up } = attached.stand()?;
+        gauges.attaches.fetch_add(1, Ordering::Relaxed);
+        gauges.attached.store(true, Ordering::Relaxed);
+        gauges.heard();
+        let ended = attached.stand(gauges);
+        gauges.attached.store(false, Ordering::Relaxed);
+        gauges.synced.store(false, Ordering::Relaxed);
+        let Ended { how, synced, given_up } = ended?;
         let detected_at = Instant::now();
         if !synced && !given_up {
             eprintln!(
