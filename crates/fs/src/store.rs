@@ -74,13 +74,8 @@ impl SavedMapClient {
     }
 
     fn save(&self) -> Result<(), SlabMapError> {
-        self.client.save_map(&self.map_path)?;
-        // save_map renames a new file into place; make the file and the rename durable.
-        let sync = |path: &Path| std::fs::File::open(path).and_then(|file| file.sync_all());
-        let directory = self.map_path.parent().unwrap_or(Path::new("."));
-        sync(&self.map_path)
-            .and_then(|()| sync(directory))
-            .map_err(|source| SlabMapError::Write { path: self.map_path.clone(), source })
+        // Durable: the file synced before its rename, the directory after (SlabMapFile::save).
+        self.client.save_map(&self.map_path)
     }
 }
 

@@ -121,12 +121,25 @@ impl SlabMapFile {
             && (self.data_splits, self.parity_splits) == (shape.data_splits, shape.parity_splits)
     }
 
+    /// Writes the map to `path` atomically and durably: a new file, synced, renamed into place,
+    /// and the directory synced, so that after a crash (of the process or of the host) `path`
+    /// holds this map or the one before, whole. Every front end saves through here.
     pub fn save(&self, path: &Path) -> Result<(), SlabMapError> {
         let error = |source| SlabMapError::Write { path: path.to_owned(), source };
         let text = serde_json::to_string_pretty(self).expect("slab map serializes");
         let temporary = path.with_extension("tmp");
-        std::fs::write(&temporary, text).map_err(error)?;
-        std::fs::rename(&temporary, path).map_err(error)
+        let write = || -> std::io::Result<()> {
+            let mut file = std::fs::File::create(&temporary)?;
+            std::io::Write::write_all(&mut file, text.as_bytes())?;
+            file.sync_all()
+        };
+        write().map_err(error)?;
+        std::fs::rename(&temporary, path).map_err(error)?;
+        let directory = match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        std::fs::File::open(directory).and_then(|directory| directory.sync_all()).map_err(error)
     }
 }
 
@@ -204,7 +217,7 @@ impl Client {
         }
     }
 
-    /// Writes the slab map atomically to `path`.
+    /// Writes the slab map to `path`, atomically and durably ([`SlabMapFile::save`]).
     pub fn save_map(&self, path: &Path) -> Result<(), SlabMapError> {
         self.slab_map().save(path)
     }
@@ -283,5 +296,53 @@ impl Client {
         client.export_slabs();
         client.volunteer_for_activity();
         Ok(client)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(client_id: u64) -> SlabMapFile {
+        SlabMapFile {
+            client_id,
+            data_splits: 2,
+            parity_splits: 1,
+            extra_reads: 0,
+            page_bytes: 4096,
+            address_space_bytes: 2 * 4096,
+            pages_per_range: 2,
+            nodes: vec![
+                "127.0.0.1:1".parse().unwrap(),
+                "127.0.0.1:2".parse().unwrap(),
+                "127.0.0.1:3".parse().unwrap(),
+            ],
+            ranges: vec![vec![(0, 1), (1, 1), (2, 1)]],
+            unix_sockets: Vec::new(),
+            more_regions: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_save_replaces_the_map_whole_and_leaves_no_temporary_file() {
+        let dir = std::env::temp_dir().join(format!("remem-slab-map-save-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("map.json");
+        map(1).save(&path).unwrap();
+        map(2).save(&path).unwrap();
+        assert_eq!(SlabMapFile::load(&path).unwrap(), map(2));
+        let names: Vec<_> =
+            std::fs::read_dir(&dir).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("map.json")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_save_into_a_missing_directory_names_the_path() {
+        let path =
+            std::env::temp_dir().join(format!("remem-no-such-dir-{}", std::process::id())).join("map.json");
+        let error = map(1).save(&path).unwrap_err().to_string();
+        assert!(error.contains(&path.display().to_string()), "{error}");
     }
 }
