@@ -44,15 +44,18 @@ pub enum ConnectError {
     /// and what the nodes have free.
     #[error(
         "{needs} and the {nodes} nodes that answered have {} free{}: ask for less, or add nodes or \
-         capacity ({placement})",
+         capacity{}",
         format_bytes(*free_bytes),
-        if needs.needed_bytes <= *free_bytes { ", but not on enough distinct nodes" } else { "" }
+        if needs.needed_bytes <= *free_bytes { ", but not on enough distinct nodes" } else { "" },
+        placement.as_ref().map(|placement| format!(" ({placement})")).unwrap_or_default()
     )]
     NodeMemory {
         needs: NodeMemoryNeed,
         free_bytes: u64,
         nodes: usize,
-        placement: remem_placement::PlacementError,
+        /// What placement said, when it was asked; None when the free slabs were too few in all
+        /// and nothing was mapped.
+        placement: Option<remem_placement::PlacementError>,
     },
     /// A range would have more than r splits in one failure domain (`ClientConfig::allow_shared_domains` off).
     #[error("placement: {message}")]

@@ -67,8 +67,8 @@ fn a_demo_larger_than_the_host_is_refused_unless_forced() {
 }
 
 /// A front end larger than its cluster says the node memory it needs and the nodes have free
-/// (as the demo does for the host), not only "placement needs 3 nodes with a free slab, only 0
-/// have one".
+/// (as the demo does for the host), not "placement needs 3 nodes with a free slab, only 0 have
+/// one", and before it maps a slab.
 #[test]
 fn a_front_end_larger_than_its_cluster_names_the_node_memory_needed_and_free() {
     let dir = dir("too-large");
@@ -84,7 +84,9 @@ fn a_front_end_larger_than_its_cluster_names_the_node_memory_needed_and_free() {
             "{text}"
         );
         assert!(text.contains("the 3 nodes that answered have 192.00 MiB free"), "{text}");
-        assert!(text.contains("placement needs 3 nodes with a free slab"), "{text}");
+        // Refused before anything is mapped: the nodes' free slabs are too few in all, so
+        // placement is never asked (mapping and releasing slab after slab took 44 s at 10 TiB).
+        assert!(!text.contains("placement"), "{text}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -133,6 +133,18 @@ impl Client {
         let first_range = self.engine.ranges().len() as u64;
         let (mut loads, free_bytes) = self.member_loads(split_bytes);
         let nodes = loads.len();
+        // Fewer free slabs than the region's slabs in all: refused before a round trip, rather
+        // than after mapping (and releasing) as many slabs as there are, which takes minutes
+        // for a region of terabytes.
+        let slabs_free: u64 = loads.iter().map(|load| load.slabs_free).sum();
+        if pinned.is_none() && slabs_free < range_count.saturating_mul(shape.total_splits() as u64) {
+            return Err(ConnectError::NodeMemory {
+                needs: NodeMemoryNeed::new(shape, bytes, self.region_node_bytes(shape, bytes)),
+                free_bytes,
+                nodes,
+                placement: None,
+            });
+        }
         let mut ranges = Vec::with_capacity(range_count as usize);
         let geometry = RangeGeometry { shape, split_bytes, pages_per_range, first_page, first_range };
         let mapped = self.map_ranges(&geometry, range_count, pinned.as_deref(), &mut loads, &mut ranges);
@@ -150,7 +162,7 @@ impl Client {
                         needs: NodeMemoryNeed::new(shape, bytes, self.region_node_bytes(shape, bytes)),
                         free_bytes,
                         nodes,
-                        placement,
+                        placement: Some(placement),
                     }
                 }
                 other => other,
