@@ -22,9 +22,17 @@ pub const NO_SLOT: u32 = u32::MAX;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {
-    Resident { dirty: bool },
-    Victim { staging: u32, dirty: bool },
-    Remote,
+    Resident {
+        dirty: bool,
+    },
+    Victim {
+        staging: u32,
+        dirty: bool,
+    },
+    /// Only in remem; `written` when it was dirty as it left (it is fetched writable then).
+    Remote {
+        written: bool,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +40,23 @@ pub struct Entry {
     pub state: State,
     pub slot: u32,
     generation: u32,
+    /// A write was seen since the page last came from remem (a write-protect fault, a write
+    /// that faulted it in, or a page that started as zeros), kept while it is a victim: it is
+    /// fetched writable next time (`State::Remote::written`).
+    seen_write: bool,
+}
+
+/// How dirty a page is as it becomes resident, and what is known of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dirt {
+    /// Write-protected, the same as its slot.
+    Clean,
+    /// Written, or about to be (zeros, a write access, adopted as found).
+    Written,
+    /// Writable, so dirty for the write-back, but no write was seen: a fetch on a guess.
+    Assumed,
+    /// Back from the victim set: writable and dirty, with what was seen before it left.
+    MovedBack,
 }
 
 /// What a missing fault on a page needs.
@@ -41,8 +66,9 @@ pub enum Fault {
     Zero,
     /// A victim: move its staging page back (it comes back dirty, see `Pager::move_back`).
     MoveBack { staging: u32 },
-    /// Only in remem: fetch the slot.
-    Fetch { slot: u32 },
+    /// Only in remem: fetch the slot. `written`: the page was dirty when it left, so it is
+    /// likely written again (see `Pager::fetch`).
+    Fetch { slot: u32, written: bool },
     /// The table says resident, yet the process faulted: the page was dropped behind the
     /// pager's back (MADV_FREE reclaimed by the kernel). Its slot, when clean, still has it.
     Stale { slot: u32, dirty: bool },
@@ -83,7 +109,7 @@ impl PageTable {
             None => Fault::Zero,
             Some(entry) => match entry.state {
                 State::Victim { staging, .. } => Fault::MoveBack { staging },
-                State::Remote => Fault::Fetch { slot: entry.slot },
+                State::Remote { written } => Fault::Fetch { slot: entry.slot, written },
                 State::Resident { dirty } => Fault::Stale { slot: entry.slot, dirty },
             },
         }
@@ -100,19 +126,26 @@ impl PageTable {
         match entry.state {
             State::Resident { .. } => self.resident_count -= 1,
             State::Victim { .. } => self.victim_count -= 1,
-            State::Remote => {}
+            State::Remote { .. } => {}
         }
         Some(entry)
     }
 
     /// The page is in the process now (a fault served, or found present), at the end of the
     /// eviction queue.
-    pub fn make_resident(&mut self, page: u64, dirty: bool) {
-        let slot = self.leave(page).map_or(NO_SLOT, |entry| entry.slot);
+    pub fn make_resident(&mut self, page: u64, dirt: Dirt) {
+        let before = self.leave(page);
+        let slot = before.map_or(NO_SLOT, |entry| entry.slot);
         // A page with no slot has no copy anywhere else: it is dirty whatever was asked.
-        let dirty = dirty || slot == NO_SLOT;
+        let dirty = dirt != Dirt::Clean || slot == NO_SLOT;
+        let seen_write = match dirt {
+            Dirt::Clean | Dirt::Assumed => false,
+            Dirt::Written => true,
+            Dirt::MovedBack => before.is_some_and(|entry| entry.seen_write),
+        };
         let generation = self.generation();
-        self.pages.insert(page, Entry { state: State::Resident { dirty }, slot, generation });
+        let state = State::Resident { dirty };
+        self.pages.insert(page, Entry { state, slot, generation, seen_write });
         self.resident.push_back((page, generation));
         self.resident_count += 1;
     }
@@ -120,8 +153,9 @@ impl PageTable {
     /// A write-protect fault: the resident page differs from its slot from now on.
     pub fn mark_dirty(&mut self, page: u64) -> bool {
         match self.pages.get_mut(&page) {
-            Some(Entry { state: State::Resident { dirty }, .. }) => {
+            Some(Entry { state: State::Resident { dirty }, seen_write, .. }) => {
                 *dirty = true;
+                *seen_write = true;
                 true
             }
             _ => false,
@@ -159,11 +193,11 @@ impl PageTable {
         let dirty = match entry.state {
             State::Resident { dirty } => dirty,
             State::Victim { dirty, .. } => dirty,
-            State::Remote => false,
+            State::Remote { .. } => false,
         };
         let generation = self.generation();
-        self.pages
-            .insert(page, Entry { state: State::Victim { staging, dirty }, slot: entry.slot, generation });
+        let state = State::Victim { staging, dirty };
+        self.pages.insert(page, Entry { state, generation, ..entry });
         self.victims.push_back((page, generation));
         self.victim_count += 1;
     }
@@ -212,12 +246,13 @@ impl PageTable {
         }
     }
 
-    /// The clean victim's staging page is given up: the page is remote.
+    /// The clean victim's staging page is given up: the page is remote, fetched writable next
+    /// time if a write was seen in its stay.
     pub fn make_remote(&mut self, page: u64) {
         let Some(entry) = self.leave(page) else { return };
         assert_ne!(entry.slot, NO_SLOT, "page {page:#x} dropped with no copy in remem");
-        self.pages
-            .insert(page, Entry { state: State::Remote, slot: entry.slot, generation: entry.generation });
+        let state = State::Remote { written: entry.seen_write };
+        self.pages.insert(page, Entry { state, seen_write: false, ..entry });
     }
 
     /// The pages `[first, end)` are gone from the process (unmapped, or discarded: they read
@@ -253,7 +288,7 @@ impl PageTable {
             match entry.state {
                 State::Resident { .. } => self.resident.push_back((target, generation)),
                 State::Victim { .. } => self.victims.push_back((target, generation)),
-                State::Remote => {}
+                State::Remote { .. } => {}
             }
         }
     }
@@ -274,7 +309,7 @@ impl PageTable {
         let victims = self.pages.values().filter(|entry| matches!(entry.state, State::Victim { .. })).count();
         assert_eq!((resident, victims), (self.resident_count, self.victim_count), "page counts drifted");
         for entry in self.pages.values() {
-            if let State::Remote = entry.state {
+            if let State::Remote { .. } = entry.state {
                 assert_ne!(entry.slot, NO_SLOT, "a remote page has a slot");
             }
         }
@@ -318,18 +353,54 @@ impl Slots {
 mod tests {
     use super::*;
 
+    /// Leaves `page` (resident) through the victim set to remem, written back in slot 1.
+    fn evict(table: &mut PageTable, page: u64) {
+        table.make_victim(page, 0);
+        table.written_back(page, 1);
+        table.make_remote(page);
+    }
+
+    /// A page is fetched writable only after a stay in which a write was seen: a write-protect
+    /// fault or a write access that faulted it in, kept through a move back from the victim
+    /// set, not a writable fetch on a guess (which would keep a page once written writable, and
+    /// written back, for ever).
+    #[test]
+    fn a_page_is_fetched_writable_after_a_stay_with_a_write_seen_and_only_then() {
+        let mut table = PageTable::default();
+        table.make_resident(5, Dirt::Written);
+        evict(&mut table, 5);
+        assert_eq!(table.fault(5), Fault::Fetch { slot: 1, written: true });
+        table.make_resident(5, Dirt::Assumed);
+        assert_eq!(table.get(5).unwrap().state, State::Resident { dirty: true });
+        evict(&mut table, 5);
+        assert_eq!(table.fault(5), Fault::Fetch { slot: 1, written: false }, "a guess is not a write");
+        table.make_resident(5, Dirt::Clean);
+        assert_eq!(table.get(5).unwrap().state, State::Resident { dirty: false });
+        assert!(table.mark_dirty(5), "a write-protect fault");
+        table.make_victim(5, 2);
+        table.make_resident(5, Dirt::MovedBack);
+        evict(&mut table, 5);
+        assert_eq!(table.fault(5), Fault::Fetch { slot: 1, written: true }, "kept through a move back");
+        table.make_resident(5, Dirt::Clean);
+        table.make_victim(5, 2);
+        table.make_resident(5, Dirt::MovedBack);
+        evict(&mut table, 5);
+        assert_eq!(table.fault(5), Fault::Fetch { slot: 1, written: false }, "a move back is not a write");
+        table.check();
+    }
+
     #[test]
     fn a_page_goes_resident_victim_remote_and_back_with_its_slot() {
         let mut table = PageTable::default();
         assert_eq!(table.fault(7), Fault::Zero);
-        table.make_resident(7, false);
+        table.make_resident(7, Dirt::Clean);
         assert_eq!(table.get(7).unwrap().state, State::Resident { dirty: true }, "no slot: dirty");
         table.make_victim(7, 3);
         assert_eq!(table.fault(7), Fault::MoveBack { staging: 3 });
         table.written_back(7, 11);
         table.make_remote(7);
-        assert_eq!(table.fault(7), Fault::Fetch { slot: 11 });
-        table.make_resident(7, false);
+        assert_eq!(table.fault(7), Fault::Fetch { slot: 11, written: false }, "no write was seen");
+        table.make_resident(7, Dirt::Clean);
         assert_eq!(table.get(7).unwrap().state, State::Resident { dirty: false });
         assert!(table.mark_dirty(7));
         assert_eq!(table.get(7).unwrap().state, State::Resident { dirty: true });
@@ -340,14 +411,14 @@ mod tests {
     fn eviction_order_is_first_in_with_a_second_chance_for_victims_touched_again() {
         let mut table = PageTable::default();
         for page in 0..4 {
-            table.make_resident(page, true);
+            table.make_resident(page, Dirt::Written);
         }
         assert_eq!(table.oldest_resident(), Some((0, true)));
         table.make_victim(0, 0);
         table.make_victim(1, 1);
         assert_eq!(table.oldest_resident(), Some((2, true)));
         // Page 0 is touched again: it comes back to the end of the resident queue.
-        table.make_resident(0, true);
+        table.make_resident(0, Dirt::Written);
         assert_eq!(table.oldest_victim(), Some((1, 1, true)));
         table.make_victim(2, 2);
         table.make_victim(3, 3);
@@ -363,7 +434,7 @@ mod tests {
     fn forgetting_a_range_frees_its_slots_and_staging_pages_and_nothing_else() {
         let mut table = PageTable::default();
         for page in 10..16 {
-            table.make_resident(page, true);
+            table.make_resident(page, Dirt::Written);
         }
         table.make_victim(11, 5);
         table.written_back(11, 40);
@@ -383,8 +454,8 @@ mod tests {
     #[test]
     fn a_remap_moves_every_state_and_the_queues_follow() {
         let mut table = PageTable::default();
-        table.make_resident(100, true);
-        table.make_resident(101, true);
+        table.make_resident(100, Dirt::Written);
+        table.make_resident(101, Dirt::Written);
         table.make_victim(101, 9);
         table.remap(100, 500, 2);
         assert_eq!(table.fault(100), Fault::Zero);

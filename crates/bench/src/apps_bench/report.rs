@@ -152,7 +152,8 @@ fn pager_line(stats: &serde_json::Value) -> Option<String> {
     let micros = |name: &str| stats.get(name).and_then(serde_json::Value::as_f64);
     Some(format!(
         "pager: {} faults fetched from remem (+{} prefetched; fetch p50 <= {} us, p99 <= {} us; copy p50 <= {} us), \
-         {} victim faults (moved back), {} zero faults, {} evictions, {} write-backs, {} lost pages",
+         {} victim faults (moved back), {} zero faults, {} write-protect faults, {} evictions, {} write-backs, \
+         {} lost pages",
         count("fetch_faults")?,
         count("prefetched")?,
         micros("fetch_p50_us")?,
@@ -160,6 +161,7 @@ fn pager_line(stats: &serde_json::Value) -> Option<String> {
         micros("copy_p50_us")?,
         count("victim_faults")?,
         count("zero_faults")?,
+        count("write_faults")?,
         count("evictions")?,
         count("write_backs")?,
         count("lost_pages")?,
