@@ -453,18 +453,31 @@ impl StandbyGauges {
         let heard = self.last_heard_ms.load(Ordering::Relaxed);
         let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let since = if heard == 0 { now } else { now.saturating_sub(heard) };
-        let gauges: [(&str, &str, &str, String); 5] = [
-            ("remem_kv_standby_attached", "gauge", "1 while attached to a primary", u64::from(self.attached.load(Ordering::Relaxed)).to_string()),
-            ("remem_kv_standby_synced", "gauge", "1 once the copy of the primary's backup region is complete (a takeover serves every acknowledged item)", u64::from(self.synced.load(Ordering::Relaxed)).to_string()),
-            ("remem_kv_standby_attaches_total", "counter", "Times this standby attached to a primary", self.attaches.load(Ordering::Relaxed).to_string()),
-            ("remem_kv_standby_changes_applied_total", "counter", "Writes and slot states of the primary applied to the copy", self.changes_applied.load(Ordering::Relaxed).to_string()),
-            ("remem_kv_standby_primary_silence_seconds", "gauge", "Seconds since the primary last sent anything (since the start before the first)", format!("{:.3}", since as f64 / 1000.0)),
-        ];
-        let mut text = String::new();
-        for (name, kind, help, value) in gauges {
-            text.push_str(&format!("# HELP {name} {help}.\n# TYPE {name} {kind}\n{name} {value}\n"));
-        }
-        text
+        let flag = |flag: &AtomicBool| if flag.load(Ordering::Relaxed) { 1.0 } else { 0.0 };
+        let mut text = remem_frontend::metrics::Exposition::default();
+        text.gauge("remem_kv_standby_attached", "1 while attached to a primary.", flag(&self.attached))
+            .gauge(
+                "remem_kv_standby_synced",
+                "1 once the copy of the primary's backup region is complete (a takeover serves every \
+                 acknowledged item).",
+                flag(&self.synced),
+            )
+            .counter(
+                "remem_kv_standby_attaches_total",
+                "Times this standby attached to a primary.",
+                self.attaches.load(Ordering::Relaxed) as f64,
+            )
+            .counter(
+                "remem_kv_standby_changes_applied_total",
+                "Writes and slot states of the primary applied to the copy.",
+                self.changes_applied.load(Ordering::Relaxed) as f64,
+            )
+            .gauge(
+                "remem_kv_standby_primary_silence_seconds",
+                "Seconds since the primary last sent anything (since the start before the first).",
+                since as f64 / 1000.0,
+            );
+        text.finish()
     }
 }
 
