@@ -70,6 +70,11 @@ pub struct RunArgs {
     /// (a sleeping pager costs a wake-up per fault; a polling one a share of a core).
     #[arg(long, default_value_t = remem_host::paging::DEFAULT_SPIN_US)]
     pub spin_us: u64,
+    /// With --paging uffd: percent of the resident pages kept for pages used again after the
+    /// pager moved them out (the protected segment, docs/PAGING.md; 0: one FIFO; at most 90).
+    #[arg(long, default_value_t = remem_host::paging::DEFAULT_PROTECTED_PERCENT,
+          value_parser = clap::value_parser!(u64).range(0..=90))]
+    pub protected_percent: u64,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, num_args = 1..)]
     pub command: Vec<String>,
@@ -215,6 +220,7 @@ fn run_paged(args: &RunArgs, binary: &Path) -> Result<i32> {
         shared_memory: args.transport == crate::transport_arg::Transport::Shm,
         spin: std::time::Duration::from_micros(args.spin_us),
         min_bytes: remem_host::paging::DEFAULT_MIN_BYTES,
+        protected_percent: args.protected_percent,
         stats: None,
         map: None,
     };

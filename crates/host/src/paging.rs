@@ -19,7 +19,7 @@ pub const LIBRARY: &str = "libremem_preload.so";
 /// The pager's settings (`stats` and `map` are chosen here).
 pub use remem_paging::config::Config as PagedOptions;
 /// The pager's defaults, for the commands that start it.
-pub use remem_paging::config::{DEFAULT_MIN_BYTES, DEFAULT_SPIN_US};
+pub use remem_paging::config::{DEFAULT_MIN_BYTES, DEFAULT_PROTECTED_PERCENT, DEFAULT_SPIN_US};
 
 #[derive(Debug)]
 pub struct PagedReport {

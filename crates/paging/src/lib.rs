@@ -267,6 +267,7 @@ fn connect(config: &Config, stack: u64, thread_vector: Option<(u64, u64)>) -> Re
         limit_bytes: config.limit_bytes,
         remote_pages: (config.remote_bytes / pager::PAGE).min(u32::MAX as u64 - 1) as u32,
         min_bytes: config.min_bytes,
+        protected_percent: config.protected_percent,
         spin: config.spin,
         excluded,
         pinned: thread_vector.into_iter().collect(),

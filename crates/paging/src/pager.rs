@@ -87,6 +87,12 @@ impl Buffer {
     }
 }
 
+/// The protected segment's cap for a budget of `budget_pages` with `victim_target` victims:
+/// `percent` of the resident pages.
+fn protected_cap(budget_pages: usize, victim_target: usize, percent: u64) -> usize {
+    budget_pages.saturating_sub(victim_target) * percent.min(90) as usize / 100
+}
+
 /// How a fetched page comes in: writable and dirty when its access was a write (`write`, seen) or
 /// a write was seen in its last stay (`written`, assumed), else write-protected and clean.
 fn fetched_dirt(write: bool, written: bool) -> Dirt {
@@ -153,6 +159,8 @@ pub struct Setup {
     pub limit_bytes: u64,
     pub remote_pages: u32,
     pub min_bytes: u64,
+    /// Percent of the resident pages the protected segment holds at most.
+    pub protected_percent: u64,
     pub spin: Duration,
     pub excluded: Vec<(u64, u64)>,
     /// Managed memory the handler itself reads (glibc's thread vector): never evicted.
@@ -195,7 +203,11 @@ impl Pager {
             free_staging: (0..staging_pages as u32).rev().collect(),
             staging,
             fetch_buffer,
-            table: PageTable::default(),
+            table: PageTable::with_protected_cap(protected_cap(
+                budget_pages,
+                victim_target,
+                setup.protected_percent,
+            )),
             slots: Slots::new(setup.remote_pages),
             client: None,
             connect: setup.connect,
@@ -359,7 +371,8 @@ impl Pager {
                 self.pinned.remove(a, b);
             }
             uffd::EVENT_REMAP => {
-                self.table.remap(a, b, c);
+                let freed = self.table.remap(a, b, c);
+                self.give_back(freed);
                 self.managed.remove(a, a + c);
                 self.managed.add(b, b + c);
                 STATS.managed_bytes.store(self.managed.total_bytes(), Relaxed);
@@ -371,6 +384,11 @@ impl Pager {
     /// `[start, end)` is gone or reads as zeros from now on.
     fn forget(&mut self, start: u64, end: u64) {
         let freed = self.table.forget(start, end);
+        self.give_back(freed);
+    }
+
+    /// Returns the slots and staging pages the table no longer uses.
+    fn give_back(&mut self, freed: crate::pages::Freed) {
         for slot in freed.slots {
             self.slots.give_back(slot);
         }

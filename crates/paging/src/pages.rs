@@ -9,8 +9,15 @@
 //!
 //! Eviction approximates LRU without the kernel's access bits, as CLOCK over a victim set
 //! (VMS's segmented FIFO): resident pages leave in the order they came in, but into the victim
-//! set first; a victim that is touched again comes back cheaply and goes to the end of the
-//! queue (its second chance), one that is not is written back (when dirty) and dropped.
+//! set first; a victim that is touched again comes back cheaply, one that is not is written
+//! back (when dirty) and dropped.
+//!
+//! Resident pages are in two segments (SLRU, 2Q): a page fetched or new enters the
+//! **probation** queue; a victim touched again (a page used twice, the only sign of use there
+//! is without access bits) goes to the **protected** queue. Eviction takes the probation queue's
+//! oldest; the protected queue is kept to a cap (set by the pager, `with_protected_cap`) by
+//! moving its oldest to the end of probation, where it gets one more pass before it can become
+//! a victim. Pages used once leave after one pass; pages used again stay about a cap longer.
 //!
 //! Queues hold `(page, generation)`: an entry whose page changed state since it was queued is
 //! stale and skipped, so leaving a state never searches a queue.
@@ -44,6 +51,8 @@ pub struct Entry {
     /// that faulted it in, or a page that started as zeros), kept while it is a victim: it is
     /// fetched writable next time (`State::Remote::written`).
     seen_write: bool,
+    /// Resident in the protected queue (else in probation).
+    protected: bool,
 }
 
 /// How dirty a page is as it becomes resident, and what is known of it.
@@ -84,9 +93,13 @@ pub struct Freed {
 #[derive(Default)]
 pub struct PageTable {
     pages: BTreeMap<u64, Entry>,
+    /// The probation queue of resident pages.
     resident: VecDeque<(u64, u32)>,
+    protected: VecDeque<(u64, u32)>,
     victims: VecDeque<(u64, u32)>,
     resident_count: usize,
+    protected_count: usize,
+    protected_cap: usize,
     victim_count: usize,
     next_generation: u32,
 }
@@ -124,7 +137,12 @@ impl PageTable {
     fn leave(&mut self, page: u64) -> Option<Entry> {
         let entry = self.pages.get(&page).copied()?;
         match entry.state {
-            State::Resident { .. } => self.resident_count -= 1,
+            State::Resident { .. } => {
+                self.resident_count -= 1;
+                if entry.protected {
+                    self.protected_count -= 1;
+                }
+            }
             State::Victim { .. } => self.victim_count -= 1,
             State::Remote { .. } => {}
         }
@@ -145,8 +163,15 @@ impl PageTable {
         };
         let generation = self.generation();
         let state = State::Resident { dirty };
-        self.pages.insert(page, Entry { state, slot, generation, seen_write });
-        self.resident.push_back((page, generation));
+        // Back from the victim set: the page was used again since it came in.
+        let protected = dirt == Dirt::MovedBack && self.protected_cap > 0;
+        self.pages.insert(page, Entry { state, slot, generation, seen_write, protected });
+        if protected {
+            self.protected.push_back((page, generation));
+            self.protected_count += 1;
+        } else {
+            self.resident.push_back((page, generation));
+        }
         self.resident_count += 1;
     }
 
@@ -165,6 +190,58 @@ impl PageTable {
     /// The resident page that has been in longest (skipping stale queue entries), without
     /// taking it off the queue.
     pub fn oldest_resident(&mut self) -> Option<(u64, bool)> {
+        self.demote_protected();
+        loop {
+            if let Some(found) = self.oldest_in_probation() {
+                return Some(found);
+            }
+            // Probation is empty: every resident page is protected; the oldest goes first.
+            if !self.demote_oldest_protected() {
+                return None;
+            }
+        }
+    }
+
+    /// A table whose protected queue holds at most `pages` pages (0 turns it off, as
+    /// `default()` has it).
+    pub fn with_protected_cap(pages: usize) -> PageTable {
+        PageTable { protected_cap: pages, ..PageTable::default() }
+    }
+
+    pub fn protected_count(&self) -> usize {
+        self.protected_count
+    }
+
+    /// Moves the protected queue's oldest pages to the end of probation until it is within
+    /// its cap.
+    fn demote_protected(&mut self) {
+        while self.protected_count > self.protected_cap {
+            if !self.demote_oldest_protected() {
+                break;
+            }
+        }
+    }
+
+    /// Moves the oldest protected page (skipping stale entries) to the end of probation.
+    fn demote_oldest_protected(&mut self) -> bool {
+        while let Some((page, generation)) = self.protected.pop_front() {
+            let fresh = self.next_generation.wrapping_add(1);
+            match self.pages.get_mut(&page) {
+                Some(entry) if entry.generation == generation && entry.protected => {
+                    entry.protected = false;
+                    entry.generation = fresh;
+                }
+                _ => continue,
+            }
+            self.next_generation = fresh;
+            self.protected_count -= 1;
+            self.resident.push_back((page, fresh));
+            return true;
+        }
+        false
+    }
+
+    fn oldest_in_probation(&mut self) -> Option<(u64, bool)> {
         while let Some(&(page, generation)) = self.resident.front() {
             match self.pages.get(&page) {
                 Some(entry) if entry.generation == generation => {
@@ -197,7 +274,7 @@ impl PageTable {
         };
         let generation = self.generation();
         let state = State::Victim { staging, dirty };
-        self.pages.insert(page, Entry { state, generation, ..entry });
+        self.pages.insert(page, Entry { state, generation, protected: false, ..entry });
         self.victims.push_back((page, generation));
         self.victim_count += 1;
     }
@@ -252,7 +329,7 @@ impl PageTable {
         let Some(entry) = self.leave(page) else { return };
         assert_ne!(entry.slot, NO_SLOT, "page {page:#x} dropped with no copy in remem");
         let state = State::Remote { written: entry.seen_write };
-        self.pages.insert(page, Entry { state, seen_write: false, ..entry });
+        self.pages.insert(page, Entry { state, seen_write: false, protected: false, ..entry });
     }
 
     /// The pages `[first, end)` are gone from the process (unmapped, or discarded: they read
@@ -273,23 +350,69 @@ impl PageTable {
         freed
     }
 
-    /// mremap moved `[from, from + pages)` to `to`: every page's state moves with it. The
-    /// queues follow through fresh generations (the old entries go stale).
-    pub fn remap(&mut self, from: u64, to: u64, pages: u64) {
+    /// mremap moved `[from, from + bytes)` to `to`: every page's state moves with it. The
+    /// queues follow through fresh generations (the old entries go stale). Returns what the
+    /// move made free.
+    ///
+    /// A target page the table knows already wins over the entry that moves onto it when that
+    /// entry is resident: the kernel moved the page before the pager read this event, and a scan
+    /// in between found the new range and adopted its present pages (as resident: they are
+    /// these same pages), after which the pager may have moved one out as a victim. The entry
+    /// from before the move is older news; taking it instead once left a victim's staging page
+    /// (its bytes) behind a "resident" entry, and the next access read zeros. The target keeps
+    /// the moved entry's slot if it has none (the page's copy in remem).
+    pub fn remap(&mut self, from: u64, to: u64, bytes: u64) -> Freed {
+        let mut freed = Freed::default();
         let moved: Vec<(u64, Entry)> =
-            self.pages.range(from..from + pages).map(|(&page, &entry)| (page, entry)).collect();
+            self.pages.range(from..from + bytes).map(|(&page, &entry)| (page, entry)).collect();
         for &(page, _) in &moved {
+            self.leave(page);
             self.pages.remove(&page);
         }
         for (page, entry) in moved {
             let target = page - from + to;
-            let generation = self.generation();
-            self.pages.insert(target, Entry { generation, ..entry });
-            match entry.state {
-                State::Resident { .. } => self.resident.push_back((target, generation)),
-                State::Victim { .. } => self.victims.push_back((target, generation)),
-                State::Remote { .. } => {}
+            if let Some(known) = self.pages.get_mut(&target) {
+                if let State::Resident { .. } = entry.state {
+                    if known.slot == NO_SLOT {
+                        known.slot = entry.slot;
+                    } else if entry.slot != NO_SLOT {
+                        freed.slots.push(entry.slot);
+                    }
+                    continue;
+                }
+                // Not present at the source, so nothing could have adopted it at the target:
+                // the moved entry (the only copy of its bytes) wins.
+                let known = self.leave(target).expect("known above");
+                freed.slots.extend(Some(known.slot).filter(|&slot| slot != NO_SLOT));
+                if let State::Victim { staging, .. } = known.state {
+                    freed.staging.push(staging);
+                }
             }
+            self.admit(target, entry);
+        }
+        freed
+    }
+
+    /// Puts `entry` (from elsewhere in the table) at `page` with a fresh generation, counted and
+    /// queued for its state.
+    fn admit(&mut self, page: u64, entry: Entry) {
+        let generation = self.generation();
+        self.pages.insert(page, Entry { generation, ..entry });
+        match entry.state {
+            State::Resident { .. } => {
+                self.resident_count += 1;
+                if entry.protected {
+                    self.protected_count += 1;
+                    self.protected.push_back((page, generation));
+                } else {
+                    self.resident.push_back((page, generation));
+                }
+            }
+            State::Victim { .. } => {
+                self.victim_count += 1;
+                self.victims.push_back((page, generation));
+            }
+            State::Remote { .. } => {}
         }
     }
 
@@ -308,6 +431,12 @@ impl PageTable {
             self.pages.values().filter(|entry| matches!(entry.state, State::Resident { .. })).count();
         let victims = self.pages.values().filter(|entry| matches!(entry.state, State::Victim { .. })).count();
         assert_eq!((resident, victims), (self.resident_count, self.victim_count), "page counts drifted");
+        let protected = self
+            .pages
+            .values()
+            .filter(|entry| entry.protected && matches!(entry.state, State::Resident { .. }))
+            .count();
+        assert_eq!(protected, self.protected_count, "protected count drifted");
         for entry in self.pages.values() {
             if let State::Remote { .. } = entry.state {
                 assert_ne!(entry.slot, NO_SLOT, "a remote page has a slot");
@@ -352,6 +481,71 @@ impl Slots {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kernel moves a range (mremap) before the pager reads the event; a scan in between
+    /// adopts the new range's present pages and the pager moves one out. The event must not
+    /// put the old "resident" entry over that victim: its staging page holds the bytes.
+    #[test]
+    fn a_remap_keeps_what_the_pager_did_at_the_target_before_the_event() {
+        const PAGE: u64 = 4096;
+        let (from, to) = (0x10_0000, 0x80_0000);
+        let mut table = PageTable::default();
+        for index in 0..3 {
+            table.make_resident(from + index * PAGE, Dirt::Written);
+        }
+        table.make_victim(from + 2 * PAGE, 7);
+        table.written_back(from + 2 * PAGE, 5);
+        table.make_remote(from + 2 * PAGE);
+        // Page 1 had a copy in remem (slot 9) before it came back.
+        table.make_victim(from + PAGE, 8);
+        table.written_back(from + PAGE, 9);
+        table.make_resident(from + PAGE, Dirt::MovedBack);
+        // The scan adopts pages 0 and 1 at the target; the pager moves page 0 out.
+        table.make_resident(to, Dirt::Written);
+        table.make_resident(to + PAGE, Dirt::Written);
+        table.make_victim(to, 3);
+        let freed = table.remap(from, to, 3 * PAGE);
+        assert_eq!(freed, Freed::default());
+        assert_eq!(table.fault(to), Fault::MoveBack { staging: 3 }, "the victim moved out after the move");
+        assert_eq!(table.get(to + PAGE).unwrap().state, State::Resident { dirty: true });
+        assert_eq!(table.get(to + PAGE).unwrap().slot, 9, "the page keeps its copy's slot");
+        assert_eq!(table.fault(to + 2 * PAGE), Fault::Fetch { slot: 5, written: true });
+        assert!(table.get(from).is_none() && table.get(from + PAGE).is_none());
+        assert_eq!((table.resident_count(), table.victim_count()), (1, 1));
+        table.check();
+    }
+
+    /// Pages used once leave first; a victim touched again is protected; the protected queue
+    /// over its cap gives its oldest back to probation, behind the pages there.
+    #[test]
+    fn pages_used_again_are_protected_and_the_oldest_go_back_to_probation_over_the_cap() {
+        let mut table = PageTable::with_protected_cap(2);
+        for page in 1..=6 {
+            table.make_resident(page, Dirt::Written);
+        }
+        for page in [1, 2, 3] {
+            assert_eq!(table.oldest_resident(), Some((page, true)));
+            table.make_victim(page, page as u32);
+        }
+        // 1, 2 and 3 are used again: moved back, protected (cap 2: 1 goes back to probation).
+        for page in [1, 2, 3] {
+            table.make_resident(page, Dirt::MovedBack);
+        }
+        assert_eq!(table.protected_count(), 3);
+        assert_eq!(table.oldest_resident(), Some((4, true)), "probation first");
+        assert_eq!(table.protected_count(), 2, "the oldest protected page went back");
+        for page in [4, 5, 6] {
+            assert_eq!(table.oldest_resident(), Some((page, true)));
+            table.make_victim(page, page as u32);
+        }
+        assert_eq!(table.oldest_resident(), Some((1, true)), "then the page demoted");
+        table.make_victim(1, 1);
+        // Probation is empty: the protected pages leave oldest first.
+        assert_eq!(table.oldest_resident(), Some((2, true)));
+        table.make_victim(2, 2);
+        assert_eq!(table.oldest_resident(), Some((3, true)));
+        table.check();
+    }
 
     /// Leaves `page` (resident) through the victim set to remem, written back in slot 1.
     fn evict(table: &mut PageTable, page: u64) {

@@ -217,6 +217,7 @@ impl SwapOn {
             shared_memory: backend.shared_memory(),
             spin: Duration::from_micros(remem_host::paging::DEFAULT_SPIN_US),
             min_bytes: remem_host::paging::DEFAULT_MIN_BYTES,
+            protected_percent: remem_host::paging::DEFAULT_PROTECTED_PERCENT,
             stats: Some(stats.clone()),
             map: Some(map.clone()),
         };
