@@ -74,7 +74,7 @@ pub fn store_command(
 ) {
     let StoreReplies { stored: stored_text, not_stored, exists, not_found } = replies;
     let answer = |out: &mut Outbox, bytes: Vec<u8>| out.reply_unless(noreply, conn, seq, bytes);
-    let current = cache.live(key, now);
+    let current = cache.live_for_store(key, now);
     match mode {
         StoreMode::Add if current.is_some() => {
             // memcached bumps the existing item in the LRU on a failed add.
@@ -257,6 +257,14 @@ pub fn delete(cache: &mut Cache, key: &[u8], now: u64) -> bool {
             cache.stats_mut().delete_misses += 1;
             false
         }
+    }
+}
+
+/// Removes the item of `key`, if any, counting no delete: what memcached does to the old
+/// item of a `set` (or `ms`) it refuses as too large, so that no stale value outlives it.
+pub fn unlink(cache: &mut Cache, key: &[u8], now: u64) {
+    if let Some(id) = cache.live(key, now) {
+        cache.remove_entry(id);
     }
 }
 

@@ -57,6 +57,11 @@ pub struct Stats {
     pub bytes_read_remote: u64,
     pub bytes_written_remote: u64,
     pub stores_by_scheme: [u64; 5],
+    /// Expired items whose memory a store took, by size class (`crate::size_class`; index 0 is
+    /// class 1): memcached's `items:N:reclaimed`.
+    pub reclaimed_by_class: Vec<u64>,
+    /// Items evicted by the LRU, by size class: memcached's `items:N:evicted`.
+    pub evicted_by_class: Vec<u64>,
     pub transitions: u64,
     pub transitions_by_pair: [[u64; 5]; 5],
     pub transition_bytes_read: u64,
@@ -64,6 +69,14 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Counts an item of `item_bytes` in `counters` by its size class.
+    pub fn count_in_class(counters: &mut Vec<u64>, item_bytes: u64) {
+        if counters.is_empty() {
+            counters.resize(crate::size_class::count(), 0);
+        }
+        counters[crate::size_class::of(item_bytes) - 1] += 1;
+    }
+
     pub fn count_store(&mut self, scheme: Scheme, _bytes: usize) {
         self.stores_by_scheme[scheme.index()] += 1;
         self.total_items += 1;
