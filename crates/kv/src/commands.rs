@@ -74,6 +74,7 @@ pub fn store_command(
 ) {
     let StoreReplies { stored: stored_text, not_stored, exists, not_found } = replies;
     let answer = |out: &mut Outbox, bytes: Vec<u8>| out.reply_unless(noreply, conn, seq, bytes);
+    cache.stats_mut().prefixes.record(key, crate::stats::PrefixEvent::Set);
     let current = cache.live_for_store(key, now);
     match mode {
         StoreMode::Add if current.is_some() => {
@@ -247,6 +248,7 @@ fn parse_counter(value: &[u8]) -> Option<u64> {
 }
 
 pub fn delete(cache: &mut Cache, key: &[u8], now: u64) -> bool {
+    cache.stats_mut().prefixes.record(key, crate::stats::PrefixEvent::Delete);
     match cache.live(key, now) {
         Some(id) => {
             cache.remove_entry(id);

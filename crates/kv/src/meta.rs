@@ -109,6 +109,7 @@ pub fn execute(
             );
         }
         Request::MetaDelete { key, flags } => {
+            cache.stats_mut().prefixes.record(&key, crate::stats::PrefixEvent::Delete);
             let status = match cache.live(&key, now) {
                 None => {
                     cache.stats_mut().delete_misses += 1;
@@ -170,7 +171,9 @@ fn meta_get(
     now: u64,
 ) {
     cache.stats_mut().cmd_get += 1;
-    let Some(id) = cache.live(key, now) else {
+    let found = cache.live(key, now);
+    cache.stats_mut().prefixes.record(key, crate::stats::PrefixEvent::Get { hit: found.is_some() });
+    let Some(id) = found else {
         cache.stats_mut().get_misses += 1;
         let bytes = line(MetaCommand::Get, MetaStatus::En, flags, key, &MetaItem::default());
         return out.reply(conn, seq, bytes);

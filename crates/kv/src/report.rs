@@ -38,6 +38,27 @@ pub fn scheme_node_bytes(cache: &Cache) -> [f64; 5] {
 pub fn stats(cache: &mut Cache, group: Option<&[u8]>) -> Vec<u8> {
     let mut out = Vec::new();
     let group = group.map(|group| String::from_utf8_lossy(group).trim().to_ascii_lowercase());
+    let words: Vec<&str> =
+        group.as_deref().unwrap_or("").split(' ').filter(|word| !word.is_empty()).collect();
+    match words.as_slice() {
+        ["detail", "on"] | ["detail", "off"] => {
+            cache.stats_mut().prefixes.enabled = words[1] == "on";
+            return b"OK\r\n".to_vec();
+        }
+        ["detail", "dump"] => {
+            cache.stats().prefixes.dump(&mut out);
+            response::end(&mut out);
+            return out;
+        }
+        ["detail", ..] => return b"CLIENT_ERROR usage: stats detail on|off|dump\r\n".to_vec(),
+        ["reset"] => {
+            // The per-prefix counters only: the others feed Prometheus counters (`--metrics`),
+            // which must never go back (docs/KV.md "Conformance").
+            cache.stats_mut().prefixes.clear();
+            return b"RESET\r\n".to_vec();
+        }
+        _ => {}
+    }
     match group.as_deref() {
         None | Some("") => general(cache, &mut out),
         Some("settings") => settings(cache, &mut out),

@@ -12,6 +12,7 @@ use crate::completion::{ConnRef, Render};
 use crate::error::StartError;
 use crate::reply::Outbox;
 use crate::scheme::Scheme;
+use crate::stats::PrefixEvent;
 
 /// What the connection does after a request.
 #[derive(Debug, PartialEq, Eq)]
@@ -97,6 +98,17 @@ pub fn continue_get(cache: &mut Cache, out: &mut Outbox, conn: ConnRef, get: &mu
     true
 }
 
+/// The keys of a get as one buffer, each followed by a space ([`MultiGet::keys`]).
+fn join_keys(keys: Vec<remem_memcache::Key<'_>>) -> Box<[u8]> {
+    let mut joined = Vec::with_capacity(keys.iter().map(|key| key.len() + 1).sum());
+    for key in &keys {
+        assert!(!key.contains(&b' '), "the parser splits text keys at spaces");
+        joined.extend_from_slice(key);
+        joined.push(b' ');
+    }
+    joined.into_boxed_slice()
+}
+
 fn take_seq(seq: &mut u64) -> u64 {
     *seq += 1;
     *seq - 1
@@ -120,15 +132,8 @@ pub fn execute<'a>(
             let first = *next_seq;
             let end = first + keys.len() as u64;
             *next_seq = end + 1;
-            let mut joined = Vec::with_capacity(keys.iter().map(|key| key.len() + 1).sum());
-            for key in &keys {
-                assert!(!key.contains(&b' '), "the parser splits text keys at spaces");
-                joined.extend_from_slice(key);
-                joined.push(b' ');
-            }
-            drop(keys);
-            let keys = joined.into_boxed_slice();
-            let mut get = MultiGet { keys, cursor: 0, next_seq: first, end, with_cas, touch_exptime };
+            let mut get =
+                MultiGet { keys: join_keys(keys), cursor: 0, next_seq: first, end, with_cas, touch_exptime };
             if !continue_get(cache, out, conn, &mut get) {
                 return Ok(After::Get(get));
             }
@@ -234,7 +239,9 @@ fn get_one(
     if touch_exptime.is_some() {
         cache.stats_mut().cmd_touch += 1;
     }
-    let Some(id) = cache.live(key, now) else {
+    let found = cache.live(key, now);
+    cache.stats_mut().prefixes.record(key, PrefixEvent::Get { hit: found.is_some() });
+    let Some(id) = found else {
         cache.stats_mut().get_misses += 1;
         if touch_exptime.is_some() {
             cache.stats_mut().touch_misses += 1;
