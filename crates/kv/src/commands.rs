@@ -181,7 +181,9 @@ fn apply_rmw(
     let mut value: Vec<u8> = value.to_vec();
     let mut acks = Vec::new();
     let mut changed = false;
+    let mut cas = None;
     for op in ops {
+        cas = op.meta.as_ref().and_then(|meta| meta.cas).or(cas);
         let reply = match &op.kind {
             RmwKind::Append(data) => {
                 value.extend_from_slice(data);
@@ -232,7 +234,7 @@ fn apply_rmw(
     let scheme = if cache.space().offers(scheme) { scheme } else { fallback_scheme(cache) };
     let replies: Vec<(ConnRef, u64, bool)> =
         acks.iter().map(|ack| (ack.conn, ack.seq, ack.noreply)).collect();
-    if let Err(error) = cache.store(key, Rc::from(value), flags, expires_at, scheme, pinned, None, acks) {
+    if let Err(error) = cache.store(key, Rc::from(value), flags, expires_at, scheme, pinned, cas, acks) {
         for (conn, seq, noreply) in replies {
             out.reply_unless(noreply, conn, seq, reply::refused(error));
         }
