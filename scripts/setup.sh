@@ -13,6 +13,7 @@ packages=(
   prometheus                                                           # promtool and a real scrape in crates/cli/tests/integration/metrics.rs
   openssl                                                              # throwaway CA and certificates of security_tls.rs
   memcached libmemcached-tools python3-pymemcache python3-pytest       # memcached peers of crates/cli/tests/integration/kv.rs
+  perl                                                                 # prove and the core modules memcached's t/ suite uses (kv_conformance.rs)
   python3-pip                                                          # fetches pymemcache's own tests (below)
   fuse3 sqlite3                                                        # fusermount3 and sqlite3 for crates/cli/tests/integration/fs.rs (remem fs)
   python3 util-linux                                                   # jobs, losetup/mkswap/swapon of `remem run`, `remem bench apps` (tests/run.rs)

@@ -74,7 +74,8 @@ pub fn store_command(
 ) {
     let StoreReplies { stored: stored_text, not_stored, exists, not_found } = replies;
     let answer = |out: &mut Outbox, bytes: Vec<u8>| out.reply_unless(noreply, conn, seq, bytes);
-    let current = cache.live(key, now);
+    cache.stats_mut().prefixes.record(key, crate::stats::PrefixEvent::Set);
+    let current = cache.live_for_store(key, now);
     match mode {
         StoreMode::Add if current.is_some() => {
             // memcached bumps the existing item in the LRU on a failed add.
@@ -180,7 +181,9 @@ fn apply_rmw(
     let mut value: Vec<u8> = value.to_vec();
     let mut acks = Vec::new();
     let mut changed = false;
+    let mut cas = None;
     for op in ops {
+        cas = op.meta.as_ref().and_then(|meta| meta.cas).or(cas);
         let reply = match &op.kind {
             RmwKind::Append(data) => {
                 value.extend_from_slice(data);
@@ -231,7 +234,7 @@ fn apply_rmw(
     let scheme = if cache.space().offers(scheme) { scheme } else { fallback_scheme(cache) };
     let replies: Vec<(ConnRef, u64, bool)> =
         acks.iter().map(|ack| (ack.conn, ack.seq, ack.noreply)).collect();
-    if let Err(error) = cache.store(key, Rc::from(value), flags, expires_at, scheme, pinned, None, acks) {
+    if let Err(error) = cache.store(key, Rc::from(value), flags, expires_at, scheme, pinned, cas, acks) {
         for (conn, seq, noreply) in replies {
             out.reply_unless(noreply, conn, seq, reply::refused(error));
         }
@@ -247,6 +250,7 @@ fn parse_counter(value: &[u8]) -> Option<u64> {
 }
 
 pub fn delete(cache: &mut Cache, key: &[u8], now: u64) -> bool {
+    cache.stats_mut().prefixes.record(key, crate::stats::PrefixEvent::Delete);
     match cache.live(key, now) {
         Some(id) => {
             cache.remove_entry(id);
@@ -257,6 +261,14 @@ pub fn delete(cache: &mut Cache, key: &[u8], now: u64) -> bool {
             cache.stats_mut().delete_misses += 1;
             false
         }
+    }
+}
+
+/// Removes the item of `key`, if any, counting no delete: what memcached does to the old
+/// item of a `set` (or `ms`) it refuses as too large, so that no stale value outlives it.
+pub fn unlink(cache: &mut Cache, key: &[u8], now: u64) {
+    if let Some(id) = cache.live(key, now) {
+        cache.remove_entry(id);
     }
 }
 

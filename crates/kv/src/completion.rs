@@ -33,6 +33,9 @@ pub struct ArithmeticReply {
     /// The HD line with the return flags (empty when quiet mode hides it).
     pub hd_line: Vec<u8>,
     pub return_value: bool,
+    /// The cas taken for this op's write when the request arrived (its reply's `c` shows it);
+    /// the write of a chain of ops takes its last op's.
+    pub cas: Option<u64>,
 }
 
 /// A reply owed when a store finishes: `ok` on success (prepared by the protocol layer), an

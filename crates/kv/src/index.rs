@@ -66,6 +66,11 @@ pub struct Entry {
     pub last_access: u64,
     /// Fetched at least once (meta `h`).
     pub fetched: bool,
+    /// Meta stale-while-revalidate: invalidated (`md ... I`, or stored by `ms ... I` with an
+    /// older cas): gets see it with `X` until a valid store replaces it.
+    pub stale: bool,
+    /// Meta: a get was handed the win (`W`) to recache this item; later gets see `Z`.
+    pub win_sent: bool,
     /// A transition of this value is in flight (one at a time).
     pub moving: bool,
     prev: EntryId,
@@ -348,6 +353,8 @@ impl Entry {
             window_start: 0,
             last_access: 0,
             fetched: false,
+            stale: false,
+            win_sent: false,
             moving: false,
             prev: NIL,
             next: NIL,

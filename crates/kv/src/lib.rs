@@ -18,7 +18,7 @@
 //!   what finishes waits in `Cache::completions` as typed [`completion::Completion`]s;
 //! - vocabulary, below both: `completion.rs`, `error.rs` (typed errors; it wraps
 //!   `backup::BackupError`, which names nothing above it), `clock.rs`,
-//!   `scheme.rs`, `stats.rs`, `latency.rs`;
+//!   `scheme.rs`, `stats.rs`, `latency.rs`, `size_class.rs` (the classes `stats slabs` reports by);
 //! - `cli/`: the `remem kv` command (its arguments, the start, the state directory and the
 //!   standby side), above everything else here.
 //!
@@ -47,6 +47,7 @@ pub mod reply;
 pub mod report;
 pub mod scheme;
 pub mod server;
+pub mod size_class;
 pub mod space;
 pub mod standby;
 pub mod stats;

@@ -7,7 +7,7 @@ use remem_client::engine::Membership;
 
 use crate::cache::Cache;
 use crate::scheme::Scheme;
-use crate::space::{class_sizes, RegionKind, PAGE_BYTES};
+use crate::space::{RegionKind, PAGE_BYTES};
 
 /// Items and bytes of values per scheme, from the index.
 pub fn scheme_totals(cache: &Cache) -> [(u64, u64); 5] {
@@ -38,6 +38,27 @@ pub fn scheme_node_bytes(cache: &Cache) -> [f64; 5] {
 pub fn stats(cache: &mut Cache, group: Option<&[u8]>) -> Vec<u8> {
     let mut out = Vec::new();
     let group = group.map(|group| String::from_utf8_lossy(group).trim().to_ascii_lowercase());
+    let words: Vec<&str> =
+        group.as_deref().unwrap_or("").split(' ').filter(|word| !word.is_empty()).collect();
+    match words.as_slice() {
+        ["detail", "on"] | ["detail", "off"] => {
+            cache.stats_mut().prefixes.enabled = words[1] == "on";
+            return b"OK\r\n".to_vec();
+        }
+        ["detail", "dump"] => {
+            cache.stats().prefixes.dump(&mut out);
+            response::end(&mut out);
+            return out;
+        }
+        ["detail", ..] => return b"CLIENT_ERROR usage: stats detail on|off|dump\r\n".to_vec(),
+        ["reset"] => {
+            // The per-prefix counters only: the others feed Prometheus counters (`--metrics`),
+            // which must never go back (docs/KV.md "Conformance").
+            cache.stats_mut().prefixes.clear();
+            return b"RESET\r\n".to_vec();
+        }
+        _ => {}
+    }
     match group.as_deref() {
         None | Some("") => general(cache, &mut out),
         Some("settings") => settings(cache, &mut out),
@@ -168,26 +189,68 @@ fn settings(cache: &Cache, out: &mut Vec<u8>) {
     }
 }
 
+/// Items and their bytes (as counted against `--memory-limit`) per size class
+/// (`crate::size_class`), index 0 being class 1, from the index.
+fn class_totals(cache: &Cache) -> Vec<(u64, u64)> {
+    let mut totals = vec![(0u64, 0u64); crate::size_class::count()];
+    for id in cache.index().ids() {
+        let entry = cache.index().entry(id);
+        let bytes = crate::index::item_bytes(entry.key.len(), entry.value_bytes);
+        let total = &mut totals[crate::size_class::of(bytes) - 1];
+        total.0 += 1;
+        total.1 += bytes;
+    }
+    totals
+}
+
+/// A per-class event counter, 0 for a class that never counted.
+fn class_count(counters: &[u64], class: usize) -> u64 {
+    counters.get(class - 1).copied().unwrap_or(0)
+}
+
+/// memcached's `stats items`: per size class that holds items or counted an event, the items,
+/// their bytes (`mem_requested`) and the reclaims and evictions it saw. remem keeps one LRU for
+/// all classes, so the age is the oldest item's of the whole cache.
 fn items(cache: &Cache, out: &mut Vec<u8>) {
-    let totals = scheme_totals(cache);
-    for scheme in Scheme::ALL {
-        let (items, bytes) = totals[scheme.index()];
-        if items > 0 {
-            let id = scheme.index() + 1;
-            response::stat(out, &format!("items:{id}:number"), items);
-            response::stat(out, &format!("items:{id}:remem_scheme"), scheme.label(cache.config().ec));
-            response::stat(out, &format!("items:{id}:remem_bytes"), bytes);
+    let totals = class_totals(cache);
+    let stats = cache.stats();
+    let now = crate::clock::now_unix();
+    let oldest =
+        cache.index().lru_tail().map_or(0, |id| now.saturating_sub(cache.index().entry(id).last_access));
+    for class in 1..=crate::size_class::count() {
+        let (items, bytes) = totals[class - 1];
+        let reclaimed = class_count(&stats.reclaimed_by_class, class);
+        let evicted = class_count(&stats.evicted_by_class, class);
+        if items == 0 && reclaimed == 0 && evicted == 0 {
+            continue;
         }
+        response::stat(out, &format!("items:{class}:number"), items);
+        response::stat(out, &format!("items:{class}:age"), oldest);
+        response::stat(out, &format!("items:{class}:mem_requested"), bytes);
+        response::stat(out, &format!("items:{class}:evicted"), evicted);
+        response::stat(out, &format!("items:{class}:reclaimed"), reclaimed);
     }
 }
 
-/// Per region: pages in use and node bytes, against the ideal for the values they hold.
+/// memcached's `stats slabs`: per size class that holds items, its chunk size, the items
+/// (`used_chunks`: one per item) and their bytes; `total_malloced` is the remote pages ever
+/// handed out to values, before redundancy (memcached's: the slab pages it has taken; both only
+/// grow, and stay put while freed memory is reused). docs/KV.md "Conformance".
 fn slabs(cache: &Cache, out: &mut Vec<u8>) {
-    for (index, size) in class_sizes().iter().enumerate() {
-        response::stat(out, &format!("{}:chunk_size", index + 1), size);
+    let totals = class_totals(cache);
+    let mut active = 0;
+    for (index, &(items, bytes)) in totals.iter().enumerate() {
+        if items == 0 {
+            continue;
+        }
+        active += 1;
+        let class = index + 1;
+        response::stat(out, &format!("{class}:chunk_size"), crate::size_class::sizes()[index]);
+        response::stat(out, &format!("{class}:used_chunks"), items);
+        response::stat(out, &format!("{class}:mem_requested"), bytes);
     }
-    response::stat(out, "active_slabs", class_sizes().len());
-    response::stat(out, "total_malloced", cache.index().bytes_used());
+    response::stat(out, "active_slabs", active);
+    response::stat(out, "total_malloced", cache.space().pages_ever_used() * PAGE_BYTES as u64);
     response::stat(out, "remem_chunk_pages_cached", cache.chunks().cached_pages());
 }
 

@@ -434,7 +434,7 @@ impl Server {
     }
 
     fn read_connection(&mut self, index: usize) {
-        let limit = self.config.limits.max_item_bytes + self.config.limits.max_line_bytes + 4096;
+        let limit = self.config.limits.max_request_bytes() + 4096;
         loop {
             let Some(connection) = self.connections.get_mut(index).and_then(Option::as_mut) else { return };
             if connection.dead || connection.closing {
@@ -553,9 +553,14 @@ impl Server {
                         connection.started.push_back((first, kind, parsed));
                     }
                 }
-                Parse::Invalid { error, consumed, swallow, close, noreply } => {
+                Parse::Invalid { error, consumed, swallow, close, noreply, unlink } => {
                     offset += consumed;
                     connection.swallow = swallow;
+                    // A set refused as too large leaves no stale value (memcached unlinks it),
+                    // but only a client that may write removes anything.
+                    if let (Some(key), true) = (unlink, connection.authenticated) {
+                        crate::commands::unlink(&mut self.cache, &key, crate::clock::now_unix());
+                    }
                     let seq = connection.next_seq;
                     connection.next_seq += 1;
                     let mut bytes = Vec::new();

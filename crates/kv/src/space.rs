@@ -179,6 +179,13 @@ impl Space {
         self.pages_in_use[kind as usize]
     }
 
+    /// Pages ever handed out, all regions together: each region's high-water mark (a freed
+    /// page is handed out again before a new one), as memcached's `total_malloced` counts the
+    /// slab pages it has taken and never gives back.
+    pub fn pages_ever_used(&self) -> u64 {
+        self.regions.iter().flatten().map(|region| region.next_unused).sum()
+    }
+
     /// Allocates the place of a value of `bytes` for `scheme`. On `Full` nothing was taken.
     /// The bool is true when the tail's chunk page holds no other live chunk (its old content
     /// does not matter).
@@ -408,6 +415,20 @@ mod tests {
         let (big_tail, _) = space.allocate(Scheme::Ec, 4096 + 3000).unwrap();
         assert_eq!((big_tail.pages.len(), big_tail.tail), (2, None));
         assert_eq!(space.pages_in_use(RegionKind::Ec), 3 + 1 + 1 + 2);
+    }
+
+    #[test]
+    fn pages_ever_used_is_the_high_water_mark_of_handed_out_pages() {
+        let mut space = Space::new();
+        space.add_region(RegionKind::None, 0, 64);
+        let (first, _) = space.allocate(Scheme::None, 3 * PAGE_BYTES).expect("room");
+        assert_eq!(space.pages_ever_used(), 3);
+        space.free_pages(Scheme::None, &first.pages);
+        let (again, _) = space.allocate(Scheme::None, 2 * PAGE_BYTES).expect("room");
+        assert_eq!(space.pages_ever_used(), 3, "freed pages are handed out again first");
+        space.allocate(Scheme::None, 2 * PAGE_BYTES).expect("room");
+        assert_eq!(space.pages_ever_used(), 4);
+        assert_eq!(again.pages.len(), 2);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use crate::completion::{ConnRef, Render};
 use crate::error::StartError;
 use crate::reply::Outbox;
 use crate::scheme::Scheme;
+use crate::stats::PrefixEvent;
 
 /// What the connection does after a request.
 #[derive(Debug, PartialEq, Eq)]
@@ -33,7 +34,12 @@ const VALUE_LINE_BYTES: usize = 64;
 /// of thousands of large values streams, a bounded number of them held at a time.
 #[derive(Debug, PartialEq, Eq)]
 pub struct MultiGet {
-    keys: std::collections::VecDeque<Box<[u8]>>,
+    /// The keys, each followed by one space (a text key holds no space): one buffer the size
+    /// of the line's keys, not an allocation per key, so a get line of 100,000 keys holds its
+    /// line's bytes while it streams.
+    keys: Box<[u8]>,
+    /// Where the next key to start begins in `keys`.
+    cursor: usize,
     /// The place of the next key's reply.
     next_seq: u64,
     /// The place of the `END`.
@@ -71,21 +77,36 @@ pub fn may_start_value(cache: &Cache, conn: ConnRef) -> bool {
 /// last. True when the whole get is started.
 pub fn continue_get(cache: &mut Cache, out: &mut Outbox, conn: ConnRef, get: &mut MultiGet) -> bool {
     let now = crate::clock::now_unix();
-    while !get.keys.is_empty() {
+    while get.cursor < get.keys.len() {
         if !may_start_value(cache, conn) {
             if !cache.budget().admits(conn) {
                 cache.budget_mut().waits += 1;
             }
             return false;
         }
-        let key = get.keys.pop_front().expect("not empty");
+        let start = get.cursor;
+        let length =
+            get.keys[start..].iter().position(|&byte| byte == b' ').expect("every key ends in a space");
+        get.cursor = start + length + 1;
         let seq = get.next_seq;
         get.next_seq += 1;
-        get_one(cache, out, conn, (seq, get.end), &key, get.with_cas, get.touch_exptime, now);
+        let key = &get.keys[start..start + length];
+        get_one(cache, out, conn, (seq, get.end), key, get.with_cas, get.touch_exptime, now);
     }
     assert_eq!(get.next_seq, get.end, "every key had its place before the END");
     out.reply(conn, get.end, text("END\r\n"));
     true
+}
+
+/// The keys of a get as one buffer, each followed by a space ([`MultiGet::keys`]).
+fn join_keys(keys: Vec<remem_memcache::Key<'_>>) -> Box<[u8]> {
+    let mut joined = Vec::with_capacity(keys.iter().map(|key| key.len() + 1).sum());
+    for key in &keys {
+        assert!(!key.contains(&b' '), "the parser splits text keys at spaces");
+        joined.extend_from_slice(key);
+        joined.push(b' ');
+    }
+    joined.into_boxed_slice()
 }
 
 fn take_seq(seq: &mut u64) -> u64 {
@@ -111,8 +132,8 @@ pub fn execute<'a>(
             let first = *next_seq;
             let end = first + keys.len() as u64;
             *next_seq = end + 1;
-            let keys = keys.into_iter().map(|key| Box::from(key.as_ref())).collect();
-            let mut get = MultiGet { keys, next_seq: first, end, with_cas, touch_exptime };
+            let mut get =
+                MultiGet { keys: join_keys(keys), cursor: 0, next_seq: first, end, with_cas, touch_exptime };
             if !continue_get(cache, out, conn, &mut get) {
                 return Ok(After::Get(get));
             }
@@ -175,6 +196,11 @@ pub fn execute<'a>(
             out.reply_unless(noreply, conn, seq, text("OK\r\n"));
         }
         Request::Quit => return Ok(After::Close),
+        Request::SlabsAutomove { noreply } => {
+            // remem's pages take any size class as needed: there is no slab page to move.
+            let seq = take_seq(next_seq);
+            out.reply_unless(noreply, conn, seq, text("OK\r\n"));
+        }
         Request::Transition { key, scheme, naive } => {
             let seq = take_seq(next_seq);
             let scheme = match Scheme::parse(scheme, cache.config().ec) {
@@ -213,7 +239,9 @@ fn get_one(
     if touch_exptime.is_some() {
         cache.stats_mut().cmd_touch += 1;
     }
-    let Some(id) = cache.live(key, now) else {
+    let found = cache.live(key, now);
+    cache.stats_mut().prefixes.record(key, PrefixEvent::Get { hit: found.is_some() });
+    let Some(id) = found else {
         cache.stats_mut().get_misses += 1;
         if touch_exptime.is_some() {
             cache.stats_mut().touch_misses += 1;

@@ -10,12 +10,13 @@
 //! length, its keys and data are within the limits, every slice it borrows lies inside the bytes
 //! it consumed, and any shorter prefix of those bytes is [`Parse::Incomplete`] (a request split
 //! at any byte boundary waits for the rest); an error consumes between 1 byte and the input's
-//! length.
+//! length, and the key it asks to unlink is a valid key borrowed from the bytes it consumed.
 
 use crate::{parse as parse_one, Key, Limits, Parse, Request};
 
 /// Small limits, so that generated inputs cross them.
-const SMALL: Limits = Limits { max_key_bytes: 16, max_item_bytes: 64, max_line_bytes: 128 };
+const SMALL: Limits =
+    Limits { max_key_bytes: 16, max_item_bytes: 64, max_line_bytes: 128, max_get_line_bytes: 512 };
 
 /// Parses `data` (see the module's description); returns how many requests it held. Panics
 /// only when a parse breaks the oracle.
@@ -40,8 +41,18 @@ pub fn parse(data: &[u8]) -> usize {
                 requests += 1;
                 input = &input[consumed..];
             }
-            Parse::Invalid { consumed, swallow, .. } => {
+            Parse::Invalid { consumed, swallow, unlink, .. } => {
                 assert!(consumed > 0 && consumed <= input.len(), "consumed {consumed} of {}", input.len());
+                if let Some(key) = &unlink {
+                    assert!(
+                        !key.is_empty() && key.len() <= limits.max_key_bytes,
+                        "unlink of {} bytes",
+                        key.len()
+                    );
+                    if let Key::Borrowed(key) = key {
+                        assert!(within(key, &input[..consumed]), "an unlinked key outside the request");
+                    }
+                }
                 input = &input[consumed..];
                 input = &input[swallow.min(input.len())..];
             }

@@ -10,7 +10,7 @@
 //!   with exactly how many bytes to drop; it never panics, never reports more bytes than it was
 //!   given as consumed, and never allocates from a number it has not checked (the only
 //!   allocations are the key list of a `get`, which grows with the keys actually present on a line
-//!   bounded by [`Limits::max_line_bytes`], and a decoded base64 key, at most 3/4 of
+//!   bounded by [`Limits::max_get_line_bytes`], and a decoded base64 key, at most 3/4 of
 //!   [`Limits::max_key_bytes`]).
 //! - A request split at any byte boundary parses as [`Parse::Incomplete`] until all of it (its
 //!   command line and, for storage commands, its data block and "\r\n") is in the input; the
@@ -21,13 +21,16 @@
 //! What the server must do around it (memcached's behaviour, kept):
 //! - On [`Parse::Invalid`]: unless `noreply`, write `error` (see [`ProtocolError::write_to`]);
 //!   drop `consumed` bytes, then discard the next `swallow` bytes as they arrive (they may not
-//!   have arrived yet); close the connection after the reply when `close` is set.
+//!   have arrived yet); remove the item of `unlink` if it names one (a `set` or `ms` refused as
+//!   too large leaves no stale value behind); close the connection after the reply when `close`
+//!   is set (silently, with `noreply`, for a line that looks like HTTP).
 //! - `noreply` hides every reply of a text command, errors included: a client that sent
 //!   `noreply` does not read a reply, so a stray error line would be taken as the answer to its
 //!   next command.
 //! - Meta `q` hides only the uninteresting outcome (see [`response::meta`]); errors always go out.
-//! - Buffering: a complete request can be up to `max_line_bytes + 2 + max_item_bytes + 2` bytes,
-//!   so the server's read buffer must grow to that before [`parse`] can return it.
+//! - Buffering: a complete request can be up to [`Limits::max_request_bytes`] bytes (a storage
+//!   line and its data block, or a long multi-key get line), so the server's read buffer must
+//!   grow to that before [`parse`] can return it.
 
 #![warn(missing_docs)]
 
@@ -55,17 +58,42 @@ pub struct Limits {
     /// Longest data block in bytes; longer is [`ProtocolError::ObjectTooLarge`] (memcached's
     /// default item size limit is 1 MiB, which there also covers the item's header).
     pub max_item_bytes: usize,
-    /// Longest command line in bytes, without its "\r\n". memcached reads lines in a 2 KiB buffer
-    /// and closes a connection that sends more without a newline, except for `get`/`gets`, whose
-    /// many-key lines it accepts at any length. remem applies one limit to every command, large
-    /// enough for multi-gets (64 KiB: about 250 keys of 250 bytes, or 10,000 short keys), and
+    /// Longest command line in bytes, without its "\r\n", except the lines of `get`, `gets`,
+    /// `gat` and `gats` ([`Limits::max_get_line_bytes`]). memcached reads lines in a 2 KiB buffer
+    /// and closes a connection that sends more without a newline; remem allows 64 KiB, and
     /// answers [`ProtocolError::LineTooLong`] and closes beyond it.
     pub max_line_bytes: usize,
+    /// Longest line of a multi-key retrieval (`get`, `gets`, `gat`, `gats`). memcached accepts
+    /// these at any length (its t/getset.t sends a 187 KB `get`); remem bounds them at 1 MiB by
+    /// default (100,000 keys of 10 bytes), the size of the largest storage request's data
+    /// block, so a connection still buffers at most one request of about `-I` bytes. Beyond it,
+    /// [`ProtocolError::LineTooLong`] and the connection closes. The line's command word must
+    /// come within its first [`MAX_LEADING_SPACES`] + 5 bytes (memcached's rule too).
+    pub max_get_line_bytes: usize,
 }
+
+/// Spaces a long retrieval line may start with (memcached closes a long line whose command does
+/// not come within its first 100 bytes).
+pub const MAX_LEADING_SPACES: usize = 100;
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_key_bytes: 250, max_item_bytes: 1024 * 1024, max_line_bytes: 64 * 1024 }
+        Self {
+            max_key_bytes: 250,
+            max_item_bytes: 1024 * 1024,
+            max_line_bytes: 64 * 1024,
+            max_get_line_bytes: 1024 * 1024,
+        }
+    }
+}
+
+impl Limits {
+    /// The longest complete request [`parse`] can return: a storage line with its data block,
+    /// or a retrieval line. A server's read buffer must hold this much before it may conclude
+    /// that a request cannot complete.
+    pub fn max_request_bytes(&self) -> usize {
+        let storage = self.max_line_bytes.saturating_add(self.max_item_bytes).saturating_add(4);
+        storage.max(self.max_get_line_bytes.max(self.max_line_bytes).saturating_add(2))
     }
 }
 
@@ -98,8 +126,13 @@ pub enum Parse<'a> {
         swallow: usize,
         /// memcached closes the connection after this error (a command line too long).
         close: bool,
-        /// memcached sends no reply for this error: the text command ended in `noreply`.
+        /// memcached sends no reply for this error: the text command ended in `noreply`, or the
+        /// line looked like an HTTP request (memcached hangs up on those without a word).
         noreply: bool,
+        /// The key whose item the server must remove: memcached unlinks the old item of a `set`
+        /// (and of any `ms`) it refuses as too large, so no stale value outlives the failed
+        /// write. `None` for every other error.
+        unlink: Option<Key<'a>>,
     },
 }
 
@@ -131,6 +164,15 @@ impl<'a> Pending<'a> {
         }
     }
 
+    /// The key memcached unlinks when it refuses this storage request as too large: a text
+    /// `set`'s ("unacceptable for SET", memcached's proto_text.c), and any `ms`'s.
+    fn unlinked_when_too_large(self) -> Option<Key<'a>> {
+        match self {
+            Self::Store { mode: StoreMode::Set, key, .. } | Self::MetaSet { key, .. } => Some(key),
+            Self::Store { .. } => None,
+        }
+    }
+
     fn with_data(self, data: &'a [u8]) -> Request<'a> {
         match self {
             Self::Store { mode, key, flags, exptime, cas_unique, noreply } => {
@@ -157,7 +199,7 @@ pub fn parse<'a>(input: &'a [u8], limits: &Limits) -> Parse<'a> {
 }
 
 fn parse_request<'a>(input: &'a [u8], limits: &Limits) -> Parse<'a> {
-    let (line, next) = match split_line(input, limits.max_line_bytes) {
+    let (line, next) = match split_line(input, line_limit(input, limits)) {
         Line::Incomplete => return Parse::Incomplete,
         Line::TooLong => {
             return Parse::Invalid {
@@ -166,6 +208,7 @@ fn parse_request<'a>(input: &'a [u8], limits: &Limits) -> Parse<'a> {
                 swallow: 0,
                 close: true,
                 noreply: false,
+                unlink: None,
             }
         }
         Line::Complete { line, next } => (line, next),
@@ -178,20 +221,43 @@ fn parse_request<'a>(input: &'a [u8], limits: &Limits) -> Parse<'a> {
         Some(command) => text::parse_text(command, tokens, limits),
         None => None,
     };
-    let invalid =
-        |error, swallow, noreply| Parse::Invalid { error, consumed: next, swallow, close: false, noreply };
-    match parsed.unwrap_or(Parsed::Invalid {
-        error: ProtocolError::UnknownCommand,
-        data_length: None,
-        noreply: false,
-    }) {
+    let invalid = |error, swallow, noreply| Parse::Invalid {
+        error,
+        consumed: next,
+        swallow,
+        close: false,
+        noreply,
+        unlink: None,
+    };
+    let Some(parsed) = parsed else {
+        // memcached hangs up, without a reply, on an unknown command whose last word starts
+        // with "HTTP/" (a web client or a cross-protocol attack from a browser).
+        let http = Tokens::new(line).last().is_some_and(|last| last.starts_with(b"HTTP/"));
+        return Parse::Invalid {
+            error: ProtocolError::UnknownCommand,
+            consumed: next,
+            swallow: 0,
+            close: http,
+            noreply: http,
+            unlink: None,
+        };
+    };
+    match parsed {
         Parsed::Request(request) => Parse::Request { request, consumed: next },
         Parsed::Invalid { error, data_length, noreply } => {
             invalid(error, data_length.map_or(0, |length| length + 2), noreply)
         }
         Parsed::WithData { length, pending } => {
             if length > limits.max_item_bytes {
-                return invalid(ProtocolError::ObjectTooLarge, length + 2, pending.noreply());
+                let noreply = pending.noreply();
+                return Parse::Invalid {
+                    error: ProtocolError::ObjectTooLarge,
+                    consumed: next,
+                    swallow: length + 2,
+                    close: false,
+                    noreply,
+                    unlink: pending.unlinked_when_too_large(),
+                };
             }
             // Both bounds are checked: length <= max_item_bytes and next <= input.len().
             let data_end = next + length;
@@ -206,9 +272,26 @@ fn parse_request<'a>(input: &'a [u8], limits: &Limits) -> Parse<'a> {
                     swallow: 0,
                     close: false,
                     noreply: pending.noreply(),
+                    unlink: None,
                 };
             }
             Parse::Request { request: pending.with_data(&input[next..data_end]), consumed: data_end + 2 }
         }
+    }
+}
+
+/// The line limit of the request at the start of `input`: [`Limits::max_get_line_bytes`] for a
+/// retrieval, else [`Limits::max_line_bytes`]. Only the first `max_line_bytes` bytes decide, so
+/// the verdict does not depend on how the line was split into reads: a shorter input is within
+/// either limit.
+fn line_limit(input: &[u8], limits: &Limits) -> usize {
+    let head = &input[..input.len().min(limits.max_line_bytes)];
+    let spaces = head.iter().take(MAX_LEADING_SPACES + 1).take_while(|&&byte| byte == b' ').count();
+    let rest = &head[spaces..];
+    let retrieval = [&b"get "[..], b"gets ", b"gat ", b"gats "].iter().any(|word| rest.starts_with(word));
+    if spaces <= MAX_LEADING_SPACES && retrieval {
+        limits.max_get_line_bytes.max(limits.max_line_bytes)
+    } else {
+        limits.max_line_bytes
     }
 }

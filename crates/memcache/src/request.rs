@@ -134,6 +134,13 @@ pub enum Request<'a> {
         /// Send no reply.
         noreply: bool,
     },
+    /// `slabs automove <level>` (or `ratio <float>`): memcached's switch for moving slab pages
+    /// between size classes. Reply: OK. remem's pages serve any class as needed, so there is
+    /// nothing to switch; the command is accepted so that scripts tuning memcached keep working.
+    SlabsAutomove {
+        /// Send no reply.
+        noreply: bool,
+    },
     /// `quit`: close the connection after writing the replies already due; no reply.
     Quit,
     /// `mg <key> <flags>*`. Reply: see [`crate::response::meta`].

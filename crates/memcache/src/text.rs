@@ -1,5 +1,5 @@
 //! The classic text commands: get/gets/gat/gats, the six storage commands, incr/decr, delete,
-//! touch, flush_all, stats, version, verbosity, quit, and remem's `transition`.
+//! touch, flush_all, stats, version, verbosity, quit, `slabs automove`, and remem's `transition`.
 //!
 //! Error rules follow memcached 1.6 (`proto_text.c`, `proto_parser.c`):
 //! - a wrong number of arguments is `ERROR`, as for an unknown command;
@@ -53,6 +53,7 @@ pub(crate) fn parse_text<'a>(command: &[u8], arguments: Tokens<'a>, limits: &Lim
         b"version" => Parsed::Request(Request::Version),
         b"quit" => Parsed::Request(Request::Quit),
         b"verbosity" => verbosity(arguments),
+        b"slabs" => slabs(arguments),
         b"transition" => transition(arguments, limits),
         _ => return None,
     };
@@ -199,6 +200,33 @@ fn verbosity(arguments: Tokens<'_>) -> Parsed<'_> {
         return invalid(ProtocolError::BadCommandLineFormat, noreply);
     };
     Parsed::Request(Request::Verbosity { level, noreply })
+}
+
+/// `slabs automove <0|1|2> [noreply]` and `slabs automove ratio <float> [noreply]`, checked as
+/// memcached checks them (a level that is not a number is `CLIENT_ERROR bad command line
+/// format`, a number above 2 or a bad ratio `ERROR`). `slabs reassign` is not offered: remem
+/// has no slab pages to move between classes (`ERROR`, as memcached answers an unknown
+/// subcommand).
+fn slabs(arguments: Tokens<'_>) -> Parsed<'_> {
+    let Some((tokens, count @ 2..=4)) = at_most::<4>(arguments) else {
+        return invalid(ProtocolError::UnknownCommand, false);
+    };
+    if tokens[0] != b"automove" {
+        return invalid(ProtocolError::UnknownCommand, false);
+    }
+    let noreply = ends_with_noreply(&tokens, count);
+    if tokens[1] == b"ratio" {
+        let ratio = std::str::from_utf8(tokens[2]).ok().and_then(|text| text.parse::<f64>().ok());
+        if count < 3 || !ratio.is_some_and(f64::is_finite) {
+            return invalid(ProtocolError::UnknownCommand, noreply);
+        }
+        return Parsed::Request(Request::SlabsAutomove { noreply });
+    }
+    match parse_u32(tokens[1]) {
+        None => invalid(ProtocolError::BadCommandLineFormat, noreply),
+        Some(0..=2) => Parsed::Request(Request::SlabsAutomove { noreply }),
+        Some(_) => invalid(ProtocolError::UnknownCommand, noreply),
+    }
 }
 
 /// remem: `transition <key> <scheme> [naive]`.

@@ -32,6 +32,7 @@ mod fs_mounts;
 mod guardrails;
 mod kv;
 mod kv_bounds;
+mod kv_conformance;
 mod kv_restart;
 mod kv_schemes;
 mod kv_standby;

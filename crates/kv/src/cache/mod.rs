@@ -52,6 +52,9 @@ const PART_MASK: u32 = 0x00ff_ffff;
 pub const REPAIR_TASK: TaskId = 1;
 /// Most items one store evicts to find room in its scheme's region.
 pub(crate) const MAX_EVICTIONS_PER_STORE: usize = 256;
+/// Items a store looks at from the LRU tail for expired ones to reclaim (memcached's
+/// lru_pull_tail searches 5).
+const RECLAIM_SEARCH: usize = 5;
 
 #[derive(Clone, Debug)]
 pub struct CacheConfig {
@@ -399,6 +402,41 @@ impl Cache {
             return None;
         }
         Some(id)
+    }
+
+    /// As [`Cache::live`], for a store about to replace the item: an expired item's memory goes
+    /// to the store, which memcached counts as `reclaimed` (in the item's size class).
+    pub fn live_for_store(&mut self, key: &[u8], now: u64) -> Option<EntryId> {
+        let id = self.index.find(key)?;
+        if self.index.entry(id).expired(now) {
+            self.reclaim(id);
+            return None;
+        }
+        Some(id)
+    }
+
+    /// Removes an expired item for a store to take its memory, counting it `reclaimed`.
+    fn reclaim(&mut self, id: EntryId) {
+        let entry = self.index.entry(id);
+        let bytes = crate::index::item_bytes(entry.key.len(), entry.value_bytes);
+        crate::stats::Stats::count_in_class(&mut self.stats.reclaimed_by_class, bytes);
+        self.stats.expired_unfetched += u64::from(!entry.fetched);
+        self.remove_entry(id);
+    }
+
+    /// Before a store takes memory, memcached looks at the few least recently used items for an
+    /// expired one to reuse; so does this, removing every expired item among the
+    /// [`RECLAIM_SEARCH`] oldest. Expired items are otherwise removed only when a request
+    /// names them, and would hold memory (and count against `--memory-limit`) until evicted.
+    pub(crate) fn reclaim_expired_tail(&mut self, now: u64) {
+        let mut candidate = self.index.lru_tail();
+        for _ in 0..RECLAIM_SEARCH {
+            let Some(id) = candidate else { return };
+            candidate = self.index.newer(id);
+            if self.index.entry(id).expired(now) {
+                self.reclaim(id);
+            }
+        }
     }
 
     pub fn remove_entry(&mut self, id: EntryId) {

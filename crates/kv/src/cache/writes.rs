@@ -31,8 +31,7 @@ impl Cache {
             let Some(id) = candidate else { return false };
             let scheme = self.index.location(self.index.entry(id).location).scheme;
             if RegionKind::of(scheme) == kind {
-                self.remove_entry(id);
-                self.stats.evictions += 1;
+                self.evict(id);
                 return true;
             }
             candidate = self.index.newer(id);
@@ -42,9 +41,16 @@ impl Cache {
 
     pub(crate) fn evict_one(&mut self) -> bool {
         let Some(id) = self.index.lru_tail() else { return false };
+        self.evict(id);
+        true
+    }
+
+    fn evict(&mut self, id: crate::index::EntryId) {
+        let entry = self.index.entry(id);
+        let bytes = crate::index::item_bytes(entry.key.len(), entry.value_bytes);
+        crate::stats::Stats::count_in_class(&mut self.stats.evicted_by_class, bytes);
         self.remove_entry(id);
         self.stats.evictions += 1;
-        true
     }
 
     /// Allocates space for a value, evicting while the scheme's region is full. Errors when
@@ -87,6 +93,7 @@ impl Cache {
         if value.len() > self.config.max_item_bytes {
             return Err(StoreError::TooLarge);
         }
+        self.reclaim_expired_tail(crate::clock::now_unix());
         self.make_room(crate::index::item_bytes(key.len(), value.len()));
         let (extent, fresh) = self.allocate(scheme, value.len())?;
         let value_crc = self.value_crc(key, &value);

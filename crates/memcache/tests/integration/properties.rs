@@ -24,7 +24,7 @@ fn drain(input: &[u8], limits: &Limits) -> Vec<String> {
                 seen.push(format!("{request:?}"));
                 rest = &rest[consumed..];
             }
-            Parse::Invalid { error, consumed, swallow, close, noreply } => {
+            Parse::Invalid { error, consumed, swallow, close, noreply, .. } => {
                 assert!(consumed > 0 && consumed <= rest.len());
                 seen.push(format!("{error:?} {noreply}"));
                 if close {
@@ -259,7 +259,7 @@ proptest! {
     #[test]
     fn arbitrary_bytes_never_panic_nor_over_consume(input in prop::collection::vec(any::<u8>(), 0..256)) {
         drain(&input, &Limits::default());
-        drain(&input, &Limits { max_key_bytes: 4, max_item_bytes: 4, max_line_bytes: 16 });
+        drain(&input, &Limits { max_key_bytes: 4, max_item_bytes: 4, max_line_bytes: 16, max_get_line_bytes: 64 });
     }
 }
 
@@ -309,7 +309,7 @@ proptest! {
             }
         }
         drain(&wire, &Limits::default());
-        drain(&wire, &Limits { max_key_bytes: 8, max_item_bytes: 8, max_line_bytes: 40 });
+        drain(&wire, &Limits { max_key_bytes: 8, max_item_bytes: 8, max_line_bytes: 40, max_get_line_bytes: 40 });
     }
 }
 

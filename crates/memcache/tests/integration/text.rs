@@ -5,7 +5,8 @@ use crate::common;
 use std::borrow::Cow;
 
 use common::{
-    assert_prefixes_incomplete, invalid, invalid_with, line_error, parse_default, request, Invalid,
+    assert_prefixes_incomplete, assert_prefixes_incomplete_with, invalid, invalid_with, line_error,
+    parse_default, request, request_with, unlinked_with, Invalid,
 };
 use remem_memcache::{parse, Limits, Parse, ProtocolError, Request, StoreMode};
 
@@ -367,7 +368,7 @@ fn a_bare_newline_ends_a_line_but_not_a_data_block() {
 
 #[test]
 fn a_line_over_the_limit_closes_the_connection() {
-    let limits = Limits { max_line_bytes: 16, ..Limits::default() };
+    let limits = Limits { max_line_bytes: 16, max_get_line_bytes: 16, ..Limits::default() };
     assert_eq!(parse(b"get aaaaaaaaaaaa", &limits), Parse::Incomplete);
     let rejected = invalid_with(b"get aaaaaaaaaaaaaaaaaaaa", &limits);
     assert_eq!(
@@ -377,6 +378,98 @@ fn a_line_over_the_limit_closes_the_connection() {
     assert_eq!(invalid_with(b"get aaaaaaaaaaaaaa\r\n", &limits).error, ProtocolError::LineTooLong);
     assert!(matches!(parse(b"get aaaaaaaaaaaa\r\n", &limits), Parse::Request { .. }));
     assert_eq!(ProtocolError::LineTooLong.response(), "CLIENT_ERROR line too long");
+}
+
+#[test]
+fn a_multi_key_get_line_may_pass_the_line_limit_up_to_its_own() {
+    let limits = Limits { max_line_bytes: 16, max_get_line_bytes: 64, ..Limits::default() };
+    // memcached's t/getset.t: thousands of keys on one get line.
+    let long_get = format!("get {}\r\n", ["foobarbaz"; 5].join(" "));
+    assert!(long_get.len() > 16 && long_get.len() < 64);
+    let Request::Get { keys, .. } = request_with(long_get.as_bytes(), &limits) else { panic!("not a get") };
+    assert_eq!(keys.len(), 5);
+    assert_prefixes_incomplete_with(long_get.as_bytes(), &limits);
+    for word in ["gets", "gat 0", "gats 0", "  get"] {
+        let line = format!("{word} {}\r\n", ["k"; 10].join(" "));
+        assert!(matches!(parse(line.as_bytes(), &limits), Parse::Request { .. }), "{line:?}");
+    }
+    // Other commands keep the line limit; so does a get past its own.
+    assert_eq!(invalid_with(b"delete aaaaaaaaaaaaaaaaa\r\n", &limits).error, ProtocolError::LineTooLong);
+    let too_long = format!("get {}\r\n", ["foobarbaz"; 7].join(" "));
+    assert_eq!(
+        invalid_with(too_long.as_bytes(), &limits),
+        Invalid {
+            error: ProtocolError::LineTooLong,
+            consumed: too_long.len(),
+            swallow: 0,
+            close: true,
+            noreply: false
+        }
+    );
+    // The command word must come early (memcached: within 100 bytes).
+    let late = format!("{}get a\r\n", " ".repeat(101));
+    let wide = Limits { max_line_bytes: 104, max_get_line_bytes: 4096, ..Limits::default() };
+    assert_eq!(invalid_with(late.as_bytes(), &wide).error, ProtocolError::LineTooLong);
+    let early = format!("{}get a\r\n", " ".repeat(100));
+    assert!(matches!(parse(early.as_bytes(), &wide), Parse::Request { .. }));
+    // The read buffer a server needs covers both kinds of request.
+    assert_eq!(limits.max_request_bytes(), 16 + 1024 * 1024 + 4);
+    let tiny = Limits { max_item_bytes: 8, max_line_bytes: 16, max_get_line_bytes: 100, ..Limits::default() };
+    assert_eq!(tiny.max_request_bytes(), 102);
+}
+
+#[test]
+fn a_set_refused_as_too_large_unlinks_its_key_as_memcached_does() {
+    let limits = Limits { max_item_bytes: 4, ..Limits::default() };
+    assert_eq!(unlinked_with(b"set foo 0 0 5\r\n", &limits), Some(b"foo".to_vec()));
+    assert_eq!(unlinked_with(b"set foo 0 0 5 noreply\r\n", &limits), Some(b"foo".to_vec()));
+    assert_eq!(unlinked_with(b"ms foo 5 T0\r\n", &limits), Some(b"foo".to_vec()));
+    assert_eq!(unlinked_with(b"ms Zm9v 5 b\r\n", &limits), Some(b"foo".to_vec()));
+    // memcached unlinks only for set ("unacceptable for SET"); the others leave the item.
+    for command in ["add", "replace", "append", "prepend"] {
+        let line = format!("{command} foo 0 0 5\r\n");
+        assert_eq!(unlinked_with(line.as_bytes(), &limits), None, "{command}");
+    }
+    assert_eq!(unlinked_with(b"cas foo 0 0 5 1\r\n", &limits), None);
+    // Other errors unlink nothing.
+    assert_eq!(unlinked_with(b"set foo 0 0 1\r\nxyz", &limits), None);
+    assert_eq!(unlinked_with(b"set foo x 0 1\r\n", &limits), None);
+}
+
+#[test]
+fn a_line_that_looks_like_http_closes_the_connection_without_a_reply() {
+    for line in ["GET / HTTP/1.0\r\n", "PUT /asdf/asd/fasdfasdf/sadf HTTP/1.1\r\n", "DELETE HTTP/1.1\r\n"] {
+        assert_eq!(
+            invalid(line.as_bytes()),
+            Invalid {
+                error: ProtocolError::UnknownCommand,
+                consumed: line.len(),
+                swallow: 0,
+                close: true,
+                noreply: true
+            },
+            "{line:?}"
+        );
+    }
+    // Only unknown commands: a get of a key named so is a get, and other words are ERROR.
+    assert!(matches!(request(b"get / HTTP/1.0\r\n"), Request::Get { .. }));
+    assert_eq!(line_error(b"GET / HTTP\r\n"), ProtocolError::UnknownCommand);
+    assert_eq!(line_error(b"HTTP/1.1 GET\r\n"), ProtocolError::UnknownCommand);
+}
+
+#[test]
+fn slabs_automove_is_checked_as_memcached_checks_it() {
+    for line in ["slabs automove 0\r\n", "slabs automove 2\r\n", "slabs automove ratio 0.8\r\n"] {
+        assert_eq!(request(line.as_bytes()), Request::SlabsAutomove { noreply: false }, "{line:?}");
+    }
+    assert_eq!(request(b"slabs automove 1 noreply\r\n"), Request::SlabsAutomove { noreply: true });
+    assert_eq!(line_error(b"slabs automove invalid\r\n"), ProtocolError::BadCommandLineFormat);
+    assert_eq!(line_error(b"slabs automove -1\r\n"), ProtocolError::BadCommandLineFormat);
+    assert_eq!(line_error(b"slabs automove 3\r\n"), ProtocolError::UnknownCommand);
+    assert_eq!(line_error(b"slabs automove ratio\r\n"), ProtocolError::UnknownCommand);
+    assert_eq!(line_error(b"slabs automove ratio x\r\n"), ProtocolError::UnknownCommand);
+    assert_eq!(line_error(b"slabs automove\r\n"), ProtocolError::UnknownCommand);
+    assert_eq!(line_error(b"slabs reassign 1 2\r\n"), ProtocolError::UnknownCommand);
 }
 
 #[test]

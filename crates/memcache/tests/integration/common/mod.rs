@@ -41,9 +41,17 @@ pub fn invalid(input: &[u8]) -> Invalid {
 /// Parses a buffer that must be rejected under `limits`.
 pub fn invalid_with(input: &[u8], limits: &Limits) -> Invalid {
     match parse(input, limits) {
-        Parse::Invalid { error, consumed, swallow, close, noreply } => {
+        Parse::Invalid { error, consumed, swallow, close, noreply, .. } => {
             Invalid { error, consumed, swallow, close, noreply }
         }
+        other => panic!("{:?} parsed as {other:?}", String::from_utf8_lossy(input)),
+    }
+}
+
+/// The key a rejected request asks the server to unlink (a too-large `set` or `ms`).
+pub fn unlinked_with(input: &[u8], limits: &Limits) -> Option<Vec<u8>> {
+    match parse(input, limits) {
+        Parse::Invalid { unlink, .. } => unlink.map(|key| key.into_owned()),
         other => panic!("{:?} parsed as {other:?}", String::from_utf8_lossy(input)),
     }
 }
@@ -58,8 +66,24 @@ pub fn line_error(input: &[u8]) -> ProtocolError {
 
 /// Asserts that every strict prefix of `input` is `Incomplete`.
 pub fn assert_prefixes_incomplete(input: &[u8]) {
+    assert_prefixes_incomplete_with(input, &Limits::default());
+}
+
+/// Asserts that every strict prefix of `input` is `Incomplete` under `limits`.
+pub fn assert_prefixes_incomplete_with(input: &[u8], limits: &Limits) {
     for end in 0..input.len() {
-        assert_eq!(parse_default(&input[..end]), Parse::Incomplete, "prefix of {end} bytes");
+        assert_eq!(parse(&input[..end], limits), Parse::Incomplete, "prefix of {end} bytes");
+    }
+}
+
+/// Parses, under `limits`, a buffer that must hold exactly one whole request.
+pub fn request_with<'a>(input: &'a [u8], limits: &Limits) -> Request<'a> {
+    match parse(input, limits) {
+        Parse::Request { request, consumed } => {
+            assert_eq!(consumed, input.len(), "request {:?} left bytes", String::from_utf8_lossy(input));
+            request
+        }
+        other => panic!("{:?} parsed as {other:?}", String::from_utf8_lossy(input)),
     }
 }
 
@@ -175,6 +199,12 @@ pub fn render(request: &Request<'_>) -> Vec<u8> {
             push_noreply(&mut out, *noreply);
         }
         Request::Quit => out.extend_from_slice(b"quit"),
+        Request::SlabsAutomove { noreply } => {
+            out.extend_from_slice(b"slabs automove 1");
+            if *noreply {
+                out.extend_from_slice(b" noreply");
+            }
+        }
         Request::MetaGet { key, flags }
         | Request::MetaDelete { key, flags }
         | Request::MetaArithmetic { key, flags } => {
