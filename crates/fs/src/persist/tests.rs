@@ -45,6 +45,7 @@ fn sample_records() -> Vec<Record> {
             gid: 2,
             time,
             target: None,
+            rdev: 0,
         },
         Record::Allocate {
             inode: 2,
@@ -63,6 +64,19 @@ fn sample_records() -> Vec<Record> {
             gid: 2,
             time: SystemTime::UNIX_EPOCH - Duration::new(5, 1),
             target: Some("a".into()),
+            rdev: 0,
+        },
+        Record::Create {
+            parent: 1,
+            name: "tty".into(),
+            inode: 4,
+            kind: FileKind::CharDevice,
+            mode: 0o620,
+            uid: 0,
+            gid: 5,
+            time,
+            target: None,
+            rdev: 0x8801,
         },
         Record::Rename {
             parent: 1,
