@@ -20,6 +20,7 @@ packages=(
   iproute2                                                             # ip netns, bridge, veth and tc netem of crates/cli/tests/integration/netns.rs
   groff-base                                                           # groff checks `remem man`'s pages (crates/cli/tests/integration/operations.rs)
   gcc libc6-dev                                                        # compiles the probe of crates/cli/tests/integration/paging.rs (`remem run --paging uffd`)
+  perl                                                                 # prove runs pjdfstest (crates/cli/tests/integration/fs_posix.rs; autoconf, automake, make, gcc above build it)
   etcd-server etcd-client protobuf-compiler                            # etcd for membership and slab maps (crates/cli/tests/integration/etcd.rs); protoc builds etcd-client's API
   redis-server redis-tools                                             # redis-server and redis-benchmark for `remem bench apps`
 )

@@ -408,7 +408,7 @@ fn plan_read(
     match entry.content {
         Content::File(_) => {}
         Content::Directory(_) => return Err(FsError::IsDirectory),
-        Content::Symlink(_) => return Err(FsError::Invalid("not a regular file")),
+        Content::Symlink(_) | Content::Special { .. } => return Err(FsError::Invalid("not a regular file")),
     }
     let size_bytes = entry.attributes.size_bytes;
     if offset >= size_bytes || size == 0 {

@@ -32,7 +32,7 @@ pub(crate) fn file_of(entry: &mut Inode) -> FsResult<(&mut Attributes, &mut Exte
     match &mut entry.content {
         Content::File(extents) => Ok((&mut entry.attributes, extents)),
         Content::Directory(_) => Err(FsError::IsDirectory),
-        Content::Symlink(_) => Err(FsError::Invalid("not a regular file")),
+        Content::Symlink(_) | Content::Special { .. } => Err(FsError::Invalid("not a regular file")),
     }
 }
 

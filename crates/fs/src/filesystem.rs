@@ -28,6 +28,11 @@ pub const MAX_FILE_BYTES: u64 = 1 << 50;
 /// Largest read or write the kernel may send (the FUSE maximum is 16 MiB; we ask for 1 MiB).
 pub const MAX_IO_BYTES: usize = 16 << 20;
 
+/// The set-group-ID bit of a mode.
+pub const SET_GROUP_ID: u16 = 0o2000;
+/// The set-user-ID bit of a mode.
+pub const SET_USER_ID: u16 = 0o4000;
+
 /// Attribute changes of `setattr`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SetAttributes {
@@ -147,19 +152,28 @@ impl<S: PageStore> FileSystem<S> {
         self.getattr(inode)
     }
 
-    /// Creates a node and journals it.
+    /// Creates a node and journals it. In a set-group-ID directory the node takes the
+    /// directory's group, and a subdirectory the set-group-ID bit too (as ext4 and tmpfs do;
+    /// whether a non-directory keeps its own set-group-ID bit the kernel has decided already).
     fn create_node(
         &mut self,
         parent: u64,
         name: &OsStr,
-        creator: Creator,
+        mut creator: Creator,
         content: Content,
     ) -> FsResult<Attributes> {
         let now = SystemTime::now();
-        let (kind, target) = match &content {
-            Content::File(_) => (FileKind::File, None),
-            Content::Directory(_) => (FileKind::Directory, None),
-            Content::Symlink(target) => (FileKind::Symlink, Some(target.clone())),
+        let parent_attributes = self.getattr(parent)?;
+        if parent_attributes.mode & SET_GROUP_ID != 0 {
+            creator.gid = parent_attributes.gid;
+            if matches!(content, Content::Directory(_)) {
+                creator.mode |= SET_GROUP_ID;
+            }
+        }
+        let (kind, target, rdev) = match &content {
+            Content::Symlink(target) => (FileKind::Symlink, Some(target.clone()), 0),
+            Content::Special { kind, rdev } => (*kind, None, *rdev),
+            other => (other.kind(), None, 0),
         };
         let inode = self.namespace.create(parent, name, creator, content, now)?;
         let attributes = self.getattr(inode)?;
@@ -173,8 +187,25 @@ impl<S: PageStore> FileSystem<S> {
             gid: attributes.gid,
             time: now,
             target,
+            rdev,
         });
         self.commit(Ok(attributes))
+    }
+
+    /// Creates a FIFO, device or socket: metadata only (`kind.is_special()`).
+    pub fn mknod(
+        &mut self,
+        parent: u64,
+        name: &OsStr,
+        creator: Creator,
+        kind: FileKind,
+        rdev: u32,
+    ) -> FsResult<Attributes> {
+        if !kind.is_special() {
+            return Err(FsError::Invalid("mknod of a kind that is not special"));
+        }
+        let rdev = if matches!(kind, FileKind::CharDevice | FileKind::BlockDevice) { rdev } else { 0 };
+        self.create_node(parent, name, creator, Content::Special { kind, rdev })
     }
 
     pub fn create_file(&mut self, parent: u64, name: &OsStr, creator: Creator) -> FsResult<Attributes> {
@@ -224,9 +255,10 @@ impl<S: PageStore> FileSystem<S> {
 
     pub fn rmdir(&mut self, parent: u64, name: &OsStr) -> FsResult<()> {
         let now = SystemTime::now();
-        self.namespace.rmdir(parent, name, now)?;
+        let gone = self.namespace.rmdir(parent, name, now)?;
         self.pending.push(Record::Rmdir { parent, name: name.to_owned(), time: now });
-        self.commit(Ok(()))
+        let result = self.free_inode(gone);
+        self.commit(result)
     }
 
     pub fn rename(
@@ -260,6 +292,19 @@ impl<S: PageStore> FileSystem<S> {
 
     pub fn release(&mut self, inode: u64) -> FsResult<()> {
         let gone = self.namespace.release(inode);
+        let result = self.free_inode(gone);
+        self.commit(result)
+    }
+
+    /// The kernel was given an entry for `inode`: it holds the inode until it forgets it.
+    pub fn remember(&mut self, inode: u64) -> FsResult<()> {
+        self.namespace.remember(inode)
+    }
+
+    /// The kernel dropped `count` references to `inode`; an inode without a name and without
+    /// other holders is freed.
+    pub fn forget(&mut self, inode: u64, count: u64) -> FsResult<()> {
+        let gone = self.namespace.forget(inode, count);
         let result = self.free_inode(gone);
         self.commit(result)
     }

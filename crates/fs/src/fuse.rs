@@ -3,7 +3,7 @@
 //! Every value from the kernel is checked before it is used: inode numbers name a live inode
 //! (else `ENOENT`), names are at most 255 bytes without `/` or NUL, offsets plus lengths stay
 //! under `MAX_FILE_BYTES` (else `EFBIG`), reads and writes are at most `MAX_IO_BYTES`, mode
-//! bits are masked to 07777, and only regular files, directories and symlinks are made.
+//! bits are masked to 07777, and nodes are files, directories, symlinks, FIFOs, devices and sockets.
 //! Errors become errnos in `crate::error` only.
 //!
 //! Several fuser threads receive requests (`MountOptions::threads`). One lock holds the whole
@@ -250,6 +250,10 @@ fn file_type(kind: FileKind) -> FileType {
         FileKind::File => FileType::RegularFile,
         FileKind::Directory => FileType::Directory,
         FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::CharDevice => FileType::CharDevice,
+        FileKind::BlockDevice => FileType::BlockDevice,
+        FileKind::Socket => FileType::Socket,
     }
 }
 
@@ -267,7 +271,7 @@ fn file_attr(attributes: &Attributes, page_bytes: usize) -> FileAttr {
         nlink: attributes.nlink,
         uid: attributes.uid,
         gid: attributes.gid,
-        rdev: 0,
+        rdev: attributes.rdev,
         blksize: page_bytes as u32,
         flags: 0,
     }
@@ -333,9 +337,11 @@ impl<S: PageStore> Fuse<S> {
         report(&self.observer, op, started, bytes, failed);
     }
 
-    fn reply_entry(&self, result: Result<Attributes, FsError>, page_bytes: usize, reply: ReplyEntry) {
-        match result {
-            Ok(attributes) => reply.entry(&TTL, &file_attr(&attributes, page_bytes), Generation(0)),
+    /// Replies with an entry, which the kernel holds until it forgets it (see
+    /// `Namespace::remember`).
+    fn reply_entry(&self, fs: &mut Served<S>, result: Result<Attributes, FsError>, reply: ReplyEntry) {
+        match result.and_then(|attributes| fs.remember(attributes.inode).map(|()| attributes)) {
+            Ok(attributes) => reply.entry(&TTL, &file_attr(&attributes, fs.page_bytes()), Generation(0)),
             Err(error) => reply.error(errno(&error)),
         }
     }
@@ -384,10 +390,18 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
 
     fn lookup(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let started = self.start();
-        let fs = self.lock();
+        let mut fs = self.lock();
         let result = fs.lookup(parent.0, name);
         self.done(FileOp::Lookup, started, 0, result.is_err());
-        self.reply_entry(result, fs.page_bytes(), reply);
+        self.reply_entry(&mut fs, result, reply);
+    }
+
+    /// The kernel dropped references it held; an inode without a name or other holders goes.
+    /// (fuser's default `batch_forget` calls this for each inode; its item type is private.)
+    fn forget(&self, _request: &Request, inode: INodeNo, count: u64) {
+        if let Err(error) = self.lock().forget(inode.0, count) {
+            tracing::warn!(%error, inode = inode.0, "forget");
+        }
     }
 
     fn getattr(&self, _request: &Request, inode: INodeNo, _handle: Option<FileHandle>, reply: ReplyAttr) {
@@ -455,19 +469,30 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
         let started = self.start();
-        if mode & libc::S_IFMT != libc::S_IFREG {
-            self.done(FileOp::Create, started, 0, true);
-            reply.error(Errno::from_i32(libc::EPERM));
-            return;
-        }
+        let kind = match mode & libc::S_IFMT {
+            0 | libc::S_IFREG => FileKind::File,
+            libc::S_IFIFO => FileKind::Fifo,
+            libc::S_IFCHR => FileKind::CharDevice,
+            libc::S_IFBLK => FileKind::BlockDevice,
+            libc::S_IFSOCK => FileKind::Socket,
+            _ => {
+                self.done(FileOp::Create, started, 0, true);
+                reply.error(Errno::from_i32(libc::EINVAL));
+                return;
+            }
+        };
+        let creator = creator(request, mode, umask);
         let mut fs = self.lock();
-        let result = fs.create_file(parent.0, name, creator(request, mode, umask));
+        let result = match kind {
+            FileKind::File => fs.create_file(parent.0, name, creator),
+            special => fs.mknod(parent.0, name, creator, special, rdev),
+        };
         self.done(FileOp::Create, started, 0, result.is_err());
-        self.reply_entry(result, fs.page_bytes(), reply);
+        self.reply_entry(&mut fs, result, reply);
     }
 
     fn mkdir(
@@ -483,7 +508,7 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         let mut fs = self.lock();
         let result = fs.mkdir(parent.0, name, creator(request, mode, umask));
         self.done(FileOp::Mkdir, started, 0, result.is_err());
-        self.reply_entry(result, fs.page_bytes(), reply);
+        self.reply_entry(&mut fs, result, reply);
     }
 
     fn unlink(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -512,7 +537,7 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         let mut fs = self.lock();
         let result = fs.symlink(parent.0, link_name, target.as_os_str(), creator(request, 0o777, 0));
         self.done(FileOp::Symlink, started, 0, result.is_err());
-        self.reply_entry(result, fs.page_bytes(), reply);
+        self.reply_entry(&mut fs, result, reply);
     }
 
     fn rename(
@@ -553,7 +578,7 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         let mut fs = self.lock();
         let result = fs.link(inode.0, new_parent.0, new_name);
         self.done(FileOp::Link, started, 0, result.is_err());
-        self.reply_entry(result, fs.page_bytes(), reply);
+        self.reply_entry(&mut fs, result, reply);
     }
 
     fn open(&self, _request: &Request, inode: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -733,7 +758,11 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         }
         let mut fs = self.lock();
         let created = fs.create_file(parent.0, name, creator(request, mode, umask));
-        let result = created.and_then(|attributes| fs.open(attributes.inode).map(|_| attributes));
+        let result = created.and_then(|attributes| {
+            fs.open(attributes.inode)?;
+            fs.remember(attributes.inode)?;
+            Ok(attributes)
+        });
         self.done(FileOp::Create, started, 0, result.is_err());
         match result {
             Ok(attributes) => reply.created(

@@ -31,6 +31,8 @@ pub mod persist;
 pub mod store;
 
 #[cfg(test)]
+mod posix_tests;
+#[cfg(test)]
 mod tests;
 
 use std::path::{Path, PathBuf};

@@ -9,8 +9,16 @@
 //!
 //! Invariants: every directory entry names a live inode; a directory's `parent` names the
 //! directory that holds its one entry (the root is its own parent); `nlink` of a file is the
-//! number of entries that name it, of a directory 2 + its subdirectories; no directory is its
-//! own ancestor.
+//! number of entries that name it, of a directory 2 + its subdirectories (0 once removed); no
+//! directory is its own ancestor.
+//!
+//! Lifetimes: an inode lives while it has a name, an open handle or a reference of the
+//! kernel's (`lookups`: every entry the kernel was given, less what it forgot). The kernel
+//! caches names and inodes and may send a request for an inode it looked up before a rename
+//! or unlink removed its last name (an `open` racing a `rename` over the file): that inode
+//! must still be there. An inode without a name that is still held is an orphan; it goes with
+//! the last of its holders. Lookups are not persisted: after a restart the kernel holds
+//! nothing, so every orphan is freed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
@@ -30,6 +38,18 @@ pub enum FileKind {
     File,
     Directory,
     Symlink,
+    /// Special files: metadata only (mode, owner, times, `rdev`), no pages. The kernel serves
+    /// their opens itself (pipes, devices, sockets); the file system only names them.
+    Fifo,
+    CharDevice,
+    BlockDevice,
+    Socket,
+}
+
+impl FileKind {
+    pub fn is_special(self) -> bool {
+        matches!(self, FileKind::Fifo | FileKind::CharDevice | FileKind::BlockDevice | FileKind::Socket)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -44,6 +64,8 @@ pub struct Attributes {
     pub uid: u32,
     pub gid: u32,
     pub nlink: u32,
+    /// The device of a character or block device (the kernel's encoding); 0 otherwise.
+    pub rdev: u32,
     pub atime: SystemTime,
     pub mtime: SystemTime,
     pub ctime: SystemTime,
@@ -54,12 +76,37 @@ pub enum Content {
     File(ExtentMap),
     Directory(Directory),
     Symlink(OsString),
+    /// A FIFO, device or socket (`kind.is_special()`) and its device number.
+    Special {
+        kind: FileKind,
+        rdev: u32,
+    },
+}
+
+impl Content {
+    pub fn kind(&self) -> FileKind {
+        match self {
+            Content::File(_) => FileKind::File,
+            Content::Directory(_) => FileKind::Directory,
+            Content::Symlink(_) => FileKind::Symlink,
+            Content::Special { kind, .. } => *kind,
+        }
+    }
 }
 
 pub struct Inode {
     pub attributes: Attributes,
     pub content: Content,
     pub open_handles: u32,
+    /// References the kernel holds (entries replied, less forgotten); never persisted.
+    pub lookups: u64,
+}
+
+impl Inode {
+    /// Whether something other than a name still holds the inode.
+    fn held(&self) -> bool {
+        self.open_handles > 0 || self.lookups > 0
+    }
 }
 
 /// A directory: names in order, each with a stable cookie so that `readdir` can resume after
@@ -183,13 +230,13 @@ impl Namespace {
         let orphans: Vec<u64> = self
             .inodes
             .iter()
-            .filter(|(_, entry)| entry.attributes.nlink == 0 && entry.open_handles == 0)
+            .filter(|(_, entry)| entry.attributes.nlink == 0 && !entry.held())
             .map(|(&number, _)| number)
             .collect();
         orphans.into_iter().filter_map(|number| self.inodes.remove(&number)).collect()
     }
 
-    /// Removes an orphan (no name left) when the journal says its last handle closed.
+    /// Removes an orphan (no name left) when the journal says its last holder let go.
     pub(crate) fn remove_orphan(&mut self, inode: u64) -> Option<Inode> {
         if self.inodes.get(&inode)?.attributes.nlink != 0 {
             return None;
@@ -209,12 +256,13 @@ impl Namespace {
             uid: creator.uid,
             gid: creator.gid,
             nlink: 1,
+            rdev: 0,
             atime: now,
             mtime: now,
             ctime: now,
             crtime: now,
         };
-        self.inodes.insert(inode, Inode { attributes, content, open_handles: 0 });
+        self.inodes.insert(inode, Inode { attributes, content, open_handles: 0, lookups: 0 });
         inode
     }
 
@@ -244,6 +292,15 @@ impl Namespace {
         }
     }
 
+    /// A directory that still has a name (entries cannot be added to a removed one).
+    fn live_directory(&self, inode: u64) -> FsResult<&Directory> {
+        let directory = self.directory(inode)?;
+        if self.get(inode)?.attributes.nlink == 0 {
+            return Err(FsError::NotFound);
+        }
+        Ok(directory)
+    }
+
     pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<u64> {
         if name.as_encoded_bytes().len() > MAX_NAME_BYTES {
             return Err(FsError::NameTooLong { max: MAX_NAME_BYTES });
@@ -258,7 +315,7 @@ impl Namespace {
         }
     }
 
-    /// Creates a file, directory or symlink named `name` in `parent`.
+    /// Creates a node of any kind named `name` in `parent`.
     pub fn create(
         &mut self,
         parent: u64,
@@ -268,22 +325,23 @@ impl Namespace {
         now: SystemTime,
     ) -> FsResult<u64> {
         check_name(name)?;
-        if self.directory(parent)?.get(name).is_some() {
+        if self.live_directory(parent)?.get(name).is_some() {
             return Err(FsError::Exists);
         }
-        let kind = match &content {
-            Content::File(_) => FileKind::File,
-            Content::Directory(_) => FileKind::Directory,
-            Content::Symlink(_) => FileKind::Symlink,
-        };
+        let kind = content.kind();
+        if kind.is_special() != matches!(content, Content::Special { .. }) {
+            return Err(FsError::Invalid("special content of a kind that is not special"));
+        }
         let content = match content {
             Content::Directory(_) => Content::Directory(Directory::new(parent)),
             other => other,
         };
         let inode = self.new_inode(kind, creator, content, now);
-        if let Content::Symlink(target) = &self.get(inode)?.content {
-            let len = target.len() as u64;
-            self.get_mut(inode)?.attributes.size_bytes = len;
+        let entry = self.get_mut(inode)?;
+        match &entry.content {
+            Content::Symlink(target) => entry.attributes.size_bytes = target.len() as u64,
+            Content::Special { rdev, .. } => entry.attributes.rdev = *rdev,
+            _ => {}
         }
         if kind == FileKind::Directory {
             self.get_mut(inode)?.attributes.nlink = 2;
@@ -300,15 +358,15 @@ impl Namespace {
         if self.get(inode)?.attributes.kind == FileKind::Directory {
             return Err(FsError::Unsupported("hard links to directories"));
         }
-        if self.directory(parent)?.get(name).is_some() {
+        if self.live_directory(parent)?.get(name).is_some() {
             return Err(FsError::Exists);
         }
-        self.directory_mut(parent)?.insert(name, inode);
-        let entry = self.get_mut(inode)?;
-        if entry.attributes.nlink == 0 {
+        if self.get(inode)?.attributes.nlink == 0 {
             // linkat of an open unlinked file is refused by the kernel (ENOENT) before it asks.
             return Err(FsError::NotFound);
         }
+        self.directory_mut(parent)?.insert(name, inode);
+        let entry = self.get_mut(inode)?;
         entry.attributes.nlink += 1;
         entry.attributes.ctime = now;
         self.touch_directory(parent, now);
@@ -333,22 +391,30 @@ impl Namespace {
         let entry = self.inodes.get_mut(&inode)?;
         entry.attributes.nlink = entry.attributes.nlink.saturating_sub(1);
         entry.attributes.ctime = now;
-        if entry.attributes.nlink == 0 && entry.open_handles == 0 && !keep_orphans {
+        if entry.attributes.nlink == 0 && !entry.held() && !keep_orphans {
             return self.inodes.remove(&inode);
         }
         None
     }
 
-    pub fn rmdir(&mut self, parent: u64, name: &OsStr, now: SystemTime) -> FsResult<()> {
+    /// Removes an empty directory. Returns it if it is gone for good (the kernel holds no
+    /// reference to it); otherwise it stays, empty and without a name, until forgotten.
+    pub fn rmdir(&mut self, parent: u64, name: &OsStr, now: SystemTime) -> FsResult<Option<Inode>> {
         let inode = self.lookup(parent, name)?;
         if !self.directory(inode)?.is_empty() {
             return Err(FsError::NotEmpty);
         }
         self.directory_mut(parent)?.remove(name);
-        self.inodes.remove(&inode);
         self.get_mut(parent)?.attributes.nlink -= 1;
         self.touch_directory(parent, now);
-        Ok(())
+        let keep_orphans = self.keep_orphans;
+        let entry = self.get_mut(inode)?;
+        entry.attributes.nlink = 0;
+        entry.attributes.ctime = now;
+        if entry.held() || keep_orphans {
+            return Ok(None);
+        }
+        Ok(self.inodes.remove(&inode))
     }
 
     /// Whether `ancestor` is `inode` or one of its ancestors.
@@ -381,7 +447,7 @@ impl Namespace {
     ) -> FsResult<Option<Inode>> {
         check_name(new_name)?;
         let inode = self.lookup(parent, name)?;
-        self.directory(new_parent)?;
+        self.live_directory(new_parent)?;
         let is_directory = self.get(inode)?.attributes.kind == FileKind::Directory;
         if is_directory && self.is_ancestor(inode, new_parent) {
             return Err(FsError::Invalid("a directory cannot move into itself"));
@@ -413,7 +479,7 @@ impl Namespace {
             match (is_directory, target_is_directory) {
                 (true, false) => return Err(FsError::NotDirectory),
                 (false, true) => return Err(FsError::IsDirectory),
-                (true, true) => self.rmdir(new_parent, new_name, now)?,
+                (true, true) => freed = self.rmdir(new_parent, new_name, now)?,
                 (false, false) => {
                     self.directory_mut(new_parent)?.remove(new_name);
                     freed = self.drop_link(target, now);
@@ -445,11 +511,33 @@ impl Namespace {
         Ok(())
     }
 
-    /// Closes a handle; returns the inode if it was unlinked and this was its last handle.
+    /// Closes a handle; returns the inode if it has no name and this was its last holder.
     pub fn release(&mut self, inode: u64) -> Option<Inode> {
         let entry = self.inodes.get_mut(&inode)?;
         entry.open_handles = entry.open_handles.saturating_sub(1);
-        if entry.open_handles == 0 && entry.attributes.nlink == 0 {
+        self.take_if_unheld(inode)
+    }
+
+    /// The kernel was given an entry for `inode` (lookup, create, mkdir, mknod, symlink, link).
+    pub fn remember(&mut self, inode: u64) -> FsResult<()> {
+        self.get_mut(inode)?.lookups += 1;
+        Ok(())
+    }
+
+    /// The kernel dropped `count` of its references (forget); returns the inode if it has no
+    /// name and this was its last holder. The root is never forgotten.
+    pub fn forget(&mut self, inode: u64, count: u64) -> Option<Inode> {
+        let entry = self.inodes.get_mut(&inode)?;
+        entry.lookups = entry.lookups.saturating_sub(count);
+        if inode == ROOT_INODE {
+            return None;
+        }
+        self.take_if_unheld(inode)
+    }
+
+    fn take_if_unheld(&mut self, inode: u64) -> Option<Inode> {
+        let entry = self.inodes.get(&inode)?;
+        if entry.attributes.nlink == 0 && !entry.held() && inode != ROOT_INODE {
             return self.inodes.remove(&inode);
         }
         None

@@ -29,6 +29,7 @@ mod faults;
 mod front_ends_shm;
 mod fs;
 mod fs_mounts;
+mod fs_posix;
 mod guardrails;
 mod kv;
 mod kv_bounds;

@@ -381,7 +381,8 @@ impl<S: PageStore> FileSystem<S> {
         self.journal.as_ref()
     }
 
-    /// Files (inodes other than the root) by kind: (files, directories, symlinks).
+    /// Files (inodes other than the root) by kind: (files and special files, directories,
+    /// symlinks).
     pub fn count_by_kind(&self) -> (u64, u64, u64) {
         count_by_kind(&self.namespace)
     }
@@ -391,7 +392,11 @@ fn count_by_kind(namespace: &Namespace) -> (u64, u64, u64) {
     let mut counts = (0, 0, 0);
     for (_, inode) in namespace.iter() {
         match inode.attributes.kind {
-            FileKind::File => counts.0 += 1,
+            FileKind::File
+            | FileKind::Fifo
+            | FileKind::CharDevice
+            | FileKind::BlockDevice
+            | FileKind::Socket => counts.0 += 1,
             FileKind::Directory => counts.1 += 1,
             FileKind::Symlink => counts.2 += 1,
         }

@@ -50,6 +50,8 @@ pub enum Record {
         time: SystemTime,
         /// Symbolic links only.
         target: Option<OsString>,
+        /// Character and block devices only (0 for every other kind).
+        rdev: u32,
     },
     Link {
         inode: u64,
@@ -139,12 +141,21 @@ const ALLOCATE: u8 = 9;
 const PUNCH: u8 = 10;
 const RELEASE: u8 = 11;
 const TIMES: u8 = 12;
+/// A `Create` of a FIFO, device or socket, with its device number. Files, directories and
+/// symlinks keep the tag `CREATE` and its fields, so journals written before special files
+/// existed replay unchanged; a binary from before then refuses a journal with special files
+/// (`record tag 13`) instead of misreading it.
+const CREATE_SPECIAL: u8 = 13;
 
 pub(crate) fn encode_kind(kind: FileKind) -> u8 {
     match kind {
         FileKind::File => 1,
         FileKind::Directory => 2,
         FileKind::Symlink => 3,
+        FileKind::Fifo => 4,
+        FileKind::CharDevice => 5,
+        FileKind::BlockDevice => 6,
+        FileKind::Socket => 7,
     }
 }
 
@@ -153,6 +164,10 @@ pub(crate) fn decode_kind(byte: u8) -> Result<FileKind, DecodeError> {
         1 => Ok(FileKind::File),
         2 => Ok(FileKind::Directory),
         3 => Ok(FileKind::Symlink),
+        4 => Ok(FileKind::Fifo),
+        5 => Ok(FileKind::CharDevice),
+        6 => Ok(FileKind::BlockDevice),
+        7 => Ok(FileKind::Socket),
         other => Err(DecodeError::Bad(format!("file kind {other}"))),
     }
 }
@@ -169,24 +184,35 @@ fn decode_optional_u32(decoder: &mut Decoder) -> Result<Option<u32>, DecodeError
 }
 
 impl Record {
+    /// A `Create` record's tag and fields (`CREATE_SPECIAL` for FIFOs, devices and sockets).
+    fn encode_create(&self, encoder: &mut Encoder) {
+        let Record::Create { parent, name, inode, kind, mode, uid, gid, time, target, rdev } = self else {
+            unreachable!("only a Create is encoded here")
+        };
+        encoder.u8(if kind.is_special() { CREATE_SPECIAL } else { CREATE });
+        encoder.u64(*parent);
+        encoder.name(name);
+        encoder.u64(*inode);
+        encoder.u8(encode_kind(*kind));
+        encoder.u16(*mode);
+        encoder.u32(*uid);
+        encoder.u32(*gid);
+        encoder.time(*time);
+        if kind.is_special() {
+            encoder.u32(*rdev);
+        } else {
+            assert_eq!(*rdev, 0, "only special files have a device number");
+            encoder.bool(target.is_some());
+            if let Some(target) = target {
+                encoder.name(target);
+            }
+        }
+    }
+
     fn encode_payload(&self, seq: u64, encoder: &mut Encoder) {
         encoder.u64(seq);
         match self {
-            Record::Create { parent, name, inode, kind, mode, uid, gid, time, target } => {
-                encoder.u8(CREATE);
-                encoder.u64(*parent);
-                encoder.name(name);
-                encoder.u64(*inode);
-                encoder.u8(encode_kind(*kind));
-                encoder.u16(*mode);
-                encoder.u32(*uid);
-                encoder.u32(*gid);
-                encoder.time(*time);
-                encoder.bool(target.is_some());
-                if let Some(target) = target {
-                    encoder.name(target);
-                }
-            }
+            Record::Create { .. } => self.encode_create(encoder),
             Record::Link { inode, parent, name, time } => {
                 encoder.u8(LINK);
                 encoder.u64(*inode);
@@ -290,7 +316,7 @@ impl Record {
         let mut decoder = Decoder::new(payload);
         let seq = decoder.u64()?;
         let record = match decoder.u8()? {
-            CREATE => decode_create(&mut decoder)?,
+            tag @ (CREATE | CREATE_SPECIAL) => decode_create(&mut decoder, tag == CREATE_SPECIAL)?,
             LINK => Record::Link {
                 inode: decoder.u64()?,
                 parent: decoder.u64()?,
@@ -348,8 +374,8 @@ impl Record {
     }
 }
 
-/// A `Create` record's fields.
-fn decode_create(decoder: &mut Decoder<'_>) -> Result<Record, DecodeError> {
+/// A `Create` record's fields (`CREATE_SPECIAL`'s when `special`).
+fn decode_create(decoder: &mut Decoder<'_>, special: bool) -> Result<Record, DecodeError> {
     let parent = decoder.u64()?;
     let name = decoder.name("name", MAX_NAME_BYTES)?;
     let inode = decoder.u64()?;
@@ -358,12 +384,22 @@ fn decode_create(decoder: &mut Decoder<'_>) -> Result<Record, DecodeError> {
     let uid = decoder.u32()?;
     let gid = decoder.u32()?;
     let time = decoder.time()?;
+    if special != kind.is_special() {
+        return Err(DecodeError::Bad(format!(
+            "a {kind:?} in a record of {} kind",
+            if special { "special" } else { "another" }
+        )));
+    }
+    if special {
+        let rdev = decoder.u32()?;
+        return Ok(Record::Create { parent, name, inode, kind, mode, uid, gid, time, target: None, rdev });
+    }
     let target =
         if decoder.bool()? { Some(decoder.name("symlink target", MAX_SYMLINK_BYTES)?) } else { None };
     if target.is_some() != (kind == FileKind::Symlink) {
         return Err(DecodeError::Bad("a symlink target on a non-symlink, or none on a symlink".into()));
     }
-    Ok(Record::Create { parent, name, inode, kind, mode, uid, gid, time, target })
+    Ok(Record::Create { parent, name, inode, kind, mode, uid, gid, time, target, rdev: 0 })
 }
 
 /// A `SetAttributes` record's fields.

@@ -56,9 +56,9 @@ impl<S: PageStore> FileSystem<S> {
         let page_bytes = self.page_bytes as u64;
         let max_file_pages = MAX_FILE_BYTES / page_bytes;
         match record {
-            Record::Create { parent, name, inode, kind, mode, uid, gid, time, target } => {
+            Record::Create { parent, name, inode, kind, mode, uid, gid, time, target, rdev } => {
                 let creator = Creator { uid: *uid, gid: *gid, mode: *mode };
-                self.replay_create((*parent, name, *inode), (*kind, target.as_ref()), creator, *time)?;
+                self.replay_create((*parent, name, *inode), (*kind, target.as_ref(), *rdev), creator, *time)?;
             }
             Record::Link { inode, parent, name, time } => {
                 self.namespace
@@ -71,10 +71,12 @@ impl<S: PageStore> FileSystem<S> {
                     .unlink(*parent, name, *time)
                     .map_err(|error| format!("unlink {name:?} in {parent}: {error}"))?;
             }
-            Record::Rmdir { parent, name, time } => self
-                .namespace
-                .rmdir(*parent, name, *time)
-                .map_err(|error| format!("rmdir {name:?} in {parent}: {error}"))?,
+            Record::Rmdir { parent, name, time } => {
+                // Kept as an orphan while replaying; its `Release` record, if any, follows.
+                self.namespace
+                    .rmdir(*parent, name, *time)
+                    .map_err(|error| format!("rmdir {name:?} in {parent}: {error}"))?;
+            }
             Record::Rename { parent, name, new_parent, new_name, no_replace, exchange, time } => {
                 self.namespace
                     .rename(*parent, name, *new_parent, new_name, *no_replace, *exchange, *time)
@@ -157,7 +159,7 @@ impl<S: PageStore> FileSystem<S> {
     fn replay_create(
         &mut self,
         (parent, name, inode): (u64, &OsStr, u64),
-        (kind, target): (FileKind, Option<&OsString>),
+        (kind, target, rdev): (FileKind, Option<&OsString>, u32),
         creator: Creator,
         time: SystemTime,
     ) -> Result<(), String> {
@@ -173,6 +175,7 @@ impl<S: PageStore> FileSystem<S> {
             (FileKind::Symlink, Some(target)) if !target.is_empty() && target.len() <= MAX_SYMLINK_BYTES => {
                 Content::Symlink(target.clone())
             }
+            (kind, None) if kind.is_special() => Content::Special { kind, rdev },
             _ => return Err("a symlink without a valid target, or a target on another kind".into()),
         };
         let created = self

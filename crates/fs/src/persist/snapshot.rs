@@ -24,7 +24,10 @@ use crate::namespace::{
     MAX_SYMLINK_BYTES, ROOT_INODE,
 };
 
-pub const MAGIC: &[u8; 8] = b"REMEMFS\x01";
+/// Version 2: inodes may be special files (kinds 4-7, their content a `u32` device number).
+/// Version 1 (no special files) is the same encoding otherwise, so it still loads.
+pub const MAGIC: &[u8; 8] = b"REMEMFS\x02";
+const MAGIC_VERSION_1: &[u8; 8] = b"REMEMFS\x01";
 const HEADER_BYTES: usize = 8 + 8 + 4;
 
 /// The metadata a snapshot restores.
@@ -100,6 +103,7 @@ pub fn encode(
                 }
             }
             Content::Symlink(target) => encoder.name(target),
+            Content::Special { rdev, .. } => encoder.u32(*rdev),
         }
     }
     encoder.u64(unwritten.runs().count() as u64);
@@ -120,7 +124,7 @@ pub fn encode(
 
 /// Decodes and checks a snapshot for an address space of `total_pages` pages of `page_bytes`.
 pub fn decode(bytes: &[u8], page_bytes: usize, total_pages: u64) -> Result<Restored, SnapshotError> {
-    if bytes.len() < HEADER_BYTES || &bytes[..8] != MAGIC {
+    if bytes.len() < HEADER_BYTES || (&bytes[..8] != MAGIC && &bytes[..8] != MAGIC_VERSION_1) {
         return Err(SnapshotError::Magic);
     }
     let len_bytes: [u8; 8] = bytes[8..16].try_into().expect("8 bytes");
@@ -174,9 +178,10 @@ pub fn decode(bytes: &[u8], page_bytes: usize, total_pages: u64) -> Result<Resto
         let [atime, mtime, ctime, crtime] = times;
         let content =
             decode_content(&mut decoder, (number, kind, size_bytes), max_file_pages, &mut allocator)?;
-        let mapped_pages = match &content {
-            Content::File(extents) => extents.mapped_pages(),
-            _ => 0,
+        let (mapped_pages, rdev) = match &content {
+            Content::File(extents) => (extents.mapped_pages(), 0),
+            Content::Special { rdev, .. } => (0, *rdev),
+            _ => (0, 0),
         };
         let attributes = Attributes {
             inode: number,
@@ -187,12 +192,13 @@ pub fn decode(bytes: &[u8], page_bytes: usize, total_pages: u64) -> Result<Resto
             uid,
             gid,
             nlink,
+            rdev,
             atime,
             mtime,
             ctime,
             crtime,
         };
-        inodes.insert(number, Inode { attributes, content, open_handles: 0 });
+        inodes.insert(number, Inode { attributes, content, open_handles: 0, lookups: 0 });
     }
     let mut unwritten = RunSet::default();
     for _ in 0..decoder.count("unwritten runs", 16)? {
@@ -260,6 +266,13 @@ fn decode_content(
             }
             Content::Symlink(target)
         }
+        kind => {
+            let rdev = decoder.u32()?;
+            if size_bytes != 0 {
+                return Err(invalid(format!("special file {number} has size {size_bytes}")));
+            }
+            Content::Special { kind, rdev }
+        }
     })
 }
 
@@ -290,21 +303,32 @@ fn check_tree(inodes: &HashMap<u64, Inode>) -> Result<(), SnapshotError> {
             }
         }
     }
+    let mut orphan_directories = 0;
     for (&number, inode) in inodes {
         let named = names.get(&number).copied().unwrap_or(0);
-        let expected_nlink = match inode.attributes.kind {
-            FileKind::Directory => {
+        let expected_nlink = match &inode.content {
+            // A removed directory the kernel still held when the snapshot was taken (freed
+            // after loading): empty, without a name or links.
+            Content::Directory(directory)
+                if number != ROOT_INODE && named == 0 && inode.attributes.nlink == 0 =>
+            {
+                if !directory.is_empty() {
+                    return Err(invalid(format!("removed directory {number} has entries")));
+                }
+                orphan_directories += 1;
+                0
+            }
+            Content::Directory(_) => {
                 if number != ROOT_INODE && named != 1 {
                     return Err(invalid(format!("directory {number} has {named} names")));
                 }
                 2 + subdirectories.get(&number).copied().unwrap_or(0)
             }
-            // A file with no name was open when the snapshot was taken (freed after loading).
-            FileKind::File | FileKind::Symlink => named,
+            // A node with no name was held (open, or known to the kernel) when the snapshot was
+            // taken (freed after loading).
+            _ => named,
         };
-        if inode.attributes.nlink != expected_nlink
-            || (named == 0 && inode.attributes.kind == FileKind::Symlink)
-        {
+        if inode.attributes.nlink != expected_nlink {
             return Err(invalid(format!(
                 "inode {number} has link count {}, {expected_nlink} expected",
                 inode.attributes.nlink
@@ -326,10 +350,10 @@ fn check_tree(inodes: &HashMap<u64, Inode>) -> Result<(), SnapshotError> {
         }
     }
     let directories = inodes.values().filter(|inode| inode.attributes.kind == FileKind::Directory).count();
-    if reached.len() != directories {
+    if reached.len() + orphan_directories != directories {
         return Err(invalid(format!(
             "{} of {directories} directories are not reachable from the root",
-            directories - reached.len()
+            directories - reached.len() - orphan_directories
         )));
     }
     Ok(())
