@@ -13,14 +13,13 @@ packages=(
   prometheus                                                           # promtool and a real scrape in crates/cli/tests/integration/metrics.rs
   openssl                                                              # throwaway CA and certificates of security_tls.rs
   memcached libmemcached-tools python3-pymemcache python3-pytest       # memcached peers of crates/cli/tests/integration/kv.rs
-  perl                                                                 # prove and the core modules memcached's t/ suite uses (kv_conformance.rs)
+  perl                                                                 # prove: memcached's t/ (kv_conformance.rs) and pjdfstest (fs_posix.rs)
   python3-pip                                                          # fetches pymemcache's own tests (below)
   fuse3 sqlite3                                                        # fusermount3 and sqlite3 for crates/cli/tests/integration/fs.rs (remem fs)
   python3 util-linux                                                   # jobs, losetup/mkswap/swapon of `remem run`, `remem bench apps` (tests/run.rs)
   iproute2                                                             # ip netns, bridge, veth and tc netem of crates/cli/tests/integration/netns.rs
   groff-base                                                           # groff checks `remem man`'s pages (crates/cli/tests/integration/operations.rs)
   gcc libc6-dev                                                        # compiles the probe of crates/cli/tests/integration/paging.rs (`remem run --paging uffd`)
-  perl                                                                 # prove runs pjdfstest (crates/cli/tests/integration/fs_posix.rs; autoconf, automake, make, gcc above build it)
   etcd-server etcd-client protobuf-compiler                            # etcd for membership and slab maps (crates/cli/tests/integration/etcd.rs); protoc builds etcd-client's API
   redis-server redis-tools                                             # redis-server and redis-benchmark for `remem bench apps`
 )
