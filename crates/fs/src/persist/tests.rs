@@ -17,7 +17,30 @@ use crate::store::MemoryStore;
 
 const ME: Creator = Creator { uid: 1000, gid: 1000, mode: 0o644 };
 
-fn temporary_state() -> PathBuf {
+/// A state directory path of its own, removed when dropped (also when a test fails).
+struct TemporaryState(PathBuf);
+
+impl std::ops::Deref for TemporaryState {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for TemporaryState {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TemporaryState {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temporary_state() -> TemporaryState {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let path = std::env::temp_dir().join(format!(
         "remem-fs-unit-{}-{}",
@@ -25,7 +48,7 @@ fn temporary_state() -> PathBuf {
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
     let _ = std::fs::remove_dir_all(&path);
-    path
+    TemporaryState(path)
 }
 
 fn store(pages: u64) -> MemoryStore {

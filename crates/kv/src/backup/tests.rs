@@ -7,7 +7,33 @@ use super::*;
 use crate::scheme::Scheme;
 use crate::space::{Chunk, Extent};
 
-fn temporary(name: &str) -> PathBuf {
+/// A file path in a directory of its own, removed with the directory when dropped.
+struct Temporary {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl std::ops::Deref for Temporary {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl AsRef<std::path::Path> for Temporary {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl Drop for Temporary {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn temporary(name: &str) -> Temporary {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let dir = std::env::temp_dir().join(format!(
         "remem-kv-backup-{}-{}",
@@ -15,7 +41,8 @@ fn temporary(name: &str) -> PathBuf {
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    let path = dir.join(name);
+    Temporary { dir, path }
 }
 
 fn item(seq: u64, key: &str, pages: Vec<u64>) -> ItemRecord {
