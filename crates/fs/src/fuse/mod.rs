@@ -16,25 +16,34 @@
 //!
 //! With an observer (`crate::observe`) each answered request is reported once, after its work
 //! and before its reply; without one the clock is not read.
+//!
+//! `served` holds the queued and batched reads and writes with their replies; `kernel` turns the
+//! file system's types into the kernel's (errnos, attributes, flags).
 
 use std::ffi::OsStr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
-    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    Errno, FileHandle, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
-use crate::batch::{DataAnswer, DataRequest};
-use crate::combine::{Combine, Combining, Guard};
-use crate::error::{FsError, FsResult};
-use crate::filesystem::{FileSystem, SetAttributes};
-use crate::namespace::{Attributes, Creator, FileKind};
+use crate::combine::{Combining, Guard};
+use crate::error::FsError;
+use crate::filesystem::SetAttributes;
+use crate::namespace::{Attributes, FileKind};
 use crate::observe::{FileOp, FileOpObserver};
 use crate::store::PageStore;
+
+mod kernel;
+mod served;
+
+use kernel::{creator, errno, file_attr, file_type, open_flags, time};
+use served::{recycle_vec, report, Payload, Pending, Replier};
+pub(crate) use served::{BufferPool, Served};
 
 /// How long the kernel may cache attributes and names. Every change goes through this process,
 /// so the kernel's cache stays true for changes it made itself.
@@ -44,261 +53,10 @@ pub const MAX_WRITE_BYTES: u32 = 1 << 20;
 /// Background requests the kernel may have outstanding (readahead, and asynchronous direct
 /// I/O such as a loop device's): enough for a loop device's queue to reach us as batches.
 const MAX_BACKGROUND_REQUESTS: u16 = 128;
-/// Buffers of queued writes kept for reuse; more are freed once their writes are done.
-const POOLED_BUFFERS: usize = 32;
-
 pub struct Fuse<S: PageStore> {
     pub(crate) shared: Arc<Combining<Served<S>>>,
     pub(crate) observer: Option<Arc<dyn FileOpObserver>>,
     pub(crate) buffers: Arc<BufferPool>,
-}
-
-/// The buffers queued writes copy their bytes into (a request's bytes live in its fuser
-/// thread's buffer only until the thread returns).
-#[derive(Default)]
-pub(crate) struct BufferPool(Mutex<Vec<Vec<u8>>>);
-
-impl BufferPool {
-    fn copy_of(&self, data: &[u8]) -> Vec<u8> {
-        let mut buffer =
-            self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop().unwrap_or_default();
-        buffer.clear();
-        buffer.extend_from_slice(data);
-        buffer
-    }
-
-    fn give_back(&self, buffers: impl Iterator<Item = Vec<u8>>) {
-        let mut pool = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        for buffer in buffers {
-            if pool.len() < POOLED_BUFFERS {
-                pool.push(buffer);
-            }
-        }
-    }
-}
-
-/// The bytes of a write: still in its fuser thread's buffer, or copied to be queued.
-enum Payload<'a> {
-    Borrowed(&'a [u8]),
-    Pooled(Vec<u8>),
-}
-
-enum Replier {
-    Data(ReplyData),
-    Write(ReplyWrite),
-}
-
-/// A read or write with its reply, waiting for (or in) a batch.
-pub(crate) struct Pending<'a> {
-    inode: u64,
-    offset: u64,
-    /// `None` for a read, of `size` bytes.
-    payload: Option<Payload<'a>>,
-    size: usize,
-    reply: Option<Replier>,
-    started: Option<Instant>,
-}
-
-impl Pending<'_> {
-    fn request(&self) -> DataRequest<'_> {
-        let (inode, offset) = (self.inode, self.offset);
-        match &self.payload {
-            None => DataRequest::Read { inode, offset, size: self.size },
-            Some(Payload::Borrowed(data)) => DataRequest::Write { inode, offset, data },
-            Some(Payload::Pooled(data)) => DataRequest::Write { inode, offset, data },
-        }
-    }
-
-    /// This request with its bytes copied, so that it may wait in the queue.
-    fn into_owned(self, buffers: &BufferPool) -> Pending<'static> {
-        let payload = match self.payload {
-            None => None,
-            Some(Payload::Borrowed(data)) => Some(Payload::Pooled(buffers.copy_of(data))),
-            Some(Payload::Pooled(buffer)) => Some(Payload::Pooled(buffer)),
-        };
-        Pending { payload, ..self }
-    }
-}
-
-/// Reuses a `Vec`'s allocation for a list of another lifetime (see `filesystem::recycle`).
-fn recycle_vec<'a, 'b, T: 'a, U: 'b>(mut list: Vec<T>) -> Vec<U> {
-    list.clear();
-    list.into_iter().map(|_| unreachable!("cleared")).collect()
-}
-
-/// The file system with what its batches reuse: the state behind the lock.
-pub(crate) struct Served<S: PageStore> {
-    pub(crate) fs: FileSystem<S>,
-    observer: Option<Arc<dyn FileOpObserver>>,
-    buffers: Arc<BufferPool>,
-    spare_batch: Vec<Pending<'static>>,
-    spare_requests: Vec<DataRequest<'static>>,
-    replies: Vec<Option<(Replier, Option<Instant>)>>,
-}
-
-impl<S: PageStore> Served<S> {
-    pub(crate) fn new(
-        fs: FileSystem<S>,
-        observer: Option<Arc<dyn FileOpObserver>>,
-        buffers: Arc<BufferPool>,
-    ) -> Self {
-        Served {
-            fs,
-            observer,
-            buffers,
-            spare_batch: Vec::new(),
-            spare_requests: Vec::new(),
-            replies: Vec::new(),
-        }
-    }
-
-    /// Runs the reads and writes of `batch` (in arrival order) and replies to each; leaves
-    /// `batch` empty and its buffers back in the pool.
-    fn run_batch(&mut self, batch: &mut Vec<Pending<'_>>) {
-        let Served { fs, observer, buffers, spare_requests, replies, .. } = self;
-        replies.clear();
-        replies.extend(
-            batch.iter_mut().map(|pending| pending.reply.take().map(|reply| (reply, pending.started))),
-        );
-        let mut requests = recycle_vec(std::mem::take(spare_requests));
-        requests.extend(batch.iter().map(Pending::request));
-        fs.run_data_requests(&requests, &mut |index, result| {
-            let (reply, started) = replies[index].take().expect("each request is answered once");
-            answer(observer, reply, started, result);
-        });
-        *spare_requests = recycle_vec(requests);
-        buffers.give_back(batch.drain(..).filter_map(|pending| match pending.payload {
-            Some(Payload::Pooled(buffer)) => Some(buffer),
-            _ => None,
-        }));
-    }
-}
-
-impl<S: PageStore> std::ops::Deref for Served<S> {
-    type Target = FileSystem<S>;
-    fn deref(&self) -> &FileSystem<S> {
-        &self.fs
-    }
-}
-
-impl<S: PageStore> std::ops::DerefMut for Served<S> {
-    fn deref_mut(&mut self) -> &mut FileSystem<S> {
-        &mut self.fs
-    }
-}
-
-impl<S: PageStore> Combine for Served<S> {
-    type Item = Pending<'static>;
-    fn run(&mut self, items: &mut Vec<Pending<'static>>) {
-        self.run_batch(items);
-    }
-}
-
-/// Reports a request begun at `started` to the observer, if there is one.
-fn report(
-    observer: &Option<Arc<dyn FileOpObserver>>,
-    op: FileOp,
-    started: Option<Instant>,
-    bytes: u64,
-    failed: bool,
-) {
-    if let (Some(observer), Some(started)) = (observer, started) {
-        observer.file_op(op, bytes, started.elapsed(), failed);
-    }
-}
-
-/// Replies to a read or write.
-fn answer(
-    observer: &Option<Arc<dyn FileOpObserver>>,
-    reply: Replier,
-    started: Option<Instant>,
-    result: FsResult<DataAnswer<'_>>,
-) {
-    match (reply, result) {
-        (Replier::Data(reply), Ok(DataAnswer::Read(bytes))) => {
-            report(observer, FileOp::Read, started, bytes.len() as u64, false);
-            reply.data(bytes);
-        }
-        (Replier::Write(reply), Ok(DataAnswer::Written(written))) => {
-            report(observer, FileOp::Write, started, u64::from(written), false);
-            reply.written(written);
-        }
-        (Replier::Data(reply), Err(error)) => {
-            report(observer, FileOp::Read, started, 0, true);
-            reply.error(errno(&error));
-        }
-        (Replier::Write(reply), Err(error)) => {
-            report(observer, FileOp::Write, started, 0, true);
-            reply.error(errno(&error));
-        }
-        (Replier::Data(_), Ok(DataAnswer::Written(_))) | (Replier::Write(_), Ok(DataAnswer::Read(_))) => {
-            unreachable!("a read is answered with bytes, a write with a count")
-        }
-    }
-}
-
-fn errno(error: &FsError) -> Errno {
-    if let FsError::Page(page_error) = error {
-        // Logged here, where the error is handled: the kernel only sees EIO.
-        tracing::warn!(%page_error, "remem page error: EIO");
-    }
-    Errno::from_i32(error.errno())
-}
-
-fn file_type(kind: FileKind) -> FileType {
-    match kind {
-        FileKind::File => FileType::RegularFile,
-        FileKind::Directory => FileType::Directory,
-        FileKind::Symlink => FileType::Symlink,
-        FileKind::Fifo => FileType::NamedPipe,
-        FileKind::CharDevice => FileType::CharDevice,
-        FileKind::BlockDevice => FileType::BlockDevice,
-        FileKind::Socket => FileType::Socket,
-    }
-}
-
-fn file_attr(attributes: &Attributes, page_bytes: usize) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(attributes.inode),
-        size: attributes.size_bytes,
-        blocks: attributes.mapped_pages.saturating_mul(page_bytes as u64 / 512),
-        atime: attributes.atime,
-        mtime: attributes.mtime,
-        ctime: attributes.ctime,
-        crtime: attributes.crtime,
-        kind: file_type(attributes.kind),
-        perm: attributes.mode,
-        nlink: attributes.nlink,
-        uid: attributes.uid,
-        gid: attributes.gid,
-        rdev: attributes.rdev,
-        blksize: page_bytes as u32,
-        flags: 0,
-    }
-}
-
-fn creator(request: &Request, mode: u32, umask: u32) -> Creator {
-    Creator { uid: request.uid(), gid: request.gid(), mode: (mode & !umask & 0o7777) as u16 }
-}
-
-/// `FOPEN_DIRECT_IO` for opens with `O_DIRECT` (loop devices with `--direct-io=on`): their
-/// reads and writes bypass the page cache and reach us as they are issued, and writes that do
-/// not grow the file may be in flight together (`FOPEN_PARALLEL_DIRECT_WRITES`: the kernel
-/// takes the inode lock shared for them), so they can share a batch. Other opens use the page
-/// cache, so mmap works and small reads are served from it.
-fn open_flags(flags: i32) -> FopenFlags {
-    if flags & libc::O_DIRECT != 0 {
-        FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
-    } else {
-        FopenFlags::empty()
-    }
-}
-
-fn time(value: TimeOrNow) -> SystemTime {
-    match value {
-        TimeOrNow::SpecificTime(time) => time,
-        TimeOrNow::Now => SystemTime::now(),
-    }
 }
 
 impl<S: PageStore> Fuse<S> {
