@@ -256,17 +256,6 @@ fn a_sigkilled_ups_cluster_file_is_refused_by_readers_and_replaced_by_the_next_u
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A child killed (SIGKILL) and reaped when the test ends, however it ends: `remem up`'s nodes
-/// follow it (PR_SET_PDEATHSIG).
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Waits up to 30 s for `remem up` to write its cluster file; returns it.
 fn wait_for_cluster_file(path: &std::path::Path) -> remem_client::cluster::ClusterFile {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -349,7 +338,8 @@ fn ctrl_c_to_the_terminals_group_stops_up_without_calling_its_nodes_failed() {
         .stderr(std::fs::File::create(&log).unwrap());
     // A group of its own, as a shell's job: the test's own group gets no signal.
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
-    let mut up = KillOnDrop(command.spawn().unwrap());
+    // Killed if the test fails: `remem up`'s nodes follow it (PR_SET_PDEATHSIG).
+    let mut up = crate::common::KillOnDrop(command.spawn().unwrap());
     let child = &mut up.0;
     let cluster_file = dir.join("cluster.json");
     let cluster = wait_for_cluster_file(&cluster_file);

@@ -9,6 +9,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::KillOnDrop;
 use kv_support::Target;
 
 /// A free port on 127.0.0.1 (bound and released: good enough for one test's servers).
@@ -64,15 +65,6 @@ fn value_of(text: &str, name: &str) -> f64 {
         .expect("a number")
 }
 
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn node_and_cache_metrics_pass_promtool_and_a_prometheus_server_scrapes_them() {
     let node_port = free_port();
@@ -98,7 +90,7 @@ fn node_and_cache_metrics_pass_promtool_and_a_prometheus_server_scrapes_them() {
         .stderr(Stdio::null())
         .spawn()
         .expect("remem node starts");
-    let _node = Guard(node);
+    let _node = KillOnDrop(node);
     let text = scrape(node_port);
     promtool_accepts(&text);
     assert_eq!(value_of(&text, "remem_node_capacity_bytes"), 16.0 * 1024.0 * 1024.0);
@@ -142,7 +134,7 @@ fn node_and_cache_metrics_pass_promtool_and_a_prometheus_server_scrapes_them() {
         .stderr(Stdio::null())
         .spawn()
         .expect("prometheus runs (scripts/setup.sh installs it)");
-    let _prometheus = Guard(prometheus);
+    let _prometheus = KillOnDrop(prometheus);
     let deadline = Instant::now() + Duration::from_secs(30);
     for query in ["remem_node_capacity_bytes", "remem_kv_items"] {
         loop {
@@ -189,7 +181,7 @@ fn nbd_metrics_count_page_ops_with_latency_histograms() {
     let mut line = String::new();
     std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line)
         .unwrap();
-    let _nbd = Guard(child);
+    let _nbd = KillOnDrop(child);
     let address = line.trim().strip_prefix("listening ").expect("listening line").to_owned();
     let image = dir.join("image");
     std::fs::write(&image, vec![0x5a; 4 << 20]).unwrap();

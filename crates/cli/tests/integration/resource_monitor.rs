@@ -21,6 +21,8 @@ use remem::pattern;
 use remem_client::{Client, ClientConfig, NodeAddress, PageOp, Shape};
 use remem_placement::LeastLoaded;
 
+use crate::common::KillOnDrop;
+
 const EC82: Shape = Shape { data_splits: 8, parity_splits: 2, extra_reads: 1 };
 const MIB: u64 = 1 << 20;
 /// 4 MiB slabs of 512-byte splits: a range is 8192 pages (32 MiB).
@@ -96,16 +98,6 @@ impl Drop for TestCgroup {
         if self.dir.exists() {
             eprintln!("could not remove cgroup {}", self.dir.display());
         }
-    }
-}
-
-/// A child process killed (by PID) and reaped on drop.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

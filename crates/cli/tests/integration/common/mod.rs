@@ -38,6 +38,16 @@ pub fn cluster_options(suite: &str, name: &str, nodes: usize, unix_sockets: Unix
     }
 }
 
+/// A child process killed (by PID, SIGKILL) and reaped on drop, however the test ends.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A fresh directory for one test, `remem-NAME-PID` under the system's temporary directory,
 /// removed when dropped unless the test is failing (panicking), so a failed test keeps its
 /// logs. Declare it before what writes into it: locals drop in reverse order.
