@@ -88,9 +88,9 @@ impl Buffer {
 }
 
 /// The protected segment's cap for a budget of `budget_pages` with `victim_target` victims:
-/// `percent` of the resident pages.
+/// `percent` (at most 90, `Config::from_env`) of the resident pages.
 fn protected_cap(budget_pages: usize, victim_target: usize, percent: u64) -> usize {
-    budget_pages.saturating_sub(victim_target) * percent.min(90) as usize / 100
+    budget_pages.saturating_sub(victim_target) * percent as usize / 100
 }
 
 /// How a fetched page comes in: writable and dirty when its access was a write (`write`, seen) or
@@ -468,10 +468,10 @@ impl Pager {
     /// and puts it in place; beyond the code's tolerance the page is poisoned: the access gets
     /// SIGBUS, never zeros or another page's bytes.
     ///
-    /// A page comes in write-protected (clean until its first write, a fault that marks it
-    /// dirty) unless it is likely written at once: the faulting page when `writable` (its access
-    /// was a write, or it was dirty when it last left), a prefetched one when it was dirty when
-    /// it left. Those come in writable and dirty: a write-back at their next eviction, written
+    /// A page comes in write-protected (`Dirt::Clean`: clean until its first write, a fault
+    /// that marks it dirty) unless it is likely written at once (`dirt` of the faulting page,
+    /// `fetched_dirt` of each prefetched one): its access was a write, or a write was seen in its
+    /// last stay. Those come in writable and dirty: a write-back at their next eviction, written
     /// or not, instead of a write-protect fault of the program's now (sqlite wrote ~95% of the
     /// pages it fetched).
     fn fetch(&mut self, page: u64, slot: u32, dirt: Dirt) -> io::Result<()> {

@@ -225,15 +225,15 @@ impl PageTable {
     /// Moves the oldest protected page (skipping stale entries) to the end of probation.
     fn demote_oldest_protected(&mut self) -> bool {
         while let Some((page, generation)) = self.protected.pop_front() {
-            let fresh = self.next_generation.wrapping_add(1);
-            match self.pages.get_mut(&page) {
-                Some(entry) if entry.generation == generation && entry.protected => {
-                    entry.protected = false;
-                    entry.generation = fresh;
-                }
-                _ => continue,
+            let current =
+                self.pages.get(&page).is_some_and(|entry| entry.generation == generation && entry.protected);
+            if !current {
+                continue;
             }
-            self.next_generation = fresh;
+            let fresh = self.generation();
+            let entry = self.pages.get_mut(&page).expect("found above");
+            entry.protected = false;
+            entry.generation = fresh;
             self.protected_count -= 1;
             self.resident.push_back((page, fresh));
             return true;
