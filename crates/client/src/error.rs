@@ -163,6 +163,8 @@ impl std::fmt::Display for UnreachableList<'_> {
 pub enum PageError {
     #[error("page {page} is beyond the address space of {page_count} pages")]
     OutOfRange { page: u64, page_count: u64 },
+    #[error("page {page} is in range {range}, which has no slabs yet (mapped when first needed)")]
+    Unmapped { page: u64, range: usize },
     #[error("buffer of {len} bytes given for a {page_bytes}-byte page")]
     BadBuffer { len: usize, page_bytes: usize },
     #[error("page {page} (range {range}) is unreadable: {valid_splits} valid splits of the {needed_splits} needed; failed or unavailable nodes: {failed_nodes:?}")]

@@ -107,7 +107,10 @@ impl crate::Client {
             })
             .collect();
         for range in self.ranges() {
-            let Some(health) = regions.get_mut(range.region) else { continue };
+            // A range not mapped yet (lazy ranges) holds nothing: not counted.
+            let Some(health) = regions.get_mut(range.region).filter(|_| !range.slabs.is_empty()) else {
+                continue;
+            };
             let parity_splits = health.degraded_by_missing_splits.len();
             let missing = (range.unavailable | range.rebuilding).count_ones() as usize;
             health.ranges += 1;

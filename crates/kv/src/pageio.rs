@@ -182,6 +182,12 @@ impl PageIo {
         self.waiting = still_waiting;
     }
 
+    /// Runs `work` with the slots' buffers as the engine's (a call that turns the client's
+    /// loop while ops are in flight).
+    pub fn with_buffers<T>(&mut self, work: impl FnOnce(&mut dyn OpBuffers) -> T) -> T {
+        work(&mut Buffers(&mut self.slots))
+    }
+
     /// Lets the engine read its sockets and advance; returns finished ops.
     pub fn on_readable(&mut self, client: &mut PollClient, done: &mut Vec<IoDone>) {
         client.on_readable(&mut Buffers(&mut self.slots));

@@ -18,29 +18,112 @@ pub const PAGE_BYTES: usize = 4096;
 pub const CHUNK_MAX_BYTES: usize = 2048;
 const CHUNK_MIN_BYTES: usize = 64;
 
-/// One region of the client's page space: `page_count` pages from `first_page`.
+/// How the client cuts a region into ranges, and how many of them have slabs: ranges are
+/// mapped from the first up as values need room and given back from the last down when they
+/// hold nothing (`crate::cache::growth`), so the mapped ones are always a prefix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RangeGrid {
+    /// The region's first page (range 0 starts there; its value pages may start later).
+    pub origin: u64,
+    pub pages_per_range: u64,
+    /// The client's index of range 0.
+    pub first_range: usize,
+    /// Ranges 0..mapped have their slabs.
+    pub mapped: u64,
+}
+
+/// One region of the client's page space: `page_count` value pages from `first_page`.
+///
+/// Pages are handed out lowest first (freed ones before new ones), so values gather in the
+/// first ranges and the last one empties when values go.
 #[derive(Debug)]
 struct RegionPages {
     first_page: u64,
     page_count: u64,
+    grid: RangeGrid,
+    /// Offset of the first page never handed out since its range was mapped.
     next_unused: u64,
-    free: Vec<u64>,
+    free: std::collections::BTreeSet<u64>,
+    /// Pages handed out (whole-value pages and chunk pages), per range of the grid.
+    in_use: Vec<u64>,
 }
 
 impl RegionPages {
+    fn new(first_page: u64, page_count: u64, grid: RangeGrid) -> RegionPages {
+        assert!(first_page >= grid.origin && grid.pages_per_range > 0);
+        let ranges = (first_page + page_count - grid.origin).div_ceil(grid.pages_per_range);
+        assert!(grid.mapped <= ranges);
+        RegionPages {
+            first_page,
+            page_count,
+            grid,
+            next_unused: 0,
+            free: Default::default(),
+            in_use: vec![0; ranges as usize],
+        }
+    }
+
+    /// Offset of the first value page of range `range` (0 for range 0, whose first pages may
+    /// be the region's own).
+    fn range_start(&self, range: u64) -> u64 {
+        (self.grid.origin + range * self.grid.pages_per_range)
+            .saturating_sub(self.first_page)
+            .min(self.page_count)
+    }
+
+    /// Value pages of the mapped ranges.
+    fn mapped_count(&self) -> u64 {
+        self.range_start(self.grid.mapped)
+    }
+
+    fn range_of(&self, page: u64) -> usize {
+        ((page - self.grid.origin) / self.grid.pages_per_range) as usize
+    }
+
     fn allocate(&mut self) -> Option<u64> {
-        if let Some(page) = self.free.pop() {
-            return Some(page);
-        }
-        if self.next_unused < self.page_count {
-            self.next_unused += 1;
-            return Some(self.first_page + self.next_unused - 1);
-        }
-        None
+        let page = match self.free.pop_first() {
+            Some(page) => page,
+            None if self.next_unused < self.mapped_count() => {
+                self.next_unused += 1;
+                self.first_page + self.next_unused - 1
+            }
+            None => return None,
+        };
+        let range = self.range_of(page);
+        self.in_use[range] += 1;
+        Some(page)
+    }
+
+    fn release(&mut self, page: u64) {
+        debug_assert!(page >= self.first_page && page - self.first_page < self.mapped_count());
+        let range = self.range_of(page);
+        self.in_use[range] -= 1;
+        self.free.insert(page);
     }
 
     fn free_count(&self) -> u64 {
-        self.free.len() as u64 + (self.page_count - self.next_unused)
+        self.free.len() as u64 + (self.mapped_count() - self.next_unused)
+    }
+
+    fn can_grow(&self) -> bool {
+        (self.grid.mapped as usize) < self.in_use.len()
+    }
+
+    /// The last mapped range, if it holds nothing, is not the only one and holds none of the
+    /// region's own pages before its values.
+    fn shrinkable(&self) -> Option<u64> {
+        let last = self.grid.mapped.checked_sub(1).filter(|&last| last > 0)?;
+        (self.in_use[last as usize] == 0 && self.range_start(last) > 0).then_some(last)
+    }
+
+    /// Forgets the last mapped range ([`RegionPages::shrinkable`]): its pages are no longer
+    /// handed out.
+    fn shrink(&mut self) {
+        let last = self.shrinkable().expect("checked by the caller");
+        let start = self.range_start(last);
+        drop(self.free.split_off(&(self.first_page + start)));
+        self.next_unused = self.next_unused.min(start);
+        self.grid.mapped = last;
     }
 }
 
@@ -82,17 +165,18 @@ pub struct Extent {
     pub tail: Option<Chunk>,
 }
 
-/// Chunk sizes: 64 bytes growing by 1.25x (rounded up to 8 bytes), the last one 2048.
+/// Chunk sizes: a page cut into n equal chunks for n from 64 down to 2 (each rounded down to 8
+/// bytes), so that a page of a class wastes at most 7 bytes per chunk plus its empty slots:
+/// 64, 72, ..., 512 (n = 8), 584, 680, 816, 1024, 1360, 2048. A value takes the smallest that
+/// fits, so a page holds as many values of its size as any class table could fit (1 KiB values
+/// four to a page, where memcached-style 1.25x classes put three in 1096-byte chunks).
 pub fn class_sizes() -> &'static [usize] {
     static SIZES: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
     SIZES.get_or_init(|| {
-        let mut sizes = Vec::new();
-        let mut size = CHUNK_MIN_BYTES;
-        while size < CHUNK_MAX_BYTES {
-            sizes.push(size);
-            size = (size * 5 / 4).div_ceil(8) * 8;
-        }
-        sizes.push(CHUNK_MAX_BYTES);
+        let mut sizes: Vec<usize> =
+            (2..=PAGE_BYTES / CHUNK_MIN_BYTES).rev().map(|chunks| PAGE_BYTES / chunks / 8 * 8).collect();
+        sizes.dedup();
+        debug_assert_eq!((sizes[0], *sizes.last().expect("classes")), (CHUNK_MIN_BYTES, CHUNK_MAX_BYTES));
         sizes
     })
 }
@@ -135,6 +219,9 @@ impl RegionKind {
 pub enum SpaceError {
     /// The scheme's region has no room left.
     Full,
+    /// Not enough room in the mapped ranges of the scheme's region: map its next range
+    /// ([`Space::next_range`]) and ask again.
+    NeedsRange(RegionKind),
     /// This server was started without the scheme.
     NotOffered,
 }
@@ -160,10 +247,51 @@ impl Space {
         }
     }
 
-    /// Declares the pages of a region.
+    /// Declares the pages of a region, all mapped.
     pub fn add_region(&mut self, kind: RegionKind, first_page: u64, page_count: u64) {
-        self.regions[kind as usize] =
-            Some(RegionPages { first_page, page_count, next_unused: 0, free: Vec::new() });
+        let grid = RangeGrid { origin: first_page, pages_per_range: page_count, first_range: 0, mapped: 1 };
+        self.add_ranged_region(kind, first_page, page_count, grid);
+    }
+
+    /// Declares `page_count` value pages from `first_page` of a region whose ranges are cut
+    /// and mapped as `grid` says.
+    pub fn add_ranged_region(&mut self, kind: RegionKind, first_page: u64, page_count: u64, grid: RangeGrid) {
+        self.regions[kind as usize] = Some(RegionPages::new(first_page, page_count, grid));
+    }
+
+    /// The region's grid, with how many ranges are mapped now.
+    pub fn grid(&self, kind: RegionKind) -> Option<RangeGrid> {
+        self.regions[kind as usize].as_ref().map(|region| region.grid)
+    }
+
+    /// The client's index of the next range of the region to map, if it has one left.
+    pub fn next_range(&self, kind: RegionKind) -> Option<usize> {
+        let region = self.regions[kind as usize].as_ref()?;
+        region.can_grow().then(|| region.grid.first_range + region.grid.mapped as usize)
+    }
+
+    /// The caller mapped [`Space::next_range`]: its pages are handed out from now on.
+    pub fn range_mapped(&mut self, kind: RegionKind) {
+        let region = self.regions[kind as usize].as_mut().expect("a region of the space");
+        assert!(region.can_grow());
+        region.grid.mapped += 1;
+    }
+
+    /// The client's index of the region's last mapped range if it holds nothing (and is not
+    /// the only one): the caller may unmap it, then call [`Space::shrink`].
+    pub fn shrinkable(&self, kind: RegionKind) -> Option<usize> {
+        let region = self.regions[kind as usize].as_ref()?;
+        region.shrinkable().map(|last| region.grid.first_range + last as usize)
+    }
+
+    /// Forgets the range [`Space::shrinkable`] named: its pages are no longer handed out.
+    pub fn shrink(&mut self, kind: RegionKind) {
+        self.regions[kind as usize].as_mut().expect("a region of the space").shrink();
+    }
+
+    /// Value pages of a region's mapped ranges: (first page, count).
+    pub fn mapped_pages(&self, kind: RegionKind) -> Option<(u64, u64)> {
+        self.regions[kind as usize].as_ref().map(|region| (region.first_page, region.mapped_count()))
     }
 
     pub fn offers(&self, scheme: Scheme) -> bool {
@@ -207,6 +335,9 @@ impl Space {
         let chunk_needs_page = chunk_class.is_some_and(|class| !self.has_partial(scheme, class));
         let region = self.regions[kind].as_mut().expect("checked above");
         if region.free_count() < needed + u64::from(chunk_needs_page) {
+            if region.can_grow() {
+                return Err(SpaceError::NeedsRange(RegionKind::of(scheme)));
+            }
             return Err(SpaceError::Full);
         }
         let region = self.regions[kind].as_mut().expect("checked above");
@@ -291,11 +422,18 @@ impl Space {
         let kind = RegionKind::of(scheme) as usize;
         let region = self.regions[kind].as_mut().expect("pages came from this region");
         for &page in pages {
-            debug_assert!(page >= region.first_page && page < region.first_page + region.page_count);
-            region.free.push(page);
+            region.release(page);
         }
         debug_assert!(self.pages_in_use[kind] >= pages.len() as u64, "freed more pages than were in use");
         self.pages_in_use[kind] -= pages.len() as u64;
+    }
+
+    /// Gives back everything of an extent just allocated and not used.
+    pub fn free_extent(&mut self, scheme: Scheme, extent: &Extent) {
+        self.free_pages(scheme, &extent.pages);
+        if let Some(chunk) = extent.tail {
+            self.free_chunk(scheme, chunk);
+        }
     }
 
     /// Gives a chunk back; its page goes back to the region when its last chunk does.
@@ -324,10 +462,16 @@ impl Space {
         }
         // Taken pages are collected in `free` for now (finish_restore turns it around).
         region.free.extend(&extent.pages);
+        for &page in &extent.pages {
+            let range = region.range_of(page);
+            region.in_use[range] += 1;
+        }
         self.pages_in_use[kind] += extent.pages.len() as u64;
         if let Some(chunk) = extent.tail {
             let page = self.chunk_pages.entry(chunk.page).or_insert_with(|| {
                 self.pages_in_use[kind] += 1;
+                let range = region.range_of(chunk.page);
+                region.in_use[range] += 1;
                 ChunkPage { scheme, class: chunk.class, used: 0, unreadable: false }
             });
             page.used |= 1 << chunk.slot;
@@ -338,14 +482,14 @@ impl Space {
     /// chunk pages with a free slot take new chunks.
     pub fn finish_restore(&mut self) {
         for region in self.regions.iter_mut().flatten() {
-            let mut taken: std::collections::HashSet<u64> = region.free.drain(..).collect();
+            let mut taken: std::collections::HashSet<u64> =
+                std::mem::take(&mut region.free).into_iter().collect();
             taken.extend(
                 self.chunk_pages.keys().filter(|&&page| {
                     page >= region.first_page && page - region.first_page < region.page_count
                 }),
             );
             region.free = (0..region.next_unused)
-                .rev()
                 .map(|offset| region.first_page + offset)
                 .filter(|page| !taken.contains(page))
                 .collect();
@@ -389,13 +533,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn classes_grow_by_a_quarter_and_end_at_the_chunk_limit() {
+    fn classes_cut_a_page_evenly_from_the_chunk_minimum_to_the_chunk_limit() {
         let sizes = class_sizes();
-        assert_eq!(sizes[0], 64);
-        assert_eq!(*sizes.last().unwrap(), CHUNK_MAX_BYTES);
+        assert_eq!((sizes[0], *sizes.last().unwrap()), (64, CHUNK_MAX_BYTES));
+        assert!(sizes.len() < 64, "classes fit in the chunk bitmap's count");
         for pair in sizes.windows(2) {
-            assert!(pair[1] > pair[0] && pair[1] as f64 <= pair[0] as f64 * 1.25 + 8.0, "{pair:?}");
+            assert!(pair[1] > pair[0], "{pair:?}");
         }
+        for (class, &size) in sizes.iter().enumerate() {
+            let slots = usize::from(slots_of(class as u8));
+            assert!(slots * size <= PAGE_BYTES && PAGE_BYTES - slots * size < size.max(8 * slots), "{size}");
+        }
+        assert_eq!(class_bytes(class_for(1024)), 1024, "1 KiB values go four to a page");
+        assert_eq!(class_bytes(class_for(1025)), 1360);
     }
 
     #[test]
@@ -409,7 +559,7 @@ mod tests {
         let (second, fresh) = space.allocate(Scheme::Eor, 100).unwrap();
         assert!(fresh, "EOR chunks do not share EC's chunk pages");
         assert_ne!(second.tail.unwrap().page, tail.page);
-        let (third, fresh) = space.allocate(Scheme::Ec, 90).unwrap();
+        let (third, fresh) = space.allocate(Scheme::Ec, 101).unwrap();
         assert!(!fresh);
         assert_eq!(third.tail.unwrap().page, tail.page);
         let (big_tail, _) = space.allocate(Scheme::Ec, 4096 + 3000).unwrap();

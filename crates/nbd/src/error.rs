@@ -20,8 +20,10 @@ pub fn page_error_code(error: &PageError) -> ErrorCode {
         | PageError::Timeout { .. }
         | PageError::Refused { .. }
         | PageError::Protocol { .. } => ErrorCode::Io,
-        // NBD never writes data splits and parities apart: a parity error is a bug here too.
+        // NBD never writes data splits and parities apart, nor maps ranges lazily: a parity or
+        // unmapped-range error is a bug here too.
         PageError::OutOfRange { .. }
+        | PageError::Unmapped { .. }
         | PageError::BadBuffer { .. }
         | PageError::NotParityStale { .. }
         | PageError::ParityStaleLost { .. } => ErrorCode::Invalid,

@@ -34,6 +34,7 @@ mod guardrails;
 mod kv;
 mod kv_bounds;
 mod kv_conformance;
+mod kv_memory;
 mod kv_restart;
 mod kv_schemes;
 mod kv_standby;

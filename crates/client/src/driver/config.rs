@@ -66,6 +66,13 @@ pub struct ClientConfig {
     /// `System` allocator) and can fault on a page only that thread would bring back. Its
     /// probes run one after another.
     pub probe_thread_at_start: bool,
+    /// Regions get their page numbers at creation but no slabs: the caller maps a range with
+    /// [`Client::map_range`] before its first op there and may give it back with
+    /// [`Client::release_range`] (a front end whose node memory grows and shrinks with what it
+    /// stores, as `remem kv`). Off: every range is mapped when its region is created. With it
+    /// and an `address_space_bytes` of 0, `connect` creates no region: the caller does, with
+    /// [`Client::create_region`], once it has seen the nodes.
+    pub lazy_ranges: bool,
 }
 
 impl ClientConfig {
@@ -90,6 +97,7 @@ impl ClientConfig {
             probe_interval: Duration::from_secs(1),
             allow_shared_domains: false,
             probe_thread_at_start: false,
+            lazy_ranges: false,
         }
     }
 

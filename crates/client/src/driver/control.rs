@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use remem_proto::Control;
 
 use super::Client;
-use crate::engine::{NoBuffers, NodeId, Probe};
+use crate::engine::{NoBuffers, NodeId, OpBuffers, Probe};
 use crate::error::PageError;
 use crate::shm::{self, ShmSlab};
 
@@ -15,12 +15,22 @@ impl Client {
     /// Sends one control request to a node and runs the event loop until its reply arrives.
     pub(super) fn control(&mut self, node: NodeId, message: &Control) -> Result<Control, PageError> {
         assert_eq!(self.engine.active(), 0, "control requests run between batches");
+        self.control_with(node, message, &mut NoBuffers)
+    }
+
+    /// [`Client::control`] while ops may be in flight: `buffers` are theirs (their completions
+    /// wait in the engine for the caller, as after any turn of the loop).
+    pub(super) fn control_with(
+        &mut self,
+        node: NodeId,
+        message: &Control,
+        buffers: &mut dyn OpBuffers,
+    ) -> Result<Control, PageError> {
         let address = self.engine.node(node).address;
         let Some(id) = self.engine.queue_control(node, message) else {
             return Err(PageError::NodeDown { address });
         };
-        let mut buffers = NoBuffers;
-        self.transport.flush(&mut self.engine, node, &mut buffers);
+        self.transport.flush(&mut self.engine, node, buffers);
         let deadline = Instant::now() + self.config.request_timeout;
         loop {
             if let Some((_, reply)) = self.engine.take_control_reply(id) {
@@ -40,7 +50,7 @@ impl Client {
                 self.engine.forget_control(id);
                 return Err(PageError::Timeout { address });
             }
-            self.run_loop_once(Some((deadline - now).min(Duration::from_millis(100))), &mut buffers);
+            self.run_loop_once(Some((deadline - now).min(Duration::from_millis(100))), buffers);
         }
     }
 
@@ -48,10 +58,9 @@ impl Client {
     /// report (each node's totals split evenly over its slabs).
     pub fn memory_report(&mut self) -> super::MemoryReport {
         let infos = self.node_infos();
-        let address_space_bytes = self
-            .engine
-            .regions()
-            .map(|region| region.page_count.div_ceil(region.pages_per_range) * region.pages_per_range)
+        let address_space_bytes = (0..self.engine.ranges().len())
+            .filter(|&range| self.engine.range_mapped(range))
+            .map(|range| self.engine.pages_per_range_of(range))
             .sum::<u64>()
             * self.config.page_bytes as u64;
         let mut report = super::MemoryReport { address_space_bytes, ..super::MemoryReport::default() };
@@ -146,7 +155,7 @@ impl Client {
                 }
             }
         }
-        self.export(wanted);
+        self.export(wanted, &mut NoBuffers);
     }
 
     /// Maps the slabs rebuilt since the last batch as shared memory.
@@ -161,10 +170,12 @@ impl Client {
                 && self.transport.is_unix(range.slabs[split].node)
         });
         let wanted: Vec<(usize, usize)> = wanted.collect();
-        self.export(wanted);
+        self.export(wanted, &mut NoBuffers);
     }
 
-    fn export(&mut self, wanted: Vec<(usize, usize)>) {
+    /// Maps the slabs of `wanted` (range, split) as shared memory, with `buffers` those of the
+    /// ops in flight.
+    pub(super) fn export(&mut self, wanted: Vec<(usize, usize)>, buffers: &mut dyn OpBuffers) {
         for (range, split) in wanted {
             let slab = self.engine.ranges()[range].slabs[split];
             if self.engine.shared_memory_splits(range) & (1 << split) != 0 {
@@ -172,7 +183,7 @@ impl Client {
             }
             let split_bytes = self.engine.split_bytes_of_range(range);
             let slots = self.engine.pages_per_range_of(range);
-            match self.export_slab(slab.node, slab.slab_id, split_bytes, slots) {
+            match self.export_slab(slab.node, (slab.slab_id, split_bytes, slots), buffers) {
                 Ok(mapping) => self.engine.set_shared_mapping(range, split, mapping),
                 Err(error) => {
                     let address = self.engine.node(slab.node).address;
@@ -185,11 +196,10 @@ impl Client {
     fn export_slab(
         &mut self,
         node: NodeId,
-        slab_id: u32,
-        split_bytes: usize,
-        slots: u64,
+        (slab_id, split_bytes, slots): (u32, usize, u64),
+        buffers: &mut dyn OpBuffers,
     ) -> Result<ShmSlab, ExportError> {
-        let reply = self.control(node, &Control::ExportSlab { slab_id })?;
+        let reply = self.control_with(node, &Control::ExportSlab { slab_id }, buffers)?;
         let Control::SlabExported { slab_id: exported, epoch, layout } = reply else {
             return Err(ExportError::UnexpectedReply(reply.kind()));
         };

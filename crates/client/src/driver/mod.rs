@@ -13,6 +13,7 @@
 mod config;
 mod connect;
 mod control;
+mod lazy;
 mod membership;
 mod poll;
 mod regions;
@@ -139,7 +140,10 @@ impl Client {
                 });
             }
         }
-        client.place_region(shape, config.address_space_bytes, None)?;
+        // With lazy ranges and no address space, the caller creates every region itself.
+        if !(config.lazy_ranges && config.address_space_bytes == 0) {
+            client.place_region(shape, config.address_space_bytes, None)?;
+        }
         client.export_slabs();
         client.volunteer_for_activity();
         Ok(client)

@@ -10,7 +10,7 @@ use remem_proto::Control;
 
 use super::{connect, Client};
 use crate::core::Shape;
-use crate::engine::{BesideError, NodeId, RegionInfo, SlabRef};
+use crate::engine::{BesideError, NoBuffers, NodeId, OpBuffers, RegionInfo, SlabRef};
 use crate::error::{ConnectError, NodeMemoryNeed};
 
 /// The node memory a region of `bytes` coded with `shape` takes on nodes with slabs of
@@ -28,12 +28,12 @@ pub fn region_node_bytes(shape: Shape, bytes: u64, slab_size_bytes: u64, page_by
 
 /// Where a new region's ranges go: their shape, split size and first page and range.
 #[derive(Clone, Copy)]
-struct RangeGeometry {
-    shape: Shape,
-    split_bytes: usize,
-    pages_per_range: u64,
-    first_page: u64,
-    first_range: u64,
+pub(super) struct RangeGeometry {
+    pub(super) shape: Shape,
+    pub(super) split_bytes: usize,
+    pub(super) pages_per_range: u64,
+    pub(super) first_page: u64,
+    pub(super) first_range: u64,
 }
 
 impl Client {
@@ -79,6 +79,19 @@ impl Client {
         let page_count = bytes / self.config.page_bytes as u64;
         if page_count == 0 {
             return Err(ConnectError::EmptyAddressSpace { bytes });
+        }
+        if self.config.lazy_ranges {
+            let total_splits = beside.shape.total_splits();
+            if split >= total_splits {
+                return Err(BesideError::NoSplit { split, total_splits }.into());
+            }
+            if page_count > beside.page_count {
+                let beside_page_count = beside.page_count;
+                return Err(BesideError::TooLarge { page_count, beside_page_count }.into());
+            }
+            let region = self.place_region(shape, bytes, None)?;
+            self.engine.set_region_beside(region.index, beside.index, split);
+            return Ok(region);
         }
         let nodes = self.engine.nodes_beside(beside.index, split, pages_per_range, page_count)?;
         let region = self.place_region(shape, bytes, Some(nodes))?;
@@ -131,6 +144,10 @@ impl Client {
         }
         let first_page = self.engine.page_count();
         let first_range = self.engine.ranges().len() as u64;
+        if self.config.lazy_ranges {
+            let unmapped = vec![Vec::new(); range_count as usize];
+            return Ok(self.engine.add_region(shape, page_count, pages_per_range, unmapped, true));
+        }
         let (mut loads, free_bytes) = self.member_loads(split_bytes);
         let nodes = loads.len();
         // Fewer free slabs than the region's slabs in all: refused before a round trip, rather
@@ -172,7 +189,7 @@ impl Client {
     }
 
     /// [`region_node_bytes`] on this client's nodes.
-    fn region_node_bytes(&self, shape: Shape, bytes: u64) -> u64 {
+    pub(super) fn region_node_bytes(&self, shape: Shape, bytes: u64) -> u64 {
         let slab_size_bytes =
             self.engine.nodes().iter().map(|node| node.info.slab_size_bytes).max().unwrap_or(0);
         region_node_bytes(shape, bytes, slab_size_bytes, self.config.page_bytes)
@@ -180,7 +197,7 @@ impl Client {
 
     /// The loads of the connected member nodes (what placement chooses among), for slabs of
     /// splits of `split_bytes`, and the bytes they have free.
-    fn member_loads(&self, split_bytes: usize) -> (Vec<NodeLoad>, u64) {
+    pub(super) fn member_loads(&self, split_bytes: usize) -> (Vec<NodeLoad>, u64) {
         let members = self
             .engine
             .nodes()
@@ -213,61 +230,85 @@ impl Client {
         loads: &mut [NodeLoad],
         ranges: &mut Vec<Vec<SlabRef>>,
     ) -> Result<(), ConnectError> {
-        let RangeGeometry { shape, split_bytes, pages_per_range, first_page, first_range } = *geometry;
-        let slab_size = pages_per_range * split_bytes as u64;
+        let RangeGeometry { shape, first_page, first_range, pages_per_range, .. } = *geometry;
         for local_range in 0..range_count {
             let nodes = match pinned {
                 Some(pinned) => vec![pinned[local_range as usize]],
-                None => {
-                    let placed = self.engine.placement_mut().place(loads, shape.total_splits())?;
-                    if !placed.distinct_domains {
-                        let crowded = crowded_domain(loads, &placed.nodes, shape);
-                        match crowded {
-                            Some(error) if !self.config.allow_shared_domains => return Err(error),
-                            _ => tracing::warn!(
-                                range = first_range + local_range,
-                                "range placed with shared failure domains"
-                            ),
-                        }
-                    }
-                    placed.nodes
-                }
+                None => self.place_range(loads, shape, first_range + local_range)?,
             };
             ranges.push(Vec::with_capacity(shape.total_splits()));
             for (split, &node) in nodes.iter().enumerate() {
-                let map = Control::MapSlab {
-                    split_bytes: split_bytes as u32,
-                    split_index: split as u8,
-                    first_page: first_page + local_range * pages_per_range,
-                    range_id: first_range + local_range,
-                };
-                let address = self.engine.node(node).address;
-                let reply = self.control(node, &map).map_err(|error| ConnectError::Protocol {
-                    address,
-                    message: format!("mapping a slab: {error}"),
-                });
-                match reply {
-                    Ok(Control::SlabMapped { slab_id, slots }) if u64::from(slots) == pages_per_range => {
-                        ranges.last_mut().expect("pushed above").push(SlabRef { node, slab_id });
-                    }
-                    Ok(Control::SlabMapped { slots, .. }) => {
-                        return Err(ConnectError::SlabSizeMismatch {
-                            address,
-                            slab_size_bytes: u64::from(slots) * split_bytes as u64,
-                            expected_bytes: slab_size,
-                        })
-                    }
-                    Ok(other) => return Err(connect::unexpected(address, &other)),
-                    Err(error) => return Err(error),
-                }
+                let range_first_page = first_page + local_range * pages_per_range;
+                let slab_id = self.map_slab(
+                    geometry,
+                    (node, split),
+                    (range_first_page, first_range + local_range),
+                    &mut NoBuffers,
+                )?;
+                ranges.last_mut().expect("pushed above").push(SlabRef { node, slab_id });
                 if let Some(load) = loads.iter_mut().find(|load| load.node_index == node) {
                     load.slabs_mapped += 1;
                     load.slabs_free = load.slabs_free.saturating_sub(1);
                 }
-                self.engine.count_mapped_slab(node, split_bytes);
             }
         }
         Ok(())
+    }
+
+    /// The nodes of a new range of `shape` (range number `range`, for the log), by the
+    /// placement policy over `loads`, refusing more than r splits in one failure domain unless
+    /// the configuration allows it.
+    pub(super) fn place_range(
+        &mut self,
+        loads: &mut [NodeLoad],
+        shape: Shape,
+        range: u64,
+    ) -> Result<Vec<NodeId>, ConnectError> {
+        let placed = self.engine.placement_mut().place(loads, shape.total_splits())?;
+        if !placed.distinct_domains {
+            match crowded_domain(loads, &placed.nodes, shape) {
+                Some(error) if !self.config.allow_shared_domains => return Err(error),
+                _ => tracing::warn!(range, "range placed with shared failure domains"),
+            }
+        }
+        Ok(placed.nodes)
+    }
+
+    /// Maps one slab of a range (`at`: its first page and range number) for split `split` on
+    /// `node`, running the loop with `buffers` until the node answers, and counts it in the
+    /// engine. Returns the slab id.
+    pub(super) fn map_slab(
+        &mut self,
+        geometry: &RangeGeometry,
+        (node, split): (NodeId, usize),
+        (first_page, range_id): (u64, u64),
+        buffers: &mut dyn OpBuffers,
+    ) -> Result<u32, ConnectError> {
+        let RangeGeometry { split_bytes, pages_per_range, .. } = *geometry;
+        let map = Control::MapSlab {
+            split_bytes: split_bytes as u32,
+            split_index: split as u8,
+            first_page,
+            range_id,
+        };
+        let address = self.engine.node(node).address;
+        let reply = self
+            .control_with(node, &map, buffers)
+            .map_err(|error| ConnectError::Protocol { address, message: format!("mapping a slab: {error}") });
+        let slab_id = match reply {
+            Ok(Control::SlabMapped { slab_id, slots }) if u64::from(slots) == pages_per_range => slab_id,
+            Ok(Control::SlabMapped { slots, .. }) => {
+                return Err(ConnectError::SlabSizeMismatch {
+                    address,
+                    slab_size_bytes: u64::from(slots) * split_bytes as u64,
+                    expected_bytes: pages_per_range * split_bytes as u64,
+                })
+            }
+            Ok(other) => return Err(connect::unexpected(address, &other)),
+            Err(error) => return Err(error),
+        };
+        self.engine.count_mapped_slab(node, split_bytes);
+        Ok(slab_id)
     }
 
     /// The node holding split `split` of the range of `page` (where writes of that split go),

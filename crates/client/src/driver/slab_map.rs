@@ -54,6 +54,10 @@ pub struct RegionMap {
     pub page_count: u64,
     pub pages_per_range: u64,
     pub ranges: Vec<Vec<(usize, u32)>>,
+    /// The region (0: the first) and split this one is laid beside, for its ranges mapped
+    /// later (`Client::create_region_beside` with lazy ranges).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beside: Option<(usize, usize)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,7 +103,8 @@ impl SlabMapFile {
             ));
         }
         for (index, range) in self.ranges.iter().enumerate() {
-            if range.len() != width {
+            // No slabs: a range not mapped yet (`ClientConfig::lazy_ranges`).
+            if !range.is_empty() && range.len() != width {
                 return Err(format!("range {index} lists {} slabs, k+r = {width}", range.len()));
             }
             if let Some((node, _)) = range.iter().find(|(node, _)| *node >= self.nodes.len()) {
@@ -108,8 +113,22 @@ impl SlabMapFile {
         }
         for (number, region) in self.more_regions.iter().enumerate() {
             region
-                .validate(self.page_bytes, self.nodes.len())
+                .validate(number + 1, self.page_bytes, self.nodes.len())
                 .map_err(|message| format!("region {}: {message}", number + 1))?;
+            if let Some((beside, split)) = region.beside {
+                let beside_width = match beside {
+                    0 => width,
+                    other => {
+                        self.more_regions[other - 1].data_splits + self.more_regions[other - 1].parity_splits
+                    }
+                };
+                if split >= beside_width {
+                    return Err(format!(
+                        "region {}: laid beside split {split} of {beside_width}",
+                        number + 1
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -144,7 +163,8 @@ impl SlabMapFile {
 }
 
 impl RegionMap {
-    fn validate(&self, page_bytes: usize, nodes: usize) -> Result<(), String> {
+    /// Checks region `index` of a map (1: the first after the map's own).
+    fn validate(&self, index: usize, page_bytes: usize, nodes: usize) -> Result<(), String> {
         let width = self.data_splits + self.parity_splits;
         if self.pages_per_range == 0 || self.page_count == 0 {
             return Err("page_count and pages_per_range must be positive".into());
@@ -157,6 +177,9 @@ impl RegionMap {
         }
         CodecParams::new(self.data_splits, self.parity_splits, page_bytes)
             .map_err(|error| error.to_string())?;
+        if self.beside.is_some_and(|(region, _)| region >= index) {
+            return Err(format!("laid beside region {:?}, not an earlier one", self.beside));
+        }
         if self.page_count.div_ceil(self.pages_per_range) != self.ranges.len() as u64 {
             return Err(format!(
                 "{} ranges listed, {} pages need {}",
@@ -166,7 +189,8 @@ impl RegionMap {
             ));
         }
         for (index, range) in self.ranges.iter().enumerate() {
-            if range.len() != width {
+            // No slabs: a range not mapped yet (`ClientConfig::lazy_ranges`).
+            if !range.is_empty() && range.len() != width {
                 return Err(format!("range {index} lists {} slabs, k+r = {width}", range.len()));
             }
             if let Some((node, _)) = range.iter().find(|(node, _)| *node >= nodes) {
@@ -212,6 +236,7 @@ impl Client {
                         .filter(|range| range.region == region.index)
                         .map(|range| range.slabs.iter().map(|slab| (slab.node, slab.slab_id)).collect())
                         .collect(),
+                    beside: self.engine.region_beside(region.index),
                 })
                 .collect(),
         }
@@ -290,7 +315,11 @@ impl Client {
                 .iter()
                 .map(|slabs| slabs.iter().map(|&(node, slab_id)| SlabRef { node, slab_id }).collect())
                 .collect();
-            client.engine.add_region(shape, region.page_count, region.pages_per_range, ranges, false);
+            let added =
+                client.engine.add_region(shape, region.page_count, region.pages_per_range, ranges, false);
+            if let Some((beside, split)) = region.beside {
+                client.engine.set_region_beside(added.index, beside, split);
+            }
         }
         client.engine.fail_unreachable_nodes(Instant::now());
         client.export_slabs();

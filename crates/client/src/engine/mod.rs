@@ -39,6 +39,7 @@
 //!   do not hold its version, so no rebuild can bring the lost split back (`parity_stale.rs`).
 
 mod health;
+mod lazy;
 mod ops;
 mod parity_stale;
 mod regeneration;
@@ -60,6 +61,7 @@ use crate::error::PageError;
 use crate::shm::ShmSlab;
 
 pub use health::NodeStats;
+pub use lazy::RangePlacement;
 pub(crate) use regeneration::failure_domain_key;
 pub use regeneration::RegenerationStatus;
 pub use regions::BesideError;
@@ -173,6 +175,9 @@ pub struct Region {
     pub range_count: usize,
     pub pages_per_range: u64,
     pub split_bytes: usize,
+    /// The region and split this one is laid beside ([`Engine::nodes_beside`]), kept for its
+    /// ranges mapped later.
+    beside: Option<(usize, usize)>,
     codec: Box<dyn PageCodec>,
 }
 

@@ -249,8 +249,12 @@ impl Engine {
     }
 
     pub(super) fn check_page(&self, page: u64, len: usize) -> Result<(), PageError> {
-        if self.region_of(page).is_none() {
+        let Some(region) = self.region_of(page) else {
             return Err(PageError::OutOfRange { page, page_count: self.page_count() });
+        };
+        let (range, _) = self.locate(region, page);
+        if !self.range_mapped(range) {
+            return Err(PageError::Unmapped { page, range });
         }
         if len != self.config.page_bytes {
             return Err(PageError::BadBuffer { len, page_bytes: self.config.page_bytes });

@@ -60,7 +60,7 @@ const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
 #[derive(Debug)]
 pub(super) struct Regeneration {
-    range: usize,
+    pub(super) range: usize,
     split: usize,
     reason: &'static str,
     state: State,

@@ -80,13 +80,13 @@ impl Engine {
             let first_offset = local_range * pages_per_range;
             let last_offset = (first_offset + pages_per_range).min(page_count) - 1;
             let first = beside_range_of(first_offset);
-            if self.ranges[first].unavailable & (1 << split) != 0 {
+            if !self.range_mapped(first) || self.ranges[first].unavailable & (1 << split) != 0 {
                 return Err(BesideError::Unavailable { beside_range: first, split });
             }
             let node = self.ranges[first].slabs[split].node;
             for beside_range in first..=beside_range_of(last_offset) {
-                let data = &self.ranges[beside_range].slabs[..data_splits];
-                if beside_range != first && data.iter().any(|slab| slab.node == node) {
+                let mut data = self.ranges[beside_range].slabs.iter().take(data_splits);
+                if beside_range != first && data.any(|slab| slab.node == node) {
                     return Err(BesideError::SharesDataNode { local_range, beside_range, split, node });
                 }
             }
@@ -113,7 +113,8 @@ impl Engine {
         let index = self.regions.len();
         let first_range = self.ranges.len();
         for slabs in ranges {
-            assert_eq!(slabs.len(), shape.total_splits());
+            // No slabs: a range mapped later (`Engine::set_range_slabs`).
+            assert!(slabs.is_empty() || slabs.len() == shape.total_splits());
             self.ranges.push(Range {
                 region: index,
                 slabs,
@@ -145,6 +146,7 @@ impl Engine {
             range_count: self.ranges.len() - first_range,
             pages_per_range,
             split_bytes: params.split_bytes(),
+            beside: None,
             codec: remem_codec::new_codec(params),
         });
         self.region_info(index)

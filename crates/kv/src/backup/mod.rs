@@ -39,7 +39,9 @@ pub use replica::{Change, Replica, ReplicaError, RingError};
 pub use sync::{ApplyError, SyncPolicy, SyncProgress};
 
 pub const MAGIC: &[u8; 8] = b"REMEMKVB";
-pub const VERSION: u32 = 1;
+/// 2: the EC region's journal moved to its first pages and chunk classes cut a page evenly
+/// (ranges are mapped as values arrive); a state of version 1 is refused, naming `--fresh`.
+pub const VERSION: u32 = 2;
 pub const CHUNK_BYTES: usize = 1 << 20;
 /// Slot sizes: 128 bytes to a whole chunk, doubling.
 pub const CLASS_COUNT: usize = 14;

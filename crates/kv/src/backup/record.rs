@@ -233,7 +233,7 @@ impl ItemRecord {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
@@ -247,9 +247,17 @@ mod tests {
             value_crc: 0x1234_5678,
             scheme: Scheme::Eor,
             pinned: true,
-            extent: Extent { pages: vec![10, 11, 40], tail: Some(Chunk { page: 77, class: 2, slot: 5 }) },
+            extent: Extent {
+                pages: vec![10, 11, 40],
+                tail: Some(Chunk { page: 77, class: class_of(100), slot: 5 }),
+            },
             key: (*b"user:42").into(),
         }
+    }
+
+    /// The smallest chunk class holding `bytes`.
+    pub(crate) fn class_of(bytes: usize) -> u8 {
+        class_sizes().iter().position(|&size| size >= bytes).expect("a class") as u8
     }
 
     fn encode(record: &ItemRecord) -> Vec<u8> {

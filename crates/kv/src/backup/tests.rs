@@ -56,7 +56,14 @@ fn item(seq: u64, key: &str, pages: Vec<u64>) -> ItemRecord {
         value_crc: seq as u32,
         scheme: Scheme::Rep2,
         pinned: false,
-        extent: Extent { pages, tail: Some(Chunk { page: 500 + seq, class: 2, slot: 0 }) },
+        extent: Extent {
+            pages,
+            tail: Some(Chunk {
+                page: 500 + seq,
+                class: crate::backup::record::tests::class_of(100),
+                slot: 0,
+            }),
+        },
         key: key.as_bytes().into(),
     }
 }

@@ -208,11 +208,13 @@ impl Cache {
         report
     }
 
-    /// Whether a record's pages are inside its scheme's region and free of every record kept
+    /// Whether a record's pages are inside its scheme's region's mapped ranges and free of every record kept
     /// so far.
     fn fits(&self, record: &ItemRecord, whole_pages: &HashSet<u64, Fast>, chunk_pages: &ChunkPages) -> bool {
         let kind = RegionKind::of(record.scheme);
-        let Some((first, count)) = self.space.region_pages(kind) else { return false };
+        // Inside the mapped ranges: a record into a range the saved slab map has no slabs for
+        // points at nothing.
+        let Some((first, count)) = self.space.mapped_pages(kind) else { return false };
         let inside = |page: u64| page >= first && page - first < count;
         let mut pages = HashSet::new();
         for &page in &record.extent.pages {

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use remem_client::PollClient;
 
 pub mod durability;
+pub mod growth;
 pub mod open;
 mod reads;
 pub mod rewrites;
@@ -211,11 +212,14 @@ pub struct Cache {
     /// Bytes held for replies, per connection and in all (`crate::budget`): gets reserve their
     /// value here before they fetch it, the server counts what waits to be written.
     budget: crate::budget::OutputBudget,
+    /// Ranges mapped as values need them and given back when empty (`growth.rs`).
+    growth: growth::Growth,
 }
 
 impl Cache {
     pub fn new(client: PollClient, space: Space, config: CacheConfig, main_first_page: Option<u64>) -> Cache {
-        let ec_first_page = space.region_pages(RegionKind::Ec).map(|(first, _)| first).unwrap_or(0);
+        // EOR's main copies lie beside the EC region page for page from its first page.
+        let ec_first_page = space.grid(RegionKind::Ec).map(|grid| grid.origin).unwrap_or(0);
         Cache {
             client,
             io: PageIo::new(),
@@ -242,6 +246,7 @@ impl Cache {
             journal_waiting: Default::default(),
             rewrites: None,
             budget: crate::budget::OutputBudget::new(crate::budget::DEFAULT_OUTPUT_BUDGET_BYTES),
+            growth: growth::Growth::default(),
         }
     }
 
@@ -472,6 +477,7 @@ impl Cache {
 
     /// Advances every task with the page ops that finished.
     pub fn on_io(&mut self, readable: bool) {
+        self.growth.collect_now = false;
         let mut done = std::mem::take(&mut self.done_buffer);
         if readable {
             self.io.on_readable(&mut self.client, &mut done);
@@ -513,6 +519,7 @@ impl Cache {
     /// Starts waiting page ops and collects completions of ops that finished at submit
     /// (shared memory, errors).
     pub fn kick(&mut self) {
+        self.growth.collect_now = false;
         self.io.start_waiting(&mut self.client);
         let mut done = std::mem::take(&mut self.done_buffer);
         self.io.on_timer(&mut self.client, &mut done);
@@ -522,6 +529,9 @@ impl Cache {
 
     /// When the engine wants a tick.
     pub fn next_deadline(&self) -> Option<Instant> {
+        if self.growth.collect_now {
+            return Some(Instant::now());
+        }
         self.client.next_deadline()
     }
 
@@ -537,6 +547,7 @@ impl Cache {
             }
         }
         self.cool_down(now_unix);
+        self.shrink_regions();
     }
 
     /// Checks the engine's counted state (debug builds' housekeeping calls it once a second, so

@@ -4,6 +4,7 @@
 
 use remem_client::{Client, ConnectError, PollClient, Shape};
 
+use super::growth::MainRanges;
 use super::rewrites::JOURNAL_PAGES;
 use crate::cache::{Cache, CacheConfig};
 use crate::error::RegionsError;
@@ -15,15 +16,18 @@ use crate::space;
 /// copies (its scheme, `none`, is also that of `none` values).
 pub const MAIN_COPIES_LABEL: &str = "EOR main copies";
 
-/// Builds the cache over a connected client whose first region (`first`) is the EC region of
-/// `region_bytes`: adds the other schemes' regions.
+/// Builds the cache over a connected client whose first region, if it has one, is the EC
+/// region of `region_bytes` (else it is made here): adds the other schemes' regions.
 pub fn build_cache(
     mut client: Client,
     config: CacheConfig,
     region_bytes: u64,
 ) -> Result<Cache, ConnectError> {
     let needed = schemes_needed(&config.policy);
-    let ec_region = client.regions()[0];
+    let ec_region = match client.regions().first() {
+        Some(&region) => region,
+        None => client.create_region(region_shape(Scheme::Ec, config.ec), region_bytes)?,
+    };
     for scheme in [Scheme::None, Scheme::Rep2, Scheme::Rep3] {
         if needed.contains(&scheme) {
             client.create_region(region_shape(scheme, config.ec), region_bytes)?;
@@ -74,21 +78,38 @@ pub fn cache_over_regions(mut client: Client, config: CacheConfig) -> Result<Cac
     }
     let mut space = space::Space::new();
     let mut main_first_page = None;
+    let mut main_ranges = None;
     let mut journal_first_page = 0;
     for (region, (kind, _)) in regions.iter().zip(&expected) {
+        let first_range = first_range_of(&client, region.index);
+        let range_count = region.page_count.div_ceil(region.pages_per_range) as usize;
+        let grid = space::RangeGrid {
+            origin: region.first_page,
+            pages_per_range: region.pages_per_range,
+            first_range,
+            mapped: mapped_prefix(&mut client, first_range, range_count),
+        };
         match kind {
-            // The EC region's last pages are the journal of chunk page rewrites.
+            // The EC region's first pages are the journal of chunk page rewrites (in its first
+            // range, mapped before any value page).
             Some(space::RegionKind::Ec) => {
                 if region.page_count <= 2 * JOURNAL_PAGES {
                     return Err(RegionsError::EcTooSmall { pages: region.page_count });
                 }
                 let values = region.page_count - JOURNAL_PAGES;
-                space.add_region(space::RegionKind::Ec, region.first_page, values);
-                journal_first_page = region.first_page + values;
+                journal_first_page = region.first_page;
+                space.add_ranged_region(
+                    space::RegionKind::Ec,
+                    region.first_page + JOURNAL_PAGES,
+                    values,
+                    grid,
+                );
             }
-            Some(kind) => space.add_region(*kind, region.first_page, region.page_count),
+            Some(kind) => space.add_ranged_region(*kind, region.first_page, region.page_count, grid),
             None => {
                 main_first_page = Some(region.first_page);
+                main_ranges =
+                    Some(MainRanges { first_range, pages_per_range: region.pages_per_range, range_count });
                 client.label_region(region.index, MAIN_COPIES_LABEL);
             }
         }
@@ -96,5 +117,26 @@ pub fn cache_over_regions(mut client: Client, config: CacheConfig) -> Result<Cac
     client.set_max_in_flight(PAGE_OPS_IN_FLIGHT);
     let mut cache = Cache::new(PollClient::new(client), space, config, main_first_page);
     cache.set_journal(journal_first_page);
+    cache.set_main_ranges(main_ranges);
     Ok(cache)
+}
+
+/// The client's index of the first range of region `region`.
+fn first_range_of(client: &Client, region: usize) -> usize {
+    client.ranges().iter().position(|range| range.region == region).expect("a region has a range")
+}
+
+/// How many of the region's ranges from `first_range` are mapped before the first that is
+/// not. A range mapped after that one (none is, as ranges are mapped in order and released
+/// from the last) holds nothing the cache knows of: it is given back.
+fn mapped_prefix(client: &mut Client, first_range: usize, range_count: usize) -> u64 {
+    let ranges = first_range..first_range + range_count;
+    let prefix = ranges.clone().take_while(|&range| client.engine().range_mapped(range)).count();
+    for range in ranges.skip(prefix + 1) {
+        if client.engine().range_mapped(range) {
+            tracing::warn!(range, "a range mapped beyond the region's first unmapped one: given back");
+            client.release_range(range);
+        }
+    }
+    prefix as u64
 }

@@ -7,8 +7,8 @@
 //! that leaves 3 to 7 new splits), and every value in the page is lost though no node failed.
 //! Replicated pages do not tear this way (every copy is whole, one suffices) and neither does a
 //! page of one split. So an EC or EOR chunk page that holds acknowledged values is first written
-//! whole to a journal page (one of [`JOURNAL_PAGES`] pages set aside at the end of the EC
-//! region), an intent (journal slot, page, scheme) is recorded in the state directory's
+//! whole to a journal page (one of [`JOURNAL_PAGES`] pages set aside at the start of the EC
+//! region, in its first range), an intent (journal slot, page, scheme) is recorded in the state directory's
 //! `rewrites` file, and only then is the page written in place; the intent is cleared when that
 //! write is done. A restart writes every page an intent names again from its journal page before
 //! it serves ([`crate::Cache::recover_rewrites`]). A page's first write (no value in it was
@@ -141,7 +141,7 @@ impl Cache {
     pub fn recover_rewrites(&mut self, mut log: RewriteLog, mut intents: Vec<Intent>) -> Recovered {
         let mut recovered = Recovered::default();
         intents.sort_unstable_by_key(|intent| intent.seq);
-        let values = self.space.region_pages(RegionKind::Ec);
+        let values = self.space.mapped_pages(RegionKind::Ec);
         let mut page_bytes = vec![0u8; PAGE_BYTES];
         for intent in intents {
             let in_region =

@@ -61,19 +61,27 @@ impl Cache {
         bytes: usize,
     ) -> Result<(crate::space::Extent, bool), StoreError> {
         // Evicted values whose pages are still being read free their space only later: give
-        // up after a bounded number of evictions rather than empty the cache.
-        for _ in 0..MAX_EVICTIONS_PER_STORE {
-            match self.space.allocate(scheme, bytes) {
+        // up after a bounded number of evictions rather than empty the cache. A region grows a
+        // range at a time, at most once per range it has.
+        let mut evictions = 0;
+        loop {
+            let full = match self.space.allocate(scheme, bytes) {
+                Ok((extent, _)) if scheme == Scheme::Eor && !self.map_main_copies(&extent) => {
+                    self.space.free_extent(scheme, &extent);
+                    true
+                }
                 Ok(allocated) => return Ok(allocated),
                 Err(SpaceError::NotOffered) => return Err(StoreError::NotOffered),
-                Err(SpaceError::Full) => {
-                    if !self.evict_one_of(RegionKind::of(scheme)) {
-                        break;
-                    }
+                Err(SpaceError::NeedsRange(kind)) => !self.grow(kind),
+                Err(SpaceError::Full) => true,
+            };
+            if full {
+                evictions += 1;
+                if evictions > MAX_EVICTIONS_PER_STORE || !self.evict_one_of(RegionKind::of(scheme)) {
+                    return Err(StoreError::OutOfMemory);
                 }
             }
         }
-        Err(StoreError::OutOfMemory)
     }
 
     /// Stores `value` as the new item of `key` (the index switches now; the write goes on in the

@@ -231,8 +231,12 @@ fn new_cache(
     state: Option<&KvState>,
     args: &KvArgs,
 ) -> Result<crate::Cache> {
+    // No region yet: the limit is checked against the nodes first (a region of terabytes
+    // costs its page table even unmapped).
+    let config = ClientConfig { address_space_bytes: 0, ..config };
     let client = Client::connect(&cluster.addresses(), secret, config, placement)
         .with_context(|| format!("connecting to the cluster of {}", cluster_path.display()))?;
+    check_node_memory(&client, &cache_config, args.memory_limit)?;
     let region_bytes = args.memory_limit.div_ceil(4096) * 4096;
     let mut cache = crate::cache::open::build_cache(client, cache_config, region_bytes)
         .context("creating the regions")?;
@@ -252,8 +256,50 @@ fn new_cache(
             .client()
             .save_map(&map_path)
             .with_context(|| format!("saving the slab map to {}", map_path.display()))?;
+        cache.set_map_path(map_path);
     }
     Ok(cache)
+}
+
+/// Refuses a `-m` the cluster could not hold: items of `memory_limit` bytes all at the
+/// costliest scheme the policy starts values in (EOR: its main copies and a whole EC page
+/// each, as during its move to EC), against the free memory of the nodes that answered. Nothing
+/// is mapped at the start (ranges are mapped as values arrive), so this is the only early word.
+fn check_node_memory(client: &Client, config: &CacheConfig, memory_limit: u64) -> Result<()> {
+    let policy = &config.policy;
+    let mut starting = match policy.fixed {
+        Some(fixed) => vec![fixed],
+        None => vec![policy.small_scheme, policy.large_scheme],
+    };
+    starting.extend(policy.prefixes.iter().map(|(_, scheme)| *scheme));
+    let nodes = client.engine().nodes().iter().filter(|node| node.connected);
+    let slab_size = nodes.clone().map(|node| node.info.slab_size_bytes).max().unwrap_or(0);
+    let (answered, free_bytes) =
+        nodes.fold((0, 0u64), |(count, free), node| (count + 1, free + node.info.free_bytes));
+    let bytes_of = |scheme: Scheme| {
+        let shape = |scheme| crate::scheme::region_shape(scheme, config.ec);
+        let bytes = |scheme| remem_client::region_node_bytes(shape(scheme), memory_limit, slab_size, 4096);
+        match scheme {
+            Scheme::Eor => bytes(Scheme::Ec) + bytes(Scheme::None),
+            other => bytes(other),
+        }
+    };
+    let Some((needed, scheme)) =
+        starting.into_iter().map(|scheme| (bytes_of(scheme), scheme)).max_by_key(|(bytes, _)| *bytes)
+    else {
+        return Ok(());
+    };
+    if needed > free_bytes {
+        bail!(
+            "-m {} of items at {} needs up to {} of node memory, and the {answered} nodes that answered have {} \
+             free: lower -m, or add nodes (docs/KV.md \"Memory\")",
+            format_bytes(memory_limit),
+            scheme.stat_name(),
+            format_bytes(needed),
+            format_bytes(free_bytes)
+        );
+    }
+    Ok(())
 }
 
 /// The door a standby attaches through (`standby.sock` in the state directory).
@@ -340,6 +386,8 @@ fn client_config(args: &KvArgs, ec: EcShape) -> Result<(ClientConfig, Box<dyn re
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
     config.shared_memory = args.transport == remem_frontend::transport_arg::Transport::Shm;
     config.release_on_drop = args.ephemeral;
+    // Node memory in proportion to what is stored: ranges are mapped as values need them.
+    config.lazy_ranges = true;
     Ok((config, placement))
 }
 

@@ -133,6 +133,7 @@ impl KvState {
                 map_path.display()
             )
         })?;
+        cache.set_map_path(map_path.clone());
         // Pages whose rewrite a kill cut short are whole again before anything reads them.
         let (log, intents) = self.open_rewrites()?;
         let recovered = cache.recover_rewrites(log, intents);

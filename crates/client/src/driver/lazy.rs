@@ -1,0 +1,84 @@
+//! Ranges mapped when the front end first needs them and given back when it no longer does
+//! ([`super::ClientConfig::lazy_ranges`]; the engine's side is `engine/lazy.rs`). Both run while
+//! ops are in flight: mapping runs the client's loop with the caller's buffers until the nodes
+//! answer, and ops that complete meanwhile wait for the caller as after any turn of the loop.
+
+use remem_placement::PlacementError;
+
+use super::regions::RangeGeometry;
+use super::Client;
+use crate::engine::{OpBuffers, RangePlacement, SlabRef};
+use crate::error::{ConnectError, NodeMemoryNeed};
+
+impl Client {
+    /// Maps range `range`, which has no slabs: k+r slabs where the placement policy says (for
+    /// a region laid beside another, its one slab on the node that rule names), each a control
+    /// round trip, then exported as shared memory where the client uses it. Pages of the range
+    /// are new: never written. `buffers` are those of the ops in flight.
+    ///
+    /// Errors: [`ConnectError::NodeMemory`] when too few nodes have a free slab,
+    /// [`ConnectError::Beside`] when the range's pinned node is not available, mapping errors;
+    /// nothing stays mapped then.
+    pub fn map_range(&mut self, range: usize, buffers: &mut dyn OpBuffers) -> Result<(), ConnectError> {
+        assert!(!self.engine.range_mapped(range), "range {range} is mapped already");
+        let shape = self.engine.shape_of_range(range);
+        let split_bytes = self.engine.split_bytes_of_range(range);
+        let pages_per_range = self.engine.pages_per_range_of(range);
+        let first_page = self.engine.first_page_of_range(range);
+        let nodes = match self.engine.placement_of_range(range)? {
+            RangePlacement::Pinned(node) => vec![node],
+            RangePlacement::Avoiding(avoid) => {
+                let (mut loads, free_bytes) = self.member_loads(split_bytes);
+                for load in loads.iter_mut().filter(|load| avoid.contains(&load.node_index)) {
+                    load.slabs_free = 0;
+                }
+                match self.place_range(&mut loads, shape, range as u64) {
+                    Err(ConnectError::Placement(placement @ PlacementError::NotEnoughNodes { .. })) => {
+                        let bytes = pages_per_range * self.config.page_bytes as u64;
+                        let needs = NodeMemoryNeed::new(shape, bytes, self.region_node_bytes(shape, bytes));
+                        let nodes = loads.len();
+                        return Err(ConnectError::NodeMemory {
+                            needs,
+                            free_bytes,
+                            nodes,
+                            placement: Some(placement),
+                        });
+                    }
+                    other => other?,
+                }
+            }
+        };
+        let geometry =
+            RangeGeometry { shape, split_bytes, pages_per_range, first_page, first_range: range as u64 };
+        let mut slabs = Vec::with_capacity(nodes.len());
+        for (split, &node) in nodes.iter().enumerate() {
+            match self.map_slab(&geometry, (node, split), (first_page, range as u64), buffers) {
+                Ok(slab_id) => slabs.push(SlabRef { node, slab_id }),
+                Err(error) => {
+                    self.engine.release_unplaced_slabs(slabs, split_bytes);
+                    return Err(error);
+                }
+            }
+        }
+        self.engine.set_range_slabs(range, slabs);
+        if self.config.shared_memory {
+            let wanted = (0..nodes.len()).map(|split| (range, split));
+            let wanted = wanted.filter(|&(_, split)| self.transport.is_unix(nodes[split])).collect();
+            self.export(wanted, buffers);
+        }
+        Ok(())
+    }
+
+    /// Gives range `range` back: its slabs are unmapped (the requests leave with the next
+    /// frames sent) and its pages forgotten. False, with nothing done, while an op or a rebuild
+    /// is on it: try again later. The caller must not read or write its pages until it maps it
+    /// again.
+    pub fn release_range(&mut self, range: usize) -> bool {
+        self.engine.release_range(range)
+    }
+
+    /// Ranges that have their slabs, of every region.
+    pub fn mapped_range_count(&self) -> usize {
+        (0..self.engine.ranges().len()).filter(|&range| self.engine.range_mapped(range)).count()
+    }
+}

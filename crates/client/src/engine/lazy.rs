@@ -1,0 +1,159 @@
+//! Ranges mapped when first needed: a region's pages exist from its creation, but a range of it
+//! may hold no slabs yet (a front end that grows with what it stores, as `remem kv` does, maps a
+//! range before it writes there and gives it back when it holds nothing).
+//!
+//! A range without slabs has an empty `slabs` list: it is never read or written (an op on one of
+//! its pages fails with [`PageError::Unmapped`]), never rebuilt and never exported. Mapping a
+//! range gives it fresh slabs, whose pages are all at version 0 (never written); releasing it
+//! unmaps them and forgets its pages' versions.
+//!
+//! A region laid beside another ([`super::Engine::nodes_beside`]) keeps that rule range by range:
+//! its range goes on the node of the chosen split of the other region's range holding its first
+//! page, which must be mapped first; and a range of the other region mapped later avoids the
+//! nodes of beside ranges already holding its pages, so that no data split shares a node with
+//! the copy beside it.
+
+use super::{BesideError, Engine, NodeId, SlabRef, MAX_SPLITS};
+
+/// Where a range about to be mapped must go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RangePlacement {
+    /// Its one slab on this node (a range of a region laid beside another).
+    Pinned(NodeId),
+    /// Wherever the placement policy says, but on none of these nodes.
+    Avoiding(Vec<NodeId>),
+}
+
+impl Engine {
+    /// Whether range `range` has its slabs.
+    pub fn range_mapped(&self, range: usize) -> bool {
+        !self.ranges[range].slabs.is_empty()
+    }
+
+    /// Records that region `region` is laid beside region `beside` at split `split` (what
+    /// [`Engine::placement_of_range`] keeps for its ranges mapped later).
+    pub fn set_region_beside(&mut self, region: usize, beside: usize, split: usize) {
+        assert!(beside < region, "a region is laid beside an earlier one");
+        self.regions[region].beside = Some((beside, split));
+    }
+
+    /// The region and split region `region` is laid beside, if any.
+    pub fn region_beside(&self, region: usize) -> Option<(usize, usize)> {
+        self.regions[region].beside
+    }
+
+    /// Where unmapped range `range` must go. Errors for a range of a region laid beside another
+    /// when the other's range holding its first page is not mapped or its split is unavailable,
+    /// or when a mapped range of the other would share a data node with it.
+    pub fn placement_of_range(&self, range: usize) -> Result<RangePlacement, BesideError> {
+        let region_index = self.ranges[range].region;
+        let region = &self.regions[region_index];
+        let first_offset = (range - region.first_range) as u64 * region.pages_per_range;
+        let last_offset = (first_offset + region.pages_per_range).min(region.page_count) - 1;
+        if let Some((beside, split)) = region.beside {
+            let other = &self.regions[beside];
+            let range_of = |offset: u64| other.first_range + (offset / other.pages_per_range) as usize;
+            let first = range_of(first_offset);
+            if !self.range_mapped(first) || self.ranges[first].unavailable & (1 << split) != 0 {
+                return Err(BesideError::Unavailable { beside_range: first, split });
+            }
+            let node = self.ranges[first].slabs[split].node;
+            let data_splits = other.shape.data_splits;
+            for beside_range in first + 1..=range_of(last_offset.min(other.page_count - 1)) {
+                let mut data = self.ranges[beside_range].slabs.iter().take(data_splits);
+                if data.any(|slab| slab.node == node) {
+                    let local_range = (range - region.first_range) as u64;
+                    return Err(BesideError::SharesDataNode { local_range, beside_range, split, node });
+                }
+            }
+            return Ok(RangePlacement::Pinned(node));
+        }
+        // Ranges of regions laid beside this one that hold pages of this range.
+        let mut avoid = Vec::new();
+        for other in
+            self.regions.iter().filter(|other| other.beside.is_some_and(|(of, _)| of == region_index))
+        {
+            if first_offset >= other.page_count {
+                continue;
+            }
+            let first = other.first_range + (first_offset / other.pages_per_range) as usize;
+            let last =
+                other.first_range + (last_offset.min(other.page_count - 1) / other.pages_per_range) as usize;
+            for beside_range in first..=last {
+                avoid.extend(self.ranges[beside_range].slabs.iter().map(|slab| slab.node));
+            }
+        }
+        Ok(RangePlacement::Avoiding(avoid))
+    }
+
+    /// Gives unmapped range `range` the slabs the driver mapped for it, one per split: its
+    /// pages are new (version 0, nothing written).
+    pub fn set_range_slabs(&mut self, range: usize, slabs: Vec<SlabRef>) {
+        assert!(!self.range_mapped(range), "range {range} is mapped already");
+        let region = &self.regions[self.ranges[range].region];
+        assert_eq!(slabs.len(), region.shape.total_splits(), "one slab per split");
+        self.ranges[range].slabs = slabs;
+        self.forget_range_pages(range);
+    }
+
+    /// The first page of range `range` in the client's page space.
+    pub fn first_page_of_range(&self, range: usize) -> u64 {
+        self.range_first_page(range)
+    }
+
+    /// Unmaps, in the background, slabs the driver mapped for a range it then could not
+    /// complete, and takes them off their nodes' counts.
+    pub fn release_unplaced_slabs(&mut self, slabs: Vec<SlabRef>, split_bytes: usize) {
+        for slab in slabs {
+            self.release_slab(slab, split_bytes);
+        }
+    }
+
+    /// Releases mapped range `range`: its slabs are unmapped (in the background) and its pages
+    /// forgotten. False, with nothing done, while an op or a rebuild is on the range: the caller
+    /// tries again later.
+    pub fn release_range(&mut self, range: usize) -> bool {
+        if !self.range_mapped(range) || self.regenerations.iter().any(|task| task.range == range) {
+            return false;
+        }
+        let (first_page, pages) = self.range_pages(range);
+        if self.slot_pages.iter().any(|page| (first_page..first_page + pages).contains(page)) {
+            return false;
+        }
+        let split_bytes = self.regions[self.ranges[range].region].split_bytes;
+        let slabs = std::mem::take(&mut self.ranges[range].slabs);
+        for (split, slab) in slabs.into_iter().enumerate() {
+            if let Some(mapping) = self.shm.get_mut(range * MAX_SPLITS + split) {
+                *mapping = None;
+            }
+            self.release_slab(slab, split_bytes);
+        }
+        self.pending_exports.retain(|&(pending, _)| pending != range);
+        self.previous_slabs.retain(|&(previous, _, _)| previous != range);
+        let state = &mut self.ranges[range];
+        state.unavailable = 0;
+        state.rebuilding = 0;
+        state.previous = 0;
+        self.forget_range_pages(range);
+        true
+    }
+
+    /// The first page and page count of range `range`.
+    fn range_pages(&self, range: usize) -> (u64, u64) {
+        let region = &self.regions[self.ranges[range].region];
+        let first_page = self.range_first_page(range);
+        let pages = region.pages_per_range.min(region.first_page + region.page_count - first_page);
+        (first_page, pages)
+    }
+
+    /// Pages of range `range` back to never written: version 0, no flag.
+    fn forget_range_pages(&mut self, range: usize) {
+        let (first_page, pages) = self.range_pages(range);
+        let pages = first_page as usize..(first_page + pages) as usize;
+        self.versions[pages.clone()].fill(0);
+        self.page_flags[pages].fill(0);
+        let state = &mut self.ranges[range];
+        state.unreadable_pages = 0;
+        state.parity_stale_pages = 0;
+    }
+}
