@@ -68,6 +68,10 @@ pub struct KvBenchArgs {
     /// Memory nodes of the local cluster.
     #[arg(long, default_value_t = 12)]
     pub nodes: usize,
+    /// How remem kv reaches its nodes (all on this host): tcp, or shm (their slabs mapped as
+    /// shared memory, control over Unix sockets). memcached is the same either way.
+    #[arg(long, value_enum, default_value = "tcp")]
+    pub transport: remem_frontend::transport_arg::Transport,
     /// The memcached program to compare with.
     #[arg(long, default_value = "memcached")]
     pub memcached: String,
@@ -226,6 +230,7 @@ pub fn run(mut args: KvBenchArgs, binary: &Path) -> Result<KvBenchReport> {
     let _ = std::fs::remove_dir_all(&dir);
     Ok(KvBenchReport {
         nodes: args.nodes,
+        transport: args.transport,
         memcached_version: version,
         remem_kv,
         series,

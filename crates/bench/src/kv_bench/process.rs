@@ -296,8 +296,18 @@ impl RememKvOnCluster {
             unix_sockets: remem_local::launcher::UnixSockets::All,
         };
         let cluster = LocalCluster::start(binary, &options)?;
-        let mut kv_args =
-            vec!["-m".to_owned(), memory_limit.to_string(), "-I".to_owned(), item_limit.to_string()];
+        let transport = match args.transport {
+            remem_frontend::transport_arg::Transport::Tcp => "tcp",
+            remem_frontend::transport_arg::Transport::Shm => "shm",
+        };
+        let mut kv_args = vec![
+            "-m".to_owned(),
+            memory_limit.to_string(),
+            "-I".to_owned(),
+            item_limit.to_string(),
+            "--transport".to_owned(),
+            transport.to_owned(),
+        ];
         kv_args.extend(extra.iter().map(|word| word.to_string()));
         let server = ServerProcess::start_remem_kv(
             binary,

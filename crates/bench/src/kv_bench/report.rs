@@ -54,6 +54,8 @@ pub struct RaceRow {
 #[derive(Debug, Serialize)]
 pub struct KvBenchReport {
     pub nodes: usize,
+    /// How remem kv reached the nodes.
+    pub transport: remem_frontend::transport_arg::Transport,
     pub memcached_version: String,
     /// Whether `remem kv` was measured (false only while the binary has no `kv` command).
     pub remem_kv: bool,
@@ -84,8 +86,13 @@ fn ratio_text(ratio: Option<f64>) -> String {
 
 pub fn print_table(report: &KvBenchReport) {
     println!(
-        "GET and SET from outside, {} vs remem kv on {} local nodes",
-        report.memcached_version, report.nodes
+        "GET and SET from outside, {} vs remem kv on {} local nodes over {}",
+        report.memcached_version,
+        report.nodes,
+        match report.transport {
+            remem_frontend::transport_arg::Transport::Tcp => "TCP",
+            remem_frontend::transport_arg::Transport::Shm => "shared memory",
+        }
     );
     println!("(ratios: this row over memcached's row of the same operation, size and connections)");
     println!(

@@ -639,7 +639,13 @@ fn bench_kv_quick_reports_every_scheme_beside_memcached() {
     kv_support::require_program("memcached", "memcached");
     kv_support::require_remem_kv();
     let binary = kv_support::binary().to_str().expect("UTF-8 path").to_owned();
-    let output = kv_support::run_bounded(150, &binary, &["bench", "kv", "--quick", "--json"], None);
+    // Over shared memory: the same-host case (TCP is what every other kv test runs).
+    let output = kv_support::run_bounded(
+        150,
+        &binary,
+        &["bench", "kv", "--quick", "--json", "--transport", "shm"],
+        None,
+    );
     let stdout = String::from_utf8_lossy(&output.stdout);
     println!("{stdout}");
     assert!(
@@ -648,6 +654,7 @@ fn bench_kv_quick_reports_every_scheme_beside_memcached() {
         String::from_utf8_lossy(&output.stderr)
     );
     let report: serde_json::Value = serde_json::from_str(&stdout).expect("remem bench kv --json prints JSON");
+    assert_eq!(report["transport"], "Shm", "the report says how remem kv reached its nodes");
     let series = report["series"].as_array().expect("series");
     for target in ["memcached", "remem none", "remem rep2", "remem ec8+2", "remem eor2"] {
         for operation in ["get", "set"] {
