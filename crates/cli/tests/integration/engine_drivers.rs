@@ -292,3 +292,96 @@ fn one_client_holds_regions_of_different_shapes_and_survives_their_failures() {
     }
     model.read(&mut client, &all);
 }
+
+/// Lazy ranges (`ClientConfig::lazy_ranges`, what `remem kv` grows with): a region has its pages
+/// but no slabs; an op there is refused, not sent; a range is mapped while reads are in flight on
+/// the poll driver (they complete with their bytes); a range laid beside another goes on the
+/// node the rule names, and a range of the other mapped later avoids it; a released range's
+/// slabs leave the nodes and its pages start over as never written.
+#[test]
+fn lazy_ranges_map_while_reads_are_in_flight_and_keep_the_beside_rule() {
+    let cluster = cluster("lazy", 12);
+    let mut config = ClientConfig::new(EC82, 0);
+    config.lazy_ranges = true;
+    let mut client = connect(&cluster, 12, config);
+    assert!(client.regions().is_empty(), "no region without an address space");
+    // 1 MiB slabs of 512-byte splits: 2048 pages a range, three ranges.
+    let ec = client.create_region(EC82, 3 * 2048 * 4096).expect("EC region");
+    let per_range = ec.pages_per_range;
+    assert_eq!(per_range, 2048);
+    let none = Shape { data_splits: 1, parity_splits: 0, extra_reads: 0 };
+    let beside = client.create_region_beside(none, ec.page_count * 4096, &ec, 8).expect("beside");
+    assert_eq!(client.mapped_range_count(), 0, "nothing mapped yet");
+    let first_ec_range = client.ranges().iter().position(|range| range.region == ec.index).unwrap();
+    let first_beside = client.ranges().iter().position(|range| range.region == beside.index).unwrap();
+    let page = vec![7u8; 4096];
+    let refused = client.write_page(ec.first_page, &page).expect_err("unmapped");
+    assert!(matches!(refused, remem_client::PageError::Unmapped { .. }), "{refused}");
+    // A beside range before the range it lies beside: refused.
+    assert!(client.map_range(first_beside, &mut remem_client::engine::NoBuffers).is_err());
+
+    client.map_range(first_ec_range, &mut remem_client::engine::NoBuffers).expect("map EC range 0");
+    client.map_range(first_beside, &mut remem_client::engine::NoBuffers).expect("map beside range 0");
+    let parity_node = client.ranges()[first_ec_range].slabs[8].node;
+    assert_eq!(
+        client.ranges()[first_beside].slabs[0].node,
+        parity_node,
+        "main copy on the first parity's node"
+    );
+    let mut model = Model::default();
+    let pages: Vec<u64> = (ec.first_page..ec.first_page + 64).collect();
+    model.write(&mut client, &pages);
+
+    // Reads in flight on range 0 while range 1 is mapped: they complete, byte-exact.
+    struct Pages(Vec<Vec<u8>>);
+    impl OpBuffers for Pages {
+        fn read_buffer(&mut self, tag: usize) -> &mut [u8] {
+            &mut self.0[tag]
+        }
+    }
+    let mut poll = PollClient::new(client);
+    let mut buffers = Pages(vec![vec![0; 4096]; 16]);
+    for (tag, &page) in pages[..16].iter().enumerate() {
+        assert!(poll.submit(tag, Submit::Read { page }, &mut buffers), "read {page} starts");
+    }
+    poll.client().map_range(first_ec_range + 1, &mut buffers).expect("map EC range 1 with reads in flight");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut done = 0;
+    while done < 16 {
+        assert!(std::time::Instant::now() < deadline, "reads complete");
+        poll.on_timer(&mut buffers);
+        for op in poll.completions() {
+            op.result.expect("read");
+            done += 1;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let client = poll.client();
+    let mut scratch = vec![0; 4096];
+    for (tag, &page) in pages[..16].iter().enumerate() {
+        let generation = model.generations[&page];
+        assert!(pattern::check(&buffers.0[tag], page, generation, PATTERN_SEED, &mut scratch), "page {page}");
+    }
+    // EC ranges 0 and 1, and the beside range of the main copies of range 0's pages.
+    assert_eq!(client.mapped_range_count(), 3);
+
+    // Released: the slabs leave the nodes, and a range mapped again starts empty.
+    let slabs_before: u32 = client
+        .node_infos()
+        .iter()
+        .filter_map(|(_, info)| info.as_ref().ok())
+        .map(|info| info.slabs_mapped)
+        .sum();
+    assert!(client.release_range(first_ec_range + 1), "nothing in flight on range 1");
+    client.poll_background(Duration::from_millis(200));
+    let slabs_after: u32 = client
+        .node_infos()
+        .iter()
+        .filter_map(|(_, info)| info.as_ref().ok())
+        .map(|info| info.slabs_mapped)
+        .sum();
+    assert_eq!(slabs_before - slabs_after, 10, "the range's ten slabs are unmapped");
+    let second = ec.first_page + per_range;
+    assert!(client.read_page(second, &mut vec![0; 4096]).is_err(), "a released range is unmapped again");
+    model.read(client, &pages);
+}
