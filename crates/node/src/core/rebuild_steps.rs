@@ -64,7 +64,14 @@ impl SourceSet {
 
     /// The positions in the set, in order (data splits first, as the sources are sorted).
     pub fn iter(self) -> impl Iterator<Item = usize> + Clone {
-        (0..32).filter(move |position| self.0 & (1 << position) != 0)
+        let mut left = self.0;
+        std::iter::from_fn(move || {
+            (left != 0).then(|| {
+                let position = left.trailing_zeros() as usize;
+                left &= left - 1;
+                position
+            })
+        })
     }
 
     fn insert(&mut self, position: usize) {
@@ -73,6 +80,10 @@ impl SourceSet {
 
     fn remove(&mut self, position: usize) {
         self.0 &= !(1 << position);
+    }
+
+    fn without(self, other: SourceSet) -> SourceSet {
+        SourceSet(self.0 & !other.0)
     }
 }
 
@@ -462,12 +473,6 @@ impl RebuildSteps {
             "every page counted once"
         );
         outcome
-    }
-}
-
-impl SourceSet {
-    fn without(self, other: SourceSet) -> SourceSet {
-        SourceSet(self.0 & !other.0)
     }
 }
 

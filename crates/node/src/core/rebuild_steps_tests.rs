@@ -261,3 +261,25 @@ fn metadata_that_does_not_decode_is_corrupt_not_never_written() {
         (1, u64::from(PAGES) - 1, RebuildEnd::Abandoned)
     );
 }
+
+#[test]
+fn a_batch_the_client_wrote_whole_is_skipped_unread_and_an_evicted_slab_ends_the_rebuild() {
+    let setup = setup();
+    for slot in 0..PAGES {
+        write_page(&setup, slot, 2, usize::MAX);
+    }
+    let mut steps = steps(&setup, 3, 8);
+    assert_eq!(steps.wants(), Want::NextBatch { first_slot: 0, count: 8 });
+    steps.begin_batch();
+    // Every slot of the target is written (the client's writes go to the new slab at once).
+    assert_eq!(steps.wants(), Want::NextBatch { first_slot: 8, count: 8 });
+    assert_eq!(steps.take_progress(), 8);
+    setup.core.table.evict(setup.slab_ids[3]).expect("mapped");
+    steps.begin_batch();
+    let Want::Done(outcome) = steps.wants() else { panic!("the slab is gone") };
+    assert_eq!(
+        (outcome.pages_skipped, outcome.pages_lost, outcome.end),
+        (8, u64::from(PAGES) - 8, RebuildEnd::SlabGone)
+    );
+    assert_eq!(steps.take_progress(), u64::from(PAGES) - 8);
+}
