@@ -20,6 +20,7 @@ use crate::{NetworkOptions, SimTime};
 use node::{Inbox, SimNode};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use remem_node::core::RebuildOutcome;
 use remem_proto::{Control, NodeInfo, SplitMeta, MAX_FAILURE_DOMAIN_BYTES};
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -605,8 +606,8 @@ impl SimCluster {
         }
         let accepted = std::mem::take(&mut self.nodes[node_index].accepted);
         for regeneration in accepted {
-            let job =
-                Job::new(node_index, self.nodes[node_index].incarnation, regeneration, self.nodes.len(), now);
+            let incarnation = self.nodes[node_index].incarnation;
+            let job = Job::new(node_index, incarnation, regeneration, self.nodes.len(), &self.options, now);
             let at = now + job.next_step_duration(&self.options);
             let job_id = self.next_job;
             self.next_job += 1;
@@ -627,41 +628,41 @@ impl SimCluster {
             self.schedule(resume, Event::RegenerationStep { job: job_id });
             return;
         }
-        match regeneration::step(&mut self.nodes, &mut self.scratch, &mut job, &self.options, now) {
+        match regeneration::step(&self.nodes, &mut self.scratch, &mut job, &self.options, now) {
             Step::Continue { at } => {
                 self.jobs.insert(job_id, job);
                 self.schedule(at, Event::RegenerationStep { job: job_id });
             }
-            Step::Finished => self.finish_regeneration(now, job),
+            Step::Finished(outcome) => self.finish_regeneration(now, job, outcome),
         }
     }
 
-    fn finish_regeneration(&mut self, now: SimTime, mut job: Job) {
-        job.lost += u64::from(job.pages - job.next_slot);
-        self.nodes[job.node].core.rebuilds.release(&job.admission, u64::from(job.next_slot));
+    fn finish_regeneration(&mut self, now: SimTime, job: Job, outcome: RebuildOutcome) {
+        let admission = job.steps.admission();
+        self.nodes[job.node].core.rebuilds.release(admission, job.pages_counted);
         let report_sent =
             self.connections.get(&job.connection).is_some_and(|connection| connection.node_open);
         if report_sent {
             let mut frame = Vec::new();
             Control::RegenerationDone {
-                slab_id: job.slab_id,
-                pages_rebuilt: job.rebuilt,
-                pages_skipped: job.skipped,
-                pages_lost: job.lost,
+                slab_id: admission.slab_id,
+                pages_rebuilt: outcome.pages_rebuilt,
+                pages_skipped: outcome.pages_skipped,
+                pages_lost: outcome.pages_lost,
             }
             .encode(job.request_id, &mut frame);
             self.send_to_client(now, job.connection, frame);
         }
-        debug_assert_eq!(job.rebuilt + job.skipped + job.lost, u64::from(job.pages));
+        let admission = job.steps.admission();
         self.reports.push(RegenerationReport {
             node: job.node,
-            slab_id: job.slab_id,
-            client_id: job.client_id,
+            slab_id: admission.slab_id,
+            client_id: admission.client_id,
             request_id: job.request_id,
-            pages: job.pages,
-            pages_rebuilt: job.rebuilt,
-            pages_skipped: job.skipped,
-            pages_lost: job.lost,
+            pages: admission.pages,
+            pages_rebuilt: outcome.pages_rebuilt,
+            pages_skipped: outcome.pages_skipped,
+            pages_lost: outcome.pages_lost,
             started_at: job.started_at,
             finished_at: now,
             report_sent,

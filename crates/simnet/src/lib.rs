@@ -17,9 +17,10 @@
 //!   and answers all of them in one message, as the real node answers a `read` with one `write`.
 //!   It *is* the real node's core (`remem_node::core`: slab table, ownership, capacity, refusals,
 //!   rebuild admission; slabs on the heap), driven frame by frame as the threaded node drives it;
-//!   this crate has no model of the node. Admitted rebuilds (`Regenerate`) run by reading the other
-//!   simulated nodes' slabs through their cores, with the same judge ([`remem_proto::judge_split`]), version rule
-//!   ([`remem_proto::newest_with_k`]) and codec ([`remem_codec`]) as the real rebuild.
+//!   this crate has no model of the node. Admitted rebuilds (`Regenerate`) are the real node's
+//!   rebuild machine (`remem_node::core::RebuildSteps`: which sources, each split's verdict, each
+//!   page's version, what is stored), answered from the other simulated nodes' slabs through
+//!   their cores instead of over sockets.
 //! - **Faults** are calls at a given time: kill, restart empty, stall (SIGSTOP), partition,
 //!   straggler delay, bit flips, eviction, dropped writes and a client crash with its in-flight
 //!   messages delivered, dropped or each at random. [`FaultSchedule`] draws seeded fault plans

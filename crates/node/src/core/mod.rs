@@ -3,9 +3,10 @@
 //! Job: given the decoded requests of an authenticated connection (a [`Session`]), answer them as
 //! the protocol says (docs/PROTOCOL.md) and change the node's state: the slab table (allocation,
 //! ownership, capacity), split reads and writes, the leases that fence client ids, fault
-//! injection, and the admission of rebuilds. What needs the world (writing to other connections,
-//! exporting a memfd, running a rebuild's reads of other nodes, setting a reply delay) comes out
-//! as an [`Effect`] for the shell to carry out. Time comes in as arguments (`Instant`s the shell
+//! injection, and the admission of rebuilds; and run each admitted rebuild's decisions
+//! ([`RebuildSteps`], whose reads of other nodes the shell does). What needs the world (writing to
+//! other connections, exporting a memfd, starting a rebuild, setting a reply delay) comes out as
+//! an [`Effect`] for the shell to carry out. Time comes in as arguments (`Instant`s the shell
 //! reads or a simulator makes up).
 //!
 //! Two shells run this core: the threaded node (`connection`, `regenerate`, `monitor`: sockets,
@@ -26,10 +27,12 @@
 //!   rebuilt by at most one (`rebuild`).
 
 mod rebuild;
+mod rebuild_steps;
 mod session;
 mod slab;
 
-pub use rebuild::{store_rebuilt_page, Admission, PageStored, RebuildProgress, MAX_CONCURRENT_REGENERATIONS};
+pub use rebuild::{Admission, RebuildProgress, MAX_CONCURRENT_REGENERATIONS};
+pub use rebuild_steps::{RebuildEnd, RebuildOutcome, RebuildSteps, SourceSet, Want};
 pub use session::{Effect, Served, Session, Transport};
 pub use slab::{
     Backing, PooledMemory, Slab, SlabActivity, SlabError, SlabLabel, SlabTable, TableStats,

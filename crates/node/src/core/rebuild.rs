@@ -2,9 +2,10 @@
 //! a rebuild request, in the order the protocol documents them, and the place each admitted
 //! rebuild holds among the [`MAX_CONCURRENT_REGENERATIONS`] a node runs at once.
 //!
-//! The rebuild's reads (k surviving slabs, batch by batch) and its choice of each page's version
-//! are run by the shell that admitted it: the threaded node's `regenerate` module over sockets,
-//! the simulator's over its simulated nodes. Both end every page with [`store_rebuilt_page`].
+//! The rebuild's decisions (which sources to read, each page's version) are the step machine's
+//! (`rebuild_steps`), which ends every page with [`store_rebuilt_page`]; its reads (k surviving
+//! slabs, batch by batch) are done by the shell that admitted it: the threaded node's
+//! `regenerate` module over sockets, the simulator's over its simulated nodes.
 //!
 //! Invariant: every [`Admission`] is released exactly once ([`RebuildProgress::release`]), which
 //! gives back its place, removes its pages from the progress and ends the slab's rebuild mode.
@@ -152,7 +153,7 @@ impl NodeCore {
 
 /// What storing one rebuilt page came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PageStored {
+pub(super) enum PageStored {
     /// The target's split was decoded (or re-encoded) and stored.
     Rebuilt,
     /// The client wrote the slot meanwhile: its newer split wins, nothing stored.
@@ -161,13 +162,13 @@ pub enum PageStored {
     Lost,
 }
 
-/// The last step of rebuilding one page, the same for every shell: `page` and `parity` hold the
+/// The last step of rebuilding one page ([`super::RebuildSteps`]): `page` and `parity` hold the
 /// splits of `version` marked in `present` (k of them at least, put there with
 /// `remem_codec::split_buffer_mut`); decodes the page, takes the target's split (a data split
 /// from the page, a parity split by re-encoding it), checksums it with the target's split index
 /// and stores it in `slot` of the target slab only if the slot is still unwritten.
 #[allow(clippy::too_many_arguments)]
-pub fn store_rebuilt_page(
+pub(super) fn store_rebuilt_page(
     codec: &mut dyn remem_codec::PageCodec,
     page: &mut [u8],
     parity: &mut [u8],

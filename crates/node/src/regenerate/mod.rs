@@ -1,26 +1,16 @@
 //! Background slab regeneration (seed 000 §4.2, "Background Slab Regeneration"), done on the node
-//! that holds the new, empty slab.
+//! that holds the new, empty slab: the threaded shell around the core's rebuild machine
+//! (`core::RebuildSteps`, which owns every decision: which sources to read, how each split is
+//! judged, each page's version, what is stored, what is counted).
 //!
 //! A client that lost a slab maps a new one here and sends `Regenerate` naming the surviving
-//! splits of the range. The node answers `Ok` at once and a rebuild thread then, for each batch of
-//! slots: reads the batch (`ReadSplits`) from k sources, data splits first, each asked a few
-//! batches ahead so they serve the next ones while this one is decoded (`sources`); judges every
-//! split (checksums of a page's splits computed together, `remem_proto::payload_crcs`)
-//! with the protocol's shared rules (`remem_proto::judge_split`: valid at a version, never
-//! written, or corrupt) and keeps, per page, the newest version that k of the splits agree on
-//! (`remem_proto::newest_with_k`, where never written is version 0, older than any write), so a
-//! torn write of two versions is never mixed; asks the remaining sources for pages that lack k
-//! such splits; and then either leaves the slot alone (the newest agreed version is 0: the page
-//! was never written, so there is nothing to rebuild) or decodes the page, takes the lost split (a
-//! data split from the decoded page, a parity split by re-encoding it) and stores it with its own
-//! checksum, but only if the slot is still unwritten. When it ends it sends `RegenerationDone` on
-//! the requesting connection.
-//!
-//! Counting, which the client acts on (any lost page means the slab is not rebuilt): a page is
-//! rebuilt when its split was stored; skipped when there was nothing to store (the client wrote
-//! the slot meanwhile, or the page was never written); lost only when it was, or may have been,
-//! written and could not be rebuilt: no version has k consistent splits, or the rebuild ended
-//! before reaching it. Rebuilt + skipped + lost = pages.
+//! splits of the range. The node answers `Ok` at once and a rebuild thread then drives the
+//! machine: between batches it checks that the node is not stopping and that the requester is
+//! still connected; it reads each batch the machine wants (`ReadSplits`) from the sources it
+//! names, each asked a few batches ahead so they serve the next ones while this one is decoded,
+//! and checksums each batch as it arrives (`sources`); it offers each page's splits from those
+//! replies, and reads single slots (`ReadSplit`) from the other sources for pages the batch does
+//! not settle. When the machine is done it sends `RegenerationDone` on the requesting connection.
 //!
 //! Better than the seed, writes are not blocked during the rebuild: the client writes new pages to
 //! the new slab too, and those win. "Store if unwritten" and a client write of the same slot are
@@ -31,29 +21,25 @@
 //! the requester's client id, so the sources' ownership checks pass (docs/PROTOCOL.md, security).
 //!
 //! Fault model: a source may be down, fail mid-way, time out, refuse, or return corrupted, torn or
-//! stale splits. A failed source is replaced by another; a corrupt split (bad checksum, or
-//! metadata with non-zero reserved bytes) is an erasure, never a vote for "never written". With
-//! fewer than k sources left, the rebuild ends with the pages done and reports the rest lost. A
-//! page without k consistent splits is lost and its slot stays unwritten, so it reads as version
-//! 0 (an erasure), never as wrong data.
+//! stale splits. Any of the first four is a failed source for the machine (which replaces it, and
+//! ends the rebuild with the rest lost when fewer than k are left); corrupt, torn and stale
+//! splits are the machine's to judge.
 //!
 //! Invariant: at most `MAX_CONCURRENT_REGENERATIONS` rebuilds run at once (the core admits them), one thread each; the
 //! node stops them (and joins them) before it unmaps its slabs. A rebuild holds its place only
 //! while someone waits for it: it ends (and frees the place) when the node stops, its slab is
 //! unmapped, or the connection that asked for it closes, checked between batches; every read of
 //! a source has a deadline (`sources`), so a stalled source holds a batch for that long at most.
+//! The shell allocates nothing per page: the batch replies are read into each source's buffer,
+//! and a page's splits are offered to the machine straight from there.
 
 mod sources;
 
 pub use sources::{read_floor, FloorSource, PIPELINE_DEPTH};
 
-use crate::core::{store_rebuilt_page, Admission, PageStored, Session, Slab};
+use crate::core::{Admission, RebuildEnd, RebuildOutcome, RebuildSteps, Session, SourceSet, Want};
 use crate::shared::Shared;
-use remem_codec::{new_codec, split_buffer_mut, CodecParams, PageCodec, MAX_DATA_SPLITS};
-use remem_proto::{
-    judge_split, judge_split_crc, max_read_splits_count, newest_with_k, Control, SplitMeta, SplitVerdict,
-    SPLIT_META_BYTES,
-};
+use remem_proto::{max_read_splits_count, Control, SPLIT_META_BYTES};
 use sources::{fetch_batch, Batch, Claim, Source};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -131,10 +117,8 @@ pub struct Job {
     /// connection, which gets `RegenerationDone`.
     session: Session,
     request_id: u64,
-    admission: Admission,
-    slab: Arc<Slab>,
-    params: CodecParams,
-    target_split: u8,
+    /// The rebuild's decisions, and the core's admission it owns.
+    steps: RebuildSteps,
     pages_done: u64,
 }
 
@@ -147,31 +131,46 @@ impl Job {
         }
     }
 
-    fn add_done(&mut self, pages: u64) {
+    /// Adds the pages the machine handled since last time to the node's progress.
+    fn count_progress(&mut self) {
+        let pages = self.steps.take_progress();
         self.pages_done += pages;
         self.shared.core.rebuilds.add_done(pages);
+    }
+
+    /// Why the shell gives the rebuild up before its next batch, if it does.
+    fn reason_to_stop(&self) -> Option<&'static str> {
+        if self.shared.stopping.load(Ordering::Relaxed) {
+            return Some("the node is stopping");
+        }
+        // The requester gave up on this rebuild (it drops a connection only when it declares the
+        // node failed, and then starts the rebuild over elsewhere): nobody would hear the
+        // report, and the place among the running rebuilds is wanted.
+        self.shared
+            .peers
+            .get(self.session.connection)
+            .is_none()
+            .then_some("the requesting connection is gone")
     }
 }
 
 impl Drop for Job {
     fn drop(&mut self) {
         self.shared.regenerations.forget_streams(self.id);
-        self.shared.core.rebuilds.release(&self.admission, self.pages_done);
+        self.shared.core.rebuilds.release(self.steps.admission(), self.pages_done);
     }
 }
 
 /// Runs the rebuild on its own thread; it reports `RegenerationDone` when it ends.
 pub fn spawn(shared: &Arc<Shared>, session: &Session, request_id: u64, admission: Admission) {
     let slab_id = admission.slab_id;
+    let batch_slots = max_read_splits_count(admission.params.split_bytes() as u32);
     let job = Job {
         shared: Arc::clone(shared),
         id: shared.regenerations.next_job.fetch_add(1, Ordering::Relaxed),
         session: *session,
         request_id,
-        slab: Arc::clone(&admission.slab),
-        params: admission.params,
-        target_split: admission.target_split,
-        admission,
+        steps: RebuildSteps::new(admission, batch_slots),
         pages_done: 0,
     };
     let spawned = std::thread::Builder::new().name(format!("remem-regen-{slab_id}")).spawn(move || {
@@ -180,7 +179,7 @@ pub fn spawn(shared: &Arc<Shared>, session: &Session, request_id: u64, admission
         // The slab is an ordinary one again before its owner hears so: an `ExportSlab` sent on
         // `RegenerationDone` must not find it still rebuilding. (Drop clears it too, on every
         // other way out.)
-        job.slab.set_regenerating(false);
+        job.steps.admission().slab.set_regenerating(false);
         send_report(&job, &report);
     });
     match spawned {
@@ -211,127 +210,114 @@ fn send_report(job: &Job, report: &RegenerationReport) {
     if !delivered {
         tracing::warn!(
             client_id = job.session.client_id,
-            slab_id = job.admission.slab_id,
+            slab_id = report.slab_id,
             "the requesting connection is gone; RegenerationDone not delivered"
         );
     }
 }
 
-/// Per-page work buffers, allocated once per rebuild.
-struct Scratch {
-    codec: Box<dyn PageCodec>,
-    page: Vec<u8>,
-    parity: Vec<u8>,
-    /// (source position, version) of the current page's batch splits that are not corrupt;
-    /// version 0 is a slot never written.
-    sound: Vec<(usize, u8)>,
-    /// Splits fetched one by one from sources outside the batch that are not corrupt:
-    /// (split index, version, payload). A never-written split keeps no payload.
-    extra: Vec<(u8, u8, Vec<u8>)>,
-    single_body: Vec<u8>,
-}
-
-/// The numbers of `RegenerationDone` (see the module documentation for what each one means).
-#[derive(Default)]
-struct Counts {
-    rebuilt: u64,
-    /// Written by the client meanwhile, or never written: nothing to store.
-    skipped: u64,
-    /// Written (or possibly written) and not rebuilt.
-    lost: u64,
-}
-
-/// The verdict on one split as a source returned it; metadata that did not decode is corrupt.
-fn judge(meta: Option<SplitMeta>, payload: &[u8], page: u64, split_index: u8) -> SplitVerdict {
-    match meta {
-        Some(meta) => judge_split(payload, meta, page, split_index),
-        None => SplitVerdict::Corrupt,
-    }
-}
-
 fn rebuild(job: &mut Job) -> RegenerationReport {
     let started = Instant::now();
-    let request = &job.admission;
-    let split_bytes = job.slab.split_bytes();
+    let admission = job.steps.admission();
     tracing::info!(
-        client_id = request.client_id,
-        slab_id = request.slab_id,
-        split_index = job.target_split,
-        data_splits = job.params.data_splits,
-        parity_splits = job.params.parity_splits,
-        pages = request.pages,
-        sources = request.sources.len(),
+        client_id = admission.client_id,
+        slab_id = admission.slab_id,
+        split_index = admission.target_split,
+        data_splits = admission.params.data_splits,
+        parity_splits = admission.params.parity_splits,
+        pages = admission.pages,
+        sources = admission.sources.len(),
         "regeneration started"
     );
-    // Data splits first: with all k data splits valid a page needs no decoding at all.
-    let mut sources: Vec<Source> = request
-        .sources
+    let (slab_id, split_bytes) = (admission.slab_id, admission.params.split_bytes() as u32);
+    // In the machine's order (data splits first): its positions are indices here.
+    let mut sources: Vec<Source> = job
+        .steps
+        .sources()
         .iter()
         .map(|source| Source::new(source.split_index, source.slab_id, source.address))
         .collect();
-    sources.sort_by_key(|source| source.split_index);
-    let mut scratch = Scratch {
-        codec: new_codec(job.params),
-        page: vec![0; job.params.page_bytes],
-        parity: vec![0; job.params.parity_bytes()],
-        sound: Vec::with_capacity(sources.len()),
-        extra: Vec::new(),
-        single_body: Vec::new(),
+    let mut single_body = Vec::new();
+    let outcome = loop {
+        match job.steps.wants() {
+            Want::NextBatch { .. } => {
+                job.count_progress();
+                match job.reason_to_stop() {
+                    Some(why) => {
+                        tracing::warn!(slab_id, why, "regeneration abandoned");
+                        job.steps.abandon();
+                    }
+                    None => job.steps.begin_batch(),
+                }
+            }
+            Want::Batch { first_slot, sources: asked, .. } => {
+                let (batch, end) = (job.steps.batch_slots(), job.steps.pages());
+                let span = Batch { first_slot, batch, end, split_bytes };
+                let on_connect =
+                    |stream: &TcpStream| job.shared.regenerations.register_stream(job.id, stream);
+                fetch_batch(&job.claim(), &on_connect, &mut sources, asked.iter(), span, true);
+                for position in asked.iter() {
+                    if sources[position].holds(first_slot) {
+                        job.steps.batch_read(position);
+                    } else {
+                        job.steps.source_failed(position);
+                    }
+                }
+            }
+            Want::Page { index, sources: asked, .. } => {
+                // The batch's splits of this page, checksummed when their batch was read
+                // (`Source::checksum_entries`).
+                for position in asked.iter() {
+                    let source = &sources[position];
+                    let (meta, payload) = source.entry(index as usize, split_bytes as usize);
+                    job.steps.offer_split(position, meta, payload, Some(source.crc(index as usize)));
+                }
+            }
+            Want::Single { slot, sources: asked } => {
+                read_single(job, &mut sources, asked, slot, &mut single_body)
+            }
+            Want::Done(outcome) => break outcome,
+        }
     };
-    let mut counts = Counts::default();
-    let pages = job.admission.pages;
-    let batch = max_read_splits_count(split_bytes);
-    let mut first_slot = 0u32;
-    while first_slot < pages {
-        let count = batch.min(pages - first_slot);
-        if job.shared.stopping.load(Ordering::Relaxed) || job.slab.is_detached() {
-            tracing::warn!(
-                slab_id = job.admission.slab_id,
-                "regeneration abandoned: node stopping or slab gone"
-            );
-            break;
-        }
-        if job.shared.peers.get(job.session.connection).is_none() {
-            // The requester gave up on this rebuild (it drops a connection only when it
-            // declares the node failed, and then starts the rebuild over elsewhere): nobody
-            // would hear the report, and the place among the running rebuilds is wanted.
-            tracing::warn!(
-                client_id = job.session.client_id,
-                slab_id = job.admission.slab_id,
-                "regeneration abandoned: the requesting connection is gone"
-            );
-            break;
-        }
-        if (first_slot..first_slot + count).all(|slot| job.slab.meta(slot).version != 0) {
-            counts.skipped += u64::from(count);
-        } else {
-            let claim = job.claim();
-            let on_connect = |stream: &TcpStream| job.shared.regenerations.register_stream(job.id, stream);
-            let span = Batch { first_slot, batch, end: pages, split_bytes };
-            let active = fetch_batch(&claim, &on_connect, &mut sources, job.params.data_splits, span, true);
-            if active.len() < job.params.data_splits {
-                tracing::error!(
-                    slab_id = job.admission.slab_id,
-                    sources_left = active.len(),
-                    "regeneration: fewer than k sources left"
-                );
-                break;
-            }
-            for index in 0..count {
-                rebuild_page(job, &mut sources, &active, first_slot, index, &mut scratch, &mut counts);
-            }
-        }
-        job.add_done(u64::from(count));
-        first_slot += count;
+    job.count_progress();
+    if outcome.end == RebuildEnd::TooFewSources {
+        tracing::error!(
+            slab_id,
+            sources_failed = outcome.sources_failed,
+            "regeneration: fewer than k sources left"
+        );
     }
-    counts.lost += u64::from(pages - first_slot);
-    job.add_done(u64::from(pages - first_slot));
+    finished(job, &outcome, started)
+}
+
+/// Reads slot `slot` alone (`ReadSplit`) from each source in `asked` (none of which holds a
+/// batch) and offers it to the machine, or fails the source.
+fn read_single(job: &mut Job, sources: &mut [Source], asked: SourceSet, slot: u32, body: &mut Vec<u8>) {
+    let split_bytes = job.steps.admission().params.split_bytes() as u32;
+    for position in asked.iter() {
+        let source = &mut sources[position];
+        let on_connect = |stream: &TcpStream| job.shared.regenerations.register_stream(job.id, stream);
+        let fetched =
+            source.connect(&job.claim(), &on_connect).and_then(|()| source.read_one(slot, split_bytes, body));
+        match fetched {
+            Ok(meta) => job.steps.offer_split(position, meta, &body[SPLIT_META_BYTES..], None),
+            Err(error) => {
+                source.fail(&error);
+                job.steps.source_failed(position);
+            }
+        }
+    }
+}
+
+/// The report of a rebuild that ended with `outcome`, logged.
+fn finished(job: &Job, outcome: &RebuildOutcome, started: Instant) -> RegenerationReport {
+    let admission = job.steps.admission();
     let report = RegenerationReport {
-        slab_id: job.admission.slab_id,
-        pages_rebuilt: counts.rebuilt,
-        pages_skipped: counts.skipped,
-        pages_lost: counts.lost,
-        slab_bytes: u64::from(pages) * u64::from(split_bytes),
+        slab_id: admission.slab_id,
+        pages_rebuilt: outcome.pages_rebuilt,
+        pages_skipped: outcome.pages_skipped,
+        pages_lost: outcome.pages_lost,
+        slab_bytes: u64::from(admission.pages) * admission.params.split_bytes() as u64,
         elapsed: started.elapsed(),
     };
     tracing::info!(
@@ -339,141 +325,11 @@ fn rebuild(job: &mut Job) -> RegenerationReport {
         pages_rebuilt = report.pages_rebuilt,
         pages_skipped = report.pages_skipped,
         pages_lost = report.pages_lost,
+        sources_failed = outcome.sources_failed,
+        end = ?outcome.end,
         seconds = report.elapsed.as_secs_f64(),
         mib_per_second = report.slab_mib_per_second(),
         "regeneration finished"
     );
     report
-}
-
-/// Rebuilds the page of slot `first_slot + index` from the batch, asking the other sources if
-/// the batch does not settle it, and stores the lost split if the slot is still unwritten. A page
-/// whose newest agreed version is 0 was never written: nothing is stored and it counts as
-/// skipped.
-fn rebuild_page(
-    job: &Job,
-    sources: &mut [Source],
-    active: &[usize],
-    first_slot: u32,
-    index: u32,
-    scratch: &mut Scratch,
-    counts: &mut Counts,
-) {
-    let slot = first_slot + index;
-    if job.slab.meta(slot).version != 0 {
-        counts.skipped += 1;
-        return;
-    }
-    let k = job.params.data_splits;
-    let split_bytes = job.slab.split_bytes() as usize;
-    let page_number = job.slab.label().first_page + u64::from(slot);
-    scratch.sound.clear();
-    scratch.extra.clear();
-    // The batch's splits of this page, checksummed when their batch was read
-    // (`Source::checksum_entries`).
-    let active = &active[..active.len().min(MAX_DATA_SPLITS)];
-    for &position in active {
-        let source = &sources[position];
-        let meta = source.entry(index as usize, split_bytes).0;
-        let crc = source.crc(index as usize);
-        let verdict = match meta {
-            Some(meta) => judge_split_crc(crc, meta, page_number, source.split_index),
-            None => SplitVerdict::Corrupt,
-        };
-        if let Some(version) = verdict.version() {
-            scratch.sound.push((position, version));
-        }
-    }
-    let mut version = newest_with_k(scratch.sound.iter().map(|(_, version)| *version), k);
-    if version.is_none() {
-        // Ask every other working source for this one slot.
-        for (position, source) in sources.iter_mut().enumerate() {
-            if active.contains(&position) || source.failed {
-                continue;
-            }
-            let on_connect = |stream: &TcpStream| job.shared.regenerations.register_stream(job.id, stream);
-            let fetched = source
-                .connect(&job.claim(), &on_connect)
-                .and_then(|()| source.read_one(slot, split_bytes as u32, &mut scratch.single_body));
-            match fetched {
-                Ok(meta) => {
-                    let payload = &scratch.single_body[SPLIT_META_BYTES..];
-                    match judge(meta, payload, page_number, source.split_index) {
-                        SplitVerdict::Valid { version } => {
-                            scratch.extra.push((source.split_index, version, payload.to_vec()))
-                        }
-                        SplitVerdict::NeverWritten => scratch.extra.push((source.split_index, 0, Vec::new())),
-                        SplitVerdict::Corrupt => {}
-                    }
-                }
-                Err(error) => source.fail(&error),
-            }
-        }
-        let versions = scratch.sound.iter().map(|(_, version)| *version);
-        version = newest_with_k(versions.chain(scratch.extra.iter().map(|(_, version, _)| *version)), k);
-    }
-    let version = match version {
-        None => {
-            counts.lost += 1;
-            let slab_id = job.admission.slab_id;
-            tracing::debug!(slab_id, slot, "page lost: fewer than k consistent splits");
-            return;
-        }
-        // k splits agree the page was never written and none of a newer version reach k: the
-        // slot stays unwritten, as it would be on a slab that never failed.
-        Some(0) => {
-            counts.skipped += 1;
-            return;
-        }
-        Some(version) => version,
-    };
-    let mut present = 0u32;
-    let batch_splits =
-        scratch.sound.iter().filter(|(_, split_version)| *split_version == version).map(|(position, _)| {
-            let source = &sources[*position];
-            (source.split_index, source.entry(index as usize, split_bytes).1)
-        });
-    let extra_splits = scratch
-        .extra
-        .iter()
-        .filter(|(_, split_version, _)| *split_version == version)
-        .map(|(split_index, _, payload)| (*split_index, payload.as_slice()));
-    for (split_index, payload) in batch_splits.chain(extra_splits) {
-        let split_index = usize::from(split_index);
-        split_buffer_mut(&mut scratch.page, &mut scratch.parity, k, split_bytes, split_index)
-            .copy_from_slice(payload);
-        present |= 1 << split_index;
-    }
-    let stored = store_rebuilt_page(
-        scratch.codec.as_mut(),
-        &mut scratch.page,
-        &mut scratch.parity,
-        present,
-        &job.admission,
-        slot,
-        page_number,
-        version,
-    );
-    match stored {
-        PageStored::Rebuilt => counts.rebuilt += 1,
-        PageStored::WrittenMeanwhile => counts.skipped += 1,
-        PageStored::Lost => counts.lost += 1,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metadata_that_does_not_decode_is_corrupt_not_never_written() {
-        let payload = [0u8; 64];
-        assert_eq!(judge(None, &payload, 3, 1), SplitVerdict::Corrupt);
-        assert_eq!(judge(Some(SplitMeta::default()), &payload, 3, 1), SplitVerdict::NeverWritten);
-        let checksum = remem_proto::split_checksum(&payload, 4, 3, 1);
-        assert_eq!(
-            judge(Some(SplitMeta { version: 4, checksum }), &payload, 3, 1),
-            SplitVerdict::Valid { version: 4 }
-        );
-    }
 }

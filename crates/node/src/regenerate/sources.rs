@@ -285,58 +285,37 @@ pub struct Batch {
     pub split_bytes: u32,
 }
 
-/// Makes `batch` available from k working sources (data splits first, the order of `sources`),
-/// replacing sources that fail, and asks each of them for the batches after it. Returns the
-/// positions of the sources holding it: k of them, or fewer if not enough sources are left.
+/// Makes `batch` available from each source at `positions` in `sources`: connects as needed,
+/// asks each for the batches from it on (all first, so the sources work in parallel), then reads
+/// each reply. A source that fails on the way is marked failed ([`Source::fail`]); the others
+/// hold the batch ([`Source::holds`]). Which sources to ask, and what a failure changes, is the
+/// rebuild machine's (`core::RebuildSteps`).
 pub fn fetch_batch(
     claim: &Claim<'_>,
     on_connect: &dyn Fn(&TcpStream),
     sources: &mut [Source],
-    k: usize,
+    positions: impl Iterator<Item = usize> + Clone,
     batch: Batch,
     checksum: bool,
-) -> Vec<usize> {
-    loop {
-        // The first k sources that have not failed, connecting as needed.
-        let mut active = Vec::with_capacity(k);
-        for (position, source) in sources.iter_mut().enumerate() {
-            if active.len() == k {
-                break;
-            }
-            if source.failed {
-                continue;
-            }
-            match source.connect(claim, on_connect) {
-                Ok(()) => active.push(position),
-                Err(error) => source.fail(&error),
-            }
+) {
+    for position in positions.clone() {
+        let source = &mut sources[position];
+        let asked = source
+            .connect(claim, on_connect)
+            .and_then(|()| source.ask_ahead(batch.first_slot, batch.batch, batch.end, PIPELINE_DEPTH));
+        if let Err(error) = asked {
+            source.fail(&error);
         }
-        // Ask all first, so the sources work in parallel, then read.
-        for &position in &active {
-            let source = &mut sources[position];
-            if let Err(error) = source.ask_ahead(batch.first_slot, batch.batch, batch.end, PIPELINE_DEPTH) {
-                source.fail(&error);
-            }
+    }
+    for position in positions {
+        let source = &mut sources[position];
+        if source.failed {
+            continue;
         }
-        for &position in &active {
-            let source = &mut sources[position];
-            if source.failed {
-                continue;
-            }
-            match source.receive(batch.first_slot, batch.split_bytes) {
-                Ok(()) if checksum => source.checksum_entries(batch.split_bytes as usize),
-                Ok(()) => {}
-                Err(error) => source.fail(&error),
-            }
-        }
-        let holding: Vec<usize> =
-            active.iter().copied().filter(|position| sources[*position].holds(batch.first_slot)).collect();
-        if holding.len() == active.len() {
-            return holding;
-        }
-        // Some source failed: go round again, a replacement is picked (or too few are left).
-        if sources.iter().filter(|source| !source.failed).count() < k {
-            return holding;
+        match source.receive(batch.first_slot, batch.split_bytes) {
+            Ok(()) if checksum => source.checksum_entries(batch.split_bytes as usize),
+            Ok(()) => {}
+            Err(error) => source.fail(&error),
         }
     }
 }
@@ -376,8 +355,8 @@ pub fn read_floor(
         let count = batch.min(pages - first_slot);
         let span = Batch { first_slot, batch, end: pages, split_bytes };
         // No checksums: the floor does nothing with the bytes.
-        let holding = fetch_batch(&claim, &|_| {}, &mut sources[..k], k, span, false);
-        if holding.len() < k {
+        fetch_batch(&claim, &|_| {}, &mut sources, 0..k, span, false);
+        if sources[..k].iter().any(|source| source.failed) {
             let failed = sources.iter().find(|source| source.failed);
             let why = failed.map(|source| {
                 format!(
