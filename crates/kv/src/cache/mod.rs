@@ -93,7 +93,7 @@ pub struct Fetch {
     key: Box<[u8]>,
     location: LocationId,
     scheme: Scheme,
-    value: Vec<u8>,
+    value: Rc<[u8]>,
     outstanding: u32,
     error: Option<ValueError>,
     waiters: Vec<Waiter>,
@@ -102,6 +102,13 @@ pub struct Fetch {
     /// restored record (a main copy on a replaced node reads as a never-written page after a
     /// restart, since the client that knew it lost lived in the previous process).
     from_data_splits: bool,
+}
+
+impl Fetch {
+    /// The value being assembled: the fetch's own until it is delivered.
+    fn value_mut(&mut self) -> &mut [u8] {
+        Rc::get_mut(&mut self.value).expect("a fetch's value is shared only once delivered")
+    }
 }
 
 #[derive(Debug)]

@@ -2,7 +2,6 @@
 //! EOR main copy first and its data splits when it fails (with read repair of the main copy),
 //! values answered from a store still in flight (data bypassing), and delivery to the waiter.
 
-use std::rc::Rc;
 
 use super::{main_bit, Cache, Fetch, Task, Waiter, FALLBACK, MAIN, PART_MASK, REPAIR_TASK, TAIL};
 use crate::completion::{Completion, Fetched};
@@ -36,7 +35,8 @@ impl Cache {
             key: key.into(),
             location,
             scheme,
-            value: vec![0; value_bytes],
+            // Made where it is delivered from: an `Rc<[u8]>` from a `Vec` would copy it again.
+            value: std::iter::repeat_n(0, value_bytes).collect(),
             outstanding: 0,
             error: None,
             waiters: vec![waiter],
@@ -51,7 +51,7 @@ impl Cache {
             let start = extent.pages.len() * PAGE_BYTES;
             let len = value_bytes - start;
             if let Some(bytes) = self.chunks.bytes(chunk.page) {
-                fetch.value[start..].copy_from_slice(&bytes[chunk.offset()..chunk.offset() + len]);
+                fetch.value_mut()[start..].copy_from_slice(&bytes[chunk.offset()..chunk.offset() + len]);
             } else {
                 reads.push((self.read_page_of(scheme, chunk.page), TAIL | main_bit(scheme)));
             }
@@ -116,11 +116,11 @@ impl Cache {
                     let chunk = extent.tail.expect("a tail part has a tail");
                     let start = extent.pages.len() * PAGE_BYTES;
                     let len = fetch.value.len() - start;
-                    fetch.value[start..].copy_from_slice(&bytes[chunk.offset()..chunk.offset() + len]);
+                    fetch.value_mut()[start..].copy_from_slice(&bytes[chunk.offset()..chunk.offset() + len]);
                 } else {
                     let start = index as usize * PAGE_BYTES;
                     let end = (start + PAGE_BYTES).min(fetch.value.len());
-                    fetch.value[start..end].copy_from_slice(&bytes[..end - start]);
+                    fetch.value_mut()[start..end].copy_from_slice(&bytes[..end - start]);
                 }
             }
             Err(error) if part & MAIN != 0 => {
@@ -170,7 +170,7 @@ impl Cache {
             match self.chunks.bytes(chunk.page) {
                 Some(bytes) => {
                     let len = fetch.value.len() - start;
-                    fetch.value[start..].copy_from_slice(&bytes[chunk.offset()..chunk.offset() + len]);
+                    fetch.value_mut()[start..].copy_from_slice(&bytes[chunk.offset()..chunk.offset() + len]);
                 }
                 None => reads.push((chunk.page, TAIL | FALLBACK)),
             }
@@ -205,7 +205,7 @@ impl Cache {
             self.fetch_of_location.remove(&fetch.location);
         }
         let mut value: Fetched = match fetch.error {
-            None => Ok(Rc::from(fetch.value)),
+            None => Ok(fetch.value),
             Some(error) => Err(error),
         };
         let place = self.index.location(fetch.location);
