@@ -125,7 +125,8 @@ impl Exposition {
         self.metric(name, help, "counter", value)
     }
 
-    fn metric(&mut self, name: &str, help: &str, kind: &str, value: f64) -> &mut Self {
+    /// One metric of type `kind` (`gauge`, `counter`) with one sample.
+    pub fn metric(&mut self, name: &str, help: &str, kind: &str, value: f64) -> &mut Self {
         use std::fmt::Write as _;
         let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
         self
@@ -133,8 +134,20 @@ impl Exposition {
 
     /// One counter metric with a sample per value of `label` (e.g. `op="read"`).
     pub fn counters(&mut self, name: &str, help: &str, label: &str, series: &[(&str, f64)]) -> &mut Self {
+        self.labeled(name, help, "counter", label, series)
+    }
+
+    /// One metric of type `kind` with a sample per value of `label` (e.g. `scheme="ec"`).
+    pub fn labeled(
+        &mut self,
+        name: &str,
+        help: &str,
+        kind: &str,
+        label: &str,
+        series: &[(&str, f64)],
+    ) -> &mut Self {
         use std::fmt::Write as _;
-        let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} counter");
+        let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for (value, count) in series {
             let _ = writeln!(self.text, "{name}{{{label}=\"{value}\"}} {count}");
         }

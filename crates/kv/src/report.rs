@@ -394,39 +394,29 @@ fn member_nodes(cache: &mut Cache) -> (u64, u64) {
 }
 
 pub fn prometheus(cache: &mut Cache) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
-        let _ = writeln!(out, "# HELP remem_kv_{name} {help}\n# TYPE remem_kv_{name} {kind}");
-        for (labels, value) in samples {
-            let _ = writeln!(out, "remem_kv_{name}{labels} {value}");
-        }
-    };
-    let plain = |value: u64| vec![(String::new(), value as f64)];
+    let mut out = remem_frontend::metrics::Exposition::default();
     for (name, kind, help, read) in PLAIN_METRICS {
-        metric(name, kind, help, &plain(read(cache)));
+        out.metric(&format!("remem_kv_{name}"), help, kind, read(cache) as f64);
     }
     let totals = scheme_totals(cache);
-    let per_scheme = |pick: fn((u64, u64)) -> u64| -> Vec<(String, f64)> {
-        Scheme::ALL
-            .iter()
-            .map(|scheme| {
-                (format!("{{scheme=\"{}\"}}", scheme.stat_name()), pick(totals[scheme.index()]) as f64)
-            })
-            .collect()
+    let per_scheme = |pick: fn((u64, u64)) -> u64| -> Vec<(&'static str, f64)> {
+        Scheme::ALL.iter().map(|scheme| (scheme.stat_name(), pick(totals[scheme.index()]) as f64)).collect()
     };
-    metric("scheme_items", "gauge", "Items per redundancy scheme.", &per_scheme(|(items, _)| items));
-    metric(
-        "scheme_value_bytes",
-        "gauge",
+    let items = per_scheme(|(items, _)| items);
+    out.labeled("remem_kv_scheme_items", "Items per redundancy scheme.", "gauge", "scheme", &items);
+    let bytes = per_scheme(|(_, bytes)| bytes);
+    out.labeled(
+        "remem_kv_scheme_value_bytes",
         "Value bytes per redundancy scheme.",
-        &per_scheme(|(_, bytes)| bytes),
+        "gauge",
+        "scheme",
+        &bytes,
     );
     for (name, kind, help, read) in NODE_METRICS {
-        metric(name, kind, help, &plain(read(cache)));
+        out.metric(&format!("remem_kv_{name}"), help, kind, read(cache) as f64);
     }
     cache.stats().latency.render(&mut out);
-    out
+    out.finish()
 }
 
 /// What `version` answers: memcached's major version (clients check it) and remem's.

@@ -2,7 +2,6 @@
 //! EOR main copy first and its data splits when it fails (with read repair of the main copy),
 //! values answered from a store still in flight (data bypassing), and delivery to the waiter.
 
-
 use super::{main_bit, Cache, Fetch, Task, Waiter, FALLBACK, MAIN, PART_MASK, REPAIR_TASK, TAIL};
 use crate::completion::{Completion, Fetched};
 use crate::error::ValueError;
