@@ -53,6 +53,17 @@ fn hint(cache: &Cache, flags: &MetaFlags<'_>) -> Result<Option<Scheme>, crate::s
     }
 }
 
+/// One meta request as its handlers see it: where its reply goes (connection and place), its
+/// key and flags, and the time it is served at.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    conn: ConnRef,
+    seq: u64,
+    key: &'a [u8],
+    flags: &'a MetaFlags<'a>,
+    now: u64,
+}
+
 pub fn execute(
     cache: &mut Cache,
     out: &mut Outbox,
@@ -63,11 +74,12 @@ pub fn execute(
 ) -> After {
     let seq = *next_seq;
     *next_seq += 1;
+    let call = |key, flags| Call { conn, seq, key, flags, now };
     match request {
-        Request::MetaGet { key, flags } => meta_get(cache, out, conn, seq, &key, &flags, now),
-        Request::MetaSet { key, data, flags } => meta_set(cache, out, conn, seq, &key, data, &flags, now),
-        Request::MetaDelete { key, flags } => meta_delete(cache, out, conn, seq, &key, &flags, now),
-        Request::MetaArithmetic { key, flags } => meta_arithmetic(cache, out, conn, seq, &key, &flags, now),
+        Request::MetaGet { key, flags } => meta_get(cache, out, call(&key, &flags)),
+        Request::MetaSet { key, data, flags } => meta_set(cache, out, call(&key, &flags), data),
+        Request::MetaDelete { key, flags } => meta_delete(cache, out, call(&key, &flags)),
+        Request::MetaArithmetic { key, flags } => meta_arithmetic(cache, out, call(&key, &flags)),
         Request::MetaNoop => {
             let mut bytes = Vec::new();
             meta::noop(&mut bytes);
@@ -103,17 +115,8 @@ pub fn execute(
 
 /// `ms`: a store in the mode its `M` and `C` flags give (`I` with an older cas stores a stale
 /// value, see the module's description).
-#[allow(clippy::too_many_arguments)]
-fn meta_set(
-    cache: &mut Cache,
-    out: &mut Outbox,
-    conn: ConnRef,
-    seq: u64,
-    key: &[u8],
-    data: &[u8],
-    flags: &MetaFlags<'_>,
-    now: u64,
-) {
+fn meta_set(cache: &mut Cache, out: &mut Outbox, call: Call<'_>, data: &[u8]) {
+    let Call { conn, seq, key, flags, now } = call;
     cache.stats_mut().cmd_set += 1;
     let hint = match hint(cache, flags) {
         Ok(hint) => hint,
@@ -183,15 +186,8 @@ fn meta_set(
 }
 
 /// `md`: removes the item, or with `I` marks it stale.
-fn meta_delete(
-    cache: &mut Cache,
-    out: &mut Outbox,
-    conn: ConnRef,
-    seq: u64,
-    key: &[u8],
-    flags: &MetaFlags<'_>,
-    now: u64,
-) {
+fn meta_delete(cache: &mut Cache, out: &mut Outbox, call: Call<'_>) {
+    let Call { conn, seq, key, flags, now } = call;
     cache.stats_mut().prefixes.record(key, crate::stats::PrefixEvent::Delete);
     let status = match cache.live(key, now) {
         None => {
@@ -237,17 +233,8 @@ fn win_flags(
 
 /// `mg` of a missing key with `N<ttl>`: an empty item is created with that TTL and this client
 /// wins its recache (`W`); gets until it is stored see it empty, with `Z`.
-#[allow(clippy::too_many_arguments)]
-fn vivify_on_miss(
-    cache: &mut Cache,
-    out: &mut Outbox,
-    conn: ConnRef,
-    seq: u64,
-    key: &[u8],
-    flags: &MetaFlags<'_>,
-    vivify: i64,
-    now: u64,
-) {
+fn vivify_on_miss(cache: &mut Cache, out: &mut Outbox, call: Call<'_>, vivify: i64) {
+    let Call { conn, seq, key, flags, now } = call;
     // Vivified already expired: the item is gone at once; the win is still this client's.
     let expires_at = deadline(vivify, now).unwrap_or(1);
     let cas = cache.next_cas();
@@ -282,22 +269,15 @@ fn invalidate(cache: &mut Cache, id: crate::index::EntryId, flags: &MetaFlags<'_
     cache.rerecord(id);
 }
 
-fn meta_get(
-    cache: &mut Cache,
-    out: &mut Outbox,
-    conn: ConnRef,
-    seq: u64,
-    key: &[u8],
-    flags: &MetaFlags<'_>,
-    now: u64,
-) {
+fn meta_get(cache: &mut Cache, out: &mut Outbox, call: Call<'_>) {
+    let Call { conn, seq, key, flags, now } = call;
     cache.stats_mut().cmd_get += 1;
     let found = cache.live(key, now);
     cache.stats_mut().prefixes.record(key, crate::stats::PrefixEvent::Get { hit: found.is_some() });
     let Some(id) = found else {
         cache.stats_mut().get_misses += 1;
         if let Some(vivify) = flags.vivify_exptime {
-            return vivify_on_miss(cache, out, conn, seq, key, flags, vivify, now);
+            return vivify_on_miss(cache, out, call, vivify);
         }
         let bytes = line(MetaCommand::Get, MetaStatus::En, flags, key, &MetaItem::default());
         return out.reply(conn, seq, bytes);
@@ -337,15 +317,8 @@ fn meta_get(
 
 /// `ma` of a missing key: NF, or with `N` the item vivified at the initial value (the delta is
 /// not applied), as memcached does.
-fn arithmetic_miss(
-    cache: &mut Cache,
-    out: &mut Outbox,
-    conn: ConnRef,
-    seq: u64,
-    key: &[u8],
-    flags: &MetaFlags<'_>,
-    now: u64,
-) {
+fn arithmetic_miss(cache: &mut Cache, out: &mut Outbox, call: Call<'_>) {
+    let Call { conn, seq, key, flags, now } = call;
     let Some(vivify) = flags.vivify_exptime else {
         if flags.decrement() {
             cache.stats_mut().decr_misses += 1;
@@ -379,19 +352,12 @@ fn arithmetic_miss(
     }
 }
 
-fn meta_arithmetic(
-    cache: &mut Cache,
-    out: &mut Outbox,
-    conn: ConnRef,
-    seq: u64,
-    key: &[u8],
-    flags: &MetaFlags<'_>,
-    now: u64,
-) {
+fn meta_arithmetic(cache: &mut Cache, out: &mut Outbox, call: Call<'_>) {
+    let Call { conn, seq, key, flags, now } = call;
     let increment = !flags.decrement();
     let delta = flags.delta_or_default();
     let Some(id) = cache.live(key, now) else {
-        return arithmetic_miss(cache, out, conn, seq, key, flags, now);
+        return arithmetic_miss(cache, out, call);
     };
     // memcached checks C and applies T when the request arrives; the reply's c is the cas the
     // new value gets, t the TTL after T.
