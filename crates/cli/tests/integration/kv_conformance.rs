@@ -511,7 +511,15 @@ fn size_classes_answer_as_memcached_does(target: &Target) {
     let malloced = slabs.get("total_malloced").cloned();
     std::thread::sleep(Duration::from_millis(2100));
     set("key", 0);
-    assert_eq!(stats(target, "items").get("items:31:reclaimed").map(String::as_str), Some("1"), "{name}");
+    let items = stats(target, "items");
+    // memcached counts the reuse as `reclaimed` only when the store's allocation meets the
+    // expired item at an LRU tail, which its LRU maintainer thread decides in its own time (half
+    // of the runs on a loaded machine miss it, whatever the wait): there, the memory not growing
+    // below is what holds every time.
+    if target.is_remem() {
+        assert_eq!(items.get("items:31:reclaimed").map(String::as_str), Some("1"), "{name}: {items:?}");
+    }
+    assert_eq!(items.get("items:31:number").map(String::as_str), Some("1"), "{name}: {items:?}");
     assert_eq!(stats(target, "slabs").get("total_malloced").cloned(), malloced, "{name}: memory grew");
 }
 
