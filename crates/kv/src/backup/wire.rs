@@ -332,10 +332,17 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>, WireError> {
 }
 
 /// Frames read from a stream: bytes go in, whole frames come out, in order.
-#[derive(Default)]
 pub struct FrameReader {
     buffer: Vec<u8>,
     start: usize,
+    /// What a read lands in, zeroed once (not 64 KiB zeroed per read call).
+    scratch: Box<[u8]>,
+}
+
+impl Default for FrameReader {
+    fn default() -> FrameReader {
+        FrameReader { buffer: Vec::new(), start: 0, scratch: vec![0; 64 * 1024].into_boxed_slice() }
+    }
 }
 
 impl FrameReader {
@@ -346,11 +353,9 @@ impl FrameReader {
             self.buffer.drain(..self.start);
             self.start = 0;
         }
-        let old = self.buffer.len();
-        self.buffer.resize(old + 64 * 1024, 0);
-        let result = source.read(&mut self.buffer[old..]);
+        let result = source.read(&mut self.scratch);
         let read = *result.as_ref().unwrap_or(&0);
-        self.buffer.truncate(old + read);
+        self.buffer.extend_from_slice(&self.scratch[..read]);
         result
     }
 
