@@ -101,11 +101,13 @@ fn wait_for_region(
 
 /// Starts `remem WORDS --cluster FILE` (a front end) on `cluster`, logging beside its cluster
 /// file, and waits for its `listening` line.
-fn start_front_end(cluster: &remem::launcher::LocalCluster, words: &[&str]) -> std::process::Child {
+/// The front end is killed and reaped when the guard drops, however the test ends.
+fn start_front_end(cluster: &remem::launcher::LocalCluster, words: &[&str]) -> common::KillOnDrop {
     let dir = cluster.cluster_file_path.parent().unwrap();
     let mut command = Command::new(env!("CARGO_BIN_EXE_remem"));
     command.args(words).arg("--cluster").arg(&cluster.cluster_file_path);
     let (child, line) = common::spawn_with_first_line(command, &dir.join(format!("{}.log", words[0])));
+    let child = common::KillOnDrop(child);
     assert!(line.starts_with("listening"), "remem {} did not start: {line:?}", words[0]);
     child
 }
@@ -116,7 +118,7 @@ fn start_front_end(cluster: &remem::launcher::LocalCluster, words: &[&str]) -> s
 fn status_shows_a_front_ends_regions_healthy_degraded_and_lost() {
     let mut cluster = common::start_cluster("status", "regions", 6, UnixSockets::None);
     let shape = ["-k", "4", "-r", "2", "--listen", "127.0.0.1:0"];
-    let mut nbd =
+    let nbd =
         start_front_end(&cluster, &[&["nbd", "--size", "8MiB", "--export", "regions"][..], &shape].concat());
     let file = cluster.cluster_file_path.clone();
 
@@ -145,8 +147,7 @@ fn status_shows_a_front_ends_regions_healthy_degraded_and_lost() {
     cluster.kill(3).expect("kill node 3");
     wait_for_region(&file, "lost ranges", |region| region["lost"] == region["ranges"]);
 
-    let _ = nbd.kill();
-    let _ = nbd.wait();
+    drop(nbd);
     let status = status_json(&file);
     assert_eq!(status["clients"][0]["alive"], false, "a dead front end is shown as gone: {status:#}");
 }
@@ -254,17 +255,18 @@ fn status_shows_a_killed_front_end_dead_at_once_and_forgets_it_later() {
         .args(["nbd", "--cluster"])
         .arg(&cluster.cluster_file_path)
         .args(["--size", "2MiB", "--export", "dead", "-k", "2", "-r", "1", "--delta", "0"]);
-    let (mut nbd, line) = common::spawn_with_first_line(command, &dir.join("nbd.log"));
+    let (nbd, line) = common::spawn_with_first_line(command, &dir.join("nbd.log"));
+    let mut nbd = common::KillOnDrop(nbd);
     assert!(line.starts_with("listening unix:"), "remem nbd did not start: {line:?}");
     let file = cluster.cluster_file_path.clone();
     wait_for_region(&file, "a report", |region| region["ranges"].as_u64().is_some_and(|ranges| ranges > 0));
-    let report = dir.join("clients").join(format!("nbd-{}.json", nbd.id()));
+    let report = dir.join("clients").join(format!("nbd-{}.json", nbd.0.id()));
     assert!(report.exists(), "the report is at {}", report.display());
 
     // SAFETY: kill with the PID of our child, not yet reaped (it stays a zombie until wait).
-    unsafe { libc::kill(nbd.id() as libc::pid_t, libc::SIGKILL) };
+    unsafe { libc::kill(nbd.0.id() as libc::pid_t, libc::SIGKILL) };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !std::fs::read_to_string(format!("/proc/{}/stat", nbd.id()))
+    while !std::fs::read_to_string(format!("/proc/{}/stat", nbd.0.id()))
         .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
     {
         assert!(std::time::Instant::now() < deadline, "the killed front end never became a zombie");
@@ -272,7 +274,7 @@ fn status_shows_a_killed_front_end_dead_at_once_and_forgets_it_later() {
     }
     let status = status_json(&file);
     assert_eq!(status["clients"][0]["alive"], false, "a killed front end is shown dead: {status:#}");
-    nbd.wait().expect("reaped");
+    nbd.0.wait().expect("reaped");
 
     // Ten minutes later, as far as the report's timestamp says.
     let mut text: serde_json::Value =
@@ -295,7 +297,7 @@ fn status_shows_a_killed_front_end_dead_at_once_and_forgets_it_later() {
 fn status_names_kvs_region_of_eor_main_copies() {
     let cluster = common::start_cluster("status", "eor", 6, UnixSockets::None);
     let shape = ["-k", "4", "-r", "2", "--listen", "127.0.0.1:0"];
-    let mut kv = start_front_end(
+    let _kv = start_front_end(
         &cluster,
         &[&["kv", "-m", "4MiB", "--scheme", "eor2", "--ephemeral"][..], &shape].concat(),
     );
@@ -310,6 +312,4 @@ fn status_names_kvs_region_of_eor_main_copies() {
         .map(|region| region["scheme"].as_str().expect("a scheme"))
         .collect();
     assert_eq!(schemes, ["EC(4,2)", "none (EOR main copies)"], "{status:#}");
-    let _ = kv.kill();
-    let _ = kv.wait();
 }
