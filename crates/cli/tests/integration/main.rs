@@ -28,6 +28,7 @@ mod etcd;
 mod faults;
 mod front_ends_shm;
 mod fs;
+mod fs_bench;
 mod fs_mounts;
 mod fs_posix;
 mod guardrails;
