@@ -31,6 +31,7 @@ mod fs;
 mod fs_bench;
 mod fs_mounts;
 mod fs_posix;
+mod fs_writeback;
 mod guardrails;
 mod kv;
 mod kv_bounds;
