@@ -38,6 +38,8 @@ fn writeback_mode_keeps_closed_files_across_a_sigkill() {
             "--verify_fatal=1",
             "--do_verify=1",
             "--randrepeat=1",
+            // No verify state file left in the working directory.
+            "--verify_state_save=0",
         ],
     );
     assert!(output.contains("err= 0"), "fio through the writeback cache: {output}");
