@@ -123,6 +123,11 @@ enum BenchCommand {
     /// throughput and p50/p99 as ratios to the all-in-memory run, every run verified. Needs
     /// root and no swap on; --quick for a small run (docs/APPS.md).
     Apps(remem::apps_bench::AppsBenchArgs),
+    /// `remem fs` beside a tmpfs and a local disk directory in the same run: fio 4 KiB random
+    /// (qd1, qd32) and 1 MiB sequential O_DIRECT, sqlite3 WAL inserts and selects, tar of the
+    /// source tree; each figure with its ratio to the local disk. Starts its own cluster
+    /// (shared memory by default) and mounts; needs root for the tmpfs; --quick for a tiny run.
+    Fs(remem_bench::fs_bench::FsBenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -272,6 +277,14 @@ fn run(cli: Cli) -> Result<()> {
             print_report(json, &remem::kv_ha_bench::run(args, &binary)?, remem::kv_ha_bench::print_table)
         }
         Command::Bench(BenchCommand::Apps(args)) => remem::apps_bench::run(args, &binary).map(drop),
+        Command::Bench(BenchCommand::Fs(args)) => {
+            let json = args.json;
+            print_report(
+                json,
+                &remem_bench::fs_bench::run(args, &binary)?,
+                remem_bench::fs_bench::print_table,
+            )
+        }
         Command::Bench(BenchCommand::Codec(args)) => remem::codec_bench::run(
             args.data_splits,
             args.parity_splits,

@@ -403,9 +403,10 @@ impl<S: PageStore> FileSystem<S> {
     }
 
     /// Background work between requests: the page store's healing, then the journal's
-    /// periodic sync and compaction.
-    pub fn background(&mut self) {
+    /// compaction; returns the journal to fdatasync without the lock when its periodic sync is
+    /// due (see `FileSystem::maintain`).
+    pub fn background(&mut self) -> Option<(std::fs::File, u64)> {
         self.store.background();
-        self.maintain();
+        self.maintain()
     }
 }

@@ -64,6 +64,10 @@ pub struct MountOptions {
     /// Threads that receive requests from the kernel (`remem fs --threads`, at least 1):
     /// reads and writes that arrive together run as one engine batch.
     pub threads: usize,
+    /// The kernel's writeback cache (`remem fs --writeback`): write(2) returns once the bytes
+    /// are in the page cache, and they reach the nodes when the kernel writes them back (at the
+    /// latest on fsync or close). Off: write(2) returns once they are on the nodes.
+    pub writeback: bool,
 }
 
 /// A mounted file system: requests are served on threads of their own until [`Mounted::unmount`].
@@ -102,7 +106,7 @@ pub fn mount<S: PageStore + 'static>(
     // queue in the kernel).
     config.n_threads = Some(options.threads.max(1));
     config.clone_fd = true;
-    let fuse = fuse::Fuse { shared: Arc::clone(&inner), observer: options.observer.clone(), buffers };
+    let fuse = fuse::Fuse::new(Arc::clone(&inner), options.observer.clone(), buffers, options.writeback);
     let mut session = fuser::Session::new(fuse, mountpoint, &config)?;
     let unmounter = session.unmount_callable();
     let session = std::thread::Builder::new().name("remem-fs".to_owned()).spawn(move || session.run())?;
@@ -120,7 +124,14 @@ pub fn mount<S: PageStore + 'static>(
         std::thread::Builder::new().name("remem-fs-heal".to_owned()).spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(BACKGROUND_INTERVAL);
-                inner.lock().background();
+                // The timer's journal flush runs without the lock, as fsync's does.
+                let pending = inner.lock().background();
+                if let Some((journal, last_seq)) = pending {
+                    match journal.sync_data() {
+                        Ok(()) => inner.lock().synced(last_seq),
+                        Err(error) => tracing::warn!(%error, "cannot sync the metadata journal"),
+                    }
+                }
             }
         })?
     };

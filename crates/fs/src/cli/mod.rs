@@ -52,6 +52,13 @@ pub struct FsArgs {
     /// device, for swap, sends many at once); 1 serves one request at a time.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub threads: u16,
+    /// Use the kernel's writeback cache: write(2) returns once the bytes are in the page cache
+    /// and they reach the nodes when the kernel writes them back, at the latest on fsync,
+    /// fdatasync or close (faster small and repeated writes; a SIGKILL of `remem fs` loses
+    /// writes not yet written back: docs/FS.md, SEMANTICS). Off: write(2) returns once its
+    /// pages are on the nodes.
+    #[arg(long)]
+    pub writeback: bool,
     /// A split not answered in this time counts as failed.
     #[arg(long, default_value_t = 2000)]
     pub request_timeout_ms: u64,
@@ -321,6 +328,7 @@ pub fn run(args: FsArgs) -> Result<()> {
         source_name: "remem".to_owned(),
         observer,
         threads: usize::from(args.threads),
+        writeback: args.writeback,
     };
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;

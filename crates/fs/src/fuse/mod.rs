@@ -20,15 +20,16 @@
 //! `served` holds the queued and batched reads and writes with their replies; `kernel` turns the
 //! file system's types into the kernel's (errnos, attributes, flags).
 
+use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
-    Errno, FileHandle, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, TimeOrNow, WriteFlags,
+    Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::combine::{Combining, Guard};
@@ -45,21 +46,56 @@ use kernel::{creator, errno, file_attr, file_type, open_flags, time};
 use served::{recycle_vec, report, Payload, Pending, Replier};
 pub(crate) use served::{BufferPool, Served};
 
-/// How long the kernel may cache attributes and names. Every change goes through this process,
-/// so the kernel's cache stays true for changes it made itself.
-const TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may cache attributes and names. Every change reaches the file system
+/// through this kernel's requests (one host, no other writer), and the kernel updates or drops
+/// what it cached of the nodes a request changes (the parent directories of a create, unlink
+/// or rename, the inode of a link, unlink, setattr or write), so its cache stays true for as
+/// long as it keeps it; the bound only caps how long a bug in that could show.
+const TTL: Duration = Duration::from_secs(60);
 /// Largest write the kernel sends us in one request.
 pub const MAX_WRITE_BYTES: u32 = 1 << 20;
 /// Background requests the kernel may have outstanding (readahead, and asynchronous direct
 /// I/O such as a loop device's): enough for a loop device's queue to reach us as batches.
 const MAX_BACKGROUND_REQUESTS: u16 = 128;
 pub struct Fuse<S: PageStore> {
-    pub(crate) shared: Arc<Combining<Served<S>>>,
-    pub(crate) observer: Option<Arc<dyn FileOpObserver>>,
-    pub(crate) buffers: Arc<BufferPool>,
+    shared: Arc<Combining<Served<S>>>,
+    observer: Option<Arc<dyn FileOpObserver>>,
+    buffers: Arc<BufferPool>,
+    /// The kernel's writeback cache is asked for (`MountOptions::writeback`).
+    writeback: bool,
+    /// Files whose bytes changed behind the page cache (an `O_DIRECT` write or a fallocate)
+    /// since they were last opened: their next open drops the kernel's cached pages. Every
+    /// other open keeps them (`FOPEN_KEEP_CACHE`), since every other change went through them.
+    changed_uncached: Mutex<HashSet<u64>>,
 }
 
 impl<S: PageStore> Fuse<S> {
+    pub(crate) fn new(
+        shared: Arc<Combining<Served<S>>>,
+        observer: Option<Arc<dyn FileOpObserver>>,
+        buffers: Arc<BufferPool>,
+        writeback: bool,
+    ) -> Self {
+        Fuse { shared, observer, buffers, writeback, changed_uncached: Mutex::new(HashSet::new()) }
+    }
+
+    /// Notes that `inode`'s bytes changed behind the page cache.
+    fn changed_uncached(&self, inode: u64) {
+        self.changed_uncached.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(inode);
+    }
+
+    /// The flags of an open of `inode` with `flags`: the page cache is kept unless its bytes
+    /// changed behind it since the last open (then the kernel drops it, once).
+    fn opened_flags(&self, inode: u64, flags: i32) -> FopenFlags {
+        let changed =
+            self.changed_uncached.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&inode);
+        let flags = open_flags(flags);
+        if changed || flags.contains(FopenFlags::FOPEN_DIRECT_IO) {
+            flags
+        } else {
+            flags | FopenFlags::FOPEN_KEEP_CACHE
+        }
+    }
     /// The file system, after every read and write that came before (a panic under the lock
     /// was a bug in a request; the metadata it left is still the best there is, and refusing
     /// every later request would only add to the damage).
@@ -83,6 +119,16 @@ impl<S: PageStore> Fuse<S> {
             served.run_batch(&mut batch);
             served.spare_batch = recycle_vec(batch);
         });
+    }
+
+    /// Makes the metadata journal durable: the lock is held to journal what is pending, not
+    /// during the disk's flush, so reads and writes go on meanwhile.
+    /// `with_times`: fsync and fsyncdir (lazily kept mtimes too), not fdatasync.
+    fn sync(&self, with_times: bool) -> std::io::Result<()> {
+        let Some((journal, last_seq)) = self.lock().start_sync(with_times)? else { return Ok(()) };
+        journal.sync_data()?;
+        self.lock().synced(last_seq);
+        Ok(())
     }
 
     /// When a request began, if anyone is told of it.
@@ -124,8 +170,20 @@ fn empty(result: Result<(), FsError>, reply: ReplyEmpty) {
 
 impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
     fn init(&mut self, _request: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // Write-through (no FUSE_WRITEBACK_CACHE): a write(2) returns after its pages are on
-        // the nodes. 1 MiB requests amortise the per-request cost.
+        // Write-through by default (no FUSE_WRITEBACK_CACHE): a write(2) returns after its
+        // pages are on the nodes. With the writeback cache the kernel keeps written pages and
+        // sends them later, in requests of up to MAX_WRITE_BYTES, at the latest on fsync and
+        // close (docs/FS.md, SEMANTICS). 1 MiB requests amortise the per-request cost.
+        if self.writeback {
+            if let Err(missing) = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE) {
+                tracing::warn!(?missing, "the kernel lacks FUSE's writeback cache: writing through");
+            }
+        }
+        // Lookups and readdirs of one directory may reach us together (they take the lock
+        // here anyway; the kernel no longer holds the directory's lock while they wait).
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS) {
+            tracing::debug!(?missing, "the kernel lacks parallel directory operations");
+        }
         let _ = config.set_max_write(MAX_WRITE_BYTES);
         let _ = config.set_max_readahead(MAX_WRITE_BYTES);
         // Asynchronous direct I/O: without it the kernel sends an O_DIRECT read or write of an
@@ -345,7 +403,7 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         match opened {
             Ok(FileKind::File) => {
                 self.done(FileOp::Open, started, 0, false);
-                reply.opened(FileHandle(inode.0), open_flags(flags.0))
+                reply.opened(FileHandle(inode.0), self.opened_flags(inode.0, flags.0))
             }
             Ok(_) => {
                 // Not a regular file: undo the handle count.
@@ -384,16 +442,22 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let started = self.start();
+        if flags.0 & libc::O_DIRECT != 0 {
+            self.changed_uncached(inode.0);
+        }
         let reply = Some(Replier::Write(reply));
         let payload = Some(Payload::Borrowed(data));
         self.serve(Pending { inode: inode.0, offset, payload, size: data.len(), reply, started });
     }
 
+    /// Nothing to do at close: ENOSYS makes the kernel stop sending FLUSH, one round trip
+    /// less per close(2). (With the writeback cache the kernel still writes a file's dirty
+    /// pages back at close, before it would send FLUSH, and close(2) reports their errors.)
     fn flush(
         &self,
         _request: &Request,
@@ -402,7 +466,7 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         _owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        reply.error(Errno::from_i32(libc::ENOSYS));
     }
 
     fn release(
@@ -421,18 +485,20 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         empty(result, reply);
     }
 
-    /// Data is on the nodes when a write returns (docs/FS.md, SEMANTICS); what fsync adds is
-    /// the metadata journal on local disk (fdatasync), so a host crash keeps it too.
+    /// Data is on the nodes when a write reaches us (docs/FS.md, SEMANTICS; with the writeback
+    /// cache the kernel sends a file's dirty pages before its fsync); what fsync adds is the
+    /// metadata journal on local disk (fdatasync), so a host crash keeps it too; fdatasync
+    /// leaves the lazily kept mtimes to the timer (they are not needed to read the data).
     fn fsync(
         &self,
         _request: &Request,
         _inode: INodeNo,
         _handle: FileHandle,
-        _datasync: bool,
+        datasync: bool,
         reply: ReplyEmpty,
     ) {
         let started = self.start();
-        let result = self.lock().sync();
+        let result = self.sync(!datasync);
         self.done(FileOp::Fsync, started, 0, result.is_err());
         sync_reply(result, reply);
     }
@@ -466,7 +532,7 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         reply: ReplyEmpty,
     ) {
         let started = self.start();
-        let result = self.lock().sync();
+        let result = self.sync(true);
         self.done(FileOp::Fsync, started, 0, result.is_err());
         sync_reply(result, reply);
     }
@@ -528,7 +594,7 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
                 &file_attr(&attributes, fs.page_bytes()),
                 Generation(0),
                 FileHandle(attributes.inode),
-                open_flags(flags),
+                self.opened_flags(attributes.inode, flags),
             ),
             Err(error) => reply.error(errno(&error)),
         }
@@ -545,6 +611,7 @@ impl<S: PageStore + 'static> fuser::Filesystem for Fuse<S> {
         reply: ReplyEmpty,
     ) {
         let started = self.start();
+        self.changed_uncached(inode.0);
         let result = self.lock().fallocate(inode.0, offset, length, mode);
         self.done(FileOp::Fallocate, started, 0, result.is_err());
         empty(result, reply);

@@ -148,7 +148,8 @@ pub struct Journal {
     snapshot_path: PathBuf,
     bytes: u64,
     next_seq: u64,
-    unsynced: bool,
+    /// Every record up to this number is durable (fdatasynced, or in a synced snapshot).
+    synced_seq: u64,
     last_sync: Instant,
     buffer: Vec<u8>,
     /// Set after a failed append: the journal no longer matches memory, so every later
@@ -173,22 +174,40 @@ impl Journal {
             return Err(error);
         }
         self.bytes += self.buffer.len() as u64;
-        self.unsynced = true;
         Ok(())
     }
 
     /// fdatasync if anything was appended since the last one.
     pub fn sync(&mut self) -> std::io::Result<()> {
         self.last_sync = Instant::now();
-        if self.unsynced {
+        let last_seq = self.last_seq();
+        if last_seq > self.synced_seq {
             self.file.sync_data()?;
-            self.unsynced = false;
+            self.synced_seq = last_seq;
         }
         Ok(())
     }
 
+    /// [`Journal::sync`] without the flush itself: if a record is not known durable, the
+    /// journal's file to fdatasync (another descriptor of it) and the last record's number,
+    /// for [`Journal::synced`] once the flush succeeded. Two such flushes may overlap; each
+    /// caller waits for its own, so none returns before its records are durable.
+    fn start_sync(&mut self) -> std::io::Result<Option<(File, u64)>> {
+        self.last_sync = Instant::now();
+        let last_seq = self.last_seq();
+        if last_seq <= self.synced_seq {
+            return Ok(None);
+        }
+        Ok(Some((self.file.try_clone()?, last_seq)))
+    }
+
+    /// Records up to `seq` are durable.
+    fn synced(&mut self, seq: u64) {
+        self.synced_seq = self.synced_seq.max(seq);
+    }
+
     pub fn sync_due(&self) -> bool {
-        self.unsynced && self.last_sync.elapsed() >= SYNC_INTERVAL
+        self.last_seq() > self.synced_seq && self.last_sync.elapsed() >= SYNC_INTERVAL
     }
 
     pub fn wants_compaction(&self) -> bool {
@@ -210,7 +229,7 @@ impl Journal {
         write_durably(&self.snapshot_path, snapshot_bytes)?;
         self.file.set_len(0).and_then(|()| self.file.sync_all()).map_err(io_error(&self.path))?;
         self.bytes = 0;
-        self.unsynced = false;
+        self.synced_seq = self.last_seq();
         Ok(())
     }
 }
@@ -323,7 +342,7 @@ impl<S: PageStore> FileSystem<S> {
             snapshot_path,
             bytes: 0,
             next_seq: last_seq + 1,
-            unsynced: false,
+            synced_seq: last_seq,
             last_sync: Instant::now(),
             buffer: Vec::new(),
             failed: false,
@@ -348,21 +367,54 @@ impl<S: PageStore> FileSystem<S> {
         }
     }
 
-    /// Periodic work between requests: sync when due, compact when the journal is large.
-    pub fn maintain(&mut self) {
-        let Some(journal) = &self.journal else { return };
-        if journal.sync_due()
-            || (!self.dirty_times.is_empty() && journal.last_sync.elapsed() >= SYNC_INTERVAL)
-        {
-            if let Err(error) = self.sync() {
-                tracing::warn!(%error, "cannot sync the metadata journal");
-            }
+    /// [`FileSystem::sync`] in two halves, so that the disk's flush runs without the file
+    /// system's lock (other requests go on meanwhile): journals lazily kept times and returns
+    /// the journal's file to fdatasync and the number of its last record, if a record is not
+    /// yet durable. Once the file's fdatasync returns, every record appended before this call
+    /// is durable: tell [`FileSystem::synced`] (a failed flush tells nothing, and the next
+    /// sync flushes again).
+    ///
+    /// `with_times` journals the lazily kept mtimes first (fsync); without it (fdatasync) only
+    /// what reading the data needs is made durable: sizes and page maps are journaled before
+    /// every reply anyway, so an fdatasync after overwrites alone flushes nothing.
+    pub fn start_sync(&mut self, with_times: bool) -> std::io::Result<Option<(File, u64)>> {
+        if with_times {
+            self.flush_times().map_err(|error| std::io::Error::other(error.to_string()))?;
         }
+        match &mut self.journal {
+            Some(journal) => journal.start_sync(),
+            None => Ok(None),
+        }
+    }
+
+    /// The journal's records up to `seq` are durable (see [`FileSystem::start_sync`]).
+    pub fn synced(&mut self, seq: u64) {
+        if let Some(journal) = &mut self.journal {
+            journal.synced(seq);
+        }
+    }
+
+    /// Periodic work between requests: compact when the journal is large, and sync when due.
+    /// When a sync is due, the journal's file to fdatasync without the lock and its last
+    /// record's number (as [`FileSystem::start_sync`]: tell [`FileSystem::synced`] after).
+    pub fn maintain(&mut self) -> Option<(File, u64)> {
+        let journal = self.journal.as_ref()?;
+        let due = journal.sync_due()
+            || (!self.dirty_times.is_empty() && journal.last_sync.elapsed() >= SYNC_INTERVAL);
+        let pending = if due {
+            self.start_sync(true).unwrap_or_else(|error| {
+                tracing::warn!(%error, "cannot sync the metadata journal");
+                None
+            })
+        } else {
+            None
+        };
         if self.journal.as_ref().is_some_and(Journal::wants_compaction) {
             if let Err(error) = self.compact() {
                 tracing::warn!(%error, "cannot compact the metadata journal; will retry");
             }
         }
+        pending
     }
 
     /// Writes a new snapshot and empties the journal.

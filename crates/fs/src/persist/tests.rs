@@ -513,3 +513,23 @@ fn fallocated_pages_read_as_zeros_after_a_restart_even_if_they_held_old_bytes() 
     assert!(bytes[7..].iter().all(|&byte| byte == 0), "no old byte shows through");
     let _ = std::fs::remove_dir_all(&path);
 }
+
+#[test]
+fn a_sync_started_before_another_finished_still_flushes_its_own_records() {
+    let path = temporary_state();
+    let state = StateDir::open(&path).expect("state directory");
+    let (mut fs, _) = FileSystem::open_saved(store(8), ME, &state).expect("open empty");
+    assert!(fs.start_sync(true).expect("nothing to sync").is_none(), "a fresh journal is durable");
+    fs.create_file(ROOT_INODE, OsStr::new("a"), ME).expect("create a");
+    let (_, first) = fs.start_sync(true).expect("start").expect("the create is not yet durable");
+    // A second fsync while the first one's flush runs: its create is not covered by the first.
+    fs.create_file(ROOT_INODE, OsStr::new("b"), ME).expect("create b");
+    let (journal, second) = fs.start_sync(true).expect("start").expect("b is not durable either");
+    assert!(second > first, "the second flush covers a later record ({second} > {first})");
+    // The first flush finishing does not make the second's records durable.
+    fs.synced(first);
+    assert!(fs.start_sync(true).expect("start").is_some(), "b is still to be flushed after the first sync");
+    journal.sync_data().expect("fdatasync");
+    fs.synced(second);
+    assert!(fs.start_sync(true).expect("start").is_none(), "everything is durable after the second sync");
+}
