@@ -84,15 +84,19 @@ fn ratio_text(ratio: Option<f64>) -> String {
     ratio.map_or_else(|| "-".to_owned(), |value| format!("{value:.2}"))
 }
 
+fn transport_name(transport: remem_frontend::transport_arg::Transport) -> &'static str {
+    match transport {
+        remem_frontend::transport_arg::Transport::Tcp => "TCP",
+        remem_frontend::transport_arg::Transport::Shm => "shared memory",
+    }
+}
+
 pub fn print_table(report: &KvBenchReport) {
     println!(
         "GET and SET from outside, {} vs remem kv on {} local nodes over {}",
         report.memcached_version,
         report.nodes,
-        match report.transport {
-            remem_frontend::transport_arg::Transport::Tcp => "TCP",
-            remem_frontend::transport_arg::Transport::Shm => "shared memory",
-        }
+        transport_name(report.transport)
     );
     println!("(ratios: this row over memcached's row of the same operation, size and connections)");
     println!(
