@@ -153,44 +153,50 @@ pub fn print_table(report: &KvBenchReport) {
             );
         }
     }
-    if !report.races.is_empty() {
-        println!();
-        println!("racing reads of one key (ec8+2): 1 SET + 3 GETs at once, and 4 GETs at once");
-        println!(
-            "{:<10} {:>9}  {:>9} {:>9}  {:>12} {:>12} {:>8}  {:>12} {:>12}",
-            "mode",
-            "size",
-            "set p50",
-            "set p99",
-            "get|set p50",
-            "get|set p99",
-            "new",
-            "get|get p50",
-            "get|get p99"
-        );
-        for row in &report.races {
-            println!(
-                "{:<10} {:>9}  {:>9.1} {:>9.1}  {:>12.1} {:>12.1} {:>7.0}%  {:>12.1} {:>12.1}",
-                row.mode,
-                size_text(row.value_bytes),
-                row.set.p50_us,
-                row.set.p99_us,
-                row.get_after_set.p50_us,
-                row.get_after_set.p99_us,
-                100.0 * row.get_after_set_new_values as f64 / row.get_after_set.count.max(1) as f64,
-                row.get_after_get.p50_us,
-                row.get_after_get.p99_us
-            );
-        }
-        if let [bypass, no_bypass] = &report.races[..] {
-            println!(
-                "bypass / no-bypass p50: get after set {:.2}, get after get {:.2}",
-                bypass.get_after_set.p50_us / no_bypass.get_after_set.p50_us,
-                bypass.get_after_get.p50_us / no_bypass.get_after_get.p50_us
-            );
-        }
-    }
+    print_races(report);
     for warning in &report.warnings {
         println!("warning: {warning}");
+    }
+}
+
+/// The racing-reads table: one key read while it is being set, and read by several at once.
+fn print_races(report: &KvBenchReport) {
+    if report.races.is_empty() {
+        return;
+    }
+    println!();
+    println!("racing reads of one key (ec8+2): 1 SET + 3 GETs at once, and 4 GETs at once");
+    println!(
+        "{:<10} {:>9}  {:>9} {:>9}  {:>12} {:>12} {:>8}  {:>12} {:>12}",
+        "mode",
+        "size",
+        "set p50",
+        "set p99",
+        "get|set p50",
+        "get|set p99",
+        "new",
+        "get|get p50",
+        "get|get p99"
+    );
+    for row in &report.races {
+        println!(
+            "{:<10} {:>9}  {:>9.1} {:>9.1}  {:>12.1} {:>12.1} {:>7.0}%  {:>12.1} {:>12.1}",
+            row.mode,
+            size_text(row.value_bytes),
+            row.set.p50_us,
+            row.set.p99_us,
+            row.get_after_set.p50_us,
+            row.get_after_set.p99_us,
+            100.0 * row.get_after_set_new_values as f64 / row.get_after_set.count.max(1) as f64,
+            row.get_after_get.p50_us,
+            row.get_after_get.p99_us
+        );
+    }
+    if let [bypass, no_bypass] = &report.races[..] {
+        println!(
+            "bypass / no-bypass p50: get after set {:.2}, get after get {:.2}",
+            bypass.get_after_set.p50_us / no_bypass.get_after_set.p50_us,
+            bypass.get_after_get.p50_us / no_bypass.get_after_get.p50_us
+        );
     }
 }
