@@ -80,6 +80,8 @@ fn general(cache: &mut Cache, out: &mut Vec<u8>) {
         let members = engine.nodes().iter().filter(|node| node.membership == Membership::Member);
         members.fold((0, 0), |(all, up), node| (all + 1, up + usize::from(node.connected)))
     };
+    let client = cache.client_mut().client();
+    let (ranges_mapped, node_bytes_mapped) = (client.mapped_range_count(), client.mapped_node_bytes());
     let stats = cache.stats();
     let uptime = cache.uptime().as_secs();
     response::stat(out, "pid", std::process::id());
@@ -119,6 +121,8 @@ fn general(cache: &mut Cache, out: &mut Vec<u8>) {
     response::stat(out, "evictions", stats.evictions);
     response::stat(out, "remem_nodes", nodes);
     response::stat(out, "remem_nodes_connected", connected);
+    response::stat(out, "remem_ranges_mapped", ranges_mapped);
+    response::stat(out, "remem_node_bytes_mapped", node_bytes_mapped);
     response::stat(out, "remem_degraded_reads", stats.degraded_reads);
     response::stat(out, "remem_lost_reads", stats.lost_reads);
     response::stat(out, "remem_read_repairs", stats.repairs);
@@ -384,6 +388,15 @@ const PLAIN_METRICS: &[Plain] = &[
 const NODE_METRICS: &[Plain] = &[
     ("nodes", "gauge", "Memory nodes the cache's client knows.", |cache| member_nodes(cache).0),
     ("nodes_connected", "gauge", "Memory nodes connected now.", |cache| member_nodes(cache).1),
+    (
+        "ranges_mapped",
+        "gauge",
+        "Ranges of the cache's regions with slabs now (mapped as values need them).",
+        |cache| cache.client_mut().client().mapped_range_count() as u64,
+    ),
+    ("node_bytes_mapped", "gauge", "Node memory the cache's slabs take now, with their metadata.", |cache| {
+        cache.client_mut().client().mapped_node_bytes()
+    }),
 ];
 
 /// Member nodes the cache's client knows, and how many of them are connected.

@@ -80,6 +80,9 @@ fn node_memory_follows_the_items_stored_and_goes_back_when_they_go() {
                 "{scheme} at {percent}%: {used} node bytes for {stored} stored, more than {most}"
             );
             assert!(used as f64 >= stored as f64 * overhead, "{scheme}: the overhead is paid");
+            // The cache's own account (`stats`, `--metrics`) is what the nodes say.
+            let stats = target.client().stats().expect("stats");
+            assert_eq!(stats.get("remem_node_bytes_mapped"), Some(&used.to_string()), "{scheme}: {stats:?}");
             check_all(&target, &keys);
         }
         // SIGKILLed and restarted: every value is served from the ranges of the saved map.

@@ -81,4 +81,17 @@ impl Client {
     pub fn mapped_range_count(&self) -> usize {
         (0..self.engine.ranges().len()).filter(|&range| self.engine.range_mapped(range)).count()
     }
+
+    /// Node memory this client's slabs take now (each slab and its metadata, as placement
+    /// counts it): what a front end with lazy ranges holds for what it stores.
+    pub fn mapped_node_bytes(&self) -> u64 {
+        let slab_size = self.engine.nodes().iter().map(|node| node.info.slab_size_bytes).max().unwrap_or(0);
+        (0..self.engine.ranges().len())
+            .map(|range| {
+                let slabs = self.engine.ranges()[range].slabs.len() as u64;
+                slabs
+                    * crate::engine::slab_footprint_bytes(slab_size, self.engine.split_bytes_of_range(range))
+            })
+            .sum()
+    }
 }
