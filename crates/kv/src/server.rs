@@ -126,6 +126,9 @@ struct Connection {
     dead: bool,
     /// Reading stopped for backpressure; resume when replies drain or the budget admits more.
     paused: bool,
+    /// Registered for writability: only while a write found the socket full (memcached's way:
+    /// an edge for every ack of every reply would wake the loop once more per request).
+    wants_writable: bool,
     /// Passed memcached's ASCII authentication (always, without `--auth-file`).
     authenticated: bool,
     /// Requests whose first reply is not out yet: (its seq, kind, parse time), for latency.
@@ -407,7 +410,7 @@ impl Server {
         };
         let token = Token(FIRST_CONNECTION + index);
         if let Err(error) =
-            self.poll.registry().register(stream.source(), token, Interest::READABLE | Interest::WRITABLE)
+            self.poll.registry().register(stream.source(), token, Interest::READABLE)
         {
             tracing::warn!(%error, "registering a connection failed");
             return;
@@ -429,6 +432,7 @@ impl Server {
             closing: false,
             dead: false,
             paused: false,
+            wants_writable: false,
             authenticated: self.config.auth.is_none(),
             started: std::collections::VecDeque::new(),
         });
@@ -656,6 +660,15 @@ impl Server {
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => connection.dead = true,
+            }
+        }
+        let blocked = connection.output_bytes > 0 && !connection.dead;
+        if blocked != connection.wants_writable {
+            let interest = if blocked { Interest::READABLE | Interest::WRITABLE } else { Interest::READABLE };
+            let token = Token(FIRST_CONNECTION + index);
+            match self.poll.registry().reregister(connection.stream.source(), token, interest) {
+                Ok(()) => connection.wants_writable = blocked,
                 Err(_) => connection.dead = true,
             }
         }
