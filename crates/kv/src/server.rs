@@ -409,9 +409,7 @@ impl Server {
             }
         };
         let token = Token(FIRST_CONNECTION + index);
-        if let Err(error) =
-            self.poll.registry().register(stream.source(), token, Interest::READABLE)
-        {
+        if let Err(error) = self.poll.registry().register(stream.source(), token, Interest::READABLE) {
             tracing::warn!(%error, "registering a connection failed");
             return;
         }

@@ -67,6 +67,8 @@ fn fio_crc32c_verify_passes_buffered_and_direct() {
                 "--verify_fatal=1",
                 "--do_verify=1",
                 "--randrepeat=1",
+                // No verify state file in the working directory (crates/cli) to leave behind.
+                "--verify_state_save=0",
             ],
         );
         assert!(output.contains("err= 0"), "fio {name}: {output}");

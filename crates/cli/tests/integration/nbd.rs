@@ -277,6 +277,8 @@ fn fio_verify_survives_two_killed_nodes_k8_r2() {
         "--iodepth=16",
         "--verify=crc32c",
         "--verify_fatal=1",
+        // No verify state file in the working directory (crates/cli) to leave behind.
+        "--verify_state_save=0",
         "--randseed=5",
     ];
     let mut fio = Command::new("timeout")
