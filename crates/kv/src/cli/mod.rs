@@ -40,8 +40,9 @@ pub struct KvArgs {
     #[arg(long)]
     pub unix: Option<PathBuf>,
     /// Bytes of items kept (keys, values and a 56-byte header each); the least recently used go
-    /// beyond it, as memcached's -m. Each scheme's region is this big on the nodes, times the
-    /// scheme's overhead.
+    /// beyond it, as memcached's -m. A limit, not a reservation: node memory is mapped as values
+    /// arrive and given back as they go (about the scheme's overhead times what is stored); the
+    /// start refuses a limit the nodes could not hold at the policy's costliest scheme.
     #[arg(short = 'm', long, default_value = "64MiB", value_parser = parse_bytes)]
     pub memory_limit: u64,
     /// Largest value accepted (memcached's -I).
