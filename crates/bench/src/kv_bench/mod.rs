@@ -75,6 +75,9 @@ pub struct KvBenchArgs {
     /// The memcached program to compare with.
     #[arg(long, default_value = "memcached")]
     pub memcached: String,
+    /// memcached's worker threads (`-t`; its default, 4, when not given).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub memcached_threads: Option<u16>,
     /// A tiny run of everything (seconds; used by the tests): 1 KiB values, 1 and 4
     /// connections, 200 ops per series, two transition sizes, 10 racing rounds.
     #[arg(long)]
@@ -160,15 +163,18 @@ pub fn run(mut args: KvBenchArgs, binary: &Path) -> Result<KvBenchReport> {
     let mut series = Vec::new();
 
     // memcached first, alone on the machine.
-    let version = memcached_version(&args.memcached);
+    let mut version = memcached_version(&args.memcached);
+    if let Some(threads) = args.memcached_threads {
+        version = format!("{version} -t {threads}");
+    }
     let memory_mib = if args.quick { 64 } else { 1024 };
     let max_item = (largest + (64 << 10)).next_power_of_two().max(1 << 20);
     {
         eprintln!("memcached ({version}) ...");
-        let server = ServerProcess::start_memcached(
+        let server = ServerProcess::start_memcached_with_threads(
             &args.memcached,
-            memory_mib,
-            max_item,
+            (memory_mib, max_item),
+            args.memcached_threads.map(usize::from),
             &dir.join("memcached.log"),
         )?;
         measure_target(&args, &server, &mut series)?;

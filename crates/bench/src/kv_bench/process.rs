@@ -33,6 +33,16 @@ impl ServerProcess {
         max_item_bytes: u64,
         log_path: &Path,
     ) -> Result<ServerProcess> {
+        ServerProcess::start_memcached_with_threads(program, (memory_mib, max_item_bytes), None, log_path)
+    }
+
+    /// [`ServerProcess::start_memcached`] with `-t threads` (memcached's default, 4, without).
+    pub fn start_memcached_with_threads(
+        program: &str,
+        (memory_mib, max_item_bytes): (u64, u64),
+        threads: Option<usize>,
+        log_path: &Path,
+    ) -> Result<ServerProcess> {
         let mut last_error = None;
         for _ in 0..5 {
             let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
@@ -47,6 +57,9 @@ impl ServerProcess {
                 "-c",
                 "4096",
             ]);
+            if let Some(threads) = threads {
+                command.args(["-t", &threads.to_string()]);
+            }
             // SAFETY: geteuid has no preconditions and cannot fail.
             if unsafe { libc::geteuid() } == 0 {
                 // memcached refuses to run as root unless told which user to be.
