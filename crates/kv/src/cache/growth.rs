@@ -53,12 +53,14 @@ impl Cache {
     /// extent back and counts the region as full.
     pub(crate) fn map_main_copies(&mut self, extent: &crate::space::Extent) -> bool {
         let Some(main) = self.growth.main else { return true };
+        // Nothing is collected (no allocation per store) unless a range is missing.
+        let engine = self.client.client().engine();
         let pages = extent.pages.iter().chain(extent.tail.as_ref().map(|chunk| &chunk.page));
         let mut wanted: Vec<usize> = pages
             .map(|&page| main.first_range + ((page - self.ec_first_page) / main.pages_per_range) as usize)
+            .filter(|&range| !engine.range_mapped(range))
             .collect();
         wanted.dedup();
-        wanted.retain(|&range| !self.range_mapped(range));
         wanted.is_empty() || self.map_ranges(MAIN_COPIES, &wanted)
     }
 
