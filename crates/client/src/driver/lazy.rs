@@ -8,7 +8,7 @@ use remem_placement::PlacementError;
 use super::regions::RangeGeometry;
 use super::Client;
 use crate::engine::{OpBuffers, RangePlacement, SlabRef};
-use crate::error::{ConnectError, NodeMemoryNeed};
+use crate::error::ConnectError;
 
 impl Client {
     /// Maps range `range`, which has no slabs: k+r slabs where the placement policy says (for
@@ -35,14 +35,8 @@ impl Client {
                 match self.place_range(&mut loads, shape, range as u64) {
                     Err(ConnectError::Placement(placement @ PlacementError::NotEnoughNodes { .. })) => {
                         let bytes = pages_per_range * self.config.page_bytes as u64;
-                        let needs = NodeMemoryNeed::new(shape, bytes, self.region_node_bytes(shape, bytes));
-                        let nodes = loads.len();
-                        return Err(ConnectError::NodeMemory {
-                            needs,
-                            free_bytes,
-                            nodes,
-                            placement: Some(placement),
-                        });
+                        let room = (free_bytes, loads.len());
+                        return Err(self.node_memory_error(shape, bytes, room, Some(placement)));
                     }
                     other => other?,
                 }

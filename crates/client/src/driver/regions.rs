@@ -155,12 +155,7 @@ impl Client {
         // for a region of terabytes.
         let slabs_free: u64 = loads.iter().map(|load| load.slabs_free).sum();
         if pinned.is_none() && slabs_free < range_count.saturating_mul(shape.total_splits() as u64) {
-            return Err(ConnectError::NodeMemory {
-                needs: NodeMemoryNeed::new(shape, bytes, self.region_node_bytes(shape, bytes)),
-                free_bytes,
-                nodes,
-                placement: None,
-            });
+            return Err(self.node_memory_error(shape, bytes, (free_bytes, nodes), None));
         }
         let mut ranges = Vec::with_capacity(range_count as usize);
         let geometry = RangeGeometry { shape, split_bytes, pages_per_range, first_page, first_range };
@@ -175,12 +170,7 @@ impl Client {
             // needed and free, not only how many nodes.
             return Err(match error {
                 ConnectError::Placement(placement @ PlacementError::NotEnoughNodes { .. }) => {
-                    ConnectError::NodeMemory {
-                        needs: NodeMemoryNeed::new(shape, bytes, self.region_node_bytes(shape, bytes)),
-                        free_bytes,
-                        nodes,
-                        placement: Some(placement),
-                    }
+                    self.node_memory_error(shape, bytes, (free_bytes, nodes), Some(placement))
                 }
                 other => other,
             });
@@ -188,8 +178,22 @@ impl Client {
         Ok(self.engine.add_region(shape, page_count, pages_per_range, ranges, true))
     }
 
+    /// "`bytes` at `shape` needs this much node memory, and `nodes` have `free_bytes` free",
+    /// with the placement's own complaint if it made one: too few nodes with room is, most often,
+    /// too little memory.
+    pub(super) fn node_memory_error(
+        &self,
+        shape: Shape,
+        bytes: u64,
+        (free_bytes, nodes): (u64, usize),
+        placement: Option<PlacementError>,
+    ) -> ConnectError {
+        let needs = NodeMemoryNeed::new(shape, bytes, self.region_node_bytes(shape, bytes));
+        ConnectError::NodeMemory { needs, free_bytes, nodes, placement }
+    }
+
     /// [`region_node_bytes`] on this client's nodes.
-    pub(super) fn region_node_bytes(&self, shape: Shape, bytes: u64) -> u64 {
+    fn region_node_bytes(&self, shape: Shape, bytes: u64) -> u64 {
         let slab_size_bytes =
             self.engine.nodes().iter().map(|node| node.info.slab_size_bytes).max().unwrap_or(0);
         region_node_bytes(shape, bytes, slab_size_bytes, self.config.page_bytes)

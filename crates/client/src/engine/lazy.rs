@@ -2,8 +2,9 @@
 //! may hold no slabs yet (a front end that grows with what it stores, as `remem kv` does, maps a
 //! range before it writes there and gives it back when it holds nothing).
 //!
-//! A range without slabs has an empty `slabs` list: it is never read or written (an op on one of
-//! its pages fails with [`PageError::Unmapped`]), never rebuilt and never exported. Mapping a
+//! A range without slabs has an empty `slabs` list and its pages carry only `PAGE_UNMAPPED`: it
+//! is never read or written (an op on one of its pages fails with `PageError::Unmapped`, found by
+//! the flag byte every op reads anyway), never rebuilt and never exported. Mapping a
 //! range gives it fresh slabs, whose pages are all at version 0 (never written); releasing it
 //! unmaps them and forgets its pages' versions.
 //!
@@ -13,7 +14,7 @@
 //! nodes of beside ranges already holding its pages, so that no data split shares a node with
 //! the copy beside it.
 
-use super::{BesideError, Engine, NodeId, SlabRef, MAX_SPLITS};
+use super::{BesideError, Engine, NodeId, SlabRef, MAX_SPLITS, PAGE_UNMAPPED};
 
 /// Where a range about to be mapped must go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,22 +52,11 @@ impl Engine {
         let first_offset = (range - region.first_range) as u64 * region.pages_per_range;
         let last_offset = (first_offset + region.pages_per_range).min(region.page_count) - 1;
         if let Some((beside, split)) = region.beside {
-            let other = &self.regions[beside];
-            let range_of = |offset: u64| other.first_range + (offset / other.pages_per_range) as usize;
-            let first = range_of(first_offset);
-            if !self.range_mapped(first) || self.ranges[first].unavailable & (1 << split) != 0 {
-                return Err(BesideError::Unavailable { beside_range: first, split });
-            }
-            let node = self.ranges[first].slabs[split].node;
-            let data_splits = other.shape.data_splits;
-            for beside_range in first + 1..=range_of(last_offset.min(other.page_count - 1)) {
-                let mut data = self.ranges[beside_range].slabs.iter().take(data_splits);
-                if data.any(|slab| slab.node == node) {
-                    let local_range = (range - region.first_range) as u64;
-                    return Err(BesideError::SharesDataNode { local_range, beside_range, split, node });
-                }
-            }
-            return Ok(RangePlacement::Pinned(node));
+            let last_offset = last_offset.min(self.regions[beside].page_count - 1);
+            let local_range = (range - region.first_range) as u64;
+            return self
+                .beside_node(beside, split, (first_offset, last_offset), local_range)
+                .map(RangePlacement::Pinned);
         }
         // Ranges of regions laid beside this one that hold pages of this range.
         let mut avoid = Vec::new();
@@ -135,7 +125,14 @@ impl Engine {
         state.rebuilding = 0;
         state.previous = 0;
         self.forget_range_pages(range);
+        self.mark_range_unmapped(range);
         true
+    }
+
+    /// Flags every page of range `range` [`PAGE_UNMAPPED`] (and nothing else).
+    pub(super) fn mark_range_unmapped(&mut self, range: usize) {
+        let (first_page, pages) = self.range_pages(range);
+        self.page_flags[first_page as usize..(first_page + pages) as usize].fill(PAGE_UNMAPPED);
     }
 
     /// The first page and page count of range `range`.

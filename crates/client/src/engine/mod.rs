@@ -91,6 +91,9 @@ pub(crate) const PAGE_UNREADABLE: u8 = 4;
 /// [`Submit::WriteData`], not yet completed by [`Submit::WriteParity`]); counted in its range's
 /// `parity_stale_pages`.
 pub(crate) const PAGE_PARITY_STALE: u8 = 16;
+/// Page flag: its range has no slabs yet (lazy ranges, `lazy.rs`): no op may start on it. Set
+/// alone: an unmapped page has no other state.
+pub(crate) const PAGE_UNMAPPED: u8 = 32;
 
 /// Settings of the engine (the decision part of [`crate::ClientConfig`]).
 #[derive(Clone, Debug)]

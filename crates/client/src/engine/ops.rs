@@ -19,7 +19,7 @@ use remem_proto::Control;
 
 use super::writes::WriteMode;
 use super::{
-    Engine, NodeId, OpBuffers, OpDone, Submit, MAX_SPLITS, PAGE_DISCARDED, PAGE_PARITY_STALE,
+    Engine, NodeId, OpBuffers, OpDone, Submit, MAX_SPLITS, PAGE_DISCARDED, PAGE_PARITY_STALE, PAGE_UNMAPPED,
     PAGE_VERSION_UNKNOWN, PAGE_WRITE_DISCOVERS,
 };
 use crate::core::{ReadState, ReadStep, SplitMask, SplitOutcome, WriteState};
@@ -249,11 +249,12 @@ impl Engine {
     }
 
     pub(super) fn check_page(&self, page: u64, len: usize) -> Result<(), PageError> {
-        let Some(region) = self.region_of(page) else {
+        // Regions cover the page space from page 0 without gaps: a page with flags is in one.
+        let Some(&flags) = self.page_flags.get(page as usize) else {
             return Err(PageError::OutOfRange { page, page_count: self.page_count() });
         };
-        let (range, _) = self.locate(region, page);
-        if !self.range_mapped(range) {
+        if flags & PAGE_UNMAPPED != 0 {
+            let (range, _) = self.locate(self.region_of(page).expect("a page of a region"), page);
             return Err(PageError::Unmapped { page, range });
         }
         if len != self.config.page_bytes {

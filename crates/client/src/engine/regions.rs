@@ -73,26 +73,41 @@ impl Engine {
         if page_count > region.page_count {
             return Err(BesideError::TooLarge { page_count, beside_page_count: region.page_count });
         }
-        let data_splits = region.shape.data_splits;
-        let beside_range_of = |offset: u64| region.first_range + (offset / region.pages_per_range) as usize;
         let mut nodes = Vec::with_capacity(page_count.div_ceil(pages_per_range) as usize);
         for local_range in 0..page_count.div_ceil(pages_per_range) {
             let first_offset = local_range * pages_per_range;
             let last_offset = (first_offset + pages_per_range).min(page_count) - 1;
-            let first = beside_range_of(first_offset);
-            if !self.range_mapped(first) || self.ranges[first].unavailable & (1 << split) != 0 {
-                return Err(BesideError::Unavailable { beside_range: first, split });
-            }
-            let node = self.ranges[first].slabs[split].node;
-            for beside_range in first..=beside_range_of(last_offset) {
-                let mut data = self.ranges[beside_range].slabs.iter().take(data_splits);
-                if beside_range != first && data.any(|slab| slab.node == node) {
-                    return Err(BesideError::SharesDataNode { local_range, beside_range, split, node });
-                }
-            }
-            nodes.push(node);
+            nodes.push(self.beside_node(beside, split, (first_offset, last_offset), local_range)?);
         }
         Ok(nodes)
+    }
+
+    /// The node of split `split` of the range of region `beside` that holds page offset
+    /// `first_offset`, for range `local_range` of a region laid beside it whose pages reach
+    /// `last_offset` (within `beside`): that range must be mapped and the split available, and
+    /// no later mapped range of `beside` up to `last_offset` may hold a data split there.
+    pub(super) fn beside_node(
+        &self,
+        beside: usize,
+        split: usize,
+        (first_offset, last_offset): (u64, u64),
+        local_range: u64,
+    ) -> Result<NodeId, BesideError> {
+        let region = &self.regions[beside];
+        let range_of = |offset: u64| region.first_range + (offset / region.pages_per_range) as usize;
+        let first = range_of(first_offset);
+        if !self.range_mapped(first) || self.ranges[first].unavailable & (1 << split) != 0 {
+            return Err(BesideError::Unavailable { beside_range: first, split });
+        }
+        let node = self.ranges[first].slabs[split].node;
+        for beside_range in first + 1..=range_of(last_offset) {
+            // An unmapped range has no slabs: it holds no data split anywhere yet.
+            let mut data = self.ranges[beside_range].slabs.iter().take(region.shape.data_splits);
+            if data.any(|slab| slab.node == node) {
+                return Err(BesideError::SharesDataNode { local_range, beside_range, split, node });
+            }
+        }
+        Ok(node)
     }
 
     /// Adds a region of `page_count` pages coded with `shape` over `ranges` (already mapped by
@@ -149,6 +164,11 @@ impl Engine {
             beside: None,
             codec: remem_codec::new_codec(params),
         });
+        for range in first_range..self.ranges.len() {
+            if !self.range_mapped(range) {
+                self.mark_range_unmapped(range);
+            }
+        }
         self.region_info(index)
     }
 
