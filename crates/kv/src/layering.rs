@@ -8,8 +8,10 @@ use std::path::Path;
 
 /// The engine and the modules it is built on: none of them may name [`ABOVE_THE_ENGINE`].
 const ENGINE: &[&str] = &["cache", "index", "space", "chunks", "pageio", "budget", "backup"];
-const ABOVE_THE_ENGINE: &[&str] =
-    &["dispatch", "text", "meta", "commands", "reply", "report", "server", "standby", "cli", "auth"];
+const ABOVE_THE_ENGINE: &[&str] = &[
+    "dispatch", "text", "meta", "commands", "reply", "report", "server", "standby", "cli", "auth", "sockets",
+    "writers",
+];
 /// Items `lib.rs` re-exports, by the module that defines them.
 const REEXPORTS: &[(&str, &str)] = &[
     ("Cache", "cache"),

@@ -48,10 +48,12 @@ pub mod report;
 pub mod scheme;
 pub mod server;
 pub mod size_class;
+mod sockets;
 pub mod space;
 pub mod standby;
 pub mod stats;
 pub mod text;
+mod writers;
 
 pub use cache::open::{build_cache, cache_over_regions, MAIN_COPIES_LABEL};
 pub use cache::{Cache, CacheConfig};

@@ -113,7 +113,7 @@ fn general(cache: &mut Cache, out: &mut Vec<u8>) {
     response::stat(out, "bytes_read", stats.bytes_read);
     response::stat(out, "bytes_written", stats.bytes_written);
     response::stat(out, "limit_maxbytes", cache.config().memory_limit_bytes);
-    response::stat(out, "threads", 1);
+    response::stat(out, "threads", stats.threads.max(1));
     response::stat(out, "bytes", cache.index().bytes_used());
     response::stat(out, "curr_items", cache.index().len());
     response::stat(out, "total_items", stats.total_items);
@@ -125,6 +125,7 @@ fn general(cache: &mut Cache, out: &mut Vec<u8>) {
     response::stat(out, "remem_node_bytes_mapped", node_bytes_mapped);
     response::stat(out, "remem_degraded_reads", stats.degraded_reads);
     response::stat(out, "remem_lost_reads", stats.lost_reads);
+    response::stat(out, "remem_writer_bytes_written", stats.writer_bytes_written);
     response::stat(out, "remem_read_repairs", stats.repairs);
     response::stat(out, "remem_failed_writes", stats.failed_writes);
     response::stat(out, "remem_unreadable_chunk_pages", stats.unreadable_chunk_pages);

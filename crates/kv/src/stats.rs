@@ -31,6 +31,10 @@ pub struct Stats {
     pub rejected_connections: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
+    /// Of `bytes_written`, those the reply writers wrote (`--threads` above 1).
+    pub writer_bytes_written: u64,
+    /// The server's threads (`--threads`): the event loop and its reply writers.
+    pub threads: u64,
     /// Reads that decoded or fell back from the EOR main copy to the data splits.
     pub degraded_reads: u64,
     /// Values that could not be read back (more failures than the scheme survives).

@@ -78,6 +78,10 @@ pub struct KvBenchArgs {
     /// memcached's worker threads (`-t`; its default, 4, when not given).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub memcached_threads: Option<u16>,
+    /// One more argument for every `remem kv` the benchmark starts (repeat it for several:
+    /// `--kv-arg=--spin-us --kv-arg=0`).
+    #[arg(long, allow_hyphen_values = true)]
+    pub kv_arg: Vec<String>,
     /// A tiny run of everything (seconds; used by the tests): 1 KiB values, 1 and 4
     /// connections, 200 ops per series, two transition sizes, 10 racing rounds.
     #[arg(long)]

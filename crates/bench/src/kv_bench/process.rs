@@ -322,6 +322,7 @@ impl RememKvOnCluster {
             transport.to_owned(),
         ];
         kv_args.extend(extra.iter().map(|word| word.to_string()));
+        kv_args.extend(args.kv_arg.iter().cloned());
         let server = ServerProcess::start_remem_kv(
             binary,
             &cluster.cluster_file_path,

@@ -40,9 +40,11 @@ fn memccapable_passes_every_ascii_check_against_remem_kv() {
     target.assert_running();
 }
 
+/// With two threads: replies leave through a reply writer (memccapable and memcached's t/
+/// cover the one-thread server).
 #[test]
-fn pymemcache_integration_tests_pass_against_remem_kv() {
-    let mut target = Target::remem_kv("pymemcache", "auto", MEMORY_LIMIT, &[]);
+fn pymemcache_integration_tests_pass_against_remem_kv_with_two_threads() {
+    let mut target = Target::remem_kv("pymemcache", "auto", MEMORY_LIMIT, &["--threads", "2"]);
     let summary = kv_support::pymemcache_integration_passes(&target);
     println!("pymemcache against remem kv: {summary}");
     target.assert_running();
@@ -183,19 +185,20 @@ const LARGEST_VALUE: usize = 128 << 10;
 
 #[test]
 fn model_holds_with_two_nodes_killed_under_16_connections_ec82() {
-    model_holds_with_two_nodes_killed("model-ec82", "ec8+2");
+    model_holds_with_two_nodes_killed("model-ec82", "ec8+2", &[]);
 }
 
+/// With three threads: the replies of the 16 connections leave through two reply writers.
 #[test]
-fn model_holds_with_two_nodes_killed_under_16_connections_rep3() {
-    model_holds_with_two_nodes_killed("model-rep3", "rep3");
+fn model_holds_with_two_nodes_killed_under_16_connections_rep3_three_threads() {
+    model_holds_with_two_nodes_killed("model-rep3", "rep3", &["--threads", "3"]);
 }
 
 /// 16 connections, each with its own keys and its own exact model, do set, get, delete,
 /// append, prepend and gets+cas; two nodes are SIGKILLed during the run (r = 2 for both
 /// schemes). Every read is checked; at the end every key is read again on a new connection.
-fn model_holds_with_two_nodes_killed(name: &str, scheme: &str) {
-    let mut target = Target::remem_kv(name, scheme, "40MiB", &[]);
+fn model_holds_with_two_nodes_killed(name: &str, scheme: &str, args: &[&str]) {
+    let mut target = Target::remem_kv(name, scheme, "40MiB", args);
     let address = target.server.address;
     let stop = AtomicBool::new(false);
     let progress: Vec<AtomicU64> = (0..MODEL_THREADS).map(|_| AtomicU64::new(0)).collect();
@@ -277,6 +280,12 @@ fn model_holds_with_two_nodes_killed(name: &str, scheme: &str) {
     assert_eq!(total.lost_keys, 0, "{scheme}: acknowledged keys lost: {:#?}", total.problems);
     assert_eq!(total.error_answers, 0, "{scheme} within r failures: error answers: {:#?}", total.problems);
     assert!(total.ops > MODEL_THREADS as u64 * 10, "only {} operations in {MODEL_RUN:?}", total.ops);
+    if let Some(threads) = args.iter().position(|arg| *arg == "--threads").map(|at| args[at + 1]) {
+        assert_eq!(stat("threads"), threads);
+        let by_writers: u64 = stat("remem_writer_bytes_written").parse().expect("a number");
+        println!("{scheme}: reply writers wrote {by_writers} B of {} B", stat("bytes_written"));
+        assert!(by_writers > 0, "with --threads {threads} reply writers write replies");
+    }
     target.assert_running();
 }
 

@@ -81,6 +81,14 @@ impl RssSampler {
     }
 }
 
+/// With more than one thread, replies went through the reply writers (`remem kv --threads`).
+fn writers_wrote_if_threaded(client: &mut TextClient, threads: &str) {
+    assert_eq!(stat_number(client, "threads").to_string(), threads);
+    let by_writers = stat_number(client, "remem_writer_bytes_written");
+    println!("reply writers wrote {by_writers} B");
+    assert_eq!(by_writers > 0, threads != "1", "writers wrote {by_writers} B with --threads {threads}");
+}
+
 /// Stats of the server as numbers (0 for one that is absent).
 fn stat_number(client: &mut TextClient, name: &str) -> u64 {
     let stats = client.stats().expect("stats");
@@ -158,11 +166,21 @@ impl SlowReader<'_> {
 
 #[test]
 fn one_get_of_3000_keys_and_300_large_values_streams_within_the_output_budget() {
+    one_get_of_3000_keys_streams_within_the_output_budget("budget-multiget", "1");
+}
+
+/// The same through a reply writer: the paused get resumes only on the writer's reports.
+#[test]
+fn one_get_of_3000_keys_streams_within_the_output_budget_with_two_threads() {
+    one_get_of_3000_keys_streams_within_the_output_budget("budget-multiget-threads", "2");
+}
+
+fn one_get_of_3000_keys_streams_within_the_output_budget(name: &str, threads: &str) {
     let mut target = Target::remem_kv(
-        "budget-multiget",
+        name,
         "none",
         "128MiB",
-        &["--output-budget", OUTPUT_BUDGET, "--max-connections", "8"],
+        &["--output-budget", OUTPUT_BUDGET, "--max-connections", "8", "--threads", threads],
     );
     // 100 values of 900 KiB, each asked three times among 2700 misses: 3000 keys, 263 MiB of
     // answer, eight times the budget.
@@ -215,12 +233,24 @@ fn one_get_of_3000_keys_and_300_large_values_streams_within_the_output_budget() 
     assert!(peak_held <= held_bound_bytes(2), "held {peak_held} B for replies");
     sampler.assert_within(held_bound_bytes(2), "one get of 300 values of 900 KiB");
     assert_eq!(stat_number(&mut client, "remem_output_held_bytes"), 0, "every held byte was counted back");
+    writers_wrote_if_threaded(&mut client, threads);
     target.assert_running();
 }
 
 #[test]
 fn ten_connections_that_never_read_stay_within_the_output_budget_while_another_is_served() {
-    let mut target = Target::remem_kv("budget-stalled", "none", "40MiB", &["--output-budget", OUTPUT_BUDGET]);
+    ten_stalled_connections_stay_within_the_output_budget("budget-stalled", "1");
+}
+
+/// The same with the replies in two reply writers, whose sockets fill up.
+#[test]
+fn ten_connections_that_never_read_stay_within_the_output_budget_with_three_threads() {
+    ten_stalled_connections_stay_within_the_output_budget("budget-stalled-threads", "3");
+}
+
+fn ten_stalled_connections_stay_within_the_output_budget(name: &str, threads: &str) {
+    let mut target =
+        Target::remem_kv(name, "none", "40MiB", &["--output-budget", OUTPUT_BUDGET, "--threads", threads]);
     let mut client = target.client();
     let keys: Vec<String> = (0..20).map(|index| format!("large-{index}")).collect();
     for (index, key) in keys.iter().enumerate() {
@@ -301,6 +331,7 @@ fn ten_connections_that_never_read_stay_within_the_output_budget_while_another_i
     let peak_held = stat_number(&mut client, "remem_output_held_bytes_peak");
     assert!(peak_held <= held_bound_bytes(12), "held {peak_held} B for replies at the peak");
     sampler.assert_within(held_bound_bytes(12), "ten connections that never read");
+    writers_wrote_if_threaded(&mut client, threads);
     target.assert_running();
 }
 

@@ -96,6 +96,16 @@ pub struct KvArgs {
     /// connection (docs/KV.md "Bounds").
     #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
     pub output_budget: u64,
+    /// Microseconds the server polls for node replies before it sleeps, while page ops are in
+    /// flight and nothing else is due (0: never). A sleeping server costs a wake-up per reply; a
+    /// polling one a share of the core the nodes run on.
+    #[arg(long, default_value_t = 20)]
+    pub spin_us: u64,
+    /// Threads (memcached's -t): 1 serves everything on one thread; N adds N - 1 threads that
+    /// write replies to the sockets, which is most of the CPU at many connections. The cache
+    /// stays one, on the first thread. More than the cores given slows it down.
+    #[arg(short = 't', long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub threads: u16,
     /// A split not answered in this time counts as failed.
     #[arg(long, default_value_t = 2000)]
     pub request_timeout_ms: u64,
@@ -163,6 +173,9 @@ fn check_args(args: &KvArgs) -> Result<()> {
     }
     if args.memory_limit < 1 << 20 {
         bail!("--memory-limit must be at least 1 MiB");
+    }
+    if args.spin_us > 10_000 {
+        bail!("--spin-us must be at most 10000 (10 ms)");
     }
     if args.max_connections == 0 || args.request_timeout_ms == 0 {
         bail!("--max-connections and --request-timeout-ms must be positive");
@@ -524,6 +537,8 @@ pub fn run(args: KvArgs) -> Result<()> {
         limits,
         auth,
         output_budget_bytes: args.output_budget as usize,
+        spin: Duration::from_micros(args.spin_us),
+        threads: usize::from(args.threads),
     };
     let mut server = Server::bind(cache, server_config).with_context(|| format!("binding {listen}"))?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;

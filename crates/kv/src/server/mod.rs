@@ -11,25 +11,32 @@
 //! values streams a bounded number of them at a time ([`text::continue_get`]).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, Read, Write};
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
-use mio::{Events, Interest, Poll, Token};
+use mio::net::{TcpListener, UnixListener};
+use mio::{Events, Interest, Poll, Token, Waker};
 use remem_memcache::{parse, Limits, Parse};
 
 use crate::cache::Cache;
 use crate::completion::ConnRef;
 use crate::reply::Outbox;
+use crate::sockets::{bind_unix_owner_only, remove_stale_socket, Stream};
 use crate::text::{self, After, MultiGet};
+
+mod output;
 
 const TCP: Token = Token(0);
 const UNIX: Token = Token(1);
 const CLIENT: Token = Token(2);
 const STANDBY: Token = Token(3);
+/// Reply writers wake the loop with reports (`crate::writers`).
+const WRITERS: Token = Token(4);
 const FIRST_CONNECTION: usize = 16;
 pub const MAX_PENDING_REPLIES: usize = 4096;
 /// Page ops waiting for an engine slot beyond which connections stop taking requests (each
@@ -39,8 +46,6 @@ const READ_CHUNK: usize = 64 << 10;
 /// Replies smaller than this are copied behind the last output buffer (one write for many small
 /// replies); larger ones are queued as they are, without a copy.
 const COALESCE_BYTES: usize = 64 << 10;
-/// Most buffers one vectored write takes.
-const WRITE_SLICES: usize = 64;
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -55,53 +60,18 @@ pub struct ServerConfig {
     /// Bytes held for replies by all connections (`crate::budget`; each may hold a quarter, at
     /// most 64 MiB).
     pub output_budget_bytes: usize,
+    /// While page ops are in flight and nothing else is due, poll without blocking this long
+    /// before sleeping: on these VMs a sleeping thread costs 20-25 us to wake on the other vCPU
+    /// (docs/DESIGN facts), and a node's reply over TCP is often on its way already. Zero never
+    /// spins; long spins take the core the nodes need.
+    pub spin: Duration,
+    /// Threads in all (memcached's `-t`): 1 does everything on the event loop's thread; more
+    /// adds `threads - 1` reply writers (`crate::writers`).
+    pub threads: usize,
 }
 
 /// A task the embedder runs once a second on the event loop's thread.
 pub type Housekeeping = Box<dyn FnMut(&mut Cache)>;
-
-enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-}
-
-impl Stream {
-    fn source(&mut self) -> &mut dyn mio::event::Source {
-        match self {
-            Stream::Tcp(stream) => stream,
-            Stream::Unix(stream) => stream,
-        }
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(stream) => stream.read(buf),
-            Stream::Unix(stream) => stream.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(stream) => stream.write(buf),
-            Stream::Unix(stream) => stream.write(buf),
-        }
-    }
-
-    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(stream) => stream.write_vectored(bufs),
-            Stream::Unix(stream) => stream.write_vectored(bufs),
-        }
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
 
 struct Connection {
     stream: Stream,
@@ -129,6 +99,9 @@ struct Connection {
     /// Registered for writability: only while a write found the socket full (memcached's way:
     /// an edge for every ack of every reply would wake the loop once more per request).
     wants_writable: bool,
+    /// Of `output_bytes`, those handed to the connection's reply writer and not reported
+    /// written yet (`crate::writers`); the rest are in `output`.
+    in_writer: usize,
     /// Passed memcached's ASCII authentication (always, without `--auth-file`).
     authenticated: bool,
     /// Requests whose first reply is not out yet: (its seq, kind, parse time), for latency.
@@ -153,6 +126,11 @@ pub struct Server {
     pub on_housekeeping: Option<Housekeeping>,
     /// Where a standby attaches (`crate::standby`), when this server keeps a backup region.
     standby: Option<crate::standby::StandbyPort>,
+    /// With `--threads` above 1: the threads that write replies.
+    writers: Option<crate::writers::Writers>,
+    /// Events of the loop's last poll: with one, a reply is written on the loop's thread when
+    /// its writer sleeps (handing it over would cost a wake-up on the request's path).
+    turn_events: usize,
 }
 
 impl Connection {
@@ -173,20 +151,10 @@ impl Connection {
     }
 
     /// `written` bytes of the output left: buffers written whole are freed.
-    fn consume_output(&mut self, mut written: usize) {
+    fn consume_output(&mut self, written: usize) {
         assert!(written <= self.output_bytes);
         self.output_bytes -= written;
-        while written > 0 {
-            let first = self.output.front().expect("bytes written come from a buffer");
-            let left = first.len() - self.output_sent;
-            if written < left {
-                self.output_sent += written;
-                return;
-            }
-            written -= left;
-            self.output.pop_front();
-            self.output_sent = 0;
-        }
+        crate::writers::consume(&mut self.output, &mut self.output_sent, written);
     }
 
     /// Replies started and not sent yet. The places a multi-get has not started yet do not
@@ -225,6 +193,14 @@ impl Server {
             poll.registry().register(listener, UNIX, Interest::READABLE)?;
         }
         cache.client_mut().register(poll.registry(), CLIENT)?;
+        cache.stats_mut().threads = config.threads.max(1) as u64;
+        let writers = match config.threads {
+            0 | 1 => None,
+            threads => {
+                let waker = Arc::new(Waker::new(poll.registry(), WRITERS)?);
+                Some(crate::writers::Writers::start(threads - 1, waker, config.spin)?)
+            }
+        };
         Ok(Server {
             poll,
             tcp,
@@ -237,6 +213,8 @@ impl Server {
             config,
             on_housekeeping: None,
             standby: None,
+            writers,
+            turn_events: 0,
         })
     }
 
@@ -259,6 +237,8 @@ impl Server {
     pub fn run(&mut self, stop: &AtomicBool) -> io::Result<()> {
         let mut events = Events::with_capacity(1024);
         let mut next_housekeeping = Instant::now();
+        // When the current spell of polling for in-flight page ops began.
+        let mut spinning_since: Option<Instant> = None;
         while !stop.load(Ordering::Relaxed) {
             let now = Instant::now();
             let mut timeout =
@@ -272,17 +252,34 @@ impl Server {
             {
                 timeout = Duration::ZERO;
             }
-            match self.poll.poll(&mut events, Some(timeout)) {
+            if !timeout.is_zero() && self.cache.io().busy() > 0 && !self.config.spin.is_zero() {
+                let since = *spinning_since.get_or_insert(now);
+                if now.duration_since(since) < self.config.spin {
+                    timeout = Duration::ZERO;
+                }
+            }
+            if !timeout.is_zero() && self.writers.is_some() && self.ask_for_reports() {
+                timeout = Duration::ZERO;
+            }
+            let polled = self.poll.poll(&mut events, Some(timeout));
+            if let Some(writers) = &self.writers {
+                writers.want_reports(false);
+            }
+            match polled {
+                Ok(()) if !events.is_empty() => spinning_since = None,
                 Ok(()) => {}
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
                 Err(error) => return Err(error),
             }
+            self.turn_events = events.iter().count();
+            self.take_reports();
             let mut client_readable = false;
             for event in events.iter() {
                 match event.token() {
                     TCP => self.accept_tcp(),
                     UNIX => self.accept_unix(),
                     CLIENT => client_readable = true,
+                    WRITERS => {}
                     STANDBY => {
                         if let Some(port) = self.standby.as_mut() {
                             port.accept(&mut self.cache);
@@ -414,6 +411,18 @@ impl Server {
             return;
         }
         self.next_generation += 1;
+        if let Some(writers) = &self.writers {
+            let socket = match stream.as_fd().try_clone_to_owned() {
+                Ok(socket) => socket,
+                Err(error) => {
+                    tracing::warn!(%error, "duplicating a connection's socket for its writer failed");
+                    let _ = self.poll.registry().deregister(stream.source());
+                    return;
+                }
+            };
+            let generation = self.next_generation;
+            writers.send(index, crate::writers::Job::Attach { index, generation, socket });
+        }
         self.cache.budget_mut().open(ConnRef { index, generation: self.next_generation });
         self.connections[index] = Some(Connection {
             stream,
@@ -431,6 +440,7 @@ impl Server {
             dead: false,
             paused: false,
             wants_writable: false,
+            in_writer: 0,
             authenticated: self.config.auth.is_none(),
             started: std::collections::VecDeque::new(),
         });
@@ -467,6 +477,12 @@ impl Server {
                     connection.input.extend_from_slice(&self.read_buffer[..read]);
                     self.cache.stats_mut().bytes_read += read as u64;
                     self.process(index);
+                    // A read that did not fill the buffer emptied the socket: with mio's
+                    // edge-triggered epoll the next bytes bring a new event, so the read that
+                    // would find nothing (a syscall per request) is skipped, as tokio does.
+                    if read < self.read_buffer.len() {
+                        break;
+                    }
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
@@ -579,153 +595,5 @@ impl Server {
         }
         connection.input = input;
         consumed_any
-    }
-
-    /// Puts finished replies in their connections' order and writes what is due.
-    fn dispatch(&mut self) {
-        // Values that finished during the last engine call without a settle after it (a key
-        // of a resumed multi-get served from the chunk cache) are answered now.
-        crate::dispatch::settle(&mut self.cache, &mut self.outbox);
-        if self.outbox.is_empty() {
-            return;
-        }
-        // No reply leaves before the standby's copy holds the records it acknowledges.
-        if let Some(backup) = self.cache.backup_mut() {
-            backup.barrier();
-        }
-        let outs = self.outbox.take();
-        let mut touched = Vec::new();
-        for out in outs {
-            // The reply replaces what was reserved for it (a closed connection's is dropped).
-            self.cache.budget_mut().release(out.conn, out.reserved);
-            let Some(connection) = self.connections.get_mut(out.conn.index).and_then(Option::as_mut) else {
-                continue;
-            };
-            if connection.generation != out.conn.generation {
-                continue;
-            }
-            // Pending requests are few (replies go out in order); the one this reply starts is
-            // usually at the front.
-            if let Some(position) = connection.started.iter().position(|&(seq, _, _)| seq == out.seq) {
-                let (_, kind, started) = connection.started.remove(position).expect("found above");
-                self.cache.stats_mut().latency.record(kind, started.elapsed());
-            }
-            // A place an earlier reply ended its command through sends nothing.
-            if out.seq >= connection.next_to_send {
-                self.cache.budget_mut().hold(out.conn, out.bytes.len());
-                let previous = connection.replies.insert(out.seq, (out.bytes, out.ends_through));
-                assert!(previous.is_none(), "two replies for place {}", out.seq);
-            }
-            if !touched.contains(&out.conn.index) {
-                touched.push(out.conn.index);
-            }
-        }
-        for index in touched {
-            let Some(connection) = self.connections.get_mut(index).and_then(Option::as_mut) else { continue };
-            while let Some((bytes, ends_through)) = connection.replies.remove(&connection.next_to_send) {
-                connection.push_output(bytes);
-                connection.next_to_send += 1;
-                if let Some(through) = ends_through {
-                    // The rest of the command (some of it may be done already) sends nothing.
-                    let rest = connection.replies.split_off(&(through + 1));
-                    let dropped = std::mem::replace(&mut connection.replies, rest);
-                    let dropped_bytes = dropped.values().map(|(bytes, _)| bytes.len()).sum();
-                    self.cache.budget_mut().release(connection.conn(index), dropped_bytes);
-                    connection.next_to_send = connection.next_to_send.max(through + 1);
-                }
-            }
-            self.write_connection(index);
-        }
-    }
-
-    fn write_connection(&mut self, index: usize) {
-        let Some(connection) = self.connections.get_mut(index).and_then(Option::as_mut) else { return };
-        let conn = connection.conn(index);
-        while connection.output_bytes > 0 && !connection.dead {
-            let mut slices = [IoSlice::new(&[]); WRITE_SLICES];
-            let mut count = 0;
-            for (position, buffer) in connection.output.iter().take(WRITE_SLICES).enumerate() {
-                let start = if position == 0 { connection.output_sent } else { 0 };
-                slices[count] = IoSlice::new(&buffer[start..]);
-                count += 1;
-            }
-            match connection.stream.write_vectored(&slices[..count]) {
-                Ok(0) => connection.dead = true,
-                Ok(written) => {
-                    connection.consume_output(written);
-                    self.cache.budget_mut().release(conn, written);
-                    self.cache.stats_mut().bytes_written += written as u64;
-                }
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => connection.dead = true,
-            }
-        }
-        let blocked = connection.output_bytes > 0 && !connection.dead;
-        if blocked != connection.wants_writable {
-            let interest = if blocked { Interest::READABLE | Interest::WRITABLE } else { Interest::READABLE };
-            let token = Token(FIRST_CONNECTION + index);
-            match self.poll.registry().reregister(connection.stream.source(), token, interest) {
-                Ok(()) => connection.wants_writable = blocked,
-                Err(_) => connection.dead = true,
-            }
-        }
-        let connection = self.connections[index].as_ref().expect("present");
-        if connection.paused && self.may_resume(index, connection) {
-            if let Some(connection) = self.connections[index].as_mut() {
-                connection.paused = false;
-            }
-            self.process(index);
-            self.read_connection(index);
-            return;
-        }
-        self.close_if_done(index);
-    }
-
-    fn close_if_done(&mut self, index: usize) {
-        let Some(connection) = self.connections.get_mut(index).and_then(Option::as_mut) else { return };
-        let replies_out = connection.next_to_send == connection.next_seq && connection.output_bytes == 0;
-        if connection.dead || (connection.closing && replies_out) {
-            let mut connection = self.connections[index].take().expect("present");
-            let _ = self.poll.registry().deregister(connection.stream.source());
-            self.cache.stats_mut().curr_connections -= 1;
-            // Its buffers go now; the reservations of its fetches in flight go when they finish.
-            let conn = connection.conn(index);
-            let buffered = connection.buffered_bytes();
-            assert!(buffered <= self.cache.budget().held_by(conn), "a connection holds what it buffers");
-            self.cache.budget_mut().release(conn, buffered);
-            self.cache.budget_mut().close(conn);
-        }
-    }
-}
-
-/// Binds the Unix socket so that it is never open to other users, not even for an instant: it
-/// is created under a umask that leaves only the owner (as `remem nbd` does), instead of being
-/// made 0600 after the bind, when another user may have connected already.
-fn bind_unix_owner_only(path: &std::path::Path) -> io::Result<UnixListener> {
-    // SAFETY: umask has no preconditions. It is process-wide: the server binds at start-up,
-    // before its metrics thread exists, and no other thread creates files meanwhile (the
-    // client's probe threads, if a node is down, only open sockets).
-    let previous = unsafe { libc::umask(0o177) };
-    let bound = UnixListener::bind(path);
-    // SAFETY: as above, restoring the mask the process had.
-    unsafe { libc::umask(previous) };
-    let listener = bound?;
-    // 0600 exactly, whatever stricter mask the process had.
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
-}
-
-fn remove_stale_socket(path: &std::path::Path) -> io::Result<()> {
-    use std::os::unix::fs::FileTypeExt;
-    match std::fs::symlink_metadata(path) {
-        Ok(metadata) if metadata.file_type().is_socket() => std::fs::remove_file(path),
-        Ok(_) => Err(io::Error::new(
-            io::ErrorKind::AlreadyExists,
-            format!("{} exists and is not a socket", path.display()),
-        )),
-        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(error) => Err(error),
     }
 }
