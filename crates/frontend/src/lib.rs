@@ -5,7 +5,8 @@
 //! the cluster file, its directory and private files (`cluster_file`), a locked state
 //! directory (`state_dir`), where an export's nodes and slab map live, a cluster file or etcd
 //! (`export_home`, with `--etcd`), following the cluster file (`cluster_watch`), the region
-//! report `remem status` reads (`client_report`) and the Prometheus endpoint (`metrics`).
+//! report `remem status` reads (`client_report`), the Prometheus endpoint (`metrics`) and the
+//! page store under nbd and fs with its in-memory model (`page_store`).
 //!
 //! Architecture Invariant: no command lives here; it imports no front end, no benchmark, no
 //! simulator and not the local-cluster kit (remem-local depends on it, not the other way round).
@@ -16,6 +17,7 @@ pub mod cluster_watch;
 pub mod code_args;
 pub mod export_home;
 pub mod metrics;
+pub mod page_store;
 pub mod placement_arg;
 pub mod process;
 pub mod state_dir;

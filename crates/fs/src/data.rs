@@ -52,9 +52,9 @@ fn zero_in_page<S: PageStore>(
     from: usize,
     to: usize,
 ) -> FsResult<()> {
-    store.execute(&mut [PageOp::Read { page: remote, buf: page_buffer }])?;
+    store.execute_all(&mut [PageOp::Read { page: remote, buf: page_buffer }])?;
     page_buffer[from..to].fill(0);
-    store.execute(&mut [PageOp::Write { page: remote, data: page_buffer }])?;
+    store.execute_all(&mut [PageOp::Write { page: remote, data: page_buffer }])?;
     Ok(())
 }
 

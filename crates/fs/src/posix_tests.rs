@@ -15,7 +15,7 @@ const ROOT: Creator = Creator { uid: 0, gid: 0, mode: 0o755 };
 const USER: Creator = Creator { uid: 1000, gid: 1000, mode: 0o644 };
 
 fn file_system(pages: u64) -> FileSystem<MemoryStore> {
-    FileSystem::new(MemoryStore { page_count: pages, ..MemoryStore::default() }, ROOT)
+    FileSystem::new(MemoryStore::new(4096, pages), ROOT)
 }
 
 fn name(text: &str) -> &OsStr {

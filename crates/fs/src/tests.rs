@@ -16,7 +16,7 @@ use crate::store::MemoryStore;
 const ME: Creator = Creator { uid: 0, gid: 0, mode: 0o644 };
 
 fn file_system(pages: u64) -> (FileSystem<MemoryStore>, u64) {
-    let store = MemoryStore { page_count: pages, ..MemoryStore::default() };
+    let store = MemoryStore::new(4096, pages);
     let mut fs = FileSystem::new(store, ME);
     let inode = fs.create_file(ROOT_INODE, OsStr::new("f"), ME).expect("create").inode;
     (fs, inode)
@@ -97,9 +97,9 @@ fn a_sparse_file_of_a_tebibyte_holds_only_its_written_pages() {
     let attributes = fs.getattr(inode).expect("attributes");
     assert_eq!(attributes.size_bytes, tebibyte);
     assert_eq!(attributes.mapped_pages, 2);
-    let ops_before = fs.store.ops_run;
+    let ops_before = fs.store.ops_executed;
     assert!(fs.read(inode, 1 << 30, 1 << 20).expect("hole").iter().all(|&byte| byte == 0));
-    assert_eq!(fs.store.ops_run, ops_before, "a hole costs no page I/O");
+    assert_eq!(fs.store.ops_executed, ops_before, "a hole costs no page I/O");
     assert_eq!(fs.read(inode, tebibyte - 10, 100).expect("tail"), b"tail bytes");
     assert!(matches!(fs.write(inode, crate::MAX_FILE_BYTES - 1, b"ab"), Err(FsError::TooLarge { .. })));
 }
@@ -244,8 +244,8 @@ fn a_failed_page_fails_only_the_requests_that_touch_it_and_the_rest_share_two_ba
     fs.write(first, 0, &[1; 8192]).expect("write");
     fs.write(second, 0, &[2; 8192]).expect("write");
     let bad = remote_page(&fs, first, 1);
-    fs.store.failing_pages.insert(bad);
-    let batches_before = fs.store.batches_run;
+    fs.store.lost.insert(bad);
+    let batches_before = fs.store.batches_executed;
     let requests = [
         DataRequest::Read { inode: first, offset: 0, size: 4096 },
         DataRequest::Read { inode: first, offset: 4000, size: 200 },
@@ -261,8 +261,8 @@ fn a_failed_page_fails_only_the_requests_that_touch_it_and_the_rest_share_two_ba
     assert_eq!(got[3], Got::Written(3));
     assert_eq!(got[4], Got::Errno(libc::EIO), "its read-modify-write read failed");
     assert_eq!(got[5], Got::Written(4096));
-    assert_eq!(fs.store.batches_run - batches_before, 2, "one batch of page reads, one of page writes");
-    fs.store.failing_pages.clear();
+    assert_eq!(fs.store.batches_executed - batches_before, 2, "one batch of page reads, one of page writes");
+    fs.store.lost.clear();
     let mut expected = vec![2; 8192];
     expected[100..103].copy_from_slice(b"abc");
     assert_eq!(fs.read(second, 0, 8192).expect("read"), &expected[..]);

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use remem_client::cluster::ClusterFile;
-use remem_client::{PageError, PageOp, RegionHealth};
+use remem_client::{OpDone, PageError, PageOp, RegionHealth};
 use remem_frontend::client_report::ClientReporter;
 use remem_frontend::metrics::{Exposition, Histogram, LATENCY_BUCKETS_SECONDS};
 
@@ -240,8 +240,8 @@ impl PageStore for ReportingStore {
         self.inner.page_count()
     }
 
-    fn execute_each(&mut self, ops: &mut [PageOp<'_>], failed: &mut dyn FnMut(usize, PageError)) {
-        let Some(metrics) = &self.metrics else { return self.inner.execute_each(ops, failed) };
+    fn execute(&mut self, ops: &mut [PageOp<'_>], on_done: &mut dyn FnMut(OpDone)) {
+        let Some(metrics) = &self.metrics else { return self.inner.execute(ops, on_done) };
         self.reads.clear();
         self.reads.extend(ops.iter().map(|op| matches!(op, PageOp::Read { .. })));
         let reads = &self.reads;
@@ -259,9 +259,7 @@ impl PageStore for ReportingStore {
                 add(&metrics.page_writes, 1);
                 add(&metrics.page_write_errors, errors);
             }
-            if let Err(error) = done.result {
-                failed(done.index, error);
-            }
+            on_done(done);
         });
     }
 

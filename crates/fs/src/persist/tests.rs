@@ -52,7 +52,7 @@ fn temporary_state() -> TemporaryState {
 }
 
 fn store(pages: u64) -> MemoryStore {
-    MemoryStore { page_count: pages, ..MemoryStore::default() }
+    MemoryStore::new(4096, pages)
 }
 
 fn sample_records() -> Vec<Record> {
