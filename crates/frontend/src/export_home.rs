@@ -62,6 +62,37 @@ pub trait ExportHome: Send {
     fn fenced(&self) -> Option<String>;
 }
 
+/// Saves a client's slab map again after rebuilds moved slabs, so that a restart finds them
+/// where they are now: the one rule of nbd, fs and kv. A failed save is logged and tried again
+/// at the next call (the rebuilds stay unsaved until one succeeds).
+pub struct RebuildSaves {
+    /// How many rebuilds the saved map reflects.
+    saved: u64,
+}
+
+impl RebuildSaves {
+    /// For a client whose map was just saved (or opened).
+    pub fn new(client: &Client) -> RebuildSaves {
+        RebuildSaves { saved: client.regeneration_status().done }
+    }
+
+    /// Saves through `save` when rebuilds finished since the last save.
+    pub fn after_rebuilds<E: std::fmt::Display>(
+        &mut self,
+        client: &Client,
+        save: impl FnOnce(&Client) -> std::result::Result<(), E>,
+    ) {
+        let done = client.regeneration_status().done;
+        if done == self.saved {
+            return;
+        }
+        match save(client) {
+            Ok(()) => self.saved = done,
+            Err(error) => tracing::warn!(%error, "cannot save the slab map after a rebuild; will retry"),
+        }
+    }
+}
+
 /// The embedded default: the cluster file (`ClusterWatch`) and a local slab-map file.
 pub struct FileHome {
     pub watch: crate::cluster_watch::ClusterWatch,

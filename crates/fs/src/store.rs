@@ -13,14 +13,14 @@ pub use remem_frontend::page_store::{MemoryStore, PageStore};
 pub struct SavedMapClient {
     pub client: Client,
     map_path: PathBuf,
-    rebuilds_saved: u64,
+    rebuilds: remem_frontend::export_home::RebuildSaves,
 }
 
 impl SavedMapClient {
     /// Wraps `client` and saves its map to `map_path` at once (durably).
     pub fn new(client: Client, map_path: &Path) -> Result<SavedMapClient, SlabMapError> {
-        let rebuilds_saved = client.regeneration_status().done;
-        let saved = SavedMapClient { client, map_path: map_path.to_owned(), rebuilds_saved };
+        let rebuilds = remem_frontend::export_home::RebuildSaves::new(&client);
+        let saved = SavedMapClient { client, map_path: map_path.to_owned(), rebuilds };
         saved.save()?;
         Ok(saved)
     }
@@ -50,12 +50,8 @@ impl PageStore for SavedMapClient {
 
     fn background(&mut self) {
         self.client.poll_background(std::time::Duration::ZERO);
-        let done = self.client.regeneration_status().done;
-        if done != self.rebuilds_saved {
-            match self.save() {
-                Ok(()) => self.rebuilds_saved = done,
-                Err(error) => tracing::warn!(%error, "cannot save the slab map after a rebuild; will retry"),
-            }
-        }
+        let map_path = &self.map_path;
+        // Durable: the file synced before its rename, the directory after (SlabMapFile::save).
+        self.rebuilds.after_rebuilds(&self.client, |client| client.save_map(map_path));
     }
 }

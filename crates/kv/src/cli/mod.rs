@@ -353,7 +353,7 @@ fn housekeeping(
 ) -> Box<dyn FnMut(&mut crate::Cache)> {
     let mut watch = remem_frontend::cluster_watch::ClusterWatch::new(cluster_path.clone(), cluster);
     let mut reporter = None;
-    let mut rebuilds_saved = cache.client_mut().client().regeneration_status().done;
+    let mut rebuilds = remem_frontend::export_home::RebuildSaves::new(cache.client_mut().client());
     Box::new(move |cache: &mut crate::Cache| {
         let client = cache.client_mut().client();
         let reporter = reporter.get_or_insert_with(|| {
@@ -367,13 +367,7 @@ fn housekeeping(
             }
         }
         if let Some(map_path) = &map_path {
-            let done = cache.client_mut().client().regeneration_status().done;
-            if done != rebuilds_saved {
-                match cache.client_mut().client().save_map(map_path) {
-                    Ok(()) => rebuilds_saved = done,
-                    Err(error) => tracing::warn!(%error, "cannot save the slab map after a rebuild"),
-                }
-            }
+            rebuilds.after_rebuilds(cache.client_mut().client(), |client| client.save_map(map_path));
         }
         let nodes = watch.new_nodes();
         let client = cache.client_mut().client();

@@ -560,8 +560,8 @@ struct WatchedClient {
     client: Client,
     /// Where the nodes come from and the slab map goes (cluster file or etcd).
     home: Box<dyn ExportHome>,
-    /// How many rebuilds the saved slab map reflects.
-    rebuilds_saved: u64,
+    /// Saves the slab map after rebuilds.
+    rebuilds: remem_frontend::export_home::RebuildSaves,
     /// Raised when `home` says another process owns the export now.
     stop: Arc<AtomicBool>,
     /// The client's region health for `remem status`, beside a cluster file.
@@ -577,7 +577,7 @@ impl WatchedClient {
         home: Box<dyn ExportHome>,
         stop: Arc<AtomicBool>,
     ) -> WatchedClient {
-        let rebuilds_saved = client.regeneration_status().done;
+        let rebuilds = remem_frontend::export_home::RebuildSaves::new(&client);
         let reporter = report_to.map(|(cluster_path, name)| {
             remem_frontend::client_report::ClientReporter::new(
                 &cluster_path,
@@ -586,18 +586,13 @@ impl WatchedClient {
                 client.client_id(),
             )
         });
-        WatchedClient { client, home, rebuilds_saved, stop, reporter, metrics: None }
+        WatchedClient { client, home, rebuilds, stop, reporter, metrics: None }
     }
 
     /// A rebuild moved slabs: save the map again, so a restart finds them where they are now.
     fn save_map_after_rebuilds(&mut self) {
-        let done = self.client.regeneration_status().done;
-        if done != self.rebuilds_saved {
-            match self.home.save_map(&self.client.slab_map()) {
-                Ok(()) => self.rebuilds_saved = done,
-                Err(error) => tracing::warn!(%error, "cannot save the slab map after a rebuild"),
-            }
-        }
+        let home = &mut self.home;
+        self.rebuilds.after_rebuilds(&self.client, |client| home.save_map(&client.slab_map()));
     }
 
     fn follow_cluster_file(&mut self) {
