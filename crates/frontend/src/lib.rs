@@ -17,6 +17,7 @@ pub mod cluster_watch;
 pub mod code_args;
 pub mod export_home;
 pub mod metrics;
+pub mod open;
 pub mod page_store;
 pub mod placement_arg;
 pub mod process;

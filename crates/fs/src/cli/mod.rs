@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use remem_client::{Client, ClientConfig, SlabMapFile};
+use remem_client::ClientConfig;
 use remem_frontend::code_args::CodeArgs;
 use remem_frontend::placement_arg::PlacementArgs;
 use remem_frontend::units::{format_bytes, parse_bytes};
@@ -149,55 +149,30 @@ fn open_client(
 ) -> Result<(SavedMapClient, bool)> {
     let map_path = state.slab_map_path();
     let dir = state.path().display();
+    let what = format!("the file system in {dir}");
     if args.fresh || args.ephemeral {
         if map_path.exists() {
-            match SlabMapFile::load(&map_path) {
-                Ok(map) => {
-                    if let Err(error) = Client::release_saved(&map, secret, config.clone()) {
-                        eprintln!(
-                            "warning: cannot reach the saved file system's slabs to unmap them: {error}"
-                        );
-                    }
-                }
-                Err(error) => eprintln!("warning: {error}; its slabs are not unmapped"),
-            }
+            remem_frontend::open::release_saved(&what, &map_path, secret, &config)?;
         }
         state.clear().with_context(|| format!("clearing the state directory {dir}"))?;
-    } else if map_path.exists() {
-        let map = SlabMapFile::load(&map_path)?;
-        remem_frontend::cluster_file::check_saved_on_cluster(
-            &map,
-            cluster,
-            cluster_path,
-            &format!("the file system in {dir}"),
-        )?;
-        let shape = &config.shape;
-        if !map.fits(args.size, shape) {
-            bail!(
-                "{dir} holds a file system of {} at ({},{}), not {} at ({},{}): pass its --size, -k and -r, \
-                 another --state or --name, or --fresh to drop it and start empty",
-                format_bytes(map.address_space_bytes),
-                map.data_splits,
-                map.parity_splits,
-                format_bytes(args.size),
-                shape.data_splits,
-                shape.parity_splits
-            );
-        }
-        let client = Client::reopen(&map, secret, config)
-            .with_context(|| format!("reopening the file system saved in {dir}"))?;
-        let client = SavedMapClient::new(client, &map_path)?;
-        return Ok((client, true));
-    } else if state.has_metadata() {
+    } else if !map_path.exists() && state.has_metadata() {
         bail!(
             "{dir} holds file system metadata but no slab map (slabmap.json): its files cannot be found; \
              pass --fresh to drop it and start empty"
         );
     }
-    let client = Client::connect(&cluster.addresses(), secret, config, args.placement.build(rand::random()))
-        .with_context(|| format!("connecting to the cluster of {}", cluster_path.display()))?;
-    let client = SavedMapClient::new(client, &map_path)?;
-    Ok((client, false))
+    let (client, reopened) = remem_frontend::open::open_or_reopen(remem_frontend::open::OpenRequest {
+        what: &what,
+        map_path: &map_path,
+        fresh: false,
+        cluster,
+        cluster_path,
+        secret,
+        config,
+        placement: &args.placement,
+        other_choices: "another --state or --name, ",
+    })?;
+    Ok((SavedMapClient::new(client, &map_path)?, reopened))
 }
 
 /// Detaches the dead mount a SIGKILLed `remem fs` left at `mountpoint` (every access to it fails

@@ -127,7 +127,7 @@ pub struct NbdArgs {
 }
 
 /// The export's client: the saved one reopened (its pages as they were), or a new one whose map
-/// is saved at once.
+/// is saved at once (`remem_frontend::open`).
 fn open_export(
     args: &NbdArgs,
     cluster: &ClusterFile,
@@ -136,55 +136,21 @@ fn open_export(
     config: ClientConfig,
     state_path: &Path,
 ) -> Result<Client> {
-    let size = config.address_space_bytes;
-    if state_path.exists() {
-        let map = SlabMapFile::load(state_path)?;
-        if args.fresh {
-            match Client::release_saved(&map, secret, config.clone()) {
-                Ok(()) => {}
-                // The nodes refuse because the export's owner lives: --fresh must not take a
-                // served export (it would serve an empty one under the same name, and the
-                // first server's data would be unreachable once both stop).
-                Err(error @ remem_client::ConnectError::ClientIdInUse { .. }) => bail!(
-                    "export {:?} is served by a running process (the nodes refuse: {error}); stop it \
-                     before --fresh drops the export",
-                    args.export
-                ),
-                Err(error) => tracing::warn!(%error, "cannot reach the saved export to unmap its slabs"),
-            }
-            std::fs::remove_file(state_path).with_context(|| format!("removing {}", state_path.display()))?;
-        } else {
-            remem_frontend::cluster_file::check_saved_on_cluster(
-                &map,
-                cluster,
-                cluster_path,
-                &format!("the export saved in {}", state_path.display()),
-            )?;
-            let shape = &config.shape;
-            if !map.fits(size, shape) {
-                bail!(
-                    "{} holds an export of {} at ({},{}), not {} at ({},{}): pass its --size, -k and -r, \
-                     or --fresh to drop it and start empty",
-                    state_path.display(),
-                    format_bytes(map.address_space_bytes),
-                    map.data_splits,
-                    map.parity_splits,
-                    format_bytes(size),
-                    shape.data_splits,
-                    shape.parity_splits
-                );
-            }
-            let client = Client::reopen(&map, secret, config)
-                .with_context(|| format!("reopening the export saved in {}", state_path.display()))?;
-            eprintln!("reopened the export saved in {} (--fresh to start empty)", state_path.display());
-            return Ok(client);
-        }
+    let what = format!("the export {:?} saved in {}", args.export, state_path.display());
+    let (client, reopened) = remem_frontend::open::open_or_reopen(remem_frontend::open::OpenRequest {
+        what: &what,
+        map_path: state_path,
+        fresh: args.fresh,
+        cluster,
+        cluster_path,
+        secret,
+        config,
+        placement: &args.placement,
+        other_choices: "",
+    })?;
+    if reopened {
+        eprintln!("reopened the export saved in {} (--fresh to start empty)", state_path.display());
     }
-    let client = Client::connect(&cluster.addresses(), secret, config, args.placement.build(rand::random()))
-        .with_context(|| format!("connecting to the cluster of {}", cluster_path.display()))?;
-    client
-        .save_map(state_path)
-        .with_context(|| format!("saving the slab map to {}", state_path.display()))?;
     Ok(client)
 }
 
