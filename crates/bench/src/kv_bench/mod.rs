@@ -78,6 +78,10 @@ pub struct KvBenchArgs {
     /// memcached's worker threads (`-t`; its default, 4, when not given).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub memcached_threads: Option<u16>,
+    /// `remem kv --threads` values to measure each scheme with, comma separated (a row per
+    /// scheme and count; rows of more than one thread are named `... tN`).
+    #[arg(long, value_delimiter = ',', default_value = "1", value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub threads: Vec<u16>,
     /// One more argument for every `remem kv` the benchmark starts (repeat it for several:
     /// `--kv-arg=--spin-us --kv-arg=0`).
     #[arg(long, allow_hyphen_values = true)]
@@ -197,18 +201,17 @@ pub fn run(mut args: KvBenchArgs, binary: &Path) -> Result<KvBenchReport> {
         let series_memory: u64 =
             args.sizes.iter().map(|&size| key_space(size, args.quick) as u64 * (size + 100)).sum();
         for scheme in &args.schemes {
-            let name = format!("remem {scheme}");
-            eprintln!("{name} ...");
-            let kv = RememKvOnCluster::start(
-                binary,
-                &args,
-                &dir,
-                &name,
-                series_memory,
-                item_limit,
-                &["--scheme", scheme],
-            )?;
-            measure_target(&args, &kv.server, &mut series)?;
+            for &threads in &args.threads {
+                let name = match threads {
+                    1 => format!("remem {scheme}"),
+                    _ => format!("remem {scheme} t{threads}"),
+                };
+                eprintln!("{name} ...");
+                let words = ["--scheme", scheme.as_str(), "--threads", &threads.to_string()];
+                let kv =
+                    RememKvOnCluster::start(binary, &args, &dir, &name, series_memory, item_limit, &words)?;
+                measure_target(&args, &kv.server, &mut series)?;
+            }
         }
         if !args.transition_sizes.is_empty() {
             eprintln!("transitions ...");
