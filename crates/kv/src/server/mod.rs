@@ -237,7 +237,9 @@ impl Server {
     pub fn run(&mut self, stop: &AtomicBool) -> io::Result<()> {
         let mut events = Events::with_capacity(1024);
         let mut next_housekeeping = Instant::now();
-        // When the current spell of polling for in-flight page ops began.
+        // When page ops last went in flight with none before: the loop polls for their replies
+        // for `spin` from then on, however many arrive meanwhile, and then sleeps (a spell
+        // renewed by each reply would keep a core from the nodes while replies trickle in).
         let mut spinning_since: Option<Instant> = None;
         while !stop.load(Ordering::Relaxed) {
             let now = Instant::now();
@@ -252,7 +254,9 @@ impl Server {
             {
                 timeout = Duration::ZERO;
             }
-            if !timeout.is_zero() && self.cache.io().busy() > 0 && !self.config.spin.is_zero() {
+            if self.cache.io().busy() == 0 {
+                spinning_since = None;
+            } else if !timeout.is_zero() && !self.config.spin.is_zero() {
                 let since = *spinning_since.get_or_insert(now);
                 if now.duration_since(since) < self.config.spin {
                     timeout = Duration::ZERO;
@@ -266,7 +270,6 @@ impl Server {
                 writers.want_reports(false);
             }
             match polled {
-                Ok(()) if !events.is_empty() => spinning_since = None,
                 Ok(()) => {}
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
                 Err(error) => return Err(error),
