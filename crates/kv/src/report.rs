@@ -170,6 +170,7 @@ fn settings(cache: &Cache, out: &mut Vec<u8>) {
     let config = cache.config();
     response::stat(out, "maxbytes", config.memory_limit_bytes);
     response::stat(out, "item_size_max", config.max_item_bytes);
+    response::stat(out, "num_threads", cache.stats().threads.max(1));
     response::stat(out, "evictions", "on");
     response::stat(out, "cas_enabled", "yes");
     response::stat(out, "remem_ec", config.ec.name());
