@@ -377,6 +377,7 @@ fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
         // `None` is `--no-monitor`; forced nodes skip their own host check too.
         monitor_args: args.force.then(|| vec!["--no-monitor".to_owned(), "--force".to_owned()]),
         unix_sockets: remem::launcher::UnixSockets::All,
+        encrypt: false,
     };
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;

@@ -28,6 +28,7 @@
 //! frame has a deadline, idle connections shrink their buffers, growth is charged to a budget.
 
 mod buffers;
+mod encrypted;
 mod requests;
 
 use crate::core::{Effect, Served, Session, Transport};
@@ -38,8 +39,9 @@ use crate::regenerate;
 use crate::shared::Shared;
 use crate::stream::Stream;
 use remem_proto::auth;
+use remem_proto::encryption::Inbound;
 use remem_proto::{Control, DecodeError, ErrorCode, FrameHeader, Kind, HEADER_BYTES, MAX_BODY_BYTES};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -141,6 +143,9 @@ pub struct Connection {
     frame_started: Option<Instant>,
     /// The socket's read timeout as last set.
     read_timeout: Option<Duration>,
+    /// Ciphertext received and the receiving half of the cipher, on an encrypted connection
+    /// (`encrypted`); `None` reads plaintext into `input` directly.
+    inbound: Option<Box<Inbound>>,
 }
 
 impl Connection {
@@ -169,6 +174,7 @@ impl Connection {
             charged_bytes: 0,
             frame_started: None,
             read_timeout: None,
+            inbound: None,
         }
     }
 
@@ -211,6 +217,9 @@ impl Connection {
     fn handshake(&mut self) -> Result<(), ConnectionEnd> {
         let deadline = std::time::Instant::now() + HANDSHAKE_TIMEOUT;
         self.stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
+        if !self.stream.is_unix() {
+            self.open_tcp(deadline)?;
+        }
         let (request_id, hello) = self.read_handshake_frame(Kind::Hello, deadline)?;
         let Control::Hello { client_id, client_nonce, session } = hello else {
             unreachable!("read_handshake_frame returns the kind asked for");
@@ -413,7 +422,13 @@ impl Connection {
         }
         assert!(self.end < self.input.len(), "peek_header grows the buffer for a frame that does not fit");
         loop {
-            match (&self.stream).read(&mut self.input[self.end..]) {
+            let read = match &mut self.inbound {
+                None => (&self.stream).read(&mut self.input[self.end..]),
+                Some(inbound) => {
+                    encrypted::read_decrypted(&self.stream, inbound, &mut self.input[self.end..])
+                }
+            };
+            match read {
                 Ok(0) if self.end == 0 => return Err(ConnectionEnd::PeerClosed),
                 Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
                 Ok(n) => {
@@ -432,8 +447,9 @@ impl Connection {
         self.replies_pending += 1;
     }
 
-    /// Writes the pending output in one `write_all` under the connection's write lock (notices
-    /// from other threads take it too), after the injected delay if one applies.
+    /// Writes the pending output in one `write_all` (sealed first on an encrypted connection)
+    /// under the connection's write lock (notices from other threads take it too), after the
+    /// injected delay if one applies.
     fn flush(&mut self) -> Result<(), ConnectionEnd> {
         if self.out.is_empty() {
             return Ok(());
@@ -442,10 +458,7 @@ impl Connection {
             std::thread::sleep(delay);
         }
         self.replies_pending = 0;
-        let result = {
-            let _guard = self.handle.lock_writes();
-            (&self.stream).write_all(&self.out)
-        };
+        let result = self.handle.write_frames(&self.out);
         self.out.clear();
         self.charge_output();
         result.map_err(end_of_io)

@@ -85,6 +85,8 @@ pub enum EncryptionError {
          start the node with --encrypt, or the client without it"
     )]
     PlaintextNode { code: ErrorCode, message: String },
+    #[error("the node refused the encryption handshake: {code}: {message}")]
+    NodeRefused { code: ErrorCode, message: String },
     #[error("the node answered the encryption handshake with a plaintext {what}: it does not encrypt")]
     PlaintextReply { what: String },
     #[error("I/O during the encryption handshake: {0}")]

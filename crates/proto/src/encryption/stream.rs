@@ -8,7 +8,7 @@ use super::{
 };
 use crate::auth::Secret;
 use crate::sizes::{HEADER_BYTES, MAGIC};
-use crate::{Control, FrameHeader, Kind};
+use crate::{Control, ErrorCode, FrameHeader, Kind};
 use std::io::{self, Read, Write};
 
 /// A stream whose bytes travel encrypted. Each `write` seals at most [`MAX_PLAINTEXT_BYTES`] into
@@ -86,7 +86,8 @@ fn invalid_data(error: EncryptionError) -> io::Error {
 /// message 1, reads message 2. Reads and writes are bounded by the stream's own timeouts.
 ///
 /// Errors: [`EncryptionError::PlaintextNode`] when the node refuses in plaintext (it does not
-/// encrypt: its `Error` frame is quoted), [`EncryptionError::PlaintextReply`] for any other
+/// encrypt: its `Error` frame is quoted), [`EncryptionError::NodeRefused`] when an encrypting
+/// node failed our message 1 (`AuthFailed`: another secret), [`EncryptionError::PlaintextReply`] for any other
 /// plaintext frame, [`EncryptionError::BadHandshakeLength`],
 /// [`EncryptionError::HandshakeFailed`] when the node does not hold the secret, I/O errors.
 pub fn initiate<S: Read + Write>(mut stream: S, secret: &Secret) -> Result<SecureStream<S>, EncryptionError> {
@@ -142,6 +143,10 @@ fn plaintext_reply(stream: &mut impl Read, start: [u8; LENGTH_BYTES]) -> Encrypt
         return EncryptionError::PlaintextReply { what: format!("partial Error frame ({error})") };
     }
     match Control::decode_body(header.kind, &body) {
+        // An encrypting node that could not complete the handshake says so in plaintext too.
+        Ok(Control::Error { code: code @ ErrorCode::AuthFailed, message }) => {
+            EncryptionError::NodeRefused { code, message }
+        }
         Ok(Control::Error { code, message }) => EncryptionError::PlaintextNode { code, message },
         Ok(other) => EncryptionError::PlaintextReply { what: format!("{:?} frame", other.kind()) },
         Err(error) => EncryptionError::PlaintextReply { what: format!("malformed Error frame ({error})") },

@@ -62,6 +62,7 @@ impl TestNode {
             unix_socket: None,
             lease_grace: remem_node::leases::DEFAULT_LEASE_GRACE,
             lease_timeout: remem_node::leases::DEFAULT_LEASE_TIMEOUT,
+            encrypt: false,
         })
         .unwrap();
         let addr = node.local_addr();
