@@ -411,7 +411,8 @@ impl Connection {
     }
 
     /// One `read` into the input buffer, after moving a partial frame to its front. A clean end of
-    /// stream between frames is `PeerClosed`; inside a frame, an `UnexpectedEof` I/O error.
+    /// stream between frames is `PeerClosed`; inside a frame, an `UnexpectedEof` I/O error. On an
+    /// encrypted connection it may add nothing (part of a message came).
     fn fill(&mut self) -> Result<(), ConnectionEnd> {
         if self.start == self.end {
             (self.start, self.end) = (0, 0);
@@ -422,16 +423,18 @@ impl Connection {
         }
         assert!(self.end < self.input.len(), "peek_header grows the buffer for a frame that does not fit");
         loop {
+            // `None` is the end of the stream. An encrypted read may add nothing: its socket read
+            // brought only part of a message, and the caller's deadlines apply before the next.
             let read = match &mut self.inbound {
-                None => (&self.stream).read(&mut self.input[self.end..]),
+                None => (&self.stream).read(&mut self.input[self.end..]).map(|n| (n > 0).then_some(n)),
                 Some(inbound) => {
                     encrypted::read_decrypted(&self.stream, inbound, &mut self.input[self.end..])
                 }
             };
             match read {
-                Ok(0) if self.end == 0 => return Err(ConnectionEnd::PeerClosed),
-                Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
-                Ok(n) => {
+                Ok(None) if self.end == 0 => return Err(ConnectionEnd::PeerClosed),
+                Ok(None) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+                Ok(Some(n)) => {
                     self.end += n;
                     return Ok(());
                 }

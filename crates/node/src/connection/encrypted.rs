@@ -87,25 +87,28 @@ impl Connection {
 }
 
 /// One `read` of plaintext on an encrypted connection: what whole messages already hold, else
-/// socket reads until one is whole. 0 is a clean end between messages; a message that does not
-/// authenticate is `InvalidData`.
-pub(super) fn read_decrypted(stream: &Stream, inbound: &mut Inbound, out: &mut [u8]) -> io::Result<usize> {
-    loop {
-        let taken =
-            inbound.take_plaintext(out).map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?;
-        if taken > 0 {
-            return Ok(taken);
-        }
-        match (&mut &*stream).read(inbound.spare()) {
-            Ok(0) if inbound.is_empty() => return Ok(0),
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the connection closed inside an encrypted message",
-                ))
-            }
-            Ok(received) => inbound.received(received),
-            Err(error) => return Err(error),
+/// one socket read and what it completed, which may be nothing (`Some(0)`): a peer dripping a
+/// message byte by byte meets the caller's deadlines between reads. `None` is a clean end between
+/// messages; a message that does not authenticate is `InvalidData`.
+pub(super) fn read_decrypted(
+    stream: &Stream,
+    inbound: &mut Inbound,
+    out: &mut [u8],
+) -> io::Result<Option<usize>> {
+    let invalid = |error| io::Error::new(io::ErrorKind::InvalidData, error);
+    let taken = inbound.take_plaintext(out).map_err(invalid)?;
+    if taken > 0 {
+        return Ok(Some(taken));
+    }
+    match (&mut &*stream).read(inbound.spare())? {
+        0 if inbound.is_empty() => Ok(None),
+        0 => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the connection closed inside an encrypted message",
+        )),
+        received => {
+            inbound.received(received);
+            Ok(Some(inbound.take_plaintext(out).map_err(invalid)?))
         }
     }
 }
