@@ -254,7 +254,9 @@ impl Connection {
             }
         }
         self.push_control(request_id, &Control::AuthOk { node_id: self.shared.core.node_id });
-        self.flush()?;
+        // Counted as authenticated before the client can read AuthOk, so a connection the client
+        // opens next is checked against a count that includes this one.
+        self.flush_as(Some(client_id))?;
         self.stream.set_read_timeout(None)?;
         self.read_timeout = None;
         Ok(())
@@ -454,6 +456,12 @@ impl Connection {
     /// under the connection's write lock (notices from other threads take it too), after the
     /// injected delay if one applies.
     fn flush(&mut self) -> Result<(), ConnectionEnd> {
+        self.flush_as(None)
+    }
+
+    /// [`Connection::flush`]; with `authenticated`, the connection is recorded as that client's
+    /// under the write lock, before the output goes out (`Peer::write_frames`).
+    fn flush_as(&mut self, authenticated: Option<u64>) -> Result<(), ConnectionEnd> {
         if self.out.is_empty() {
             return Ok(());
         }
@@ -461,7 +469,7 @@ impl Connection {
             std::thread::sleep(delay);
         }
         self.replies_pending = 0;
-        let result = self.handle.write_frames(&self.out);
+        let result = self.handle.write_frames(&self.out, authenticated);
         self.out.clear();
         self.charge_output();
         result.map_err(end_of_io)

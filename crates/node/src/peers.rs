@@ -78,9 +78,15 @@ impl Peer {
         self.lock_writes().sealer = Some(sealer);
     }
 
-    /// Writes whole frames, sealed if the connection encrypts, under the write lock.
-    pub fn write_frames(&self, frames: &[u8]) -> io::Result<()> {
+    /// Writes whole frames, sealed if the connection encrypts, under the write lock. With
+    /// `authenticated`, records the connection as that client's first ([`Peer::authenticated`]),
+    /// under the lock: it counts toward the limit before the peer reads `AuthOk`, and a notice
+    /// for the client cannot go out before it.
+    pub fn write_frames(&self, frames: &[u8], authenticated: Option<u64>) -> io::Result<()> {
         let mut outbound = self.lock_writes();
+        if let Some(client_id) = authenticated {
+            self.authenticated(client_id);
+        }
         let Outbound { sealer, sealed } = &mut *outbound;
         let Some(sealer) = sealer else {
             return (&self.stream).write_all(frames);
@@ -96,7 +102,7 @@ impl Peer {
     /// Writes one or more whole frames from another thread. Errors are the connection's own
     /// business (its thread sees them too); they are only logged here.
     pub fn send_frames(&self, frames: &[u8]) -> bool {
-        match self.write_frames(frames) {
+        match self.write_frames(frames, None) {
             Ok(()) => true,
             Err(error) => {
                 tracing::debug!(%error, "could not deliver a notice");

@@ -55,7 +55,7 @@ impl Connection {
             Err(error) => return Err(self.refuse(0, ErrorCode::AuthFailed, error.to_string())),
         };
         // Message 2 is the last plaintext the node sends.
-        self.handle.write_frames(&reply)?;
+        self.handle.write_frames(&reply, None)?;
         self.handle.start_encrypting(sealer);
         let mut inbound = Box::new(Inbound::new(opener));
         // What the client sent after its opening is ciphertext already.
