@@ -141,3 +141,35 @@ fn a_client_with_another_secret_fails_the_encryption_handshake() {
     let log = node_log_with(&cluster, 0, "the encryption handshake failed");
     assert!(log.contains("the encryption handshake failed"), "the node says why too:\n{log}");
 }
+
+/// `remem bench pages --encryption` with tiny parameters, so the benchmark never rots: both
+/// rows, plaintext and encrypted, and every page checked.
+#[test]
+fn bench_pages_encryption_reports_plaintext_beside_encrypted() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_remem"))
+        .args([
+            "bench",
+            "pages",
+            "--encryption",
+            "--size",
+            "4MiB",
+            "--slab-size",
+            "1MiB",
+            "--ops",
+            "200",
+            "--json",
+        ])
+        .output()
+        .expect("remem runs");
+    assert!(output.status.success(), "bench failed: {}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("bench --json prints JSON");
+    let cost = &report["encryption"];
+    let rows = cost["rows"].as_array().expect("rows");
+    for operation in ["read", "write"] {
+        let row = rows.iter().find(|row| row["operation"] == operation).expect("a row per operation");
+        assert_eq!(row["plaintext"]["count"], 200, "{row}");
+        assert_eq!(row["encrypted"]["count"], 200, "{row}");
+        assert!(row["p50_ratio"].as_f64().expect("ratio") > 0.0, "{row}");
+    }
+    assert_eq!(cost["pages_verified"], 2 * 1024, "{cost}");
+}
