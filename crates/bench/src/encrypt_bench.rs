@@ -1,8 +1,8 @@
 //! `remem bench pages --encryption`: what encrypting node traffic costs (`--encrypt`,
 //! docs/SECURITY.md). Two clusters of `--nodes` TCP-only nodes on this host, one plaintext and
 //! one with `--encrypt`, each with an EC(8,2) delta-1 client; page reads and writes at queue
-//! depth 1 run interleaved round by round on the two (the same pages in the same order), so the
-//! noise of these 2-core machines hits both alike, and the report is the encrypted p50 over the
+//! depth 1 run interleaved, 64 ops on one then the same 64 pages on the other, so the noise of
+//! these 2-core machines hits both alike, and the report is the encrypted p50 over the
 //! plaintext p50 of the same run. Every page is read back and checked on both at the end.
 //!
 //! Two clusters because a node with `--encrypt` refuses plaintext: one node set cannot serve
@@ -22,6 +22,9 @@ use serde::Serialize;
 use crate::bench::{run_chunk, run_series, BenchArgs, Operation, CHUNK_OPS};
 
 const EC82: Shape = Shape { data_splits: 8, parity_splits: 2, extra_reads: 1 };
+/// Ops per turn of each client in the interleaved series: about 15 ms at queue depth 1, short
+/// enough that a burst of other work on the host lands on both sides alike.
+const INTERLEAVE_OPS: usize = 64;
 /// The pattern seed of the pages the fill writes (`run_series`: page `p` holds the pattern of
 /// index `p % CHUNK_OPS`, generation 0).
 const FILL_SEED: u64 = 42;
@@ -128,10 +131,10 @@ fn interleaved(
     operation: Operation,
 ) -> Result<(Samples, Samples)> {
     let mut samples = (Samples::with_capacity(order.len()), Samples::with_capacity(order.len()));
-    let mut buffers = vec![vec![0u8; 4096]; CHUNK_OPS.min(order.len())];
+    let mut buffers = vec![vec![0u8; 4096]; INTERLEAVE_OPS.min(order.len())];
     plaintext.set_max_in_flight(1);
     encrypted.set_max_in_flight(1);
-    for chunk in order.chunks(CHUNK_OPS) {
+    for chunk in order.chunks(INTERLEAVE_OPS) {
         // Written pages get their fill pattern again: `verify` checks it.
         if operation == Operation::Write {
             for (buffer, &page) in buffers.iter_mut().zip(chunk) {
