@@ -71,6 +71,12 @@ pub struct BenchArgs {
     /// 512-byte splits (what the memory system alone charges for EC's pattern).
     #[arg(long, value_enum, default_value_t = Transport::Tcp)]
     pub transport: Transport,
+    /// Instead of the full run: what `--encrypt` costs. EC(8,2) delta 1 reads and writes at
+    /// queue depth 1 over TCP on two clusters of --nodes started by the bench, one plaintext and
+    /// one encrypted, interleaved round by round; prints the encrypted p50 over the plaintext
+    /// p50 (encrypt_bench.rs).
+    #[arg(long, conflicts_with_all = ["straggler_us", "cluster"])]
+    pub encryption: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -121,6 +127,8 @@ pub struct BenchReport {
     pub ec_metadata_fraction_of_slab_memory: f64,
     /// With --straggler: the delay and, per scheme, read latency healthy and with one slow node.
     pub straggler: Option<(u32, Vec<StragglerRow>)>,
+    /// With --encryption: plaintext against encrypted node traffic.
+    pub encryption: Option<crate::encrypt_bench::EncryptionCost>,
 }
 
 struct Scheme {
@@ -140,6 +148,21 @@ const SCHEMES: [Scheme; 4] = [
 pub(crate) const CHUNK_OPS: usize = 1024;
 
 pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
+    if args.encryption {
+        let cost = crate::encrypt_bench::run(&args, binary)?;
+        return Ok(BenchReport {
+            nodes: cost.nodes,
+            page_bytes: 4096,
+            series: Vec::new(),
+            ratios: Vec::new(),
+            floors: Vec::new(),
+            warnings: Vec::new(),
+            ec_memory_ratio: 0.0,
+            ec_metadata_fraction_of_slab_memory: 0.0,
+            straggler: None,
+            encryption: Some(cost),
+        });
+    }
     let (cluster, secret, mut own_cluster) = bench_cluster(&args, binary)?;
     let nodes = cluster.addresses();
     let page_bytes = 4096;
@@ -160,6 +183,7 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
             ec_memory_ratio: 0.0,
             ec_metadata_fraction_of_slab_memory: 0.0,
             straggler: Some((delay_us, rows)),
+            encryption: None,
         });
     }
     let mut series = Vec::new();
@@ -196,6 +220,7 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
         ec_memory_ratio: memory.0,
         ec_metadata_fraction_of_slab_memory: memory.1,
         straggler: None,
+        encryption: None,
     };
     if let Some(path) = &args.plot {
         plot(&report, path)?;
@@ -227,6 +252,7 @@ fn bench_cluster(
                 fault_injection: args.straggler_us.is_some(),
                 monitor_args: None,
                 unix_sockets: remem_local::launcher::UnixSockets::All,
+                encrypt: false,
             };
             eprintln!("starting {} nodes ...", options.nodes);
             let started = LocalCluster::start(binary, &options)?;
@@ -566,6 +592,9 @@ fn run_straggler(
 }
 
 pub fn print_table(report: &BenchReport) {
+    if let Some(cost) = &report.encryption {
+        return crate::encrypt_bench::print(cost);
+    }
     if let Some((delay_us, rows)) = &report.straggler {
         println!("read latency at queue depth 1, healthy vs one node delaying every reply by {delay_us} us");
         println!("(per scheme, the slow node holds split 0 of its range 0; 'asking' is the share of reads");
@@ -644,7 +673,7 @@ impl Operation {
     }
 }
 
-fn random_pages(rng: &mut StdRng, pages: u64, count: usize) -> Vec<u64> {
+pub(crate) fn random_pages(rng: &mut StdRng, pages: u64, count: usize) -> Vec<u64> {
     let mut all: Vec<u64> = (0..pages).collect();
     all.shuffle(rng);
     (0..count).map(|index| all[index % all.len()]).collect()

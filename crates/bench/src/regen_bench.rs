@@ -197,6 +197,7 @@ fn regen_cluster(args: &RegenArgs, binary: &std::path::Path, shape: Shape) -> Re
         fault_injection: true,
         monitor_args: None,
         unix_sockets: remem_local::launcher::UnixSockets::All,
+        encrypt: false,
     };
     eprintln!("starting {} nodes with {} slabs ...", options.nodes, format_bytes(args.slab_size));
     let cluster = LocalCluster::start(binary, &options)?;

@@ -89,6 +89,7 @@ pub fn run(args: DemoArgs, binary: &std::path::Path) -> Result<()> {
         // `None` is `--no-monitor`; a forced demo forces its nodes past their host check too.
         monitor_args: args.force.then(|| vec!["--no-monitor".to_owned(), "--force".to_owned()]),
         unix_sockets: crate::launcher::UnixSockets::All,
+        encrypt: false,
     };
     println!("starting {} memory nodes (logs in {}) ...", args.nodes, dir.display());
     let mut cluster = LocalCluster::start(binary, &options)?;

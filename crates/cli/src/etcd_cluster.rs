@@ -6,7 +6,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use remem_etcd::{Etcd, NodeRecord};
@@ -51,18 +50,18 @@ pub fn register_node(
 }
 
 /// `remem status --etcd`: the registered nodes, asked live when `live` gives the secret (and
-/// the timeout per node), else as their records say (refreshed every few seconds by each node;
+/// how to ask each node), else as their records say (refreshed every few seconds by each node;
 /// a node is listed while its lease lives).
 pub fn status(
     etcd: &Etcd,
-    live: Option<(&remem_client::Secret, Duration)>,
+    live: Option<(&remem_client::Secret, crate::status_command::Ask)>,
 ) -> Result<crate::status_command::ClusterStatus> {
     let records = etcd.nodes().context("reading the nodes registered in etcd")?;
     let nodes: Vec<crate::status_command::NodeRow> = match live {
-        Some((secret, timeout)) => {
+        Some((secret, ask)) => {
             let targets: Vec<(SocketAddr, String)> =
                 records.iter().map(|node| (node.address, node.failure_domain.clone())).collect();
-            crate::status_command::ask_nodes(&targets, secret, timeout)
+            crate::status_command::ask_nodes(&targets, secret, ask)
         }
         None => records_as_rows(&records),
     };

@@ -151,6 +151,10 @@ struct UpArgs {
     /// Start the nodes with --fault-injection (for tests and benchmarks, never production).
     #[arg(long)]
     fault_injection: bool,
+    /// Start the nodes with --encrypt: their TCP connections must be encrypted, so clients need
+    /// --encrypt too (their Unix sockets, and shared memory, are not).
+    #[arg(long)]
+    encrypt: bool,
     /// Restart a node that dies, empty, on its address (clients probe it and readmit it; its
     /// slabs were rebuilt elsewhere meanwhile).
     #[arg(long)]
@@ -377,6 +381,7 @@ fn up(args: UpArgs, binary: &std::path::Path) -> Result<()> {
         // `None` is `--no-monitor`; forced nodes skip their own host check too.
         monitor_args: args.force.then(|| vec!["--no-monitor".to_owned(), "--force".to_owned()]),
         unix_sockets: remem::launcher::UnixSockets::All,
+        encrypt: args.encrypt,
     };
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;

@@ -90,6 +90,12 @@ pub struct NodeArgs {
     /// MemTotal), or with --no-monitor more than 80% of what it has available.
     #[arg(long)]
     pub force: bool,
+    /// Require authenticated encryption on every TCP connection (Noise, keyed by the cluster
+    /// secret: clients and nodes then need `--encrypt` too), and use it for this node's own
+    /// connections to the other nodes during rebuilds. Unix sockets and shared memory stay on
+    /// the host and are never encrypted (docs/SECURITY.md).
+    #[arg(long)]
+    pub encrypt: bool,
     #[command(flatten)]
     pub etcd: crate::etcd_cluster::EtcdArgs,
 }
@@ -145,6 +151,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
         unix_socket: args.unix,
         lease_grace: args.lease_grace,
         lease_timeout: args.lease_timeout,
+        encrypt: args.encrypt,
     };
     let node = Node::bind(config).with_context(|| format!("binding {}", args.listen))?;
     // Registered while it serves; dropped after `run`, which revokes the lease.

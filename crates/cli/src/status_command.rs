@@ -43,6 +43,9 @@ pub struct StatusArgs {
     /// How long to wait for each node.
     #[arg(long, default_value_t = 2000, value_parser = crate::units::parse_positive_ms)]
     pub timeout_ms: u64,
+    /// Ask the nodes over encrypted connections (nodes started with `--encrypt` require it).
+    #[arg(long)]
+    pub encrypt: bool,
 }
 
 /// One node's row.
@@ -99,7 +102,9 @@ pub fn collect(args: &StatusArgs) -> Result<ClusterStatus> {
             )),
             None => None,
         };
-        return crate::etcd_cluster::status(&etcd, live.as_ref().map(|(secret, timeout)| (secret, *timeout)));
+        let live =
+            live.as_ref().map(|(secret, timeout)| (secret, Ask { timeout: *timeout, encrypt: args.encrypt }));
+        return crate::etcd_cluster::status(&etcd, live);
     }
     let (path, cluster, secret) = crate::launcher::load_cluster_as_it_is(args.cluster.as_deref())?;
     // Every node is shown DOWN then (exit status 4); the note says why they all are.
@@ -109,7 +114,7 @@ pub fn collect(args: &StatusArgs) -> Result<ClusterStatus> {
     let timeout = Duration::from_millis(args.timeout_ms);
     let targets: Vec<(SocketAddr, String)> =
         cluster.nodes.iter().map(|node| (node.address, node.failure_domain.clone())).collect();
-    let nodes = ask_nodes(&targets, &secret, timeout);
+    let nodes = ask_nodes(&targets, &secret, Ask { timeout, encrypt: args.encrypt });
     Ok(ClusterStatus {
         cluster_file: path.display().to_string(),
         nodes_up: nodes.iter().filter(|node| node.up).count(),
@@ -124,7 +129,7 @@ pub fn collect(args: &StatusArgs) -> Result<ClusterStatus> {
 /// Asks every node of `targets` (address, failure domain as configured) for its state, each on
 /// its own connection; one that cannot be asked is a DOWN row with the reason. Nodes running
 /// rebuilds are asked again to tell their speed ([`sample_rebuild_rates`]).
-pub fn ask_nodes(targets: &[(SocketAddr, String)], secret: &Secret, timeout: Duration) -> Vec<NodeRow> {
+pub fn ask_nodes(targets: &[(SocketAddr, String)], secret: &Secret, ask: Ask) -> Vec<NodeRow> {
     // Several at once: a stopped node costs the whole timeout, and a cluster may have hundreds.
     let workers = targets.len().clamp(1, MAX_QUERIES_AT_ONCE);
     let mut nodes: Vec<NodeRow> = std::thread::scope(|scope| {
@@ -132,7 +137,7 @@ pub fn ask_nodes(targets: &[(SocketAddr, String)], secret: &Secret, timeout: Dur
             .map(|worker| {
                 scope.spawn(move || {
                     let mine = targets.iter().enumerate().skip(worker).step_by(workers);
-                    mine.map(|(index, (address, domain))| ask_node(index, *address, domain, secret, timeout))
+                    mine.map(|(index, (address, domain))| ask_node(index, *address, domain, secret, ask))
                         .collect::<Vec<NodeRow>>()
                 })
             })
@@ -140,20 +145,14 @@ pub fn ask_nodes(targets: &[(SocketAddr, String)], secret: &Secret, timeout: Dur
         handles.into_iter().flat_map(|handle| handle.join().expect("a status query panicked")).collect()
     });
     nodes.sort_by_key(|node| node.index);
-    sample_rebuild_rates(&mut nodes, targets, secret, timeout);
+    sample_rebuild_rates(&mut nodes, targets, secret, ask);
     nodes
 }
 
 /// One node's row: what it reports, or DOWN with the reason it could not be asked.
-fn ask_node(
-    index: usize,
-    address: SocketAddr,
-    failure_domain: &str,
-    secret: &Secret,
-    timeout: Duration,
-) -> NodeRow {
+fn ask_node(index: usize, address: SocketAddr, failure_domain: &str, secret: &Secret, ask: Ask) -> NodeRow {
     let asked_at = std::time::Instant::now();
-    match remem_client::query_node(address, secret, timeout) {
+    match remem_client::query_node(address, secret, ask.timeout, ask.encrypt) {
         Ok(status) => NodeRow {
             index,
             address: address.to_string(),
@@ -203,6 +202,13 @@ fn ask_node(
     }
 }
 
+/// How each node is asked: the wait, and whether the connection encrypts.
+#[derive(Clone, Copy, Debug)]
+pub struct Ask {
+    pub timeout: Duration,
+    pub encrypt: bool,
+}
+
 /// Node queries `status` runs at once.
 const MAX_QUERIES_AT_ONCE: usize = 16;
 
@@ -217,18 +223,16 @@ fn percent(done: u64, total: u64) -> Option<f64> {
 /// sets their rate and ETA from the pages handled meanwhile. A node whose total changed (a
 /// rebuild ended or began) gets its new progress but no rate: the two samples do not count the
 /// same rebuilds.
-fn sample_rebuild_rates(
-    nodes: &mut [NodeRow],
-    targets: &[(SocketAddr, String)],
-    secret: &Secret,
-    timeout: Duration,
-) {
+fn sample_rebuild_rates(nodes: &mut [NodeRow], targets: &[(SocketAddr, String)], secret: &Secret, ask: Ask) {
     let first = nodes.iter().filter_map(|node| node.rebuild_sample.map(|(at, _, _)| at)).min();
     let Some(first) = first else { return };
     std::thread::sleep(RATE_SAMPLE.saturating_sub(first.elapsed()));
     for node in nodes.iter_mut() {
         let Some((asked_at, done_before, total_before)) = node.rebuild_sample else { continue };
-        let Ok(status) = remem_client::query_node(targets[node.index].0, secret, timeout) else { continue };
+        let Ok(status) = remem_client::query_node(targets[node.index].0, secret, ask.timeout, ask.encrypt)
+        else {
+            continue;
+        };
         let elapsed = asked_at.elapsed().as_secs_f64();
         node.rebuilds_running = status.regenerating_slabs;
         let (done, total) = (status.regeneration_pages_done, status.regeneration_pages_total);

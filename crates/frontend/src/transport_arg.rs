@@ -1,5 +1,6 @@
 //! `--transport`: how a command's client reaches the nodes' memory: TCP, or shared memory with
-//! the nodes on this host (docs/SHM.md).
+//! the nodes on this host (docs/SHM.md). Beside it each front end takes `--encrypt`
+//! (`ClientConfig::encrypt`): its TCP connections are encrypted, for nodes run with `--encrypt`.
 
 /// TCP to every node, or shared memory for the nodes on this host (TCP for the others).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

@@ -49,6 +49,9 @@ pub struct ClusterOptions {
     /// The nodes' `--lease-grace` (how long a departed client's slabs are kept); `None` leaves
     /// the node's default.
     pub lease_grace: Option<Duration>,
+    /// Start nodes with `--encrypt`: every TCP connection to them must be encrypted (clients
+    /// need `ClientConfig::encrypt`; Unix sockets stay plaintext).
+    pub encrypt: bool,
 }
 
 /// Which nodes of a local cluster listen on a Unix socket too.
@@ -313,6 +316,7 @@ impl LocalCluster {
             .arg("--failure-domain")
             .arg(&domain)
             .args(options.fault_injection.then_some("--fault-injection"))
+            .args(options.encrypt.then_some("--encrypt"))
             .args(match &options.monitor_args {
                 Some(args) => args.clone(),
                 None => vec!["--no-monitor".to_owned()],

@@ -28,6 +28,7 @@
 //! frame has a deadline, idle connections shrink their buffers, growth is charged to a budget.
 
 mod buffers;
+mod encrypted;
 mod requests;
 
 use crate::core::{Effect, Served, Session, Transport};
@@ -38,8 +39,9 @@ use crate::regenerate;
 use crate::shared::Shared;
 use crate::stream::Stream;
 use remem_proto::auth;
+use remem_proto::encryption::Inbound;
 use remem_proto::{Control, DecodeError, ErrorCode, FrameHeader, Kind, HEADER_BYTES, MAX_BODY_BYTES};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -141,6 +143,9 @@ pub struct Connection {
     frame_started: Option<Instant>,
     /// The socket's read timeout as last set.
     read_timeout: Option<Duration>,
+    /// Ciphertext received and the receiving half of the cipher, on an encrypted connection
+    /// (`encrypted`); `None` reads plaintext into `input` directly.
+    inbound: Option<Box<Inbound>>,
 }
 
 impl Connection {
@@ -169,6 +174,7 @@ impl Connection {
             charged_bytes: 0,
             frame_started: None,
             read_timeout: None,
+            inbound: None,
         }
     }
 
@@ -211,6 +217,9 @@ impl Connection {
     fn handshake(&mut self) -> Result<(), ConnectionEnd> {
         let deadline = std::time::Instant::now() + HANDSHAKE_TIMEOUT;
         self.stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
+        if !self.stream.is_unix() {
+            self.open_tcp(deadline)?;
+        }
         let (request_id, hello) = self.read_handshake_frame(Kind::Hello, deadline)?;
         let Control::Hello { client_id, client_nonce, session } = hello else {
             unreachable!("read_handshake_frame returns the kind asked for");
@@ -245,7 +254,9 @@ impl Connection {
             }
         }
         self.push_control(request_id, &Control::AuthOk { node_id: self.shared.core.node_id });
-        self.flush()?;
+        // Counted as authenticated before the client can read AuthOk, so a connection the client
+        // opens next is checked against a count that includes this one.
+        self.flush_as(Some(client_id))?;
         self.stream.set_read_timeout(None)?;
         self.read_timeout = None;
         Ok(())
@@ -402,7 +413,8 @@ impl Connection {
     }
 
     /// One `read` into the input buffer, after moving a partial frame to its front. A clean end of
-    /// stream between frames is `PeerClosed`; inside a frame, an `UnexpectedEof` I/O error.
+    /// stream between frames is `PeerClosed`; inside a frame, an `UnexpectedEof` I/O error. On an
+    /// encrypted connection it may add nothing (part of a message came).
     fn fill(&mut self) -> Result<(), ConnectionEnd> {
         if self.start == self.end {
             (self.start, self.end) = (0, 0);
@@ -413,10 +425,18 @@ impl Connection {
         }
         assert!(self.end < self.input.len(), "peek_header grows the buffer for a frame that does not fit");
         loop {
-            match (&self.stream).read(&mut self.input[self.end..]) {
-                Ok(0) if self.end == 0 => return Err(ConnectionEnd::PeerClosed),
-                Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
-                Ok(n) => {
+            // `None` is the end of the stream. An encrypted read may add nothing: its socket read
+            // brought only part of a message, and the caller's deadlines apply before the next.
+            let read = match &mut self.inbound {
+                None => (&self.stream).read(&mut self.input[self.end..]).map(|n| (n > 0).then_some(n)),
+                Some(inbound) => {
+                    encrypted::read_decrypted(&self.stream, inbound, &mut self.input[self.end..])
+                }
+            };
+            match read {
+                Ok(None) if self.end == 0 => return Err(ConnectionEnd::PeerClosed),
+                Ok(None) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+                Ok(Some(n)) => {
                     self.end += n;
                     return Ok(());
                 }
@@ -432,9 +452,16 @@ impl Connection {
         self.replies_pending += 1;
     }
 
-    /// Writes the pending output in one `write_all` under the connection's write lock (notices
-    /// from other threads take it too), after the injected delay if one applies.
+    /// Writes the pending output in one `write_all` (sealed first on an encrypted connection)
+    /// under the connection's write lock (notices from other threads take it too), after the
+    /// injected delay if one applies.
     fn flush(&mut self) -> Result<(), ConnectionEnd> {
+        self.flush_as(None)
+    }
+
+    /// [`Connection::flush`]; with `authenticated`, the connection is recorded as that client's
+    /// under the write lock, before the output goes out (`Peer::write_frames`).
+    fn flush_as(&mut self, authenticated: Option<u64>) -> Result<(), ConnectionEnd> {
         if self.out.is_empty() {
             return Ok(());
         }
@@ -442,10 +469,7 @@ impl Connection {
             std::thread::sleep(delay);
         }
         self.replies_pending = 0;
-        let result = {
-            let _guard = self.handle.lock_writes();
-            (&self.stream).write_all(&self.out)
-        };
+        let result = self.handle.write_frames(&self.out, authenticated);
         self.out.clear();
         self.charge_output();
         result.map_err(end_of_io)

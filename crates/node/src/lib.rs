@@ -113,6 +113,10 @@ pub struct NodeConfig {
     /// A claimed connection that sends nothing for this long (no request, no heartbeat) is
     /// closed, so a stopped client process loses its lease (`leases`).
     pub lease_timeout: Duration,
+    /// Require authenticated encryption (Noise, `remem_proto::encryption`) on every TCP
+    /// connection, and use it on the node's own connections to rebuild sources. Unix sockets
+    /// stay on the host and are never encrypted.
+    pub encrypt: bool,
 }
 
 /// A bound, not yet serving, memory node.
@@ -228,6 +232,7 @@ impl Node {
             failure_domain = %config.failure_domain,
             fault_injection = config.fault_injection,
             unix_socket = ?config.unix_socket,
+            encrypt = config.encrypt,
             "node listening"
         );
         Ok(Node {
@@ -247,6 +252,7 @@ impl Node {
                     lease_timeout: config.lease_timeout,
                 }),
                 secret: config.secret,
+                encrypt: config.encrypt,
                 peers: Peers::default(),
                 faults: Faults::new(config.fault_injection),
                 regenerations: Regenerations::default(),

@@ -3,13 +3,16 @@
 //! reports `RegenerationDone` on the connection that asked for it.
 //!
 //! Invariant: every write to a connection's socket, by its own thread or another, happens under
-//! that connection's `write_lock` and writes whole frames, so frames never interleave mid-frame.
+//! that connection's `writer` lock and writes whole frames, so frames never interleave mid-frame.
+//! On an encrypted connection the sending half of its cipher lives under that lock too, so
+//! frames are sealed in the order they go out, whichever thread sends them.
 //! A connection blocked in `read` still gets its notices promptly, because the writer is the
 //! notifying thread itself.
 
 use crate::stream::Stream;
+use remem_proto::encryption::{Sealer, MAX_PLAINTEXT_BYTES};
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -21,8 +24,21 @@ pub struct Peer {
     authenticated: AtomicBool,
     /// The client volunteered this connection for `SlabActivityQuery` (`AnswerActivity`).
     answers_activity: AtomicBool,
-    write_lock: Mutex<()>,
+    writer: Mutex<Outbound>,
 }
+
+/// Plaintext, or the sending half of the connection's cipher and the buffer it seals into (kept,
+/// so sealing allocates nothing once it has its size: at most [`SEAL_CHUNK_BYTES`] and a tag per
+/// message).
+#[derive(Default)]
+pub struct Outbound {
+    sealer: Option<Sealer>,
+    sealed: Vec<u8>,
+}
+
+/// Plaintext sealed and written at once: four whole messages. The node writes its output in one
+/// `write` of up to 256 KiB; encrypted, one `write` per four messages bounds the sealed copy.
+const SEAL_CHUNK_BYTES: usize = 4 * MAX_PLAINTEXT_BYTES;
 
 impl Peer {
     pub fn new(stream: Stream) -> Peer {
@@ -31,7 +47,7 @@ impl Peer {
             client_id: AtomicU64::new(0),
             authenticated: AtomicBool::new(false),
             answers_activity: AtomicBool::new(false),
-            write_lock: Mutex::new(()),
+            writer: Mutex::new(Outbound::default()),
         }
     }
 
@@ -50,16 +66,43 @@ impl Peer {
     }
 
     /// Held while writing whole frames to the socket.
-    pub fn lock_writes(&self) -> MutexGuard<'_, ()> {
-        // The lock guards no data, only the order of bytes on the socket.
-        self.write_lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    pub fn lock_writes(&self) -> MutexGuard<'_, Outbound> {
+        // The cipher's nonce moves only with a whole sealed message, and a write that failed
+        // ends the connection: poisoning is no reason to stop.
+        self.writer.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// From now on every write is sealed (the encryption handshake just ended, before any
+    /// other thread can write: notices go only to authenticated connections).
+    pub fn start_encrypting(&self, sealer: Sealer) {
+        self.lock_writes().sealer = Some(sealer);
+    }
+
+    /// Writes whole frames, sealed if the connection encrypts, under the write lock. With
+    /// `authenticated`, records the connection as that client's first ([`Peer::authenticated`]),
+    /// under the lock: it counts toward the limit before the peer reads `AuthOk`, and a notice
+    /// for the client cannot go out before it.
+    pub fn write_frames(&self, frames: &[u8], authenticated: Option<u64>) -> io::Result<()> {
+        let mut outbound = self.lock_writes();
+        if let Some(client_id) = authenticated {
+            self.authenticated(client_id);
+        }
+        let Outbound { sealer, sealed } = &mut *outbound;
+        let Some(sealer) = sealer else {
+            return (&self.stream).write_all(frames);
+        };
+        for chunk in frames.chunks(SEAL_CHUNK_BYTES) {
+            sealed.clear();
+            sealer.seal(chunk, sealed).map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?;
+            (&self.stream).write_all(sealed)?;
+        }
+        Ok(())
     }
 
     /// Writes one or more whole frames from another thread. Errors are the connection's own
     /// business (its thread sees them too); they are only logged here.
     pub fn send_frames(&self, frames: &[u8]) -> bool {
-        let _guard = self.lock_writes();
-        match (&self.stream).write_all(frames) {
+        match self.write_frames(frames, None) {
             Ok(()) => true,
             Err(error) => {
                 tracing::debug!(%error, "could not deliver a notice");

@@ -26,6 +26,9 @@ pub struct Shared {
     /// Everything the node decides (sans I/O).
     pub core: NodeCore,
     pub secret: Secret,
+    /// TCP connections must encrypt (`--encrypt`), and so do this node's own connections to
+    /// rebuild sources (`connection::encrypted`, `regenerate::sources`).
+    pub encrypt: bool,
     pub peers: Peers,
     pub faults: Faults,
     pub regenerations: Regenerations,

@@ -17,6 +17,9 @@ pub const SECRET_ENV: &str = "REMEM_SECRET";
 
 const NODE_LABEL: &[u8] = b"remem-node-v1";
 const CLIENT_LABEL: &[u8] = b"remem-client-v1";
+/// The domain label of the Noise pre-shared key (`encryption`): the key is a keyed hash of this
+/// label, never the secret itself, so no cipher ever holds the bytes the proofs are made with.
+const NOISE_PSK_LABEL: &[u8] = b"remem-noise-psk-v1";
 
 /// The cluster secret: at least [`MIN_SECRET_BYTES`] bytes.
 #[derive(Clone)]
@@ -85,6 +88,17 @@ impl Secret {
         mac.update(client_nonce);
         mac.update(node_nonce);
         mac.update(&client_id.to_le_bytes());
+        mac.finalize().into_bytes().into()
+    }
+}
+
+impl Secret {
+    /// The Noise pre-shared key of node traffic (`encryption`): `HMAC-SHA256(secret,
+    /// "remem-noise-psk-v1")`. Distinct from every proof, which all have 72 more bytes after
+    /// their label.
+    pub(crate) fn noise_psk(&self) -> [u8; 32] {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
+        mac.update(NOISE_PSK_LABEL);
         mac.finalize().into_bytes().into()
     }
 }

@@ -1,9 +1,11 @@
-//! The body of the `decode_frame` fuzz target (`fuzz/`), kept here so that stable-toolchain
-//! property tests run exactly the same code; and [`Xorshift`], the deterministic inputs of the
-//! stable stand-ins of every fuzz target (remem-nbd's and remem-memcache's tests too).
+//! The bodies of the `decode_frame` and `open_messages` fuzz targets (`fuzz/`), kept here so
+//! that stable-toolchain property tests run exactly the same code; and [`Xorshift`], the
+//! deterministic inputs of the stable stand-ins of every fuzz target (remem-nbd's and
+//! remem-memcache's tests too).
 //!
-//! Oracle: no panic on any input, and every frame that decodes re-encodes to the same bytes
-//! (the decoders are strict, so the encoding is canonical).
+//! Oracle of `decode_frame`: no panic on any input, and every frame that decodes re-encodes to
+//! the same bytes (the decoders are strict, so the encoding is canonical). `open_messages` has
+//! its own (its doc).
 
 use crate::sizes::{HEADER_BYTES, READ_SPLITS_COUNT_BYTES, SPLIT_META_BYTES, WRITE_SPLIT_PREFIX_BYTES};
 use crate::{decode_read_splits_count, Control, FrameHeader, Kind, SplitMeta, WriteSplitPrefix};
@@ -139,4 +141,86 @@ impl Xorshift {
             }
         }
     }
+}
+
+/// The body of the `open_messages` fuzz target (`fuzz/`): the receiving side of an encrypted
+/// connection (`encryption`) fed `data` three ways. As the node's view of a connection's
+/// opening; as raw ciphertext after a real handshake; and as plaintext sealed into messages,
+/// one byte of them altered when `data`'s length is odd, handed to an [`Inbound`] in pieces and
+/// taken out into buffers of sizes `data` chooses. Returns the plaintext bytes handed out.
+///
+/// Oracle: no panic; garbage never authenticates; what is handed out is always a prefix of what
+/// was sealed: all of it, with no error, when nothing was altered, and never the altered message
+/// (an error comes first).
+pub fn open_messages(data: &[u8]) -> usize {
+    use crate::auth::Secret;
+    use crate::encryption::{respond, Inbound, Initiator, LENGTH_BYTES, OPENING_BYTES};
+    let secret = Secret::from_bytes(vec![7; 32]).expect("32 bytes");
+    if let Some(opening) = data.first_chunk::<OPENING_BYTES>() {
+        let _ = respond(&secret, opening, &mut Vec::new());
+    }
+    let pair = || {
+        let mut opening = Vec::new();
+        let initiator = Initiator::start(&secret, &mut opening);
+        let mut reply = Vec::new();
+        let opening: &[u8; OPENING_BYTES] = opening[..].try_into().expect("an opening of its size");
+        let (_, opener) = respond(&secret, opening, &mut reply).expect("our own opening");
+        let (sealer, _) = initiator.finish(&reply[LENGTH_BYTES..]).expect("our own reply");
+        (sealer, Inbound::new(opener))
+    };
+    let (_, mut garbage) = pair();
+    let mut out = [0u8; 256];
+    let mut fed = 0;
+    while fed < data.len() {
+        let spare = garbage.spare();
+        let count = spare.len().min(data.len() - fed);
+        spare[..count].copy_from_slice(&data[fed..fed + count]);
+        garbage.received(count);
+        fed += count;
+        match garbage.take_plaintext(&mut out) {
+            Ok(taken) => assert_eq!(taken, 0, "bytes nobody sealed authenticated"),
+            Err(_) => break,
+        }
+    }
+    let (mut sealer, mut inbound) = pair();
+    let mut sealed = Vec::new();
+    for piece in data.chunks(1 + data.first().copied().unwrap_or(0) as usize * 300) {
+        sealer.seal(piece, &mut sealed).expect("nonces left");
+    }
+    let altered = data.len() % 2 == 1 && !sealed.is_empty();
+    if altered {
+        let at = data.len().wrapping_mul(7919) % sealed.len();
+        sealed[at] ^= 1 << (data.len() % 8);
+    }
+    let (mut handed, mut fed, mut step) = (Vec::new(), 0, 0);
+    let mut failed = false;
+    let mut out = vec![0u8; 70_000];
+    while fed < sealed.len() && !failed {
+        let size =
+            |salt: usize| 1 + data.get((step + salt) % data.len().max(1)).copied().unwrap_or(0) as usize * 97;
+        let spare = inbound.spare();
+        let count = spare.len().min(sealed.len() - fed).min(size(0) * 13);
+        spare[..count].copy_from_slice(&sealed[fed..fed + count]);
+        inbound.received(count);
+        fed += count;
+        loop {
+            let room = size(1).min(out.len());
+            match inbound.take_plaintext(&mut out[..room]) {
+                Ok(0) => break,
+                Ok(taken) => handed.extend_from_slice(&out[..taken]),
+                Err(_) => {
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        step += 1;
+    }
+    assert!(data.starts_with(&handed), "plaintext handed out that was never sealed");
+    if altered {
+        assert!(failed || handed.len() < data.len(), "an altered message was handed out");
+    } else {
+        assert!(!failed && handed.len() == data.len(), "an unaltered stream did not come through whole");
+    }
+    handed.len()
 }

@@ -7,7 +7,7 @@
 //!
 //! Invariants:
 //! - The codec does no I/O, except the small [`blocking`] helper module for control paths and
-//!   tests.
+//!   tests, and `encryption`'s blocking stream.
 //! - Decoders are strict and total: every byte string either decodes to exactly one message whose
 //!   re-encoding is the same bytes, or is rejected with a structured [`DecodeError`]. They never
 //!   panic and never allocate from a length they have not checked against its bound.
@@ -21,6 +21,7 @@ pub mod blocking;
 mod checksums;
 mod control;
 mod data;
+pub mod encryption;
 mod error;
 mod frame;
 pub mod fuzzing;

@@ -171,6 +171,7 @@ impl SwapOn {
             fault_injection: false,
             monitor_args: None,
             unix_sockets: if backend.shared_memory() { UnixSockets::All } else { UnixSockets::None },
+            encrypt: false,
         };
         let cluster = LocalCluster::start(binary, &options).context("starting the local cluster")?;
         if backend.pages_in_process() {

@@ -63,6 +63,7 @@ impl RememFsMount {
                 Transport::Shm => UnixSockets::All,
                 Transport::Tcp => UnixSockets::None,
             },
+            encrypt: false,
         };
         let cluster = LocalCluster::start(binary, &options_cluster).context("starting the local cluster")?;
         let mountpoint = work_dir.join("remem");

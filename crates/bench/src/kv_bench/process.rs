@@ -307,6 +307,7 @@ impl RememKvOnCluster {
             fault_injection: false,
             monitor_args: None,
             unix_sockets: remem_local::launcher::UnixSockets::All,
+            encrypt: false,
         };
         let cluster = LocalCluster::start(binary, &options)?;
         let transport = match args.transport {

@@ -55,6 +55,7 @@ impl Setup {
             fault_injection: false,
             monitor_args: None,
             unix_sockets: UnixSockets::All,
+            encrypt: false,
         };
         let cluster = LocalCluster::start(binary, &options)
             .with_context(|| format!("{label}: starting the cluster"))?;

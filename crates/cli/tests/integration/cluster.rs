@@ -33,6 +33,7 @@ fn start_cluster(name: &str, nodes: usize, slab_size_bytes: u64) -> LocalCluster
         fault_injection: false,
         monitor_args: None,
         unix_sockets: remem::launcher::UnixSockets::All,
+        encrypt: false,
     };
     let mut cluster = LocalCluster::start(binary(), &options).expect("cluster starts");
     cluster.remove_dir_on_drop();
@@ -230,6 +231,7 @@ fn start_cluster_in_domains(name: &str, nodes: usize, nodes_per_domain: usize) -
         fault_injection: false,
         monitor_args: None,
         unix_sockets: remem::launcher::UnixSockets::None,
+        encrypt: false,
     };
     let mut cluster = LocalCluster::start(binary(), &options).expect("cluster starts");
     cluster.remove_dir_on_drop();

@@ -592,6 +592,7 @@ fn an_nbd_export_uses_a_node_added_to_the_running_cluster() {
         fault_injection: true,
         monitor_args: None,
         unix_sockets: UnixSockets::None,
+        encrypt: false,
     };
     let binary = std::path::Path::new(env!("CARGO_BIN_EXE_remem"));
     let mut cluster = LocalCluster::start(binary, &options).expect("cluster starts");

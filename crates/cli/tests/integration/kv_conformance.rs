@@ -298,6 +298,7 @@ fn cluster(dir: &Path) -> LocalCluster {
         fault_injection: false,
         monitor_args: None,
         unix_sockets: UnixSockets::None,
+        encrypt: false,
     };
     LocalCluster::start(kv_support::binary(), &options).expect("cluster starts")
 }

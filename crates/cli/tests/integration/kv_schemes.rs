@@ -276,6 +276,7 @@ fn a_node_added_to_the_cluster_file_joins_the_running_cache() {
         fault_injection: true,
         monitor_args: None,
         unix_sockets: remem::launcher::UnixSockets::None,
+        encrypt: false,
     };
     target.cluster.as_mut().expect("a cluster").add_node(kv_support::binary(), &options).expect("add a node");
     let deadline = Instant::now() + Duration::from_secs(15);

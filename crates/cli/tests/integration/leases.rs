@@ -35,6 +35,7 @@ fn start_cluster(dir: &Path, lease_grace: Option<Duration>) -> LocalCluster {
         fault_injection: false,
         monitor_args: None,
         unix_sockets: remem::launcher::UnixSockets::None,
+        encrypt: false,
     };
     LocalCluster::start(binary(), &options).expect("cluster starts")
 }

@@ -22,6 +22,7 @@ mod netns_support;
 
 mod cluster;
 mod commands;
+mod encrypt;
 mod engine_drivers;
 mod engine_faults;
 mod etcd;

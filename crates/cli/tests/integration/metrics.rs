@@ -164,6 +164,7 @@ fn nbd_metrics_count_page_ops_with_latency_histograms() {
         fault_injection: false,
         monitor_args: None,
         unix_sockets: remem::launcher::UnixSockets::None,
+        encrypt: false,
     };
     let cluster =
         remem::launcher::LocalCluster::start(kv_support::binary(), &options).expect("cluster starts");
@@ -251,6 +252,7 @@ fn fs_metrics_count_file_ops_and_status_shows_its_regions() {
         fault_injection: false,
         monitor_args: None,
         unix_sockets: remem::launcher::UnixSockets::None,
+        encrypt: false,
     };
     let cluster =
         remem::launcher::LocalCluster::start(kv_support::binary(), &options).expect("cluster starts");

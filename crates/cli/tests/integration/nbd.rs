@@ -36,6 +36,7 @@ fn start_cluster(dir: &Path) -> LocalCluster {
         fault_injection: false,
         monitor_args: None,
         unix_sockets: remem::launcher::UnixSockets::All,
+        encrypt: false,
     };
     LocalCluster::start(binary(), &options).expect("cluster starts")
 }

@@ -57,6 +57,7 @@ fn setup(name: &str) -> Setup {
         fault_injection: false,
         monitor_args: None,
         unix_sockets: UnixSockets::All,
+        encrypt: false,
     };
     let cluster = LocalCluster::start(binary(), &options).expect("a local cluster starts");
     Setup { cluster, dir }

@@ -194,6 +194,7 @@ fn a_memory_hog_in_the_nodes_cgroup_makes_it_evict_and_the_client_rebuilds_every
             fault_injection: false,
             monitor_args: None,
             unix_sockets: remem::launcher::UnixSockets::None,
+            encrypt: false,
         },
     )
     .expect("cluster starts");

@@ -177,6 +177,7 @@ fn two_hundred_nodes_join_and_die_one_at_a_time_while_every_byte_verifies_k8_r2(
         fault_injection: false,
         monitor_args: None,
         unix_sockets: UnixSockets::None,
+        encrypt: false,
     };
     let started = Instant::now();
     let mut cluster = LocalCluster::start(binary(), &options).expect("200 nodes start");
@@ -370,6 +371,7 @@ fn a_cluster_of_exact_multiple_capacities_is_filled_without_a_refused_map() {
         fault_injection: false,
         monitor_args: None,
         unix_sockets: UnixSockets::None,
+        encrypt: false,
     };
     let cluster = LocalCluster::start(binary(), &options).expect("nodes start");
     let connect = |ranges: u64| {

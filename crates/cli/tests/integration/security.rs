@@ -18,6 +18,7 @@ fn options(dir: PathBuf) -> ClusterOptions {
         fault_injection: false,
         monitor_args: None,
         unix_sockets: UnixSockets::None,
+        encrypt: false,
     }
 }
 

@@ -169,6 +169,7 @@ fn start_export(dir: &Path, extra: &[&str]) -> Export {
         fault_injection: false,
         monitor_args: None,
         unix_sockets: UnixSockets::None,
+        encrypt: false,
     };
     let cluster = LocalCluster::start(binary(), &options).expect("cluster starts");
     let log = dir.join("nbd.log");

@@ -132,6 +132,7 @@ fn nbd_over_tls_serves_tls_clients_and_refuses_plain_ones_when_required() {
         fault_injection: false,
         monitor_args: None,
         unix_sockets: UnixSockets::None,
+        encrypt: false,
     };
     let cluster = LocalCluster::start(binary(), &options).expect("cluster starts");
     let certificates = dir.join("client");

@@ -46,6 +46,7 @@ fn options(name: &str, nodes: usize) -> ClusterOptions {
         fault_injection: false,
         monitor_args: None,
         unix_sockets: UnixSockets::None,
+        encrypt: false,
     }
 }
 

@@ -73,6 +73,10 @@ pub struct ClientConfig {
     /// and an `address_space_bytes` of 0, `connect` creates no region: the caller does, with
     /// [`Client::create_region`], once it has seen the nodes.
     pub lazy_ranges: bool,
+    /// Encrypt every TCP connection to the nodes (Noise keyed by the cluster secret,
+    /// `remem_proto::encryption`); the nodes must run with `--encrypt`. Unix sockets and shared
+    /// memory are never encrypted.
+    pub encrypt: bool,
 }
 
 impl ClientConfig {
@@ -98,6 +102,7 @@ impl ClientConfig {
             allow_shared_domains: false,
             probe_thread_at_start: false,
             lazy_ranges: false,
+            encrypt: false,
         }
     }
 

@@ -1,6 +1,6 @@
-//! Opening a node connection: connect (TCP, or the node's Unix socket), authenticate with the
-//! cluster secret, ask the node's info; and blocking control round trips used before the
-//! connection joins the event loop.
+//! Opening a node connection: connect (TCP, or the node's Unix socket), encrypt it if asked
+//! (TCP only: `remem_proto::encryption`), authenticate with the cluster secret, ask the node's
+//! info; and blocking control round trips used before the connection joins the event loop.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -10,14 +10,16 @@ use std::time::Duration;
 
 use remem_proto::auth::Secret;
 use remem_proto::blocking::HandshakeError;
+use remem_proto::encryption::{self, SecureStream};
 use remem_proto::{Control, ErrorCode, NodeInfo};
 
 use super::NodeAddress;
 use crate::error::ConnectError;
 
-/// A blocking connection during connect: TCP or Unix.
+/// A blocking connection during connect: TCP, encrypted TCP or Unix.
 pub(crate) enum BlockingStream {
     Tcp(TcpStream),
+    Encrypted(Box<SecureStream<TcpStream>>),
     Unix(UnixStream),
 }
 
@@ -25,6 +27,7 @@ impl Read for BlockingStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             BlockingStream::Tcp(stream) => stream.read(buf),
+            BlockingStream::Encrypted(stream) => stream.read(buf),
             BlockingStream::Unix(stream) => stream.read(buf),
         }
     }
@@ -34,6 +37,7 @@ impl Write for BlockingStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
             BlockingStream::Tcp(stream) => stream.write(buf),
+            BlockingStream::Encrypted(stream) => stream.write(buf),
             BlockingStream::Unix(stream) => stream.write(buf),
         }
     }
@@ -47,15 +51,18 @@ impl Write for BlockingStream {
 /// nothing: see `Control::Hello`).
 pub(crate) type Claim = (u64, u64);
 
-/// Connects (over the Unix socket `unix` if given, else TCP), authenticates as `claim` and
-/// asks the node for its info, each step bounded by `timeout`. Another live session holding the
-/// client id is [`ConnectError::ClientIdInUse`].
+/// Connects (over the Unix socket `unix` if given, else TCP, encrypted if `encrypt`: a Unix
+/// socket never is), authenticates as `claim` and asks the node for its info, each step bounded
+/// by `timeout`. Another live session holding the client id is [`ConnectError::ClientIdInUse`];
+/// a node that does not encrypt when asked to, or does when not asked, is
+/// [`ConnectError::Handshake`] with the node's own words.
 pub(crate) fn connect_node(
     address: SocketAddr,
     unix: Option<&Path>,
     secret: &Secret,
     (client_id, session): Claim,
     timeout: Duration,
+    encrypt: bool,
 ) -> Result<(BlockingStream, NodeInfo), ConnectError> {
     let io_error = |source| ConnectError::Io { address, source };
     let mut stream = match unix {
@@ -70,7 +77,13 @@ pub(crate) fn connect_node(
             stream.set_nodelay(true).map_err(io_error)?;
             stream.set_read_timeout(Some(timeout)).map_err(io_error)?;
             stream.set_write_timeout(Some(timeout)).map_err(io_error)?;
-            BlockingStream::Tcp(stream)
+            if encrypt {
+                let stream = encryption::initiate(stream, secret)
+                    .map_err(|error| ConnectError::Handshake { address, message: error.to_string() })?;
+                BlockingStream::Encrypted(Box::new(stream))
+            } else {
+                BlockingStream::Tcp(stream)
+            }
         }
     };
     remem_proto::blocking::handshake_session(&mut stream, secret, client_id, session).map_err(|source| {
@@ -100,10 +113,11 @@ pub(crate) fn connect_all(
     secret: &Secret,
     claim: Claim,
     timeout: Duration,
+    encrypt: bool,
 ) -> Vec<Connected> {
     let connect = |node: &NodeAddress| {
         let unix = node.unix_socket.as_deref().filter(|_| shared_memory);
-        connect_node(node.address, unix, secret, claim, timeout)
+        connect_node(node.address, unix, secret, claim, timeout, encrypt)
     };
     let connect = &connect;
     std::thread::scope(|scope| {
@@ -128,13 +142,15 @@ pub(crate) fn connect_all(
 }
 
 /// Asks one node for its status: connects, authenticates with a random client id and session 0
-/// (claims nothing, maps nothing) and disconnects. For `remem status`; the data path never uses it.
+/// (claims nothing, maps nothing) and disconnects, encrypted if `encrypt`. For `remem status`;
+/// the data path never uses it.
 pub fn query_node(
     address: SocketAddr,
     secret: &Secret,
     timeout: Duration,
+    encrypt: bool,
 ) -> Result<crate::NodeStatus, ConnectError> {
-    let (_stream, info) = connect_node(address, None, secret, (rand::random(), 0), timeout)?;
+    let (_stream, info) = connect_node(address, None, secret, (rand::random(), 0), timeout, encrypt)?;
     Ok(info.into())
 }
 

@@ -187,6 +187,7 @@ impl Client {
             &self.secret,
             (self.config.client_id, self.session),
             self.config.connect_timeout,
+            self.config.encrypt,
         );
         let (stream, info) = connected?;
         self.admit(node, stream, info)
@@ -210,8 +211,8 @@ impl Client {
     /// probed, their slabs lost until readmitted). Returns the unreachable ones and why.
     fn join_all(&mut self, nodes: &[NodeAddress]) -> Result<Vec<UnreachableNode>, ConnectError> {
         let (shared_memory, claim) = (self.config.shared_memory, (self.config.client_id, self.session));
-        let timeout = self.config.connect_timeout;
-        let mut results = connect::connect_all(nodes, shared_memory, &self.secret, claim, timeout);
+        let (timeout, encrypt) = (self.config.connect_timeout, self.config.encrypt);
+        let mut results = connect::connect_all(nodes, shared_memory, &self.secret, claim, timeout, encrypt);
         // A node where another live process holds the client id fences this one off: it must not
         // start at all (two owners of one slab map), not count that node as merely down. A
         // predecessor that just died may still hold it for a moment (its node has not yet seen
@@ -226,7 +227,7 @@ impl Client {
             std::thread::sleep(Duration::from_millis(100));
             let retry: Vec<usize> = (0..nodes.len()).filter(|&index| in_use(&results[index])).collect();
             let retried: Vec<NodeAddress> = retry.iter().map(|&index| nodes[index].clone()).collect();
-            let again = connect::connect_all(&retried, shared_memory, &self.secret, claim, timeout);
+            let again = connect::connect_all(&retried, shared_memory, &self.secret, claim, timeout, encrypt);
             for (index, result) in retry.into_iter().zip(again) {
                 results[index] = result;
             }
@@ -448,6 +449,7 @@ impl Client {
         let unix = entry.unix_socket.clone().filter(|_| self.config.shared_memory);
         let (secret, claim) = (self.secret.clone(), (self.config.client_id, self.session));
         let timeout = PROBE_CONNECT_TIMEOUT.min(self.config.connect_timeout);
+        let encrypt = self.config.encrypt;
         if let Some(prober) = &self.prober {
             if prober.send(ProbeRequest { node, address, unix, timeout }).is_ok() {
                 self.probing.push(node);
@@ -456,7 +458,7 @@ impl Client {
         }
         let results = self.probe_results.0.clone();
         let spawned = std::thread::Builder::new().name(format!("remem-probe-{node}")).spawn(move || {
-            let result = connect_node(address, unix.as_deref(), &secret, claim, timeout);
+            let result = connect_node(address, unix.as_deref(), &secret, claim, timeout, encrypt);
             let _ = results.send((node, result));
         });
         match spawned {
@@ -470,10 +472,10 @@ impl Client {
     fn start_prober(&mut self) -> std::io::Result<()> {
         let (requests, receiver) = std::sync::mpsc::channel::<ProbeRequest>();
         let (secret, claim) = (self.secret.clone(), (self.config.client_id, self.session));
-        let results = self.probe_results.0.clone();
+        let (results, encrypt) = (self.probe_results.0.clone(), self.config.encrypt);
         std::thread::Builder::new().name("remem-prober".to_owned()).spawn(move || {
             while let Ok(ProbeRequest { node, address, unix, timeout }) = receiver.recv() {
-                let result = connect_node(address, unix.as_deref(), &secret, claim, timeout);
+                let result = connect_node(address, unix.as_deref(), &secret, claim, timeout, encrypt);
                 if results.send((node, result)).is_err() {
                     return;
                 }

@@ -2,6 +2,11 @@
 //! `Poll` over them, per-connection receive buffers cut into whole frames for the engine, and the
 //! engine's outboxes written out.
 //!
+//! Encryption (`ClientConfig::encrypt`, TCP only): the engine's outbox is sealed into a
+//! per-connection buffer before it is written, and received ciphertext is opened into the
+//! receive buffer (`remem_proto::encryption::Inbound`), so the engine sees the same plaintext
+//! frames either way. Both buffers are kept: no allocation per page.
+//!
 //! Copies: one `read` drains many replies into the connection's buffer; each frame's body is
 //! handed to the engine as a slice of it, and the engine copies a split once into its place.
 //! Reading each payload with its own `read` into the page would save that copy (about 10 ns)
@@ -14,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use mio::net::{TcpStream as MioStream, UnixStream as MioUnixStream};
 use mio::{Events, Interest, Poll, Token};
+use remem_proto::encryption::{Inbound, Sealer, MAX_PLAINTEXT_BYTES};
 use remem_proto::{FrameHeader, HEADER_BYTES, SPLIT_META_BYTES};
 
 use super::connect::BlockingStream;
@@ -59,8 +65,34 @@ impl ConnStream {
     }
 }
 
+/// The cipher of an encrypted connection and its two buffers.
+struct Encryption {
+    sealer: Sealer,
+    /// Sealed bytes not yet written: `sealed[sealed_sent..]`.
+    sealed: Vec<u8>,
+    sealed_sent: usize,
+    inbound: Inbound,
+}
+
+/// Plaintext taken from the outbox and sealed at once, at most: four whole messages.
+const SEAL_CHUNK_BYTES: usize = 4 * MAX_PLAINTEXT_BYTES;
+
+/// What one write attempt of [`Transport::flush`] came to.
+enum WriteStep {
+    /// Wrote something; try again.
+    More,
+    /// Nothing left to write.
+    Done,
+    /// The socket is full.
+    Blocked,
+    /// The connection is lost, and why.
+    Lost(String),
+}
+
 struct Conn {
     stream: ConnStream,
+    /// Set on an encrypted connection.
+    encryption: Option<Box<Encryption>>,
     /// Descriptors received and not yet claimed by their `SlabExported` frame.
     fds: VecDeque<OwnedFd>,
     writable_interest: bool,
@@ -100,6 +132,7 @@ impl Transport {
         while self.conns.len() <= node {
             self.conns.push(Conn {
                 stream: ConnStream::Closed,
+                encryption: None,
                 fds: VecDeque::with_capacity(shm::MAX_PENDING_FDS),
                 writable_interest: false,
                 input: Vec::new(),
@@ -108,11 +141,20 @@ impl Transport {
             });
         }
         self.detach(node);
+        let mut encryption = None;
         let mut stream = match stream {
             None => ConnStream::Closed,
             Some(BlockingStream::Tcp(stream)) => {
                 stream.set_read_timeout(None)?;
                 stream.set_nonblocking(true)?;
+                ConnStream::Tcp(MioStream::from_std(stream))
+            }
+            Some(BlockingStream::Encrypted(secure)) => {
+                let (stream, sealer, inbound) = secure.into_parts();
+                stream.set_read_timeout(None)?;
+                stream.set_nonblocking(true)?;
+                encryption =
+                    Some(Box::new(Encryption { sealer, sealed: Vec::new(), sealed_sent: 0, inbound }));
                 ConnStream::Tcp(MioStream::from_std(stream))
             }
             Some(BlockingStream::Unix(stream)) => {
@@ -130,6 +172,7 @@ impl Transport {
             conn.input = vec![0; self.input_bytes];
         }
         conn.stream = stream;
+        conn.encryption = encryption;
         Ok(())
     }
 
@@ -140,6 +183,7 @@ impl Transport {
             let _ = self.poll.registry().deregister(source);
         }
         conn.stream = ConnStream::Closed;
+        conn.encryption = None;
         conn.fds.clear();
         conn.writable_interest = false;
         conn.input_start = 0;
@@ -168,14 +212,14 @@ impl Transport {
     pub(crate) fn flush(&mut self, engine: &mut Engine, node: NodeId, buffers: &mut dyn OpBuffers) {
         let Some(conn) = self.conns.get_mut(node) else { return };
         loop {
-            let bytes = engine.outgoing(node);
-            if bytes.is_empty() {
-                break;
-            }
-            match conn.stream.write(bytes) {
-                Ok(0) => return self.lost(engine, node, "connection closed while sending", buffers),
-                Ok(sent) => engine.mark_sent(node, sent),
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+            let step = match conn.encryption.as_deref_mut() {
+                None => write_plain(&mut conn.stream, engine, node),
+                Some(encryption) => write_sealed(&mut conn.stream, encryption, engine, node),
+            };
+            match step {
+                WriteStep::More => {}
+                WriteStep::Done => break,
+                WriteStep::Blocked => {
                     if !conn.writable_interest {
                         conn.writable_interest = true;
                         if let Some(source) = conn.stream.source() {
@@ -186,14 +230,7 @@ impl Transport {
                     }
                     return;
                 }
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(error) if error.kind() == io::ErrorKind::NotConnected => {
-                    // The engine still thinks it is connected only until it learns otherwise.
-                    let sent = bytes.len();
-                    engine.mark_sent(node, sent);
-                    return;
-                }
-                Err(error) => return self.lost(engine, node, &error.to_string(), buffers),
+                WriteStep::Lost(why) => return self.lost(engine, node, &why, buffers),
             }
         }
         if conn.writable_interest {
@@ -291,6 +328,9 @@ impl Transport {
 
     /// Drains what the socket holds and hands each complete frame to the engine.
     fn read_conn(&mut self, engine: &mut Engine, node: NodeId, buffers: &mut dyn OpBuffers) {
+        if self.conns[node].encryption.is_some() {
+            return self.read_conn_encrypted(engine, node, buffers);
+        }
         loop {
             let conn = &mut self.conns[node];
             if matches!(conn.stream, ConnStream::Closed) {
@@ -310,6 +350,45 @@ impl Transport {
                         return self.lost(engine, node, &error.to_string(), buffers);
                     }
                 }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return self.lost(engine, node, &error.to_string(), buffers),
+            }
+        }
+    }
+
+    /// [`Transport::read_conn`] on an encrypted connection: ciphertext is read into its inbound
+    /// buffer and whole messages are opened into the receive buffer, which is parsed after each.
+    fn read_conn_encrypted(&mut self, engine: &mut Engine, node: NodeId, buffers: &mut dyn OpBuffers) {
+        loop {
+            // Hand out every whole message that has arrived.
+            loop {
+                let conn = &mut self.conns[node];
+                let Some(encryption) = conn.encryption.as_deref_mut() else { return };
+                if conn.input_start > 0 && conn.input.len() - conn.input_end < MAX_PLAINTEXT_BYTES {
+                    conn.input.copy_within(conn.input_start..conn.input_end, 0);
+                    conn.input_end -= conn.input_start;
+                    conn.input_start = 0;
+                }
+                if conn.input_end == conn.input.len() {
+                    return self.lost(engine, node, "a frame larger than the receive buffer", buffers);
+                }
+                match encryption.inbound.take_plaintext(&mut conn.input[conn.input_end..]) {
+                    Ok(0) => break,
+                    Ok(opened) => {
+                        conn.input_end += opened;
+                        if let Err(error) = self.parse_frames(engine, node, buffers) {
+                            return self.lost(engine, node, &error.to_string(), buffers);
+                        }
+                    }
+                    Err(error) => return self.lost(engine, node, &error.to_string(), buffers),
+                }
+            }
+            let conn = &mut self.conns[node];
+            let Some(encryption) = conn.encryption.as_deref_mut() else { return };
+            match conn.stream.read(encryption.inbound.spare(), &mut conn.fds) {
+                Ok(0) => return self.lost(engine, node, "node closed the connection", buffers),
+                Ok(received) => encryption.inbound.received(received),
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
                 Err(error) => return self.lost(engine, node, &error.to_string(), buffers),
@@ -357,5 +436,63 @@ impl Transport {
             conn.input_end = 0;
         }
         Ok(())
+    }
+}
+
+/// One write of the outbox as it is.
+fn write_plain(stream: &mut ConnStream, engine: &mut Engine, node: NodeId) -> WriteStep {
+    let bytes = engine.outgoing(node);
+    if bytes.is_empty() {
+        return WriteStep::Done;
+    }
+    match stream.write(bytes) {
+        Ok(0) => WriteStep::Lost("connection closed while sending".to_owned()),
+        Ok(sent) => {
+            engine.mark_sent(node, sent);
+            WriteStep::More
+        }
+        Err(error) if error.kind() == io::ErrorKind::WouldBlock => WriteStep::Blocked,
+        Err(error) if error.kind() == io::ErrorKind::Interrupted => WriteStep::More,
+        Err(error) if error.kind() == io::ErrorKind::NotConnected => {
+            // The engine still thinks it is connected only until it learns otherwise.
+            let sent = bytes.len();
+            engine.mark_sent(node, sent);
+            WriteStep::Done
+        }
+        Err(error) => WriteStep::Lost(error.to_string()),
+    }
+}
+
+/// One write of sealed bytes; when all are written, the next piece of the outbox is sealed
+/// first. Plaintext is taken from the outbox only once the sealed buffer is empty, so what waits
+/// on a full socket stays in the engine's outbox as it would in plaintext.
+fn write_sealed(
+    stream: &mut ConnStream,
+    encryption: &mut Encryption,
+    engine: &mut Engine,
+    node: NodeId,
+) -> WriteStep {
+    if encryption.sealed_sent == encryption.sealed.len() {
+        encryption.sealed.clear();
+        encryption.sealed_sent = 0;
+        let bytes = engine.outgoing(node);
+        if bytes.is_empty() {
+            return WriteStep::Done;
+        }
+        let taken = bytes.len().min(SEAL_CHUNK_BYTES);
+        if let Err(error) = encryption.sealer.seal(&bytes[..taken], &mut encryption.sealed) {
+            return WriteStep::Lost(error.to_string());
+        }
+        engine.mark_sent(node, taken);
+    }
+    match stream.write(&encryption.sealed[encryption.sealed_sent..]) {
+        Ok(0) => WriteStep::Lost("connection closed while sending".to_owned()),
+        Ok(sent) => {
+            encryption.sealed_sent += sent;
+            WriteStep::More
+        }
+        Err(error) if error.kind() == io::ErrorKind::WouldBlock => WriteStep::Blocked,
+        Err(error) if error.kind() == io::ErrorKind::Interrupted => WriteStep::More,
+        Err(error) => WriteStep::Lost(error.to_string()),
     }
 }

@@ -67,6 +67,10 @@ pub struct FsArgs {
     /// only control goes over the socket; other nodes are reached by TCP).
     #[arg(long, value_enum, default_value = "tcp")]
     pub transport: remem_frontend::transport_arg::Transport,
+    /// Encrypt the TCP connections to the nodes (Noise keyed by the cluster secret); nodes
+    /// started with `--encrypt` require it. Unix sockets and shared memory are never encrypted.
+    #[arg(long)]
+    pub encrypt: bool,
     /// Let users other than the one mounting open files here (FUSE `allow_other`; permission
     /// bits are still checked by the kernel). Off by default, a security decision: a user-space
     /// file system can stall or feed whatever it likes to whoever enters it, so only its owner
@@ -248,6 +252,7 @@ pub fn run(args: FsArgs) -> Result<()> {
     config.max_in_flight = args.queue_depth.max(1);
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
     config.shared_memory = args.transport == remem_frontend::transport_arg::Transport::Shm;
+    config.encrypt = args.encrypt;
     // The slabs outlive the process: a restart reopens them (the state directory names them),
     // within the nodes' lease grace period. A scratch file system gives them back on exit.
     config.release_on_drop = args.ephemeral;

@@ -114,6 +114,10 @@ pub struct KvArgs {
     /// only control goes over the socket; other nodes are reached by TCP).
     #[arg(long, value_enum, default_value = "tcp")]
     pub transport: remem_frontend::transport_arg::Transport,
+    /// Encrypt the TCP connections to the nodes (Noise keyed by the cluster secret); nodes
+    /// started with `--encrypt` require it. Unix sockets and shared memory are never encrypted.
+    #[arg(long)]
+    pub encrypt: bool,
     /// Name of this server's state directory `kv-NAME/` beside the cluster file (several
     /// servers on one cluster need different names).
     #[arg(long, default_value = "default")]
@@ -393,6 +397,7 @@ fn client_config(args: &KvArgs, ec: EcShape) -> Result<(ClientConfig, Box<dyn re
     config.allow_shared_domains = args.allow_shared_domains;
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
     config.shared_memory = args.transport == remem_frontend::transport_arg::Transport::Shm;
+    config.encrypt = args.encrypt;
     config.release_on_drop = args.ephemeral;
     // Node memory in proportion to what is stored: ranges are mapped as values need them.
     config.lazy_ranges = true;

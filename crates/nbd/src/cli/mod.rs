@@ -101,6 +101,10 @@ pub struct NbdArgs {
     /// only control goes over the socket; other nodes are reached by TCP).
     #[arg(long, value_enum, default_value = "tcp")]
     pub transport: remem_frontend::transport_arg::Transport,
+    /// Encrypt the TCP connections to the nodes (Noise keyed by the cluster secret); nodes
+    /// started with `--encrypt` require it. Unix sockets and shared memory are never encrypted.
+    #[arg(long)]
+    pub encrypt: bool,
     /// Lock all memory (mlockall): needed when the export backs swap (docs/NBD.md).
     #[arg(long)]
     pub mlock: bool,
@@ -208,6 +212,7 @@ pub fn run(args: NbdArgs) -> Result<()> {
     config.max_in_flight = args.queue_depth.max(1);
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
     config.shared_memory = args.transport == remem_frontend::transport_arg::Transport::Shm;
+    config.encrypt = args.encrypt;
     // The slabs outlive the process: a restart reopens them (the state file names them).
     config.release_on_drop = false;
     if args.engines > 1 && args.metrics.is_some() {

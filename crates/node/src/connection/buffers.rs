@@ -162,7 +162,7 @@ impl Connection {
     /// module applied. Called only when no complete frame is buffered and the output is sent.
     pub(super) fn fill_serving(&mut self) -> Result<(), ConnectionEnd> {
         loop {
-            let empty = self.start == self.end;
+            let empty = self.nothing_buffered();
             if empty {
                 self.frame_started = None;
                 if self.input.len() > INPUT_BUFFER_BYTES {

@@ -26,6 +26,7 @@ impl Connection {
         Control::SlabExported { slab_id, epoch: slab.epoch(), layout: slab.layout() }
             .encode(request_id, &mut frame);
         self.flush()?;
+        // Only on a Unix connection, which is never encrypted.
         let sent = {
             let _guard = self.handle.lock_writes();
             self.stream.send_with_fd(&frame, memfd)

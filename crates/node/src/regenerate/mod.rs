@@ -128,6 +128,7 @@ impl Job {
             secret: &self.shared.secret,
             client_id: self.session.client_id,
             session: self.session.session,
+            encrypt: self.shared.encrypt,
         }
     }
 

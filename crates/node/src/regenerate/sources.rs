@@ -5,17 +5,21 @@
 //! batches is matched front first; a batch the rebuild skipped (the client rewrote every slot of
 //! it) is read off the connection and dropped.
 //!
+//! On a node with `--encrypt` these connections encrypt too (`remem_proto::encryption`): the
+//! sources are nodes of the same cluster, which require it.
+//!
 //! [`read_floor`] reads the same slabs through the same code, in the same batches and depth, and
 //! does nothing with what it reads: the floor `remem bench regen` measures a rebuild against.
 
 use remem_proto::auth::Secret;
 use remem_proto::blocking::{self, FrameError, HandshakeError};
+use remem_proto::encryption::{self, EncryptionError, SecureStream};
 use remem_proto::{
     max_read_splits_count, payload_crcs, read_splits_reply_body_len, Control, ErrorCode, Kind, SplitMeta,
     READ_SPLITS_COUNT_BYTES, SPLIT_META_BYTES,
 };
 use std::collections::VecDeque;
-use std::io;
+use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -33,6 +37,36 @@ pub struct Claim<'a> {
     pub secret: &'a Secret,
     pub client_id: u64,
     pub session: u64,
+    /// Encrypt the connections (the node has `--encrypt`).
+    pub encrypt: bool,
+}
+
+/// A source connection: plaintext, or encrypted.
+enum SourceStream {
+    Plain(TcpStream),
+    Encrypted(Box<SecureStream<TcpStream>>),
+}
+
+impl Read for SourceStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            SourceStream::Plain(stream) => stream.read(buf),
+            SourceStream::Encrypted(stream) => stream.read(buf),
+        }
+    }
+}
+
+impl Write for SourceStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            SourceStream::Plain(stream) => stream.write(buf),
+            SourceStream::Encrypted(stream) => stream.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +75,8 @@ pub enum SourceError {
     Connect(#[source] io::Error),
     #[error("handshake failed: {0}")]
     Handshake(#[from] HandshakeError),
+    #[error("{0}")]
+    Encryption(#[from] EncryptionError),
     #[error("frame I/O failed: {0}")]
     Frame(#[from] FrameError),
     #[error("refused: {code}: {message}")]
@@ -60,7 +96,7 @@ pub struct Source {
     pub split_index: u8,
     pub slab_id: u32,
     pub address: SocketAddr,
-    stream: Option<TcpStream>,
+    stream: Option<SourceStream>,
     pub failed: bool,
     /// The last `ReadSplitsReply` body, and the batch it holds.
     body: Vec<u8>,
@@ -103,12 +139,17 @@ impl Source {
         if self.stream.is_some() {
             return Ok(());
         }
-        let mut stream = TcpStream::connect_timeout(&self.address, SOURCE_CONNECT_TIMEOUT)
+        let stream = TcpStream::connect_timeout(&self.address, SOURCE_CONNECT_TIMEOUT)
             .map_err(SourceError::Connect)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(SOURCE_IO_TIMEOUT))?;
         stream.set_write_timeout(Some(SOURCE_IO_TIMEOUT))?;
         on_connect(&stream);
+        let mut stream = if claim.encrypt {
+            SourceStream::Encrypted(Box::new(encryption::initiate(stream, claim.secret)?))
+        } else {
+            SourceStream::Plain(stream)
+        };
         blocking::handshake_session(&mut stream, claim.secret, claim.client_id, claim.session)?;
         self.stream = Some(stream);
         self.next_request_id = 2;
@@ -117,7 +158,7 @@ impl Source {
         Ok(())
     }
 
-    fn stream(&mut self) -> &mut TcpStream {
+    fn stream(&mut self) -> &mut SourceStream {
         self.stream.as_mut().expect("connected before use")
     }
 
@@ -339,8 +380,9 @@ pub fn read_floor(
     pages: u32,
     split_bytes: u32,
 ) -> Result<Duration, String> {
-    // Session 0: no lease claim, so the floor runs beside the owner's own connections.
-    let claim = Claim { secret, client_id, session: 0 };
+    // Session 0: no lease claim, so the floor runs beside the owner's own connections. In
+    // plaintext: `remem bench regen` runs its own cluster without `--encrypt`.
+    let claim = Claim { secret, client_id, session: 0, encrypt: false };
     let mut sources: Vec<Source> = sources
         .iter()
         .map(|source| Source::new(source.split_index, source.slab_id, source.address))

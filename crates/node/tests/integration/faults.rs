@@ -150,6 +150,7 @@ fn node_handle_evicts_without_a_client_request() {
         unix_socket: None,
         lease_grace: remem_node::leases::DEFAULT_LEASE_GRACE,
         lease_timeout: remem_node::leases::DEFAULT_LEASE_TIMEOUT,
+        encrypt: false,
     })
     .unwrap();
     let handle = node.handle();

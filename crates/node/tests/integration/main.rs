@@ -6,6 +6,7 @@
 mod common;
 
 mod buffers;
+mod encrypt;
 mod faults;
 mod monitor;
 mod node;

@@ -84,6 +84,7 @@ impl MonitoredNode {
             unix_socket: None,
             lease_grace: remem_node::leases::DEFAULT_LEASE_GRACE,
             lease_timeout: remem_node::leases::DEFAULT_LEASE_TIMEOUT,
+            encrypt: false,
             resource_monitor: Some(ResourceMonitorConfig {
                 period,
                 filesystem_root: root.to_owned(),

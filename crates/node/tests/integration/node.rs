@@ -429,6 +429,7 @@ fn bind_rejects_invalid_configs() {
             unix_socket: None,
             lease_grace: remem_node::leases::DEFAULT_LEASE_GRACE,
             lease_timeout: remem_node::leases::DEFAULT_LEASE_TIMEOUT,
+            encrypt: false,
         };
     for bad in [
         config(1000, "a", 1),

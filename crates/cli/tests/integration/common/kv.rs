@@ -54,6 +54,7 @@ pub fn cluster_options(dir: &Path) -> ClusterOptions {
         fault_injection: true,
         monitor_args: None,
         unix_sockets: UnixSockets::None,
+        encrypt: false,
     }
 }
 

@@ -35,6 +35,7 @@ pub fn cluster_options(suite: &str, name: &str, nodes: usize, unix_sockets: Unix
         fault_injection: true,
         monitor_args: None,
         unix_sockets,
+        encrypt: false,
     }
 }
 

@@ -49,6 +49,21 @@ impl TestNode {
         max_connections: usize,
         fault_injection: bool,
     ) -> TestNode {
+        TestNode::start_node(capacity_bytes, slab_size_bytes, max_connections, fault_injection, false)
+    }
+
+    /// A node that requires encryption on TCP (`--encrypt`).
+    pub fn start_encrypted(capacity_bytes: u64, slab_size_bytes: u64) -> TestNode {
+        TestNode::start_node(capacity_bytes, slab_size_bytes, 64, false, true)
+    }
+
+    fn start_node(
+        capacity_bytes: u64,
+        slab_size_bytes: u64,
+        max_connections: usize,
+        fault_injection: bool,
+        encrypt: bool,
+    ) -> TestNode {
         let node = Node::bind(NodeConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
             capacity_bytes,
@@ -62,6 +77,7 @@ impl TestNode {
             unix_socket: None,
             lease_grace: remem_node::leases::DEFAULT_LEASE_GRACE,
             lease_timeout: remem_node::leases::DEFAULT_LEASE_TIMEOUT,
+            encrypt,
         })
         .unwrap();
         let addr = node.local_addr();
