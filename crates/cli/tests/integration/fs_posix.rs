@@ -71,9 +71,35 @@ fn text(output: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
 }
 
-/// Builds pjdfstest in a fresh copy under `scratch`; returns the copy (its `tests/` is what
-/// `prove` runs, its `pjdfstest` binary what the tests call).
-fn build_pjdfstest(scratch: &Path) -> PathBuf {
+/// A fingerprint of the pjdfstest source tree: every file's path, size and modification time.
+fn source_fingerprint(source: &Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut entries = Vec::new();
+    let mut pending = vec![source.to_path_buf()];
+    while let Some(directory) = pending.pop() {
+        for entry in std::fs::read_dir(&directory).expect("pjdfstest's source").filter_map(Result::ok) {
+            let metadata = entry.metadata().expect("metadata of a pjdfstest file");
+            if metadata.is_dir() {
+                pending.push(entry.path());
+            } else {
+                entries.push((entry.path(), metadata.len(), metadata.modified().ok()));
+            }
+        }
+    }
+    entries.sort();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    entries.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Builds pjdfstest once for all of its groups: the five tests run in separate processes, and
+/// building it (autoreconf, configure, make: 7 s of CPU, 15 s on a busy machine) took a sixth of
+/// each group's time. The copy is built under the target directory's scratch space, keyed by a
+/// fingerprint of the source, under an exclusive lock so that two groups starting together build
+/// it once; the tests only read it (its `tests/` is what `prove` runs, its `pjdfstest` binary
+/// what the tests call, each in the mount it is run from). Copies of other sources are removed.
+fn build_pjdfstest() -> PathBuf {
+    use std::os::fd::AsRawFd;
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/suites/pjdfstest");
     assert!(
         source.join("configure.ac").is_file(),
@@ -89,7 +115,22 @@ fn build_pjdfstest(scratch: &Path) -> PathBuf {
     ] {
         require_program(program, package);
     }
-    let copy = scratch.join("pjdfstest");
+    let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(scratch).expect("the target's scratch directory");
+    let lock = std::fs::File::create(scratch.join("pjdfstest.lock")).expect("pjdfstest's build lock");
+    // SAFETY: flock on a descriptor this function owns; the lock goes when `lock` is closed.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0, "locking pjdfstest's build");
+    let name = format!("pjdfstest-{:016x}", source_fingerprint(&source));
+    let copy = scratch.join(&name);
+    let built = copy.join("built-by-fs_posix");
+    if built.is_file() {
+        return copy;
+    }
+    for entry in std::fs::read_dir(scratch).expect("the target's scratch directory").filter_map(Result::ok) {
+        if entry.file_name().to_string_lossy().starts_with("pjdfstest-") {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
     let output = run_in(60, scratch, "cp", &["-r", &source.to_string_lossy(), &copy.to_string_lossy()]);
     assert!(output.status.success(), "copying pjdfstest: {}", text(&output));
     for (program, args) in
@@ -99,6 +140,7 @@ fn build_pjdfstest(scratch: &Path) -> PathBuf {
         assert!(output.status.success(), "building pjdfstest: {program} {args:?} failed:\n{}", text(&output));
     }
     assert!(copy.join("pjdfstest").is_file(), "make pjdfstest built no pjdfstest binary");
+    std::fs::write(&built, b"").expect("marking pjdfstest built");
     copy
 }
 
@@ -144,8 +186,8 @@ fn pjdfstest_files_by_group(tests: &Path) -> Vec<(String, usize)> {
 /// subtest passes (tmpfs passes them all) and every file of the group ran.
 fn pjdfstest_group_passes(index: usize) {
     assert_root("pjdfstest");
-    let (dir, _cluster, mount) = setup(&format!("pjdfstest-{index}"));
-    let pjdfstest = build_pjdfstest(&dir);
+    let (_dir, _cluster, mount) = setup(&format!("pjdfstest-{index}"));
+    let pjdfstest = build_pjdfstest();
     let tests = pjdfstest.join("tests");
     let all = pjdfstest_files_by_group(&tests);
     assert!(all.len() >= 200, "pjdfstest has only {} test files", all.len());
