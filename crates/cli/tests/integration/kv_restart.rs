@@ -12,7 +12,7 @@ use crate::kv_support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use kv_crash::{damage, settle, sigkill, verify, write_until_killed};
+use kv_crash::{damage, settle, sigkill, verify};
 use kv_support::{binary, Target};
 use remem::kv_bench::ServerProcess;
 
@@ -40,8 +40,13 @@ fn every_acknowledged_write_survives_sigkill_and_restart_and_a_damaged_backup_is
         let address = target.server.address;
         let seed = 0x9e37_79b9_7f4a_7c15 ^ (round + 1);
         let before = known.clone();
-        let writer = std::thread::spawn(move || write_until_killed(address, before, seed, generation));
-        // Killed at a different moment each round, under load.
+        let progress = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = std::sync::Arc::clone(&progress);
+        let writer = std::thread::spawn(move || {
+            kv_crash::write_until_killed_counting(address, before, seed, generation, counter)
+        });
+        // Killed at a different moment each round, under load, once the writer is going.
+        kv_crash::wait_for_writes(&progress, 25);
         std::thread::sleep(Duration::from_millis(400 + seed % 900));
         sigkill(&mut target.server);
         let (after, in_flight, acknowledged) = writer.join().expect("the writer");

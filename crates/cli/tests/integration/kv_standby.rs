@@ -127,7 +127,14 @@ fn primary_and_standby_rounds(mode: &str) {
         let address = target.server.address;
         let seed = 0x51a7_db1e_u64 ^ ((round + 1) << 8) ^ mode.len() as u64;
         let before = known.clone();
-        let writer = std::thread::spawn(move || write_until_killed(address, before, seed, generation));
+        let progress = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = std::sync::Arc::clone(&progress);
+        let writer = std::thread::spawn(move || {
+            kv_crash::write_until_killed_counting(address, before, seed, generation, counter)
+        });
+        // Killed at a different moment each round, once the writer is going (on a loaded host
+        // it may take a while to start).
+        kv_crash::wait_for_writes(&progress, 25);
         std::thread::sleep(Duration::from_millis(300 + seed % 700));
         sigkill(&mut target.server);
         let killed = Instant::now();

@@ -46,9 +46,31 @@ impl Rng {
 /// Writes until the server dies: returns what was acknowledged, and the operation in flight.
 pub fn write_until_killed(
     address: std::net::SocketAddr,
+    known: HashMap<u64, Known>,
+    seed: u64,
+    generation_base: u64,
+) -> (HashMap<u64, Known>, Option<(u64, Known)>, u64) {
+    let progress = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    write_until_killed_counting(address, known, seed, generation_base, progress)
+}
+
+/// Waits until `progress` reaches `count` acknowledged writes (at most 30 s), so that a kill
+/// that follows lands mid-run on a loaded machine too, not before the writer got going.
+pub fn wait_for_writes(progress: &std::sync::atomic::AtomicU64, count: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while progress.load(std::sync::atomic::Ordering::Relaxed) < count {
+        assert!(std::time::Instant::now() < deadline, "the writer made no progress in 30 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// [`write_until_killed`], counting acknowledged writes in `progress` as it goes.
+pub fn write_until_killed_counting(
+    address: std::net::SocketAddr,
     mut known: HashMap<u64, Known>,
     seed: u64,
     generation_base: u64,
+    progress: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) -> (HashMap<u64, Known>, Option<(u64, Known)>, u64) {
     let mut client = TextClient::connect(address, Duration::from_secs(10)).expect("connects");
     let mut rng = Rng(seed | 1);
@@ -67,6 +89,7 @@ pub fn write_until_killed(
             Ok(()) => {
                 known.insert(index, op);
                 acknowledged += 1;
+                progress.store(acknowledged, std::sync::atomic::Ordering::Relaxed);
             }
             Err(ClientError::Io(_)) => return (known, Some((index, op)), acknowledged),
             Err(error) => {
