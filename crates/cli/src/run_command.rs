@@ -66,6 +66,10 @@ pub struct RunArgs {
     /// host, TCP otherwise).
     #[arg(long, value_enum, default_value_t = crate::transport_arg::Transport::Shm)]
     pub transport: crate::transport_arg::Transport,
+    /// Encrypt the TCP connections to the nodes (nodes started with `--encrypt` require it;
+    /// shared memory and Unix sockets are never encrypted).
+    #[arg(long)]
+    pub encrypt: bool,
     /// With --paging uffd: microseconds the pager polls for the next fault before it sleeps
     /// (a sleeping pager costs a wake-up per fault; a polling one a share of a core).
     #[arg(long, default_value_t = remem_host::paging::DEFAULT_SPIN_US)]
@@ -135,6 +139,7 @@ pub fn run(args: RunArgs, binary: &Path) -> Result<i32> {
                 code: args.code.clone(),
                 runtime_dir,
                 shared_memory: false,
+                encrypt: args.encrypt,
                 metrics: None,
             };
             let swap = RememSwap::on_unless_interrupted(binary, &options, &interrupted)?;
@@ -218,6 +223,7 @@ fn run_paged(args: &RunArgs, binary: &Path) -> Result<i32> {
         data_splits: shape.data_splits,
         parity_splits: shape.parity_splits,
         shared_memory: args.transport == crate::transport_arg::Transport::Shm,
+        encrypt: args.encrypt,
         spin: std::time::Duration::from_micros(args.spin_us),
         min_bytes: remem_host::paging::DEFAULT_MIN_BYTES,
         protected_percent: args.protected_percent,

@@ -51,6 +51,10 @@ pub struct SwapOnArgs {
     /// out costs microseconds instead of node round trips; docs/SHM.md).
     #[arg(long, value_enum, default_value = "tcp")]
     pub transport: crate::transport_arg::Transport,
+    /// Encrypt the TCP connections to the nodes (nodes started with `--encrypt` require it;
+    /// shared memory and Unix sockets are never encrypted).
+    #[arg(long)]
+    pub encrypt: bool,
     /// Where the state file, the mount point and the daemon's log live.
     #[arg(long, default_value_os_t = default_runtime_dir())]
     pub runtime_dir: PathBuf,
@@ -186,6 +190,7 @@ fn set_up(
             "--transport",
             if args.transport == crate::transport_arg::Transport::Shm { "shm" } else { "tcp" },
         ])
+        .args(args.encrypt.then_some("--encrypt"))
         .args(args.metrics.map(|address| format!("--metrics={address}")))
         .args(["--threads", &args.threads.to_string()])
         // Swap contents die with the swap device: every `on` starts an empty file system, with

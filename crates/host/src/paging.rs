@@ -124,17 +124,17 @@ pub fn run_paged(binary: &Path, command: &[String], options: &PagedOptions) -> R
         limit_bytes: options.limit_bytes,
     };
     let _ = std::fs::remove_file(&stats);
-    release_slabs(&map, &options.cluster);
+    release_slabs(&map, &options.cluster, options.encrypt);
     Ok(report)
 }
 
 /// Gives the slabs of the command's pager back to the nodes (the map it saved), also when the
 /// command was killed; without this the nodes keep them for their lease grace period.
-pub fn release_slabs(map: &Path, cluster: &Path) {
+pub fn release_slabs(map: &Path, cluster: &Path, encrypt: bool) {
     let Ok(saved) = remem_client::SlabMapFile::load(map) else { return };
     let _ = std::fs::remove_file(map);
     let released = remem_frontend::cluster_file::load_cluster(Some(cluster)).and_then(|(_, _, secret)| {
-        let config = remem_client::ClientConfig::new(
+        let mut config = remem_client::ClientConfig::new(
             remem_client::Shape {
                 data_splits: saved.data_splits,
                 parity_splits: saved.parity_splits,
@@ -142,6 +142,7 @@ pub fn release_slabs(map: &Path, cluster: &Path) {
             },
             saved.address_space_bytes,
         );
+        config.encrypt = encrypt;
         remem_client::Client::release_saved(&saved, &secret, config).map_err(anyhow::Error::from)
     });
     if let Err(error) = released {

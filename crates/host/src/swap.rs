@@ -23,6 +23,8 @@ pub struct RememSwapOptions {
     pub runtime_dir: PathBuf,
     /// Shared memory to the nodes' slabs instead of TCP (`remem swap on --transport shm`).
     pub shared_memory: bool,
+    /// Encrypted TCP to the nodes (`remem swap on --encrypt`).
+    pub encrypt: bool,
     /// The daemon's metrics address (`remem swap on --metrics`).
     pub metrics: Option<std::net::SocketAddr>,
 }
@@ -62,6 +64,7 @@ impl RememSwap {
             .args(["-k", &args.code.data_splits.to_string(), "-r", &args.code.parity_splits.to_string()])
             .args(["--delta", &args.code.delta.to_string()])
             .args(["--transport", if args.shared_memory { "shm" } else { "tcp" }])
+            .args(args.encrypt.then_some("--encrypt"))
             .arg("--runtime-dir")
             .arg(&options.runtime_dir)
             .args(args.metrics.map(|address| format!("--metrics={address}")));

@@ -17,6 +17,7 @@ pub const PROTECTED_PERCENT: &str = "REMEM_PAGING_PROTECTED_PERCENT";
 pub const STATS: &str = "REMEM_PAGING_STATS";
 pub const PARENT: &str = "REMEM_PAGING_PARENT";
 pub const MAP: &str = "REMEM_PAGING_MAP";
+pub const ENCRYPT: &str = "REMEM_PAGING_ENCRYPT";
 
 /// How long the handler polls for the next fault before it blocks, by default (microseconds).
 pub const DEFAULT_SPIN_US: u64 = 50;
@@ -37,6 +38,8 @@ pub struct Config {
     pub data_splits: usize,
     pub parity_splits: usize,
     pub shared_memory: bool,
+    /// Encrypted TCP to the nodes (`remem run --encrypt`; nodes with `--encrypt` require it).
+    pub encrypt: bool,
     /// How long the handler polls for the next fault before it blocks.
     pub spin: Duration,
     pub min_bytes: u64,
@@ -65,6 +68,7 @@ impl Config {
             (DATA_SPLITS, self.data_splits.to_string()),
             (PARITY_SPLITS, self.parity_splits.to_string()),
             (TRANSPORT, if self.shared_memory { "shm" } else { "tcp" }.to_owned()),
+            (ENCRYPT, u8::from(self.encrypt).to_string()),
             (SPIN_US, self.spin.as_micros().to_string()),
             (MIN_BYTES, self.min_bytes.to_string()),
             (PROTECTED_PERCENT, self.protected_percent.to_string()),
@@ -103,6 +107,7 @@ impl Config {
             data_splits,
             parity_splits,
             shared_memory,
+            encrypt: number(ENCRYPT, Some(0))? != 0,
             spin: Duration::from_micros(number(SPIN_US, Some(DEFAULT_SPIN_US))?.min(10_000)),
             min_bytes: number(MIN_BYTES, Some(DEFAULT_MIN_BYTES))?,
             protected_percent: number(PROTECTED_PERCENT, Some(DEFAULT_PROTECTED_PERCENT))?.min(90),

@@ -238,6 +238,7 @@ fn connect(config: &Config, stack: u64, thread_vector: Option<(u64, u64)>) -> Re
     };
     let mut client_config = ClientConfig::new(shape, config.remote_bytes);
     client_config.shared_memory = config.shared_memory;
+    client_config.encrypt = config.encrypt;
     client_config.spin_before_block = config.spin;
     // The handler thread must never start a thread once pages are managed (see the field).
     client_config.probe_thread_at_start = true;

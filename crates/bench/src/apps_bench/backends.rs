@@ -127,7 +127,7 @@ impl PagerRun {
     pub fn finish(&self) -> Option<String> {
         let stats = std::fs::read_to_string(&self.stats).ok().map(|text| text.trim().to_owned());
         let _ = std::fs::remove_file(&self.stats);
-        remem_host::paging::release_slabs(&self.map, &self.cluster);
+        remem_host::paging::release_slabs(&self.map, &self.cluster, false);
         stats
     }
 }
@@ -192,6 +192,7 @@ impl SwapOn {
             code,
             runtime_dir: work_dir.join("remem-swap"),
             shared_memory: backend.shared_memory(),
+            encrypt: false,
             metrics,
         };
         let remem_swap = RememSwap::on(binary, &swap_options)?;
@@ -216,6 +217,7 @@ impl SwapOn {
             data_splits: code.data_splits,
             parity_splits: code.parity_splits,
             shared_memory: backend.shared_memory(),
+            encrypt: false,
             spin: Duration::from_micros(remem_host::paging::DEFAULT_SPIN_US),
             min_bytes: remem_host::paging::DEFAULT_MIN_BYTES,
             protected_percent: remem_host::paging::DEFAULT_PROTECTED_PERCENT,

@@ -173,3 +173,42 @@ fn bench_pages_encryption_reports_plaintext_beside_encrypted() {
     }
     assert_eq!(cost["pages_verified"], 2 * 1024, "{cost}");
 }
+
+/// `remem run --paging uffd --encrypt` over TCP to encrypted nodes: python3's 40 MiB of blocks
+/// under an 8 MiB budget come back intact from remem, and the pager fetched some of them; the
+/// same run without `--encrypt` is refused by the nodes.
+#[test]
+fn remem_run_pages_a_program_through_encrypted_nodes() {
+    let cluster = cluster("run", 10, true);
+    let program = "blocks = [bytes([i % 251]) * 65536 for i in range(640)]\n\
+        assert all(b == bytes([i % 251]) * 65536 for i, b in enumerate(blocks)), 'wrong bytes'\n\
+        print('intact')";
+    let run = |encrypt: bool| {
+        let mut command = std::process::Command::new("timeout");
+        command
+            .args(["-k", "5", "120"])
+            .arg(env!("CARGO_BIN_EXE_remem"))
+            .args(["run", "--paging", "uffd", "--transport", "tcp", "--memory-limit", "8MiB"])
+            .args(["--remote-size", "96MiB", "--cluster"])
+            .arg(&cluster.cluster_file_path)
+            .args(encrypt.then_some("--encrypt"))
+            .args(["--", "/usr/bin/python3", "-c", program]);
+        let output = command.output().expect("remem run runs");
+        (output.status.success(), String::from_utf8_lossy(&output.stdout).into_owned(), {
+            String::from_utf8_lossy(&output.stderr).into_owned()
+        })
+    };
+    let (ok, stdout, stderr) = run(true);
+    assert!(ok && stdout == "intact\n", "encrypted run: {stdout}\n{stderr}");
+    let report = stderr.lines().find(|line| line.starts_with("remem run: pager ")).unwrap_or_default();
+    let fetched: u64 = report
+        .split("\"fetch_faults\":")
+        .nth(1)
+        .map(|rest| rest.chars().take_while(char::is_ascii_digit).collect::<String>())
+        .and_then(|digits| digits.parse().ok())
+        .unwrap_or(0);
+    assert!(fetched > 0, "python3's pages came back from remem over encrypted TCP: {stderr}");
+    let (ok, stdout, stderr) = run(false);
+    assert!(!ok && stdout.is_empty(), "a plaintext pager is refused by encrypting nodes: {stdout}\n{stderr}");
+    assert!(stderr.contains("--encrypt"), "the refusal names the flag: {stderr}");
+}
