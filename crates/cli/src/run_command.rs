@@ -223,7 +223,7 @@ fn run_paged(args: &RunArgs, binary: &Path) -> Result<i32> {
         data_splits: shape.data_splits,
         parity_splits: shape.parity_splits,
         shared_memory: args.transport == crate::transport_arg::Transport::Shm,
-        encrypt: args.encrypt,
+        encrypt: args.encrypt || file.encrypt,
         spin: std::time::Duration::from_micros(args.spin_us),
         min_bytes: remem_host::paging::DEFAULT_MIN_BYTES,
         protected_percent: args.protected_percent,

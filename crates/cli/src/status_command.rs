@@ -114,7 +114,7 @@ pub fn collect(args: &StatusArgs) -> Result<ClusterStatus> {
     let timeout = Duration::from_millis(args.timeout_ms);
     let targets: Vec<(SocketAddr, String)> =
         cluster.nodes.iter().map(|node| (node.address, node.failure_domain.clone())).collect();
-    let nodes = ask_nodes(&targets, &secret, Ask { timeout, encrypt: args.encrypt });
+    let nodes = ask_nodes(&targets, &secret, Ask { timeout, encrypt: args.encrypt || cluster.encrypt });
     Ok(ClusterStatus {
         cluster_file: path.display().to_string(),
         nodes_up: nodes.iter().filter(|node| node.up).count(),

@@ -12,6 +12,10 @@ pub struct ClusterFile {
     /// File holding the cluster secret (mode 0600).
     pub secret_file: PathBuf,
     pub nodes: Vec<ClusterNode>,
+    /// The nodes require encrypted TCP (`remem up --encrypt`): the front ends that read this
+    /// file encrypt without being told `--encrypt`. Absent: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypt: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

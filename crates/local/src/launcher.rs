@@ -242,7 +242,11 @@ impl LocalCluster {
 
         let mut cluster = LocalCluster {
             _lock: lock,
-            file: ClusterFile { secret_file: secret_file.clone(), nodes: Vec::new() },
+            file: ClusterFile {
+                secret_file: secret_file.clone(),
+                nodes: Vec::new(),
+                encrypt: options.encrypt,
+            },
             cluster_file_path: options.dir.join("cluster.json"),
             secret,
             secret_hex,

@@ -478,7 +478,7 @@ fn a_front_end_on_a_cluster_with_every_node_gone_prints_one_error_line() {
         .collect();
     drop(listeners);
     let cluster_path = dir.join("cluster.json");
-    remem_client::cluster::ClusterFile { secret_file, nodes }.save(&cluster_path).unwrap();
+    remem_client::cluster::ClusterFile { secret_file, nodes, encrypt: false }.save(&cluster_path).unwrap();
     let cluster = cluster_path.to_str().unwrap();
     let shape = ["-k", "2", "-r", "1", "--cluster", cluster];
     for command in

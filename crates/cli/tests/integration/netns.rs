@@ -94,6 +94,7 @@ impl Cluster {
                     metrics: None,
                 })
                 .collect(),
+            encrypt: false,
         };
         file.save(&dir.join("cluster.json")).expect("cluster file");
         Cluster { net, dir, secret, nodes }

@@ -252,7 +252,7 @@ pub fn run(args: FsArgs) -> Result<()> {
     config.max_in_flight = args.queue_depth.max(1);
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
     config.shared_memory = args.transport == remem_frontend::transport_arg::Transport::Shm;
-    config.encrypt = args.encrypt;
+    config.encrypt = args.encrypt || cluster.encrypt;
     // The slabs outlive the process: a restart reopens them (the state directory names them),
     // within the nodes' lease grace period. A scratch file system gives them back on exit.
     config.release_on_drop = args.ephemeral;

@@ -381,8 +381,14 @@ fn housekeeping(
     })
 }
 
-/// The client of the cache's regions: its placement policy and settings.
-fn client_config(args: &KvArgs, ec: EcShape) -> Result<(ClientConfig, Box<dyn remem_placement::Placement>)> {
+/// The client of the cache's regions: its placement policy and settings. `cluster_encrypts`:
+/// the cluster file says its nodes require encryption (`remem up --encrypt`), so the client
+/// encrypts without `--encrypt`.
+fn client_config(
+    args: &KvArgs,
+    ec: EcShape,
+    cluster_encrypts: bool,
+) -> Result<(ClientConfig, Box<dyn remem_placement::Placement>)> {
     let placement = match remem_placement::Policy::parse(&args.placement) {
         Some(policy) if !policy.name().starts_with("codingsets") => policy.build(rand::random(), 0),
         Some(_) => bail!(
@@ -397,7 +403,7 @@ fn client_config(args: &KvArgs, ec: EcShape) -> Result<(ClientConfig, Box<dyn re
     config.allow_shared_domains = args.allow_shared_domains;
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
     config.shared_memory = args.transport == remem_frontend::transport_arg::Transport::Shm;
-    config.encrypt = args.encrypt;
+    config.encrypt = args.encrypt || cluster_encrypts;
     config.release_on_drop = args.ephemeral;
     // Node memory in proportion to what is stored: ranges are mapped as values need them.
     config.lazy_ranges = true;
@@ -468,10 +474,10 @@ pub fn run(args: KvArgs) -> Result<()> {
     let ec = EcShape { data_splits: args.data_splits, parity_splits: args.parity_splits };
     let policy = scheme_policy(&args, ec)?;
 
-    let (config, placement) = client_config(&args, ec)?;
     let (cluster_path, cluster, secret) =
         remem_frontend::cluster_file::load_cluster(args.cluster.as_deref())?;
     remem_frontend::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
+    let (config, placement) = client_config(&args, ec, cluster.encrypt)?;
     let cache_config = CacheConfig {
         memory_limit_bytes: args.memory_limit,
         max_item_bytes: args.max_item_size as usize,

@@ -411,6 +411,8 @@ fn open_engines(args: &NbdArgs, mut config: ClientConfig) -> Result<Vec<Opened>>
     let (cluster_path, cluster, secret) =
         remem_frontend::cluster_file::load_cluster(args.cluster.as_deref())?;
     remem_frontend::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
+    // A cluster started with `remem up --encrypt` says so in its file.
+    config.encrypt |= cluster.encrypt;
     let base = args.state.clone().unwrap_or_else(|| {
         let directory = cluster_path.parent().map(Path::to_path_buf).unwrap_or_default();
         directory.join(format!("nbd-{}.slabmap", args.export))
