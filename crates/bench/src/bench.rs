@@ -147,12 +147,12 @@ const SCHEMES: [Scheme; 4] = [
 /// drains rarely (once per 1024 ops at queue depth 32).
 pub(crate) const CHUNK_OPS: usize = 1024;
 
-pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
-    if args.encryption {
-        let cost = crate::encrypt_bench::run(&args, binary)?;
-        return Ok(BenchReport {
-            nodes: cost.nodes,
-            page_bytes: 4096,
+impl BenchReport {
+    /// A report of one special measurement (stragglers, encryption): no series, no ratios.
+    fn bare(nodes: usize, page_bytes: usize) -> BenchReport {
+        BenchReport {
+            nodes,
+            page_bytes,
             series: Vec::new(),
             ratios: Vec::new(),
             floors: Vec::new(),
@@ -160,8 +160,16 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
             ec_memory_ratio: 0.0,
             ec_metadata_fraction_of_slab_memory: 0.0,
             straggler: None,
-            encryption: Some(cost),
-        });
+            encryption: None,
+        }
+    }
+}
+
+pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
+    if args.encryption {
+        let cost = crate::encrypt_bench::run(&args, binary)?;
+        let nodes = cost.nodes;
+        return Ok(BenchReport { encryption: Some(cost), ..BenchReport::bare(nodes, 4096) });
     }
     let (cluster, secret, mut own_cluster) = bench_cluster(&args, binary)?;
     let nodes = cluster.addresses();
@@ -174,16 +182,8 @@ pub fn run(args: BenchArgs, binary: &std::path::Path) -> Result<BenchReport> {
         }
         drop(own_cluster);
         return Ok(BenchReport {
-            nodes: nodes.len(),
-            page_bytes,
-            series: Vec::new(),
-            ratios: Vec::new(),
-            floors: Vec::new(),
-            warnings: Vec::new(),
-            ec_memory_ratio: 0.0,
-            ec_metadata_fraction_of_slab_memory: 0.0,
             straggler: Some((delay_us, rows)),
-            encryption: None,
+            ..BenchReport::bare(nodes.len(), page_bytes)
         });
     }
     let mut series = Vec::new();
