@@ -69,13 +69,19 @@ impl PageStore for Client {
 /// Pages in a `HashMap`: the reference model of the front ends' data-path tests. Pages in
 /// `lost`, or every page while `failing`, fail reads and writes as remem's do when r+1 nodes
 /// of their range are gone (a failed read fills its buffer with 0xEE, which no caller may pass
-/// on).
+/// on, and names a failed node). Pages in `torn` fail reads as a page does whose last write was
+/// cut short by a crash: every node answered, but no k splits agree (no failed node named).
+/// The node a [`MemoryStore`]'s lost pages name as failed.
+pub const MODEL_NODE: std::net::SocketAddr =
+    std::net::SocketAddr::V4(std::net::SocketAddrV4::new(std::net::Ipv4Addr::new(192, 0, 2, 1), 7100));
+
 #[derive(Default)]
 pub struct MemoryStore {
     pub page_bytes: usize,
     pub page_count: u64,
     pub pages: HashMap<u64, Vec<u8>>,
     pub lost: HashSet<u64>,
+    pub torn: HashSet<u64>,
     pub failing: bool,
     /// Ops run so far (to check that holes cost no I/O) and batches (that requests share them).
     pub ops_executed: u64,
@@ -110,20 +116,23 @@ impl MemoryStore {
                         failed_nodes: Vec::new(),
                     });
                 }
+                self.torn.remove(page);
                 self.pages.insert(*page, data.to_vec());
                 Ok(())
             }
             PageOp::Read { page, buf } => {
                 self.check(*page, buf.len());
-                if self.fails(*page) {
+                let (lost, torn) = (self.fails(*page), self.torn.contains(page));
+                if lost || torn {
                     buf.fill(0xEE);
                     let page = *page;
+                    let failed_nodes = if lost { vec![MODEL_NODE] } else { Vec::new() };
                     return Err(PageError::Lost {
                         page,
                         range: 0,
                         valid_splits: 0,
                         needed_splits: 1,
-                        failed_nodes: Vec::new(),
+                        failed_nodes,
                     });
                 }
                 match self.pages.get(page) {
@@ -178,6 +187,7 @@ impl PageStore for MemoryStore {
             return Err(PageError::OutOfRange { page, page_count: self.page_count });
         }
         self.pages.remove(&page);
+        self.torn.remove(&page);
         Ok(())
     }
 }

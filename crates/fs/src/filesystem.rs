@@ -20,6 +20,7 @@ use crate::namespace::{
     Attributes, Content, Creator, Directory, FileKind, Inode, Namespace, MAX_SYMLINK_BYTES,
 };
 use crate::persist::record::Record;
+use crate::persist::Appended;
 use crate::persist::Journal;
 use crate::store::PageStore;
 
@@ -111,15 +112,25 @@ impl<S: PageStore> FileSystem<S> {
         if self.pending.is_empty() {
             return result;
         }
-        if let Some(journal) = &mut self.journal {
-            if let Err(error) = journal.append(&self.pending) {
-                self.pending.clear();
-                tracing::error!(%error, "cannot append to the metadata journal: changes are refused from now on");
-                return Err(FsError::Journal(error.to_string()));
-            }
-        }
+        let appended = match &mut self.journal {
+            Some(journal) => journal.append(&self.pending),
+            None => Ok(Appended::Written),
+        };
         self.pending.clear();
-        result
+        let failure = match appended {
+            Ok(Appended::Written) => return result,
+            // The records are numbered and memory holds them: a snapshot includes them.
+            Ok(Appended::NoRoom) => match self.compact() {
+                Ok(()) => return result,
+                Err(error) => error.to_string(),
+            },
+            Err(error) => error.to_string(),
+        };
+        if let Some(journal) = &mut self.journal {
+            journal.fail();
+        }
+        tracing::error!(error = %failure, "cannot append to the metadata journal: changes are refused from now on");
+        Err(FsError::Journal(failure))
     }
 
     /// Journals the times kept lazily (see `dirty_times`).

@@ -45,8 +45,8 @@ pub use error::{FsError, FsResult};
 pub use filesystem::{FileSystem, MAX_FILE_BYTES};
 pub use namespace::Creator;
 pub use observe::{FileOp, FileOpObserver};
-pub use persist::{OpenReport, PersistError, StateDir};
-pub use store::{PageStore, SavedMapClient};
+pub use persist::{Metadata, OpenReport, PersistError, StateDir};
+pub use store::{Fence, HomedClient, PageStore};
 
 /// How often the healer thread runs the client's background work between requests.
 const BACKGROUND_INTERVAL: Duration = Duration::from_millis(100);

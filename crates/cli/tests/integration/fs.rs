@@ -14,14 +14,13 @@ use crate::common;
 use crate::fs_support;
 
 use common::run_ok;
-use fs_support::{detach, fs_command, FsMount};
+use fs_support::{detach, fs_command, run_command, FsMount};
 
 use std::ffi::CString;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use remem::launcher::{LocalCluster, UnixSockets};
@@ -488,13 +487,6 @@ fn files_survive_sigkill_of_remem_fs_a_clean_remount_and_fresh_starts_empty() {
 fn default_name(mountpoint: &Path) -> String {
     let canonical = mountpoint.canonicalize().expect("mount point");
     canonical.to_string_lossy().trim_matches('/').replace('/', "-")
-}
-
-/// Runs a `remem fs` command that must end by itself (refused), under a 30 s limit.
-fn run_command(command: Command) -> std::process::Output {
-    let mut timed = Command::new("timeout");
-    timed.args(["-k", "5", "30"]).arg(command.get_program()).args(command.get_args());
-    timed.stdin(Stdio::null()).output().expect("run remem fs")
 }
 
 /// Byte offsets where each record of a journal starts, and its end.

@@ -30,6 +30,7 @@ mod faults;
 mod front_ends_shm;
 mod fs;
 mod fs_bench;
+mod fs_host_loss;
 mod fs_mounts;
 mod fs_posix;
 mod fs_writeback;

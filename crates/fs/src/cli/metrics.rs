@@ -15,12 +15,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use remem_client::cluster::ClusterFile;
 use remem_client::{OpDone, PageError, PageOp, RegionHealth};
 use remem_frontend::client_report::ClientReporter;
 use remem_frontend::metrics::{Exposition, Histogram, LATENCY_BUCKETS_SECONDS};
 
-use crate::{FileOp, FileOpObserver, PageStore, SavedMapClient};
+use crate::{FileOp, FileOpObserver, HomedClient, PageStore};
 
 /// How often the healer refreshes the region report and the range gauges.
 const REGION_PERIOD: Duration = Duration::from_secs(1);
@@ -206,28 +205,28 @@ impl FsMetrics {
 /// The file system's page store: the saved-map client, with its page ops counted (when there
 /// are metrics) and its region health published for `remem status`.
 pub struct ReportingStore {
-    inner: SavedMapClient,
-    /// The cluster file, followed: nodes added to it join the file system's client.
-    watch: remem_frontend::cluster_watch::ClusterWatch,
+    inner: HomedClient,
     metrics: Option<Arc<FsMetrics>>,
-    reporter: ClientReporter,
+    /// The region report beside the cluster file (none with etcd: `remem status --etcd` asks
+    /// the nodes).
+    reporter: Option<ClientReporter>,
     /// Whether each op of the running batch is a read; reused, so no allocation per batch.
     reads: Vec<bool>,
     regions_at: Option<Instant>,
 }
 
 impl ReportingStore {
-    /// Wraps the file system's client; its report goes beside `cluster_path` under `name` (the
-    /// mount point).
+    /// Wraps the file system's client; its report goes beside `cluster_path` (if there is a
+    /// cluster file) under `name` (the mount point).
     pub fn new(
-        inner: SavedMapClient,
+        inner: HomedClient,
         metrics: Option<Arc<FsMetrics>>,
-        (cluster_path, cluster): (&Path, &ClusterFile),
+        cluster_path: Option<&Path>,
         name: &str,
     ) -> ReportingStore {
-        let reporter = ClientReporter::new(cluster_path, "fs", name, inner.client.client_id());
-        let watch = remem_frontend::cluster_watch::ClusterWatch::new(cluster_path.to_owned(), cluster);
-        ReportingStore { inner, watch, metrics, reporter, reads: Vec::new(), regions_at: None }
+        let reporter =
+            cluster_path.map(|path| ClientReporter::new(path, "fs", name, inner.client.client_id()));
+        ReportingStore { inner, metrics, reporter, reads: Vec::new(), regions_at: None }
     }
 }
 
@@ -269,13 +268,6 @@ impl PageStore for ReportingStore {
 
     fn background(&mut self) {
         self.inner.background();
-        let (nodes, watch) = (self.watch.new_nodes(), &mut self.watch);
-        remem_frontend::cluster_watch::hand_new_nodes(
-            nodes,
-            &mut self.inner.client,
-            "the file system's client",
-            |address| watch.joined(address),
-        );
         if self.regions_at.is_some_and(|at| at.elapsed() < REGION_PERIOD) {
             return;
         }
@@ -285,7 +277,9 @@ impl PageStore for ReportingStore {
         if let Some(metrics) = &self.metrics {
             metrics.set_regions(&regions, client.regeneration_status().done);
         }
-        self.reporter.publish(|| regions);
+        if let Some(reporter) = &mut self.reporter {
+            reporter.publish(|| regions);
+        }
     }
 }
 

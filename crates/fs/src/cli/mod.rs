@@ -11,6 +11,7 @@
 //! [`check_fuse_available`] here).
 
 pub mod metrics;
+pub mod open;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -25,7 +26,8 @@ use remem_frontend::code_args::CodeArgs;
 use remem_frontend::placement_arg::PlacementArgs;
 use remem_frontend::units::{format_bytes, parse_bytes};
 
-use crate::{Creator, FileSystem, MountOptions, SavedMapClient, StateDir};
+use crate::persist::remote::RemoteArea;
+use crate::{Creator, FileSystem, MountOptions, StateDir};
 use metrics::{FsMetrics, ReportingStore};
 
 #[derive(Args, Debug)]
@@ -33,8 +35,29 @@ pub struct FsArgs {
     /// An existing empty directory to mount the file system on.
     pub mountpoint: PathBuf,
     /// Cluster file written by `remem up` (default: the `remem up` default directory).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "etcd")]
     pub cluster: Option<PathBuf>,
+    /// etcd (`--etcd`, `--etcd-prefix`) instead of a cluster file: the nodes registered there,
+    /// the slab maps kept there under the file system's name (`--name`, else the mount point's)
+    /// and that name with `.meta`, and the metadata in remote memory, so that another host can
+    /// mount the file system after this one is gone (docs/FS.md, "Host loss").
+    #[command(flatten)]
+    pub etcd: remem_frontend::export_home::EtcdArgs,
+    /// File holding the cluster secret, with --etcd (a cluster file names its own).
+    #[arg(long, requires = "etcd")]
+    pub secret_file: Option<PathBuf>,
+    /// Where the metadata (names, attributes, extent maps: the snapshot and its journal) is
+    /// kept: `local`, in the state directory (the default), or `remote`, in remem pages of a
+    /// client of its own (shaped as the contents), written before every reply that changes it,
+    /// so that the file system survives the loss of this host (the default and the only
+    /// choice with --etcd).
+    #[arg(long, value_enum)]
+    pub metadata: Option<MetadataHome>,
+    /// The remote metadata's region (`--metadata remote`): two halves, each holding a snapshot
+    /// and the journal written since, one page or more per change. Fixed when the file system
+    /// is made.
+    #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
+    pub metadata_size: u64,
     /// Remote memory for file contents (a multiple of 4 KiB): the most that written and
     /// fallocated pages of all files together may hold. Mapped on the nodes at start, (k+r)/k
     /// times this of node memory. Files may be far larger when sparse (up to 1 PiB each).
@@ -88,9 +111,10 @@ pub struct FsArgs {
     /// `fs-NAME/` beside the cluster file). Locked while the file system is mounted.
     #[arg(long)]
     pub state: Option<PathBuf>,
-    /// The NAME of the default state directory (default: the mount point's path, with `/`
-    /// as `-`).
-    #[arg(long, conflicts_with = "state")]
+    /// The file system's NAME: its default state directory is `fs-NAME`, and with --etcd its
+    /// keys are `clients/NAME` and `clients/NAME.meta` (default: the mount point's path, with
+    /// `/` as `-`).
+    #[arg(long)]
     pub name: Option<String>,
     /// Start empty: the saved file system of the state directory is dropped and its slabs
     /// unmapped on the nodes (when they can be reached).
@@ -105,6 +129,13 @@ pub struct FsArgs {
     /// decoded reads, and the ranges healthy, degraded, rebuilding and lost (docs/FS.md).
     #[arg(long, value_name = "ADDRESS")]
     pub metrics: Option<std::net::SocketAddr>,
+}
+
+/// Where `remem fs` keeps its metadata (`--metadata`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetadataHome {
+    Local,
+    Remote,
 }
 
 /// `fs-NAME` for a mount point: its path without the leading `/`, each `/` a `-`, other
@@ -127,56 +158,24 @@ fn default_state_name(mountpoint: &Path) -> String {
     }
 }
 
-/// The state directory of this mount.
-fn state_path(args: &FsArgs, cluster_path: &Path, mountpoint: &Path) -> Result<PathBuf> {
+/// The file system's name: `--name`, else the mount point's path with `/` as `-`.
+fn file_system_name(args: &FsArgs, mountpoint: &Path) -> Result<String> {
+    match &args.name {
+        Some(name) if !name.is_empty() && !name.contains('/') && name != "." && name != ".." => {
+            Ok(name.clone())
+        }
+        Some(name) => bail!("--name {name:?} must be a plain file name"),
+        None => Ok(default_state_name(mountpoint)),
+    }
+}
+
+/// The state directory of this mount: `--state`, else `fs-NAME` beside the cluster file (with
+/// etcd, in the `remem up` default directory).
+fn state_path(args: &FsArgs, directory: &Path, mountpoint: &Path) -> Result<PathBuf> {
     if let Some(state) = &args.state {
         return Ok(state.clone());
     }
-    let name = match &args.name {
-        Some(name) if !name.is_empty() && !name.contains('/') && name != "." && name != ".." => name.clone(),
-        Some(name) => bail!("--name {name:?} must be a plain file name"),
-        None => default_state_name(mountpoint),
-    };
-    let directory = cluster_path.parent().map(Path::to_path_buf).unwrap_or_default();
-    Ok(directory.join(format!("fs-{name}")))
-}
-
-/// The file system's client: the saved one reopened, or a new one. Returns it and whether it
-/// was reopened.
-fn open_client(
-    args: &FsArgs,
-    state: &StateDir,
-    config: ClientConfig,
-    cluster: &remem_client::cluster::ClusterFile,
-    cluster_path: &Path,
-    secret: &remem_client::Secret,
-) -> Result<(SavedMapClient, bool)> {
-    let map_path = state.slab_map_path();
-    let dir = state.path().display();
-    let what = format!("the file system in {dir}");
-    if args.fresh || args.ephemeral {
-        if map_path.exists() {
-            remem_frontend::open::release_saved(&what, &map_path, secret, &config)?;
-        }
-        state.clear().with_context(|| format!("clearing the state directory {dir}"))?;
-    } else if !map_path.exists() && state.has_metadata() {
-        bail!(
-            "{dir} holds file system metadata but no slab map (slabmap.json): its files cannot be found; \
-             pass --fresh to drop it and start empty"
-        );
-    }
-    let (client, reopened) = remem_frontend::open::open_or_reopen(remem_frontend::open::OpenRequest {
-        what: &what,
-        map_path: &map_path,
-        fresh: false,
-        cluster,
-        cluster_path,
-        secret,
-        config,
-        placement: &args.placement,
-        other_choices: "another --state or --name, ",
-    })?;
-    Ok((SavedMapClient::new(client, &map_path)?, reopened))
+    Ok(directory.join(format!("fs-{}", file_system_name(args, mountpoint)?)))
 }
 
 /// Detaches the dead mount a SIGKILLed `remem fs` left at `mountpoint` (every access to it fails
@@ -236,6 +235,78 @@ pub fn check_fuse_available(mountpoint: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The client settings of the contents and, with remote metadata, of the metadata area.
+fn client_configs(
+    args: &FsArgs,
+    encrypt: bool,
+    remote: bool,
+) -> Result<(ClientConfig, Option<ClientConfig>)> {
+    let shape = args.code.shape()?;
+    let mut config = ClientConfig::new(shape, args.size);
+    config.allow_shared_domains = args.placement.allow_shared_domains;
+    config.max_in_flight = args.queue_depth.max(1);
+    config.request_timeout = Duration::from_millis(args.request_timeout_ms);
+    config.shared_memory = args.transport == remem_frontend::transport_arg::Transport::Shm;
+    config.encrypt = encrypt;
+    // The slabs outlive the process: a restart reopens them (the state directory or etcd names
+    // them), within the nodes' lease grace period. A scratch file system gives them back on exit.
+    config.release_on_drop = args.ephemeral;
+    if !remote {
+        return Ok((config, None));
+    }
+    if args.metadata_size == 0 || !args.metadata_size.is_multiple_of(4096) {
+        bail!("--metadata-size {} is not a positive multiple of 4096 bytes", args.metadata_size);
+    }
+    let mut meta = config.clone();
+    meta.address_space_bytes = args.metadata_size;
+    // A client of its own: its own id (a reopened one takes its map's).
+    meta.client_id = remem_client::ClientConfig::new(shape, args.metadata_size).client_id;
+    Ok((config, Some(meta)))
+}
+
+/// Whether the metadata is remote: `--metadata`, else remote exactly with `--etcd`.
+fn metadata_is_remote(args: &FsArgs) -> Result<bool> {
+    let etcd = args.etcd.etcd.is_some();
+    match args.metadata {
+        Some(MetadataHome::Local) if etcd => {
+            bail!("--etcd keeps the metadata in remote memory (another host must find it): drop --metadata local")
+        }
+        Some(home) => Ok(home == MetadataHome::Remote),
+        None => Ok(etcd),
+    }
+}
+
+/// The state directory (locked), and the opened clients with their source's description.
+fn open_state_and_clients(
+    args: &FsArgs,
+    mountpoint: &Path,
+) -> Result<(StateDir, open::Clients, Option<PathBuf>)> {
+    let remote = metadata_is_remote(args)?;
+    if let Some(etcd) = args.etcd.connect()? {
+        let secret =
+            remem_client::Secret::load(args.secret_file.as_deref()).context("loading the cluster secret")?;
+        let directory = remem_frontend::cluster_file::default_dir();
+        if args.state.is_none() {
+            remem_frontend::cluster_file::private_directory(&directory)?;
+        }
+        let state = StateDir::open(&state_path(args, &directory, mountpoint)?)?;
+        let (config, meta) = client_configs(args, args.encrypt, remote)?;
+        let name = file_system_name(args, mountpoint)?;
+        let clients =
+            open::open_clients(args, &state, config, meta, open::Source::Etcd { etcd, name, secret })?;
+        return Ok((state, clients, None));
+    }
+    let (cluster_path, cluster, secret) =
+        remem_frontend::cluster_file::load_cluster(args.cluster.as_deref())?;
+    remem_frontend::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
+    let directory = cluster_path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let state = StateDir::open(&state_path(args, &directory, mountpoint)?)?;
+    let (config, meta) = client_configs(args, args.encrypt || cluster.encrypt, remote)?;
+    let source = open::Source::File { cluster: &cluster, cluster_path: &cluster_path, secret: &secret };
+    let clients = open::open_clients(args, &state, config, meta, source)?;
+    Ok((state, clients, Some(cluster_path)))
+}
+
 pub fn run(args: FsArgs) -> Result<()> {
     if args.size == 0 || !args.size.is_multiple_of(4096) {
         bail!("--size {} is not a positive multiple of 4096 bytes", args.size);
@@ -243,21 +314,6 @@ pub fn run(args: FsArgs) -> Result<()> {
     detach_dead_mount(&args.mountpoint)?;
     check_fuse_available(&args.mountpoint)?;
     let mountpoint = args.mountpoint.canonicalize().context("resolving the mount point")?;
-    let shape = args.code.shape()?;
-    let (cluster_path, cluster, secret) =
-        remem_frontend::cluster_file::load_cluster(args.cluster.as_deref())?;
-    remem_frontend::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
-    let mut config = ClientConfig::new(shape, args.size);
-    config.allow_shared_domains = args.placement.allow_shared_domains;
-    config.max_in_flight = args.queue_depth.max(1);
-    config.request_timeout = Duration::from_millis(args.request_timeout_ms);
-    config.shared_memory = args.transport == remem_frontend::transport_arg::Transport::Shm;
-    config.encrypt = args.encrypt || cluster.encrypt;
-    // The slabs outlive the process: a restart reopens them (the state directory names them),
-    // within the nodes' lease grace period. A scratch file system gives them back on exit.
-    config.release_on_drop = args.ephemeral;
-    let state_path = state_path(&args, &cluster_path, &mountpoint)?;
-    let state = StateDir::open(&state_path)?;
     // Bound before the client connects: a busy or bad address fails without touching the nodes.
     let stop = Arc::new(AtomicBool::new(false));
     let metrics = args.metrics.map(|_| Arc::new(FsMetrics::default()));
@@ -266,7 +322,8 @@ pub fn run(args: FsArgs) -> Result<()> {
         let bound = remem_frontend::metrics::serve(address, Arc::clone(&stop), move || metrics.render())?;
         eprintln!("metrics at http://{bound}/metrics");
     }
-    let (client, reopened) = open_client(&args, &state, config, &cluster, &cluster_path, &secret)?;
+    let (state, clients, cluster_path) = open_state_and_clients(&args, &mountpoint)?;
+    let state_path = state.path().to_owned();
     if let Some(value) = args.oom_score_adj {
         // A warning, not an error: lowering the score needs CAP_SYS_RESOURCE, which root in a
         // container or sandbox may lack; the file system still works without it.
@@ -281,26 +338,29 @@ pub fn run(args: FsArgs) -> Result<()> {
 
     // SAFETY: getuid and getgid have no preconditions and cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let open::Clients { data, meta, fence } = clients;
+    let node_count = data.client.node_addresses().count();
     let store = ReportingStore::new(
-        client,
+        data,
         metrics.clone(),
-        (&cluster_path, &cluster),
+        cluster_path.as_deref(),
         &mountpoint.display().to_string(),
     );
-    let (filesystem, report) = FileSystem::open_saved(store, Creator { uid, gid, mode: 0o755 }, &state)
-        .with_context(|| format!("opening the file system saved in {}", state_path.display()))?;
+    let (metadata, saved_in) = match meta {
+        Some(meta) => (crate::Metadata::Remote(RemoteArea::new(Box::new(meta))?), "remote memory".to_owned()),
+        None => (crate::Metadata::Local(&state), state_path.display().to_string()),
+    };
+    let (filesystem, report) = FileSystem::open_saved(store, Creator { uid, gid, mode: 0o755 }, metadata)
+        .with_context(|| format!("opening the file system saved in {saved_in}"))?;
     if let Some(torn) = &report.torn_tail {
         eprintln!(
-            "warning: the journal in {} ended with a torn record at byte {} ({} bytes: {}), left by a crash \
-             mid-append; recovered up to the record before it",
-            state_path.display(),
-            torn.offset,
-            torn.bytes,
-            torn.reason
+            "warning: the journal in {saved_in} ended with a torn record at byte {} ({} bytes: {}), left by a \
+             crash mid-append; recovered up to the record before it",
+            torn.offset, torn.bytes, torn.reason
         );
     }
-    if reopened {
-        eprintln!("reopened {} files from {} (--fresh to start empty)", report.files, state_path.display());
+    if report.found_saved {
+        eprintln!("reopened {} files from {saved_in} (--fresh to start empty)", report.files);
     }
     let observer = metrics.map(|metrics| metrics as Arc<dyn crate::FileOpObserver>);
     let options = MountOptions {
@@ -322,10 +382,15 @@ pub fn run(args: FsArgs) -> Result<()> {
         format_bytes(args.size),
         args.code.data_splits,
         args.code.parity_splits,
-        cluster.nodes.len()
+        node_count
     );
-    while !stop.load(Ordering::Relaxed) && !mounted.is_finished() {
+    let mut fenced = None;
+    while !stop.load(Ordering::Relaxed) && !mounted.is_finished() && fenced.is_none() {
         std::thread::sleep(Duration::from_millis(50));
+        fenced = fence.reason();
+    }
+    if let Some(reason) = &fenced {
+        eprintln!("fenced: {reason}; unmounting {}", mountpoint.display());
     }
     if !mounted.unmount(Duration::from_secs(5)) {
         eprintln!(
@@ -333,5 +398,8 @@ pub fn run(args: FsArgs) -> Result<()> {
             mountpoint.display()
         );
     }
-    Ok(())
+    match fenced {
+        Some(reason) => bail!("fenced: {reason}: another remem fs owns this file system now"),
+        None => Ok(()),
+    }
 }

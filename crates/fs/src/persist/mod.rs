@@ -17,9 +17,12 @@
 
 pub mod codec;
 pub mod record;
+pub mod remote;
 mod replay;
 pub mod snapshot;
 
+#[cfg(test)]
+mod remote_tests;
 #[cfg(test)]
 mod tests;
 
@@ -35,6 +38,7 @@ use crate::filesystem::FileSystem;
 use crate::namespace::{Creator, FileKind, Namespace};
 use crate::store::PageStore;
 use record::{decode_journal, JournalError, Record, TornTail};
+use remote::RemoteArea;
 
 /// How often the journal is fdatasync'ed (and lazily kept times journaled) when idle.
 pub const SYNC_INTERVAL: Duration = Duration::from_secs(1);
@@ -43,8 +47,13 @@ pub const COMPACT_AT_BYTES: u64 = 8 << 20;
 
 pub use remem_frontend::state_dir::LOCK_FILE;
 pub const SLAB_MAP_FILE: &str = "slabmap.json";
+/// The remote metadata area's slab map (`--metadata remote` without etcd).
+pub const META_MAP_FILE: &str = "metamap.json";
 pub const SNAPSHOT_FILE: &str = "snapshot";
 pub const JOURNAL_FILE: &str = "journal";
+/// How errors name the remote area's snapshot and journal (they have no path).
+const REMOTE_SNAPSHOT: &str = "the remote metadata area's snapshot";
+const REMOTE_JOURNAL: &str = "the remote metadata area's journal";
 
 /// Why the saved metadata cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +68,8 @@ pub enum PersistError {
     Journal { path: PathBuf, source: JournalError },
     #[error("journal {path}: record {seq} at byte {offset} cannot be applied: {reason}")]
     Replay { path: PathBuf, seq: u64, offset: u64, reason: String },
+    #[error("the remote metadata area: {0}")]
+    Remote(remote::AreaError),
     #[error(
         "journal {path}: record at byte {offset} has number {seq}, {expected} expected (records missing)"
     )]
@@ -107,9 +118,10 @@ impl StateDir {
         self.snapshot_path().exists() || self.journal_path().exists()
     }
 
-    /// Removes the slab map, the snapshot and the journal (`--fresh`).
+    /// Removes the slab maps, the snapshot and the journal (`--fresh`).
     pub fn clear(&self) -> Result<(), PersistError> {
-        for path in [self.slab_map_path(), self.snapshot_path(), self.journal_path()] {
+        let meta_map = self.path().join(META_MAP_FILE);
+        for path in [self.slab_map_path(), meta_map, self.snapshot_path(), self.journal_path()] {
             match std::fs::remove_file(&path) {
                 Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
                     return Err(PersistError::Io { path, source: error })
@@ -141,11 +153,34 @@ pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), PersistError> {
     sync_directory(path.parent().unwrap_or(Path::new(".")))
 }
 
+/// Where the journal and the snapshot live.
+enum Sink {
+    /// The state directory's `journal` and `snapshot` files.
+    Local { file: File, path: PathBuf, snapshot_path: PathBuf },
+    /// A remem region of its own client ([`remote`]): an append is on the nodes when it returns.
+    Remote(Box<RemoteArea>),
+}
+
+/// Where [`FileSystem::open_saved`] finds the saved metadata and keeps it from then on.
+pub enum Metadata<'a> {
+    /// The state directory (the default).
+    Local(&'a StateDir),
+    /// The remote metadata area (`--metadata remote`, `--etcd`).
+    Remote(RemoteArea),
+}
+
+/// What [`Journal::append`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Appended {
+    Written,
+    /// The remote area's half has no room for the records: they are numbered, and the caller
+    /// must compact (a snapshot of the metadata, which includes them) before replying.
+    NoRoom,
+}
+
 /// The journal being appended to.
 pub struct Journal {
-    file: File,
-    path: PathBuf,
-    snapshot_path: PathBuf,
+    sink: Sink,
     bytes: u64,
     next_seq: u64,
     /// Every record up to this number is durable (fdatasynced, or in a synced snapshot).
@@ -159,8 +194,9 @@ pub struct Journal {
 }
 
 impl Journal {
-    /// Appends records with one `write(2)`: in the page cache, so a SIGKILL keeps them.
-    pub fn append(&mut self, records: &[Record]) -> std::io::Result<()> {
+    /// Appends records: to the local file with one `write(2)` (in the page cache, so a SIGKILL
+    /// keeps them), or to the remote area's fresh pages (on the nodes when this returns).
+    pub fn append(&mut self, records: &[Record]) -> std::io::Result<Appended> {
         if self.failed {
             return Err(std::io::Error::other("an earlier journal append failed"));
         }
@@ -169,21 +205,35 @@ impl Journal {
             record.encode(self.next_seq, &mut self.buffer);
             self.next_seq += 1;
         }
-        if let Err(error) = self.file.write_all(&self.buffer) {
+        let written = match &mut self.sink {
+            Sink::Local { file, .. } => file.write_all(&self.buffer),
+            Sink::Remote(area) if !area.has_room_for(self.buffer.len()) => return Ok(Appended::NoRoom),
+            Sink::Remote(area) => match area.append(&self.buffer) {
+                Ok(()) => {
+                    self.synced_seq = self.next_seq - 1;
+                    Ok(())
+                }
+                Err(error) => Err(std::io::Error::other(error.to_string())),
+            },
+        };
+        if let Err(error) = written {
             self.failed = true;
             return Err(error);
         }
         self.bytes += self.buffer.len() as u64;
-        Ok(())
+        Ok(Appended::Written)
+    }
+
+    /// Marks the journal failed (an append that could not be compacted in its place).
+    pub(crate) fn fail(&mut self) {
+        self.failed = true;
     }
 
     /// fdatasync if anything was appended since the last one.
     pub fn sync(&mut self) -> std::io::Result<()> {
-        self.last_sync = Instant::now();
-        let last_seq = self.last_seq();
-        if last_seq > self.synced_seq {
-            self.file.sync_data()?;
-            self.synced_seq = last_seq;
+        if let Some((file, seq)) = self.start_sync()? {
+            file.sync_data()?;
+            self.synced(seq);
         }
         Ok(())
     }
@@ -191,14 +241,18 @@ impl Journal {
     /// [`Journal::sync`] without the flush itself: if a record is not known durable, the
     /// journal's file to fdatasync (another descriptor of it) and the last record's number,
     /// for [`Journal::synced`] once the flush succeeded. Two such flushes may overlap; each
-    /// caller waits for its own, so none returns before its records are durable.
+    /// caller waits for its own, so none returns before its records are durable. A remote
+    /// journal is durable at every append: never anything to flush.
     fn start_sync(&mut self) -> std::io::Result<Option<(File, u64)>> {
         self.last_sync = Instant::now();
         let last_seq = self.last_seq();
         if last_seq <= self.synced_seq {
             return Ok(None);
         }
-        Ok(Some((self.file.try_clone()?, last_seq)))
+        match &self.sink {
+            Sink::Local { file, .. } => Ok(Some((file.try_clone()?, last_seq))),
+            Sink::Remote(_) => Ok(None),
+        }
     }
 
     /// Records up to `seq` are durable.
@@ -211,7 +265,11 @@ impl Journal {
     }
 
     pub fn wants_compaction(&self) -> bool {
-        self.bytes >= self.compact_at_bytes && !self.failed
+        let large = match &self.sink {
+            Sink::Local { .. } => self.bytes >= self.compact_at_bytes,
+            Sink::Remote(area) => self.bytes >= self.compact_at_bytes || area.half_used(),
+        };
+        large && !self.failed
     }
 
     /// The number of the last record appended (0: none ever).
@@ -223,20 +281,47 @@ impl Journal {
         self.bytes
     }
 
+    /// Whether the journal and snapshot are in remote memory.
+    pub fn is_remote(&self) -> bool {
+        matches!(self.sink, Sink::Remote(_))
+    }
+
+    /// The remote area's generation (0 for a local journal).
+    pub fn generation(&self) -> u64 {
+        match &self.sink {
+            Sink::Local { .. } => 0,
+            Sink::Remote(area) => area.generation(),
+        }
+    }
+
     /// Replaces the snapshot with `snapshot_bytes` (which must include every record appended
     /// so far), then empties the journal.
     pub fn compact(&mut self, snapshot_bytes: &[u8]) -> Result<(), PersistError> {
-        write_durably(&self.snapshot_path, snapshot_bytes)?;
-        self.file.set_len(0).and_then(|()| self.file.sync_all()).map_err(io_error(&self.path))?;
+        match &mut self.sink {
+            Sink::Local { file, path, snapshot_path } => {
+                write_durably(snapshot_path, snapshot_bytes)?;
+                file.set_len(0).and_then(|()| file.sync_all()).map_err(io_error(path))?;
+            }
+            Sink::Remote(area) => area.replace(snapshot_bytes).map_err(PersistError::Remote)?,
+        }
         self.bytes = 0;
         self.synced_seq = self.last_seq();
         Ok(())
+    }
+
+    /// Background work of the remote area's client.
+    fn background(&mut self) {
+        if let Sink::Remote(area) = &mut self.sink {
+            area.background();
+        }
     }
 }
 
 /// What opening the saved metadata found.
 #[derive(Debug)]
 pub struct OpenReport {
+    /// Whether saved metadata was found (else the file system is new).
+    pub found_saved: bool,
     /// Inodes other than the root.
     pub files: u64,
     pub records_replayed: u64,
@@ -254,67 +339,59 @@ fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, PersistError> {
 }
 
 impl<S: PageStore> FileSystem<S> {
-    /// Opens the file system saved in `state` over `store` (whose slab map the caller reopened),
-    /// or an empty one owned by `owner` when nothing is saved. The state is replayed, files
-    /// that were open but unlinked are freed, every page no file holds is discarded (reads
+    /// Opens the file system saved in `metadata` over `store` (whose slab map the caller
+    /// reopened), or an empty one owned by `owner` when nothing is saved. The state is replayed,
+    /// files that were open but unlinked are freed, every page no file holds is discarded (reads
     /// as zeros), and a new snapshot is written with the journal emptied.
     pub fn open_saved(
         store: S,
         owner: Creator,
-        state: &StateDir,
+        metadata: Metadata<'_>,
     ) -> Result<(FileSystem<S>, OpenReport), PersistError> {
         let mut fs = FileSystem::new(store, owner);
-        let snapshot_path = state.snapshot_path();
-        let journal_path = state.journal_path();
+        let (snapshot, journal, sink) = match metadata {
+            Metadata::Local(state) => {
+                let (snapshot_path, journal_path) = (state.snapshot_path(), state.journal_path());
+                let snapshot = read_optional(&snapshot_path)?;
+                let journal = read_optional(&journal_path)?;
+                let file = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .mode(0o600)
+                    .open(&journal_path)
+                    .map_err(io_error(&journal_path))?;
+                (snapshot, journal, Sink::Local { file, path: journal_path, snapshot_path })
+            }
+            Metadata::Remote(mut area) => {
+                let loaded = area.load().map_err(PersistError::Remote)?;
+                if let Some(page) = loaded.torn_page {
+                    tracing::warn!(
+                        generation = loaded.generation,
+                        page,
+                        "the remote journal ended at a torn page, left by a crash mid-append"
+                    );
+                }
+                (loaded.snapshot, Some(loaded.journal), Sink::Remote(Box::new(area)))
+            }
+        };
+        let (snapshot_path, journal_path) = match &sink {
+            Sink::Local { path, snapshot_path, .. } => (snapshot_path.clone(), path.clone()),
+            Sink::Remote(_) => (PathBuf::from(REMOTE_SNAPSHOT), PathBuf::from(REMOTE_JOURNAL)),
+        };
+        let found_saved = snapshot.is_some() || journal.as_ref().is_some_and(|journal| !journal.is_empty());
         let mut last_seq = 0;
-        if let Some(bytes) = read_optional(&snapshot_path)? {
+        if let Some(bytes) = snapshot {
             let restored = snapshot::decode(&bytes, fs.page_bytes, fs.store.page_count())
-                .map_err(|source| PersistError::Snapshot { path: snapshot_path.clone(), source })?;
+                .map_err(|source| PersistError::Snapshot { path: snapshot_path, source })?;
             fs.namespace = restored.namespace;
             fs.allocator = restored.allocator;
             fs.unwritten = restored.unwritten;
             last_seq = restored.last_seq;
         }
-        let mut report = OpenReport { files: 0, records_replayed: 0, torn_tail: None, orphans_freed: 0 };
-        if let Some(bytes) = read_optional(&journal_path)? {
-            let scan = decode_journal(&bytes)
-                .map_err(|source| PersistError::Journal { path: journal_path.clone(), source })?;
-            fs.namespace.keep_orphans = true;
-            let mut expected = None;
-            for (offset, seq, record) in &scan.records {
-                if let Some(expected) = expected {
-                    if *seq != expected {
-                        return Err(PersistError::Sequence {
-                            path: journal_path,
-                            offset: *offset,
-                            seq: *seq,
-                            expected,
-                        });
-                    }
-                }
-                expected = Some(seq + 1);
-                if *seq <= last_seq {
-                    continue; // Already in the snapshot (a crash between snapshot and truncate).
-                }
-                if *seq != last_seq + 1 {
-                    return Err(PersistError::Sequence {
-                        path: journal_path,
-                        offset: *offset,
-                        seq: *seq,
-                        expected: last_seq + 1,
-                    });
-                }
-                fs.apply(record).map_err(|reason| PersistError::Replay {
-                    path: journal_path.clone(),
-                    seq: *seq,
-                    offset: *offset,
-                    reason,
-                })?;
-                last_seq = *seq;
-                report.records_replayed += 1;
-            }
-            fs.namespace.keep_orphans = false;
-            report.torn_tail = scan.torn_tail;
+        let mut report =
+            OpenReport { found_saved, files: 0, records_replayed: 0, torn_tail: None, orphans_freed: 0 };
+        if let Some(bytes) = journal {
+            last_seq = fs.replay_journal(&bytes, &journal_path, last_seq, &mut report)?;
         }
         for orphan in fs.namespace.take_orphans() {
             report.orphans_freed += 1;
@@ -330,16 +407,8 @@ impl<S: PageStore> FileSystem<S> {
             }
         }
         report.files = fs.namespace.inode_count() - 1;
-        let journal_file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(&journal_path)
-            .map_err(io_error(&journal_path))?;
         let mut journal = Journal {
-            file: journal_file,
-            path: journal_path,
-            snapshot_path,
+            sink,
             bytes: 0,
             next_seq: last_seq + 1,
             synced_seq: last_seq,
@@ -351,6 +420,46 @@ impl<S: PageStore> FileSystem<S> {
         journal.compact(&fs.snapshot_bytes(last_seq))?;
         fs.journal = Some(journal);
         Ok((fs, report))
+    }
+
+    /// Applies the journal's records after the snapshot's (`last_seq`); the last applied.
+    fn replay_journal(
+        &mut self,
+        bytes: &[u8],
+        journal_path: &Path,
+        mut last_seq: u64,
+        report: &mut OpenReport,
+    ) -> Result<u64, PersistError> {
+        let scan = decode_journal(bytes)
+            .map_err(|source| PersistError::Journal { path: journal_path.to_owned(), source })?;
+        self.namespace.keep_orphans = true;
+        let mut expected = None;
+        for (offset, seq, record) in &scan.records {
+            let (offset, seq) = (*offset, *seq);
+            let path = || journal_path.to_owned();
+            if expected.is_some_and(|expected| seq != expected) {
+                let expected = expected.unwrap_or_default();
+                return Err(PersistError::Sequence { path: path(), offset, seq, expected });
+            }
+            expected = Some(seq + 1);
+            if seq <= last_seq {
+                continue; // Already in the snapshot (a crash between snapshot and truncate).
+            }
+            if seq != last_seq + 1 {
+                return Err(PersistError::Sequence { path: path(), offset, seq, expected: last_seq + 1 });
+            }
+            self.apply(record).map_err(|reason| PersistError::Replay {
+                path: path(),
+                seq,
+                offset,
+                reason,
+            })?;
+            last_seq = seq;
+            report.records_replayed += 1;
+        }
+        self.namespace.keep_orphans = false;
+        report.torn_tail = scan.torn_tail;
+        Ok(last_seq)
     }
 
     /// The snapshot of the current metadata, including journal records up to `last_seq`.
@@ -398,7 +507,8 @@ impl<S: PageStore> FileSystem<S> {
     /// When a sync is due, the journal's file to fdatasync without the lock and its last
     /// record's number (as [`FileSystem::start_sync`]: tell [`FileSystem::synced`] after).
     pub fn maintain(&mut self) -> Option<(File, u64)> {
-        let journal = self.journal.as_ref()?;
+        let journal = self.journal.as_mut()?;
+        journal.background();
         let due = journal.sync_due()
             || (!self.dirty_times.is_empty() && journal.last_sync.elapsed() >= SYNC_INTERVAL);
         let pending = if due {

@@ -10,12 +10,12 @@ use std::time::{Duration, SystemTime};
 use proptest::prelude::*;
 
 use super::record::{decode_journal, JournalError, Record, Run, FRAME_HEADER_BYTES};
-use super::{snapshot, StateDir};
+use super::{snapshot, Metadata, StateDir};
 use crate::filesystem::{FileSystem, SetAttributes};
 use crate::namespace::{Creator, FileKind, ROOT_INODE};
 use crate::store::MemoryStore;
 
-const ME: Creator = Creator { uid: 1000, gid: 1000, mode: 0o644 };
+pub(super) const ME: Creator = Creator { uid: 1000, gid: 1000, mode: 0o644 };
 
 /// A state directory path of its own, removed when dropped (also when a test fails).
 struct TemporaryState(PathBuf);
@@ -51,7 +51,7 @@ fn temporary_state() -> TemporaryState {
     TemporaryState(path)
 }
 
-fn store(pages: u64) -> MemoryStore {
+pub(super) fn store(pages: u64) -> MemoryStore {
     MemoryStore::new(4096, pages)
 }
 
@@ -210,7 +210,7 @@ proptest! {
 }
 
 #[derive(Clone, Debug)]
-enum Op {
+pub(super) enum Op {
     Create(u8),
     Mkdir(u8),
     Write {
@@ -249,7 +249,7 @@ enum Op {
     Sync,
 }
 
-fn op() -> impl Strategy<Value = Op> {
+pub(super) fn op() -> impl Strategy<Value = Op> {
     const SPAN: u64 = 40 * 4096;
     prop_oneof![
         3 => (0u8..6).prop_map(Op::Create),
@@ -277,7 +277,7 @@ fn name(index: u8) -> String {
 }
 
 /// Runs `ops` (errors are part of the run: they must be journaled as faithfully as successes).
-fn run_ops(fs: &mut FileSystem<MemoryStore>, ops: &[Op]) {
+pub(super) fn run_ops(fs: &mut FileSystem<MemoryStore>, ops: &[Op]) {
     let lookup = |fs: &FileSystem<MemoryStore>, index: u8| fs.lookup(ROOT_INODE, OsStr::new(&name(index)));
     for op in ops {
         match op {
@@ -372,6 +372,20 @@ fn held_remove(fs: &mut FileSystem<MemoryStore>, index: u8) {
     fs.forget(attributes.inode, 1).expect("forget");
 }
 
+/// Every regular file's inode number and bytes.
+pub(super) fn file_contents(fs: &mut FileSystem<MemoryStore>) -> Vec<(u64, Vec<u8>)> {
+    let sizes: Vec<(u64, u64)> = fs
+        .namespace
+        .iter()
+        .filter(|(_, inode)| inode.attributes.kind == FileKind::File)
+        .map(|(number, inode)| (number, inode.attributes.size_bytes))
+        .collect();
+    sizes
+        .into_iter()
+        .map(|(number, size)| (number, fs.read(number, 0, size as usize).expect("read").to_vec()))
+        .collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
@@ -382,7 +396,7 @@ proptest! {
     fn a_reopened_file_system_equals_the_live_one(ops in prop::collection::vec(op(), 1..50), compact_often in any::<bool>()) {
         let path = temporary_state();
         let state = StateDir::open(&path).expect("state directory");
-        let (mut live, _) = FileSystem::open_saved(store(96), ME, &state).expect("open empty");
+        let (mut live, _) = FileSystem::open_saved(store(96), ME, Metadata::Local(&state)).expect("open empty");
         if compact_often {
             live.journal.as_mut().expect("journal").compact_at_bytes = 1;
         }
@@ -392,22 +406,14 @@ proptest! {
         }
         live.sync().expect("sync");
         let expected = live.snapshot_bytes(0);
-        let files: Vec<(u64, Vec<u8>)> = live
-            .namespace
-            .iter()
-            .filter(|(_, inode)| inode.attributes.kind == FileKind::File)
-            .map(|(number, inode)| (number, inode.attributes.size_bytes))
-            .collect::<Vec<_>>()
-            .into_iter()
-            .map(|(number, size)| (number, live.read(number, 0, size as usize).expect("read").to_vec()))
-            .collect();
+        let files = file_contents(&mut live);
         let pages = std::mem::take(&mut live.store.pages);
         drop(live);
         drop(state);
         let state = StateDir::open(&path).expect("state directory again");
         let mut reopened_store = store(96);
         reopened_store.pages = pages;
-        let (mut reopened, report) = FileSystem::open_saved(reopened_store, ME, &state).expect("reopen");
+        let (mut reopened, report) = FileSystem::open_saved(reopened_store, ME, Metadata::Local(&state)).expect("reopen");
         prop_assert!(report.torn_tail.is_none());
         prop_assert_eq!(reopened.snapshot_bytes(0), expected, "metadata differs after reopening");
         for (number, bytes) in files {
@@ -445,7 +451,7 @@ fn version_1_create(seq: u64, name: &str, inode: u64, kind: u8) -> Vec<u8> {
 fn state_written_before_special_files_existed_still_opens() {
     let path = temporary_state();
     let state = StateDir::open(&path).expect("state");
-    let (mut fs, _) = FileSystem::open_saved(store(8), ME, &state).expect("open empty");
+    let (mut fs, _) = FileSystem::open_saved(store(8), ME, Metadata::Local(&state)).expect("open empty");
     fs.create_file(ROOT_INODE, OsStr::new("before"), ME).expect("create");
     let mut snapshot = fs.snapshot_bytes(0);
     drop((fs, state));
@@ -454,7 +460,8 @@ fn state_written_before_special_files_existed_still_opens() {
     std::fs::write(path.join("snapshot"), &snapshot).expect("write snapshot");
     std::fs::write(path.join("journal"), version_1_create(1, "old", 3, 1)).expect("write journal");
     let state = StateDir::open(&path).expect("state");
-    let (fs, report) = FileSystem::open_saved(store(8), ME, &state).expect("a version 1 state opens");
+    let (fs, report) =
+        FileSystem::open_saved(store(8), ME, Metadata::Local(&state)).expect("a version 1 state opens");
     assert_eq!((report.files, report.records_replayed), (2, 1));
     let old = fs.lookup(ROOT_INODE, OsStr::new("old")).expect("replayed");
     assert_eq!((old.kind, old.mode, old.uid, old.gid, old.rdev), (FileKind::File, 0o640, 7, 8, 0));
@@ -489,7 +496,7 @@ fn a_second_opener_of_a_state_directory_is_refused() {
 fn fallocated_pages_read_as_zeros_after_a_restart_even_if_they_held_old_bytes() {
     let path = temporary_state();
     let state = StateDir::open(&path).expect("state");
-    let (mut fs, _) = FileSystem::open_saved(store(8), ME, &state).expect("open");
+    let (mut fs, _) = FileSystem::open_saved(store(8), ME, Metadata::Local(&state)).expect("open");
     let old = fs.create_file(ROOT_INODE, OsStr::new("old"), ME).expect("old").inode;
     fs.write(old, 0, &[0xAB; 8 * 4096]).expect("fill every page");
     fs.unlink(ROOT_INODE, OsStr::new("old")).expect("unlink");
@@ -506,7 +513,8 @@ fn fallocated_pages_read_as_zeros_after_a_restart_even_if_they_held_old_bytes() 
     let state = StateDir::open(&path).expect("state");
     let mut reopened_store = store(8);
     reopened_store.pages = pages;
-    let (mut fs, report) = FileSystem::open_saved(reopened_store, ME, &state).expect("reopen");
+    let (mut fs, report) =
+        FileSystem::open_saved(reopened_store, ME, Metadata::Local(&state)).expect("reopen");
     assert_eq!(report.files, 1);
     let bytes = fs.read(new, 0, 4 * 4096).expect("read").to_vec();
     assert_eq!(&bytes[..7], b"written");
@@ -518,7 +526,7 @@ fn fallocated_pages_read_as_zeros_after_a_restart_even_if_they_held_old_bytes() 
 fn a_sync_started_before_another_finished_still_flushes_its_own_records() {
     let path = temporary_state();
     let state = StateDir::open(&path).expect("state directory");
-    let (mut fs, _) = FileSystem::open_saved(store(8), ME, &state).expect("open empty");
+    let (mut fs, _) = FileSystem::open_saved(store(8), ME, Metadata::Local(&state)).expect("open empty");
     assert!(fs.start_sync(true).expect("nothing to sync").is_none(), "a fresh journal is durable");
     fs.create_file(ROOT_INODE, OsStr::new("a"), ME).expect("create a");
     let (_, first) = fs.start_sync(true).expect("start").expect("the create is not yet durable");

@@ -46,6 +46,13 @@ pub fn fs_command(cluster: &LocalCluster, dir: &Path, size: &str, extra: &[&str]
     command
 }
 
+/// Runs a `remem fs` command that must end by itself (refused), under a 30 s limit.
+pub fn run_command(command: Command) -> std::process::Output {
+    let mut timed = Command::new("timeout");
+    timed.args(["-k", "5", "30"]).arg(command.get_program()).args(command.get_args());
+    timed.stdin(Stdio::null()).output().expect("run remem fs")
+}
+
 impl FsMount {
     pub fn start(cluster: &LocalCluster, dir: &Path, size: &str) -> FsMount {
         FsMount::start_with(cluster, dir, size, &[])
@@ -56,9 +63,14 @@ impl FsMount {
             Path::new("/dev/fuse").exists(),
             "/dev/fuse is missing: these tests need FUSE (modprobe fuse, or pass the device into the container)"
         );
+        FsMount::start_command(fs_command(cluster, dir, size, extra), dir)
+    }
+
+    /// Runs `command`, a `remem fs` on `dir/mnt`, its log in `dir/fs.log`, until it mounts.
+    pub fn start_command(command: Command, dir: &Path) -> FsMount {
+        assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: these tests need FUSE");
         let mountpoint = dir.join("mnt");
         let log = dir.join("fs.log");
-        let command = fs_command(cluster, dir, size, extra);
         let (child, line) = crate::common::spawn_with_first_line(command, &log);
         let mount = FsMount { child, mountpoint, log, reaped: false, leave_mount: false };
         assert!(
