@@ -229,3 +229,66 @@ fn an_etcd_file_system_mounts_in_another_home_with_every_fsynced_file_and_a_seco
     let mount = FsMount::start_command(etcd_fs_command(&etcd, &secret, &home_c), &home_c);
     assert_eq!(std::fs::read(mount.path("after")).expect("read"), b"written on host C");
 }
+
+/// The bar of issue 27 for `remem fs`, across "hosts" (network namespaces on a bridge, as
+/// netns_etcd.rs): etcd on its own host, five node hosts of two nodes each, `remem fs --etcd` on
+/// host A. Files are written and fsynced there; then host A is lost at once (its `remem fs`
+/// SIGKILLed and its link cut: it can neither serve nor renew its lease), and host C, another
+/// address with nothing of A's, mounts the file system: every file byte-exact.
+#[test]
+fn a_file_system_on_a_lost_host_mounts_on_another_host_with_every_fsynced_file() {
+    use crate::netns_support as netns;
+    const NODE_HOSTS: usize = 5;
+    const HOST_A: usize = NODE_HOSTS;
+    const HOST_C: usize = NODE_HOSTS + 1;
+    const ETCD_HOST: usize = NODE_HOSTS + 2;
+    let net = netns::Net::new(NODE_HOSTS + 3, &[]);
+    let dir = common::ScratchDir::new("fs-netns-host-loss");
+    let secret = write_secret(&dir);
+    let url = netns::start_etcd(&net, ETCD_HOST, &dir);
+    for host in 0..NODE_HOSTS {
+        for port in [7100, 7101] {
+            let address = std::net::SocketAddr::from((net.address(host), port));
+            let mut args = netns::node_args(address, "24MiB", "1MiB", host, &secret);
+            args.extend(["--etcd".to_owned(), url.clone()]);
+            netns::spawn_node(&net, host, address, &args, &dir.join(format!("node-{host}-{port}.log")));
+        }
+    }
+    let registered = wait_for(Duration::from_secs(20), || {
+        let output = net.run(
+            ETCD_HOST,
+            10,
+            "etcdctl",
+            &["--endpoints", &url, "get", "--prefix", "--keys-only", "/remem/nodes/"],
+        );
+        String::from_utf8_lossy(&output.stdout).lines().filter(|line| !line.is_empty()).count() == 10
+    });
+    assert!(registered, "the nodes did not register; logs in {}", dir.display());
+    let command = |home: &Path| {
+        let mut command = Command::new(binary());
+        std::fs::create_dir_all(home.join("mnt")).expect("mount point");
+        command.arg("fs").arg(home.join("mnt")).args(["--etcd", &url, "--secret-file"]).arg(&secret);
+        command.args(["--name", "lost", "--size", "32MiB", "-k", "4", "-r", "2", "--metadata-size", "4MiB"]);
+        command.arg("--state").arg(home.join("state")).args(["--request-timeout-ms", "1000"]);
+        command
+    };
+
+    let home_a = dir.join("host-a");
+    let mount = net.run_in(HOST_A, || FsMount::start_command(command(&home_a), &home_a));
+    let tree = write_tree(&mount.mountpoint, 24);
+    let lost_at = Instant::now();
+    mount.sigkill();
+    net.partition(HOST_A);
+
+    let home_c = dir.join("host-c");
+    let mount = net.run_in(HOST_C, || FsMount::start_command(command(&home_c), &home_c));
+    eprintln!(
+        "host C mounted the file system {:.1} s after host A was lost (one etcd lease, 10 s, at most)",
+        lost_at.elapsed().as_secs_f64()
+    );
+    assert_same_tree(&read_tree(&mount.mountpoint), &tree);
+    drop(mount);
+    net.heal(HOST_A);
+    let exited = net.exited();
+    assert!(exited.is_empty(), "node or etcd processes exited: {exited:?}; logs in {}", dir.display());
+}

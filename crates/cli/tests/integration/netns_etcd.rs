@@ -14,7 +14,7 @@ use crate::etcd_support;
 use crate::netns_support as netns;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::Model;
@@ -98,34 +98,7 @@ fn a_client_restarted_on_another_host_finds_its_map_in_etcd_and_every_byte_throu
     let secret = remem_client::Secret::load(Some(&secret_path)).expect("secret");
 
     // etcd on its own host.
-    let etcd_ip = net.address(ETCD_HOST);
-    let url = format!("http://{etcd_ip}:2379");
-    let peer = format!("http://{etcd_ip}:2380");
-    let data = dir.join("etcd-data").to_string_lossy().into_owned();
-    let args: Vec<String> = [
-        "--name",
-        "mh",
-        "--data-dir",
-        &data,
-        "--listen-client-urls",
-        &url,
-        "--advertise-client-urls",
-        &url,
-        "--listen-peer-urls",
-        &peer,
-        "--initial-advertise-peer-urls",
-        &peer,
-        "--initial-cluster",
-        &format!("mh={peer}"),
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    let _ = net.spawn(ETCD_HOST, Path::new("etcd"), &args, &dir.join("etcd.log"));
-    let healthy = etcd_support::wait_for(Duration::from_secs(20), || {
-        net.run(ETCD_HOST, 5, "etcdctl", &["--endpoints", &url, "endpoint", "health"]).status.success()
-    });
-    assert!(healthy, "etcd did not start; see {}", dir.join("etcd.log").display());
-
+    let url = netns::start_etcd(&net, ETCD_HOST, &dir);
     // Two nodes per node host, each listening on its host's address and registering in etcd.
     let mut nodes: Vec<(usize, SocketAddr, u32)> = Vec::new();
     for host in 0..NODE_HOSTS {

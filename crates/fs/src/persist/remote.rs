@@ -96,6 +96,8 @@ pub struct RemoteArea {
     journal_next: u64,
     /// Pages being written or read: [`BATCH_PAGES`] of them, allocated once.
     staging: Vec<u8>,
+    /// The allocation of the op list of a write, kept between appends.
+    spare_ops: Vec<PageOp<'static>>,
 }
 
 /// Torn (every node answered; no k splits agree), as opposed to lost or unreachable.
@@ -129,6 +131,7 @@ impl RemoteArea {
             journal_first: 0,
             journal_next: 0,
             staging: vec![0; BATCH_PAGES * page_bytes],
+            spare_ops: Vec::with_capacity(BATCH_PAGES),
         })
     }
 
@@ -160,15 +163,14 @@ impl RemoteArea {
     /// Writes the staging buffer's first `count` pages from page `first`.
     fn write_pages(&mut self, first: u64, count: usize) -> Result<(), AreaError> {
         let page_bytes = self.page_bytes;
-        let mut ops: Vec<PageOp<'_>> = self.staging[..count * page_bytes]
-            .chunks(page_bytes)
-            .enumerate()
-            .map(|(index, data)| PageOp::Write { page: first + index as u64, data })
-            .collect();
+        let mut ops = crate::filesystem::recycle(std::mem::take(&mut self.spare_ops));
+        let pages = self.staging[..count * page_bytes].chunks(page_bytes).enumerate();
+        ops.extend(pages.map(|(index, data)| PageOp::Write { page: first + index as u64, data }));
         let mut failed = None;
         self.store.execute_each(&mut ops, &mut |index, error| {
             failed.get_or_insert((first + index as u64, error));
         });
+        self.spare_ops = crate::filesystem::recycle(ops);
         match failed {
             Some((page, source)) => Err(AreaError::Write { page, source }),
             None => Ok(()),

@@ -558,3 +558,38 @@ pub fn spawn_node(net: &Net, host: usize, address: SocketAddr, args: &[String], 
     );
     pid
 }
+
+/// Starts etcd (one member) in host `host`, its data and log in `dir`, and waits until it is
+/// healthy; its client URL.
+pub fn start_etcd(net: &Net, host: usize, dir: &Path) -> String {
+    let ip = net.address(host);
+    let url = format!("http://{ip}:2379");
+    let peer = format!("http://{ip}:2380");
+    let data = dir.join("etcd-data").to_string_lossy().into_owned();
+    let cluster = format!("mh={peer}");
+    let args: Vec<String> = [
+        "--name",
+        "mh",
+        "--data-dir",
+        &data,
+        "--listen-client-urls",
+        &url,
+        "--advertise-client-urls",
+        &url,
+        "--listen-peer-urls",
+        &peer,
+        "--initial-advertise-peer-urls",
+        &peer,
+        "--initial-cluster",
+        &cluster,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let _ = net.spawn(host, Path::new("etcd"), &args, &dir.join("etcd.log"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !net.run(host, 5, "etcdctl", &["--endpoints", &url, "endpoint", "health"]).status.success() {
+        assert!(Instant::now() < deadline, "etcd did not start; see {}", dir.join("etcd.log").display());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    url
+}
