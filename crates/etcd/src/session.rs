@@ -286,6 +286,7 @@ impl Keeper {
                 }
                 Err(error) => {
                     alive = None;
+                    tracing::debug!(key = %self.owner_key, %error, "keeping the session failed");
                     if !down_logged {
                         tracing::warn!(%error, "etcd unreachable: serving on; ownership and the slab map wait for it");
                         down_logged = true;
@@ -304,7 +305,17 @@ impl Keeper {
         let config = &self.etcd.config;
         let lease = self.shared.lease.load(Ordering::Relaxed);
         if alive.is_none() {
-            *alive = Some(with_deadline(config, client.lease_keep_alive(lease)).await?);
+            match with_deadline(config, client.lease_keep_alive(lease)).await {
+                Ok(stream) => *alive = Some(stream),
+                // A new keep-alive stream on a lapsed lease fails so (etcd-client checks the
+                // first answer's TTL), where an open stream answers with TTL 0.
+                Err(EtcdError::Etcd { source: etcd_client::Error::LeaseKeepAliveError(message), .. })
+                    if message.contains("lease not found") =>
+                {
+                    return self.claim_again().await;
+                }
+                Err(error) => return Err(error),
+            }
         }
         let (keeper, responses) = alive.as_mut().expect("set above");
         with_deadline(config, keeper.keep_alive()).await?;
@@ -313,6 +324,12 @@ impl Keeper {
             return Ok(());
         }
         *alive = None;
+        self.claim_again().await
+    }
+
+    /// The lease lapsed: claims the name again on a new one, or is fenced if another process
+    /// holds it now.
+    async fn claim_again(&self) -> Result<(), EtcdError> {
         match try_claim(&self.etcd, &self.owner_key, &self.owner).await {
             Ok(new_lease) => {
                 self.shared.lease.store(new_lease, Ordering::Relaxed);

@@ -122,14 +122,17 @@ impl<S: PageStore> FileSystem<S> {
             // The records are numbered and memory holds them: a snapshot includes them.
             Ok(Appended::NoRoom) => match self.compact() {
                 Ok(()) => return result,
-                Err(error) => error.to_string(),
+                Err(error) => {
+                    if let Some(journal) = &mut self.journal {
+                        journal.fail();
+                    }
+                    error.to_string()
+                }
             },
+            // The journal decided whether it can go on (a remote one keeps the records).
             Err(error) => error.to_string(),
         };
-        if let Some(journal) = &mut self.journal {
-            journal.fail();
-        }
-        tracing::error!(error = %failure, "cannot append to the metadata journal: changes are refused from now on");
+        tracing::error!(error = %failure, "cannot append to the metadata journal");
         Err(FsError::Journal(failure))
     }
 

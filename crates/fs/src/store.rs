@@ -111,6 +111,8 @@ impl PageStore for HomedClient {
         });
         if let Some(reason) = self.home.fenced() {
             self.fence.set(reason);
+        } else if let Some(reason) = self.client.fenced_at_node() {
+            self.fence.set(format!("{} at a node: {reason}", self.what));
         }
     }
 }

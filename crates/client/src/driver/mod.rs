@@ -61,6 +61,9 @@ pub struct Client {
     last_socket_check: Instant,
     /// Failed nodes with a probe under way, and where the probes report.
     probing: Vec<NodeId>,
+    /// Set when a node refused this client's session because another process took its client
+    /// id over there ([`Client::fenced_at_node`]).
+    fenced_at_node: Option<String>,
     probe_results: ProbeChannel,
     /// The probe thread started with the client (`ClientConfig::probe_thread_at_start`).
     prober: Option<std::sync::mpsc::Sender<ProbeRequest>>,
@@ -163,6 +166,7 @@ impl Client {
             transport,
             last_socket_check: Instant::now(),
             probing: Vec::new(),
+            fenced_at_node: None,
             probe_results: std::sync::mpsc::channel(),
             prober: None,
             region_labels: std::collections::BTreeMap::new(),
@@ -495,7 +499,12 @@ impl Client {
                 Err(error @ ConnectError::ClientIdInUse { .. }) => {
                     // Another process took this client id over at that node while this one was
                     // cut off from it: the node stays failed here, never written again.
-                    tracing::error!(node = %address, %error, "fenced off at a node: another process holds this client id");
+                    if self.fenced_at_node.is_none() {
+                        tracing::error!(node = %address, %error, "fenced off at a node: another process holds this client id");
+                        self.fenced_at_node = Some(error.to_string());
+                    } else {
+                        tracing::debug!(node = %address, %error, "still fenced off at a node");
+                    }
                     continue;
                 }
                 Err(error) => {
@@ -547,6 +556,13 @@ impl Client {
             self.poll_background((deadline - now).min(Duration::from_millis(100)));
         }
         true
+    }
+
+    /// Why this client is fenced, if a node refused to take it back after it was cut off:
+    /// another process holds its client id there now (docs/PROTOCOL.md, "Leases"). Such a node
+    /// stays failed for this client; a front end should stop serving.
+    pub fn fenced_at_node(&self) -> Option<&str> {
+        self.fenced_at_node.as_deref()
     }
 
     pub fn regeneration_status(&self) -> crate::engine::RegenerationStatus {

@@ -187,11 +187,17 @@ pub struct Journal {
     synced_seq: u64,
     last_sync: Instant,
     buffer: Vec<u8>,
+    /// Remote: records of appends the area's nodes did not take (their requests failed), to be
+    /// written before the next ones (so the numbering has no gap).
+    unwritten: Vec<u8>,
     /// Set after a failed append: the journal no longer matches memory, so every later
     /// change is refused (EIO) rather than acknowledged and lost at the next restart.
     failed: bool,
     pub compact_at_bytes: u64,
 }
+
+/// Remote: how many bytes of records may wait for the area's nodes before the journal gives up.
+const MAX_UNWRITTEN_BYTES: usize = 4 << 20;
 
 impl Journal {
     /// Appends records: to the local file with one `write(2)` (in the page cache, so a SIGKILL
@@ -205,22 +211,32 @@ impl Journal {
             record.encode(self.next_seq, &mut self.buffer);
             self.next_seq += 1;
         }
-        let written = match &mut self.sink {
-            Sink::Local { file, .. } => file.write_all(&self.buffer),
-            Sink::Remote(area) if !area.has_room_for(self.buffer.len()) => return Ok(Appended::NoRoom),
-            Sink::Remote(area) => match area.append(&self.buffer) {
-                Ok(()) => {
-                    self.synced_seq = self.next_seq - 1;
-                    Ok(())
+        let area = match &mut self.sink {
+            Sink::Local { file, .. } => {
+                if let Err(error) = file.write_all(&self.buffer) {
+                    self.failed = true;
+                    return Err(error);
                 }
-                Err(error) => Err(std::io::Error::other(error.to_string())),
-            },
+                self.bytes += self.buffer.len() as u64;
+                return Ok(Appended::Written);
+            }
+            Sink::Remote(area) => area,
         };
-        if let Err(error) = written {
-            self.failed = true;
-            return Err(error);
+        self.unwritten.extend_from_slice(&self.buffer);
+        if !area.has_room_for(self.unwritten.len()) {
+            return Ok(Appended::NoRoom);
         }
-        self.bytes += self.buffer.len() as u64;
+        if let Err(error) = area.append(&self.unwritten) {
+            // The nodes may come back (a pause, a partition): these records are written before
+            // the next ones, up to a bound; the caller's request fails meanwhile.
+            if self.unwritten.len() > MAX_UNWRITTEN_BYTES {
+                self.failed = true;
+            }
+            return Err(std::io::Error::other(error.to_string()));
+        }
+        self.bytes += self.unwritten.len() as u64;
+        self.unwritten.clear();
+        self.synced_seq = self.next_seq - 1;
         Ok(Appended::Written)
     }
 
@@ -251,7 +267,11 @@ impl Journal {
         }
         match &self.sink {
             Sink::Local { file, .. } => Ok(Some((file.try_clone()?, last_seq))),
-            Sink::Remote(_) => Ok(None),
+            // Records left unwritten by an append the nodes did not take: written now.
+            Sink::Remote(_) => match self.append(&[])? {
+                Appended::Written => Ok(None),
+                Appended::NoRoom => Err(std::io::Error::other("the remote journal needs a compaction first")),
+            },
         }
     }
 
@@ -304,6 +324,7 @@ impl Journal {
             }
             Sink::Remote(area) => area.replace(snapshot_bytes).map_err(PersistError::Remote)?,
         }
+        self.unwritten.clear();
         self.bytes = 0;
         self.synced_seq = self.last_seq();
         Ok(())
@@ -414,6 +435,7 @@ impl<S: PageStore> FileSystem<S> {
             synced_seq: last_seq,
             last_sync: Instant::now(),
             buffer: Vec::new(),
+            unwritten: Vec::new(),
             failed: false,
             compact_at_bytes: COMPACT_AT_BYTES,
         };

@@ -328,6 +328,16 @@ impl RemoteArea {
     /// checked [`RemoteArea::has_room_for`].
     pub fn append(&mut self, bytes: &[u8]) -> Result<(), AreaError> {
         assert!(self.has_room_for(bytes.len()), "append without room");
+        let start = self.journal_next;
+        let written = self.append_from(bytes);
+        if written.is_err() {
+            // Written again whole by the next append (none of it was acknowledged).
+            self.journal_next = start;
+        }
+        written
+    }
+
+    fn append_from(&mut self, bytes: &[u8]) -> Result<(), AreaError> {
         let payload = self.payload_bytes();
         for group in bytes.chunks(payload * BATCH_PAGES) {
             let first = self.journal_next;

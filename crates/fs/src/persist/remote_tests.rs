@@ -246,3 +246,32 @@ fn a_snapshot_too_large_for_the_area_fails_the_change_not_the_process() {
     let loaded = meta.area().load().expect("the last whole generation loads");
     assert!(loaded.snapshot.is_some());
 }
+
+#[test]
+fn records_the_nodes_did_not_take_are_written_before_the_next_once_they_are_back() {
+    use crate::namespace::ROOT_INODE;
+    use std::ffi::OsStr;
+    let meta = Shared::new(PAGES);
+    let (mut fs, _) =
+        FileSystem::open_saved(super::tests::store(64), ME, Metadata::Remote(meta.area())).expect("open");
+    fs.create_file(ROOT_INODE, OsStr::new("a"), ME).expect("a");
+    meta.model().failing = true;
+    assert!(fs.create_file(ROOT_INODE, OsStr::new("b"), ME).is_err(), "EIO while the area's nodes are gone");
+    assert!(fs.start_sync(false).is_err(), "fsync says the metadata is not on the nodes");
+    meta.model().failing = false;
+    assert!(fs.start_sync(false).expect("fsync once they are back").is_none());
+    fs.create_file(ROOT_INODE, OsStr::new("c"), ME).expect("c");
+    meta.model().failing = true;
+    assert!(fs.create_file(ROOT_INODE, OsStr::new("d"), ME).is_err());
+    meta.model().failing = false;
+    fs.create_file(ROOT_INODE, OsStr::new("e"), ME).expect("e, after d's records");
+    let expected = fs.snapshot_bytes(0);
+    let pages = std::mem::take(&mut fs.store.pages);
+    drop(fs);
+    let mut store = super::tests::store(64);
+    store.pages = pages;
+    let (reopened, report) =
+        FileSystem::open_saved(store, ME, Metadata::Remote(meta.area())).expect("reopen");
+    assert_eq!(report.files, 5, "b and d failed their callers, but memory had them and so does the journal");
+    assert_eq!(reopened.snapshot_bytes(0), expected);
+}
