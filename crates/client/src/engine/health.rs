@@ -88,6 +88,9 @@ impl Engine {
         if was_failed {
             tracing::info!(node = %entry.address, "node answers again: readmitted");
         }
+        if !new_life {
+            self.readmit_untouched_slabs(node);
+        }
         if new_life {
             let stale: Vec<u32> = self
                 .regenerations_old_sources()
@@ -102,9 +105,9 @@ impl Engine {
         for slab_id in std::mem::take(&mut self.nodes[node].orphans) {
             self.unmap_quietly(node, slab_id);
         }
-        // Slabs it holds that a range still names were marked unavailable when it failed and
-        // may have missed writes since: they stay unavailable and their rebuild (already
-        // queued) replaces them; the old slab is released once the new one is complete.
+        // Slabs it holds that a range still names and that missed writes since it failed stay
+        // unavailable: their rebuild (already queued) replaces them; the old slab is released
+        // once the new one is complete.
     }
 
     /// A split was read from `node` (the denominator of its error rate).
@@ -284,7 +287,7 @@ impl Engine {
                     // (it never reopened a saved map: then a version number could have been
                     // used twice, and only reachable splits can be trusted).
                     let keep = self.versions_exact;
-                    self.schedule_regeneration(range, split, "node failed", keep);
+                    self.schedule_regeneration(range, split, super::regeneration::NODE_FAILED, keep);
                 }
             }
         }

@@ -167,6 +167,11 @@ pub struct Range {
     /// node): until the new slab is complete, reads go to the old one, where stale and corrupt
     /// splits are erasures like any other.
     pub previous: SplitMask,
+    /// Unavailable splits that missed a write: a write of the range ended (stored, degraded or
+    /// failed) while they were unavailable. A split that missed none holds what it held when it
+    /// went away, so its node coming back (same life) makes it available again without a
+    /// rebuild (`health.rs`).
+    pub missed: SplitMask,
 }
 
 /// A region: consecutive pages of the client's page space with one coding shape.

@@ -56,6 +56,8 @@ use super::{Engine, Membership, NodeId, SlabRef};
 /// How long a rebuild that could not start or lost pages first waits before trying again; the
 /// delay doubles up to [`MAX_RETRY_DELAY`].
 const RETRY_DELAY: Duration = Duration::from_millis(200);
+/// The reason of the rebuild a node failure schedules.
+pub(super) const NODE_FAILED: &str = "node failed";
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
 #[derive(Debug)]
@@ -120,6 +122,9 @@ impl Engine {
         keep_old: bool,
     ) {
         let bit = 1 << split;
+        if self.ranges[range].unavailable & bit == 0 {
+            self.ranges[range].missed &= !bit;
+        }
         self.ranges[range].unavailable |= bit;
         // An unavailable slab is never read or written through shared memory again.
         self.drop_shm(range, split);
@@ -155,6 +160,48 @@ impl Engine {
         if !keep_old {
             let split_bytes = self.regions[self.ranges[range].region].split_bytes;
             self.release_slab(old, split_bytes);
+        }
+    }
+
+    /// The node came back in the same life: each of its slabs that a range still names, that
+    /// missed no write of its range since it went away, and whose rebuild has not started, is
+    /// the range's split again as it was (no rebuild). So a client cut off from every node at
+    /// once (a pause longer than the nodes' lease, a partition) writes again when they answer,
+    /// even where no spare node could take a rebuilt slab. Not for ranges without redundancy,
+    /// nor for a data split of a range with parity-stale pages (their loss was already
+    /// recorded): those keep their rebuild.
+    pub(super) fn readmit_untouched_slabs(&mut self, node: NodeId) {
+        let mut index = 0;
+        while index < self.regenerations.len() {
+            let task = &self.regenerations[index];
+            let (range_index, split, bit) = (task.range, task.split, 1 << task.split);
+            let range = &self.ranges[range_index];
+            let shape = self.regions[range.region].shape;
+            // Only a rebuild for a node failure: its slab was released to the node's orphans
+            // (never unmapped while connected) and is still there if the node is.
+            let untouched = task.reason == NODE_FAILED
+                && matches!(task.state, State::Queued { .. })
+                && task.target.is_none()
+                && range.slabs[split].node == node
+                && range.unavailable & bit != 0
+                && (range.missed | range.rebuilding | range.previous) & bit == 0
+                && shape.total_splits() > 1
+                && !(split < shape.data_splits && range.parity_stale_pages > 0);
+            if !untouched {
+                index += 1;
+                continue;
+            }
+            self.regenerations.remove(index);
+            let slab_id = range.slabs[split].slab_id;
+            self.ranges[range_index].unavailable &= !bit;
+            // A client whose versions were not exact released the slab when it failed: it is
+            // the range's again.
+            self.nodes[node].orphans.retain(|&orphan| orphan != slab_id);
+            tracing::info!(
+                range = range_index,
+                split,
+                "slab back as it was (it missed no write): no rebuild"
+            );
         }
     }
 

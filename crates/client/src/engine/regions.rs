@@ -138,6 +138,7 @@ impl Engine {
                 unreadable_pages: 0,
                 parity_stale_pages: 0,
                 previous: 0,
+                missed: 0,
             });
             self.range_accesses.push(0);
         }

@@ -263,6 +263,10 @@ impl Engine {
         let slot = &mut self.slots[event.slot];
         let step = slot.write.as_mut().expect("write slot has a write state").on_ack(event.split, stored);
         let mode = slot.write_mode;
+        if !matches!(step, WriteStep::Wait) {
+            let range = &mut self.ranges[self.slots[event.slot].range];
+            range.missed |= range.unavailable;
+        }
         match step {
             WriteStep::Wait => {}
             WriteStep::Done { .. } if mode == WriteMode::ParityOnly => self.parity_write_done(event.slot),

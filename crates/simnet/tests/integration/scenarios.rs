@@ -292,6 +292,43 @@ fn stalled_node_is_probed_and_readmitted() {
 }
 
 #[test]
+fn a_client_cut_off_from_every_node_writes_again_when_they_answer_with_no_spare_node() {
+    // Ten nodes for EC(8,2): every range is on all of them, so no rebuild could ever be placed.
+    let mut driver = start(104, 10, 8, NetworkOptions::default(), config());
+    let region = driver.create_region(EC_8_2, 64).unwrap();
+    let pages = region.first_page..region.first_page + region.page_count;
+    write_all(&mut driver, pages.clone(), 1);
+    let until = driver.now() + 5 * REQUEST_TIMEOUT;
+    for node in 0..10 {
+        driver.fault_now(node, FaultAction::Stall { until });
+    }
+    let all_failed =
+        driver.run_until_condition(until, |driver| (0..10).all(|node| !driver.engine().node(node).connected));
+    assert!(all_failed, "every silent node is failed\n{}", trace_of(&driver));
+    // They answer again having missed no write: each slab is its range's split again, no rebuild.
+    let back = driver.run_until_condition(until + LIMIT, |driver| {
+        (0..10).all(|node| driver.engine().node(node).connected)
+            && driver.engine().ranges().iter().all(|range| range.unavailable == 0)
+    });
+    assert!(back, "{:?}\n{}", driver.engine().regeneration_status(), trace_of(&driver));
+    assert_eq!(driver.engine().regeneration_status().in_flight, 0);
+    verify_all(&mut driver, pages.clone(), |_| 1);
+    write_all(&mut driver, pages.clone(), 2);
+    verify_all(&mut driver, pages.clone(), |_| 2);
+
+    // One node away while every page is rewritten: its slabs missed writes and stay unavailable
+    // (no spare node takes a rebuild), never read again; the pages read from the others.
+    let away = range_nodes(&driver, 0)[0];
+    let until = driver.now() + 5 * REQUEST_TIMEOUT;
+    driver.fault_now(away, FaultAction::Stall { until });
+    write_all(&mut driver, pages.clone(), 3);
+    let readmitted = driver.run_until_condition(until + LIMIT, |driver| driver.engine().node(away).connected);
+    assert!(readmitted, "{}", trace_of(&driver));
+    assert!(driver.engine().ranges().iter().all(|range| range.unavailable.count_ones() == 1));
+    verify_all(&mut driver, pages, |_| 3);
+}
+
+#[test]
 fn rebuild_that_loses_pages_is_retried_not_accepted() {
     let mut driver = start(103, 12, 8, slow_rebuilds(), config());
     let region = driver.create_region(EC_8_2, 32).unwrap();
