@@ -324,7 +324,8 @@ impl ClaimedExport {
     /// claim, the client's own nodes known already.
     pub fn into_home(self, client: &Client) -> EtcdHome {
         let ClaimedExport { etcd, session, nodes, hostname, .. } = self;
-        let mut known: Vec<SocketAddr> = client.slab_map().nodes;
+        // The client's nodes (it may have no region yet, so no slab map to ask).
+        let mut known: Vec<SocketAddr> = client.node_addresses().collect();
         known.extend(nodes.iter().map(|node| node.address));
         let membership = MembershipWatch::start(&etcd, &nodes);
         EtcdHome { session, membership, known, last_check: Instant::now(), hostname }

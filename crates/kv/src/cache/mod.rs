@@ -26,6 +26,7 @@ use remem_client::PollClient;
 
 pub mod durability;
 pub mod growth;
+pub mod mirror;
 pub mod open;
 mod reads;
 pub mod rewrites;
@@ -221,6 +222,8 @@ pub struct Cache {
     budget: crate::budget::OutputBudget,
     /// Ranges mapped as values need them and given back when empty (`growth.rs`).
     growth: growth::Growth,
+    /// The backup region and rewrites log copied to a remem region (`mirror.rs`, `--etcd`).
+    mirror: Option<mirror::StateMirror>,
 }
 
 impl Cache {
@@ -254,6 +257,7 @@ impl Cache {
             rewrites: None,
             budget: crate::budget::OutputBudget::new(crate::budget::DEFAULT_OUTPUT_BUDGET_BYTES),
             growth: growth::Growth::default(),
+            mirror: None,
         }
     }
 
@@ -498,6 +502,7 @@ impl Cache {
     fn complete(&mut self, done: &mut Vec<IoDone>) {
         // Completions may start new ops whose completions arrive in the same call: loop.
         for _ in 0..64 {
+            self.take_deferred(done);
             if done.is_empty() {
                 break;
             }
