@@ -8,6 +8,7 @@
 
 use crate::common;
 use crate::etcd_support;
+use crate::kv_crash;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -48,7 +49,7 @@ fn kv_command(etcd: &EtcdServer, secret: &Path, state: &Path) -> Command {
     command
         .args(["kv", "--etcd", &etcd.url, "--secret-file"])
         .arg(secret)
-        .args(["--export", "cache", "-m", "8MiB", "--backup-size", "4MiB", "-k", "4", "-r", "2"])
+        .args(["--export", "cache", "-m", "16MiB", "--backup-size", "4MiB", "-k", "4", "-r", "2"])
         .args(["--prefix-scheme", "ec:=ec", "--request-timeout-ms", "1000", "--listen", "127.0.0.1:0"])
         .arg("--state")
         .arg(state);
@@ -245,4 +246,75 @@ fn kv_etcd_refuses_to_start_when_the_state_region_lost_more_than_r_nodes() {
     };
     eprintln!("{log}");
     assert!(log.contains("is lost with nodes") && log.contains("refusing to start"), "{log}");
+}
+
+#[test]
+fn kv_etcd_keeps_every_acknowledged_write_across_sigkills_under_load_in_new_state_directories() {
+    let dir = common::ScratchDir::new("kv-etcd-load");
+    let (etcd, secret, _nodes) = start_cluster(&dir);
+    let mut server = Kv::start(&etcd, &secret, &dir.join("state-0"), &dir.join("kv-0.log"))
+        .unwrap_or_else(|log| panic!("{log}"));
+    let mut known = HashMap::new();
+    let mut generation = 1;
+    for round in 0..2u64 {
+        let address = server.address;
+        let seed = 0x2545_f491_4f6c_dd1d ^ (round + 1);
+        let before = known.clone();
+        let progress = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = std::sync::Arc::clone(&progress);
+        let writer = std::thread::spawn(move || {
+            kv_crash::write_until_killed_counting(address, before, seed, generation, counter)
+        });
+        // Killed mid-run, at a different moment each round.
+        kv_crash::wait_for_writes(&progress, 40);
+        std::thread::sleep(Duration::from_millis(300 + seed % 700));
+        server.sigkill();
+        let (after, in_flight, acknowledged) = writer.join().expect("the writer");
+        known = after;
+        generation += 1_000_000;
+        eprintln!(
+            "round {round}: {acknowledged} writes acknowledged before SIGKILL; in flight {in_flight:?}"
+        );
+        std::fs::remove_dir_all(dir.join(format!("state-{round}"))).expect("the state directory is gone");
+        let state = dir.join(format!("state-{}", round + 1));
+        server = Kv::start(&etcd, &secret, &state, &dir.join(format!("kv-{}.log", round + 1)))
+            .unwrap_or_else(|log| panic!("{log}"));
+        assert!(server.log_text().contains("items restored"), "{}", server.log_text());
+        let (present, missing, _) = kv_crash::verify(&mut server.client(), &known, in_flight, true);
+        eprintln!("round {round}: {present} keys present, {missing} absent, as acknowledged");
+        kv_crash::settle(&mut server.client(), &mut known, in_flight);
+    }
+}
+
+#[test]
+fn kv_etcd_whose_map_another_process_rewrote_is_fenced_and_stops() {
+    let dir = common::ScratchDir::new("kv-etcd-fence");
+    let (etcd, secret, _nodes) = start_cluster(&dir);
+    let mut first = Kv::start(&etcd, &secret, &dir.join("a"), &dir.join("kv-a.log"))
+        .unwrap_or_else(|log| panic!("{log}"));
+    let mut client = first.client();
+    assert_eq!(client.set("before", b"fence").expect("set"), StoreOutcome::Stored);
+    assert!(etcd
+        .etcdctl(&["put", "/remem/clients/cache/slabmap", "{\"written\":\"elsewhere\"}"])
+        .status
+        .success());
+    // Values enough to need new ranges: mapping one saves the map, whose compare-and-swap fails.
+    let large = common::pseudo_random(200_000, 5);
+    for index in 0..40 {
+        if client.set(&format!("large{index}"), &large).is_err() {
+            break;
+        }
+    }
+    let exited = wait_for(Duration::from_secs(30), || matches!(first.child.try_wait(), Ok(Some(_))));
+    assert!(exited, "the fenced kv kept serving; log: {}", first.log_text());
+    let status = first.child.wait().expect("status");
+    assert!(!status.success(), "a fenced kv exits with an error");
+    assert!(first.log_text().contains("fenced"), "{}", first.log_text());
+    let map = etcd.etcdctl(&["get", "--print-value-only", "/remem/clients/cache/slabmap"]);
+    assert_eq!(
+        String::from_utf8_lossy(&map.stdout).trim(),
+        "{\"written\":\"elsewhere\"}",
+        "the fenced kv wrote"
+    );
+    eprintln!("{}", first.log_text());
 }
