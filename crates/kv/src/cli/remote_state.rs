@@ -160,3 +160,54 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
         .with_context(|| format!("creating {}", path.display()))?;
     file.write_all_at(bytes, 0).with_context(|| format!("writing {}", path.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(page_count: u64) -> StateRegion {
+        StateRegion { first_page: 0, page_count, first_range: 0, pages_per_range: 256 }
+    }
+
+    fn header(chunk_count: u32) -> Vec<u8> {
+        let mut page = vec![0u8; PAGE];
+        page[..8].copy_from_slice(MAGIC);
+        page[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        page[12..16].copy_from_slice(&chunk_count.to_le_bytes());
+        let crc = crc32c::crc32c(&page[..16]);
+        page[16..20].copy_from_slice(&crc.to_le_bytes());
+        page
+    }
+
+    #[test]
+    fn a_hostile_header_read_back_is_refused_before_it_sizes_anything() {
+        // 1 (rewrites) + 1 (header) + 4 chunks of 256 pages.
+        let room = region(2 + 4 * 256);
+        assert_eq!(check_header(&header(4), &room).unwrap(), 4);
+        assert!(check_header(&header(5), &room).is_err(), "more chunks than the region holds");
+        assert!(check_header(&header(0), &room).is_err());
+        assert!(check_header(&header(u32::MAX), &region(u64::MAX)).is_err(), "beyond MAX_CHUNKS");
+        let mut flipped = header(4);
+        flipped[12] ^= 1;
+        assert!(check_header(&flipped, &room).unwrap_err().to_string().contains("checksum"));
+        let mut magic = header(4);
+        magic[0] = b'X';
+        assert!(check_header(&magic, &room).unwrap_err().to_string().contains("magic"));
+        assert!(check_header(&[0u8; PAGE], &room).is_err(), "a page never written");
+    }
+
+    #[test]
+    fn a_torn_page_and_a_page_lost_beyond_r_are_told_apart() {
+        let node: std::net::SocketAddr = "10.0.0.1:7100".parse().unwrap();
+        let lost = |failed_nodes| remem_client::PageError::Lost {
+            page: 7,
+            range: 0,
+            valid_splits: 0,
+            needed_splits: 1,
+            failed_nodes,
+        };
+        assert!(describe_read_error(3, &lost(Vec::new())).contains("state page 3 is torn"));
+        let beyond = describe_read_error(3, &lost(vec![node]));
+        assert!(beyond.contains("is lost with nodes") && beyond.contains("10.0.0.1:7100"), "{beyond}");
+    }
+}
