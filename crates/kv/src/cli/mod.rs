@@ -459,6 +459,18 @@ fn open_state(
     }
 }
 
+/// The cache's settings from the flags.
+fn cache_config(args: &KvArgs, policy: Policy, ec: EcShape) -> CacheConfig {
+    CacheConfig {
+        memory_limit_bytes: args.memory_limit,
+        max_item_bytes: args.max_item_size as usize,
+        policy,
+        ec,
+        bypass: !args.no_bypass,
+        max_background_transitions: 8,
+    }
+}
+
 /// The server's settings from the flags.
 fn server_config(
     args: &KvArgs,
@@ -513,19 +525,27 @@ pub fn run(args: KvArgs) -> Result<()> {
     let ec = EcShape { data_splits: args.data_splits, parity_splits: args.parity_splits };
     let policy = scheme_policy(&args, ec)?;
 
-    let cache_config = CacheConfig {
-        memory_limit_bytes: args.memory_limit,
-        max_item_bytes: args.max_item_size as usize,
-        policy,
-        ec,
-        bypass: !args.no_bypass,
-        max_background_transitions: 8,
-    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let snapshot = Arc::new(std::sync::Mutex::new(String::new()));
+    if args.etcd.etcd.is_some() {
+        if let Some(address) = args.metrics {
+            let served = Arc::clone(&snapshot);
+            let render = move || served.lock().map(|text| text.clone()).unwrap_or_default();
+            let bound = remem_frontend::metrics::serve(address, Arc::clone(&stop), render)?;
+            eprintln!("metrics at http://{bound}/metrics");
+        }
+        let publish = args.metrics.is_some().then_some(snapshot);
+        return etcd::run(&args, auth, cache_config(&args, policy, ec), stop, publish);
+    }
+
+    let (cluster_path, cluster, secret) =
+        remem_frontend::cluster_file::load_cluster(args.cluster.as_deref())?;
+    remem_frontend::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
+    let (config, placement) = client_config(&args, ec, cluster.encrypt)?;
+    let cache_config = cache_config(&args, policy, ec);
     // The metrics endpoint comes first: a standby shows its own gauges until it takes over, and
     // a busy port fails the start before anything is mapped or `listening` is printed.
-    let stop = Arc::new(AtomicBool::new(false));
     let gauges = Arc::new(standby::StandbyGauges::default());
-    let snapshot = Arc::new(std::sync::Mutex::new(String::new()));
     let serving = Arc::new(AtomicBool::new(!args.standby));
     if let Some(address) = args.metrics {
         let (served, gauges, serving) = (Arc::clone(&snapshot), Arc::clone(&gauges), Arc::clone(&serving));
@@ -536,14 +556,6 @@ pub fn run(args: KvArgs) -> Result<()> {
         let bound = remem_frontend::metrics::serve(address, Arc::clone(&stop), render)?;
         eprintln!("metrics at http://{bound}/metrics");
     }
-    if args.etcd.etcd.is_some() {
-        let publish = args.metrics.is_some().then_some(snapshot);
-        return etcd::run(&args, auth, cache_config, stop, publish);
-    }
-    let (cluster_path, cluster, secret) =
-        remem_frontend::cluster_file::load_cluster(args.cluster.as_deref())?;
-    remem_frontend::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
-    let (config, placement) = client_config(&args, ec, cluster.encrypt)?;
     let (state, takeover) = open_state(&args, &cluster_path, &cache_config, &gauges)?;
     if let (Some(state), true) = (&state, args.fresh) {
         state.drop_saved(&secret, &config)?;
