@@ -318,3 +318,108 @@ fn kv_etcd_whose_map_another_process_rewrote_is_fenced_and_stops() {
     );
     eprintln!("{}", first.log_text());
 }
+
+/// Across "hosts" (network namespaces, as netns_etcd.rs): etcd on its own host, six node hosts
+/// of two nodes registering there over the bridge, the kv on client host A; A's kv is
+/// SIGKILLed, its state directory deleted, and `remem kv --etcd` on client host B (another
+/// address, another state directory) serves every acknowledged item to a client on B.
+#[test]
+fn kv_etcd_restarted_on_another_host_serves_every_acknowledged_item() {
+    use crate::netns_support as netns;
+    const NODE_HOSTS: usize = 6;
+    const CLIENT_A: usize = NODE_HOSTS;
+    const CLIENT_B: usize = NODE_HOSTS + 1;
+    const ETCD_HOST: usize = NODE_HOSTS + 2;
+    netns::require_namespaces();
+    let net = netns::Net::new(NODE_HOSTS + 3, &[]);
+    let dir = common::ScratchDir::new("kv-etcd-netns");
+    let secret = write_secret(&dir);
+    let etcd_ip = net.address(ETCD_HOST);
+    let (url, peer) = (format!("http://{etcd_ip}:2379"), format!("http://{etcd_ip}:2380"));
+    let data = dir.join("etcd-data").to_string_lossy().into_owned();
+    let args: Vec<String> = [
+        "--name",
+        "kv",
+        "--data-dir",
+        &data,
+        "--listen-client-urls",
+        &url,
+        "--advertise-client-urls",
+        &url,
+        "--listen-peer-urls",
+        &peer,
+        "--initial-advertise-peer-urls",
+        &peer,
+        "--initial-cluster",
+        &format!("kv={peer}"),
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let _ = net.spawn(ETCD_HOST, Path::new("etcd"), &args, &dir.join("etcd.log"));
+    let healthy = wait_for(Duration::from_secs(20), || {
+        net.run(ETCD_HOST, 5, "etcdctl", &["--endpoints", &url, "endpoint", "health"]).status.success()
+    });
+    assert!(healthy, "etcd did not start; see {}", dir.join("etcd.log").display());
+    for host in 0..NODE_HOSTS {
+        for port in [7100, 7101] {
+            let address = SocketAddr::from((net.address(host), port));
+            let mut args = netns::node_args(address, "8MiB", "1MiB", host, &secret);
+            args.extend(["--etcd".to_owned(), url.clone()]);
+            netns::spawn_node(&net, host, address, &args, &dir.join(format!("node-{host}-{port}.log")));
+        }
+    }
+    let registered = wait_for(Duration::from_secs(20), || {
+        let output = net.run(
+            ETCD_HOST,
+            10,
+            "etcdctl",
+            &["--endpoints", &url, "get", "--prefix", "--keys-only", "/remem/nodes/"],
+        );
+        String::from_utf8_lossy(&output.stdout).lines().filter(|line| !line.is_empty()).count() == 12
+    });
+    assert!(registered, "the nodes did not register");
+
+    let start_kv = |host: usize, name: &str| {
+        let listen = SocketAddr::from((net.address(host), 11211));
+        let mut args: Vec<String> =
+            ["kv", "--etcd", &url, "--export", "cache", "-m", "16MiB", "-k", "4", "-r", "2"]
+                .map(str::to_owned)
+                .to_vec();
+        args.extend(
+            ["--backup-size", "4MiB", "--prefix-scheme", "ec:=ec", "--request-timeout-ms", "1000"]
+                .map(str::to_owned),
+        );
+        args.extend(["--listen".to_owned(), listen.to_string(), "--secret-file".to_owned()]);
+        args.push(secret.to_string_lossy().into_owned());
+        args.extend(["--state".to_owned(), dir.join(name).to_string_lossy().into_owned()]);
+        let log = dir.join(format!("{name}.log"));
+        let (pid, stdout) = net.spawn(host, binary(), &args, &log);
+        let line = netns::first_line(stdout, Duration::from_secs(40));
+        assert_eq!(
+            line.trim(),
+            format!("listening {listen}"),
+            "{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        (pid, listen, log)
+    };
+    let (pid_a, listen_a, _) = start_kv(CLIENT_A, "host-a");
+    let model = net.run_in(CLIENT_A, || {
+        let mut client = TextClient::connect(listen_a, Duration::from_secs(10)).expect("connects on host A");
+        write_items(&mut client, 160)
+    });
+    net.signal(pid_a, libc::SIGKILL); // and reaped
+    std::fs::remove_dir_all(dir.join("host-a")).expect("host A's state is gone");
+
+    let started = Instant::now();
+    let (_, listen_b, log_b) = start_kv(CLIENT_B, "host-b");
+    let log = std::fs::read_to_string(&log_b).unwrap_or_default();
+    eprintln!("host B serves {:.1} s after the kill:\n{log}", started.elapsed().as_secs_f64());
+    assert!(log.contains("items restored"), "{log}");
+    let (good, lost, wrong) = net.run_in(CLIENT_B, || {
+        let mut client = TextClient::connect(listen_b, Duration::from_secs(10)).expect("connects on host B");
+        verify(&mut client, &model)
+    });
+    eprintln!("host B: {good} items as acknowledged, {lost} lost, {wrong} wrong");
+    assert_eq!((good, lost, wrong), (model.len(), 0, 0));
+}
