@@ -157,7 +157,14 @@ fn kv_etcd_serves_every_acknowledged_item_after_sigkill_with_its_state_directory
     let state_a = dir.join("host-a-state");
     let mut first =
         Kv::start(&etcd, &secret, &state_a, &dir.join("kv-a.log")).unwrap_or_else(|log| panic!("{log}"));
-    let model = write_items(&mut first.client(), 240);
+    let mut client = first.client();
+    let model = write_items(&mut client, 240);
+    let stats = client.stats().expect("stats");
+    let written: u64 = stats["remem_state_pages_written"].parse().expect("a count");
+    let copy_outs: u64 = stats["remem_state_copy_outs"].parse().expect("a count");
+    eprintln!("{copy_outs} copy-outs wrote {written} state pages for 240 sets and the updates after");
+    assert!(copy_outs > 0 && written >= copy_outs, "{stats:?}");
+    drop(client);
     let keys = etcd.keys("/remem/clients/cache/");
     assert!(keys.iter().any(|key| key.ends_with("/slabmap")), "the map is in etcd: {keys:?}");
     first.sigkill();
