@@ -59,7 +59,11 @@ fn kv_command(etcd: &EtcdServer, secret: &Path, state: &Path) -> Command {
 impl Kv {
     /// Starts a kv with its state directory `state`; Err(its log) if it did not start.
     fn start(etcd: &EtcdServer, secret: &Path, state: &Path, log: &Path) -> Result<Kv, String> {
-        let (mut child, line) = common::spawn_with_first_line(kv_command(etcd, secret, state), log);
+        Kv::start_with(kv_command(etcd, secret, state), log)
+    }
+
+    fn start_with(command: Command, log: &Path) -> Result<Kv, String> {
+        let (mut child, line) = common::spawn_with_first_line(command, log);
         match line.trim().strip_prefix("listening ").and_then(|address| address.parse().ok()) {
             Some(address) => Ok(Kv { child, address, log: log.to_owned() }),
             None => {
@@ -214,6 +218,13 @@ fn kv_etcd_second_process_on_the_same_name_is_refused_naming_the_holder() {
     let mut client = first.client();
     assert_eq!(client.set("still", b"here").expect("set"), StoreOutcome::Stored);
     assert_eq!(client.get("still").expect("get").as_deref(), Some(&b"here"[..]));
+    // A clean stop frees the name at once (its lease revoked); --fresh then starts empty.
+    drop(client);
+    drop(first);
+    let mut command = kv_command(&etcd, &secret, &dir.join("b"));
+    command.arg("--fresh");
+    let fresh = Kv::start_with(command, &dir.join("kv-fresh.log")).unwrap_or_else(|log| panic!("{log}"));
+    assert_eq!(fresh.client().get("still").expect("get"), None, "--fresh starts empty");
 }
 
 /// The nodes that hold the first range of the state region (the last region of the map).
