@@ -321,12 +321,13 @@ impl ClaimedExport {
     }
 
     /// The home of the opened client: membership followed from the nodes registered at the
-    /// claim, the client's own nodes known already.
+    /// claim. Only the client's own nodes count as known: a registered node a reopened map does
+    /// not name is handed to the client at the first [`ExportHome::new_nodes`] (a front end
+    /// whose ranges are mapped as it grows places them on every registered node).
     pub fn into_home(self, client: &Client) -> EtcdHome {
         let ClaimedExport { etcd, session, nodes, hostname, .. } = self;
         // The client's nodes (it may have no region yet, so no slab map to ask).
-        let mut known: Vec<SocketAddr> = client.node_addresses().collect();
-        known.extend(nodes.iter().map(|node| node.address));
+        let known: Vec<SocketAddr> = client.node_addresses().collect();
         let membership = MembershipWatch::start(&etcd, &nodes);
         EtcdHome { session, membership, known, last_check: Instant::now(), hostname }
     }

@@ -225,6 +225,12 @@ fn kv_etcd_second_process_on_the_same_name_is_refused_naming_the_holder() {
     command.arg("--fresh");
     let fresh = Kv::start_with(command, &dir.join("kv-fresh.log")).unwrap_or_else(|log| panic!("{log}"));
     assert_eq!(fresh.client().get("still").expect("get"), None, "--fresh starts empty");
+    // A node that registers now is handed to the running kv's client.
+    let late = EtcdNode::start(binary(), &dir, &etcd.url, &secret, NODES);
+    let joined = wait_for(Duration::from_secs(15), || {
+        fresh.log_text().contains(&format!("node {} joined", late.address))
+    });
+    assert!(joined, "{}", fresh.log_text());
 }
 
 /// The nodes that hold the first range of the state region (the last region of the map).
