@@ -65,6 +65,10 @@ impl Dirty {
         out.append(&mut self.frees);
     }
 
+    pub fn has_frees(&self) -> bool {
+        !self.frees.is_empty()
+    }
+
     pub fn is_clean(&self) -> bool {
         self.pages.is_empty() && self.frees.is_empty()
     }

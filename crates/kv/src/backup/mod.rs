@@ -384,6 +384,11 @@ impl Backup {
         }
     }
 
+    /// Frees are held back for the copy-out's second phase.
+    pub fn has_deferred_frees(&self) -> bool {
+        self.dirty.as_ref().is_some_and(dirty::Dirty::has_frees)
+    }
+
     /// Nothing changed since the last copy-out.
     pub fn is_clean(&self) -> bool {
         self.dirty.as_ref().is_none_or(dirty::Dirty::is_clean)

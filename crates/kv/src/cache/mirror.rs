@@ -25,6 +25,15 @@
 //! they allow (an update's old record) are applied and written only after those are done
 //! (`crate::backup` `dirty.rs` has the argument).
 //!
+//! **Places are reused only once no record names them there.** Locally a record is freed
+//! before its pages are; here the free reaches the state region at the next copy-out, so the
+//! pages (and chunks) of a freed record are given back to the allocator only after it: a value
+//! written into them earlier, then a kill, would leave the old record naming another value's
+//! bytes (refused by its checksum at the first read, but the item lost, though an update of it
+//! was in flight and the old value acknowledged). `Cache::free` runs a copy-out first when frees
+//! are held back (so an update or a delete costs its round of writes when it completes, and the
+//! pass's own copy-out finds less to do).
+//!
 //! A failed copy-out (more than r nodes of a page's copies gone) fails the barrier: the server
 //! stops rather than send replies a restart could not honour.
 
@@ -227,6 +236,25 @@ impl Cache {
         let mut poll_fd = libc::pollfd { fd: self.client.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd, owned by this frame, for the duration of the call.
         unsafe { libc::poll(&mut poll_fd, 1, timeout_ms) };
+    }
+
+    /// Whether every record freed so far is freed in the state region too, so that the places
+    /// they named may be reused: when frees are held back, a copy-out runs now (blocking). False
+    /// when it failed: the caller keeps the places unused (the server stops at its next
+    /// barrier, which fails as this one did).
+    pub(crate) fn state_records_freed(&mut self) -> bool {
+        let pending =
+            self.mirror.is_some() && self.backup.as_ref().is_some_and(|backup| backup.has_deferred_frees());
+        if !pending {
+            return true;
+        }
+        match self.durability_barrier() {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::error!(%error, "the state region could not take a free: its places stay unused");
+                false
+            }
+        }
     }
 
     /// Completions that arrived while state writes were awaited, for `complete`.

@@ -466,6 +466,12 @@ impl Cache {
     }
 
     pub fn free(&mut self, released: Released) {
+        // With the state region (`--etcd`), a freed record is still live there until the next
+        // copy-out: its pages are reused only after that, or a kill in between would leave it
+        // naming another value's bytes (`mirror.rs`).
+        if !released.is_empty() && !self.state_records_freed() {
+            return;
+        }
         for location in released {
             if !location.extent.pages.is_empty() {
                 self.space.free_pages(location.scheme, &location.extent.pages);
@@ -605,10 +611,17 @@ impl Cache {
         }
     }
 
+    /// Removes every item; their places are freed together, after their records (one
+    /// copy-out for all with the state region, not one per item).
     pub fn flush_all(&mut self) {
+        let mut released = Released::new();
         for id in self.index.ids() {
-            self.remove_entry(id);
+            let entry = self.index.remove(id, &mut released);
+            if let Some(recorded) = entry.recorded {
+                self.unrecord(recorded);
+            }
         }
+        self.free(released);
     }
 
     pub fn uptime(&self) -> Duration {
