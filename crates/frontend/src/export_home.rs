@@ -257,3 +257,92 @@ fn decode_map(key: &str, bytes: &[u8]) -> Result<SlabMapFile> {
     map.validate().map_err(|message| anyhow::anyhow!("{key} holds an invalid slab map: {message}"))?;
     Ok(map)
 }
+
+/// An export claimed in etcd whose client is not open yet: for a front end that opens its
+/// client itself (`remem kv`: several regions of one client, reopened or made by its own
+/// rules). [`claim_export`] makes it; [`ClaimedExport::into_home`] turns it into the
+/// [`EtcdHome`] the front end follows membership and saves its map through.
+pub struct ClaimedExport {
+    etcd: Etcd,
+    session: ClientSession,
+    /// The nodes registered when the export was claimed.
+    pub nodes: Vec<NodeRecord>,
+    /// The saved slab map, decoded and validated (`SlabMapFile::validate`), if there is one.
+    pub saved: Option<SlabMapFile>,
+    hostname: String,
+}
+
+/// Claims `export` in etcd (as [`open_export`] does: a live holder is waited for one lease,
+/// then refused, naming it) and reads the registered nodes and the saved slab map.
+///
+/// Errors: the export is held by another live process; etcd unreachable; a saved map that does
+/// not decode or validate (hostile or damaged: never used).
+pub fn claim_export(etcd: Etcd, export: &str) -> Result<ClaimedExport> {
+    let name = ClientName::new(export).context("--export names the export's keys in etcd")?;
+    let hostname = remem_etcd::hostname();
+    let owner = OwnerRecord {
+        hostname: hostname.clone(),
+        pid: std::process::id(),
+        session: rand::random(),
+        started_unix_ms: remem_etcd::unix_ms(),
+    };
+    let wait = Duration::from_secs(etcd.config().lease_ttl_seconds as u64 + 2);
+    let session = ClientSession::claim(&etcd, &name, &owner, wait).context("claiming the export in etcd")?;
+    let nodes = etcd.nodes().context("reading the nodes registered in etcd")?;
+    let saved = match session.load_map().context("reading the saved slab map")? {
+        None => None,
+        Some(bytes) => Some(decode_map(session.map_key(), &bytes)?),
+    };
+    Ok(ClaimedExport { etcd, session, nodes, saved, hostname })
+}
+
+impl ClaimedExport {
+    /// The key of the export's slab map, for messages.
+    pub fn map_key(&self) -> &str {
+        self.session.map_key()
+    }
+
+    /// The registered nodes as this host's client reaches them (Unix sockets of nodes on this
+    /// host only).
+    pub fn addresses(&self) -> Vec<NodeAddress> {
+        self.nodes.iter().map(|node| node_address(node, &self.hostname)).collect()
+    }
+
+    /// Deletes the saved slab map (compare-and-swap, `--fresh`); the caller unmaps its slabs.
+    pub fn delete_saved(&mut self) -> Result<()> {
+        self.session.delete_map().context("deleting the saved slab map")?;
+        self.saved = None;
+        Ok(())
+    }
+
+    /// Saves `map` now by compare-and-swap; fails when fenced or etcd does not answer.
+    pub fn save_map_now(&self, map: &SlabMapFile) -> Result<()> {
+        save_now(&self.session, map)
+    }
+
+    /// The home of the opened client: membership followed from the nodes registered at the
+    /// claim. Only the client's own nodes count as known: a registered node a reopened map does
+    /// not name is handed to the client at the first [`ExportHome::new_nodes`] (a front end
+    /// whose ranges are mapped as it grows places them on every registered node).
+    pub fn into_home(self, client: &Client) -> EtcdHome {
+        let ClaimedExport { etcd, session, nodes, hostname, .. } = self;
+        // The client's nodes (it may have no region yet, so no slab map to ask).
+        let known: Vec<SocketAddr> = client.node_addresses().collect();
+        let membership = MembershipWatch::start(&etcd, &nodes);
+        EtcdHome { session, membership, known, last_check: Instant::now(), hostname }
+    }
+}
+
+impl EtcdHome {
+    /// Saves `map` now by compare-and-swap, waiting for etcd (up to its request deadline): for a
+    /// front end that must know its map is saved before it uses new slabs. A fence is also
+    /// reported by [`ExportHome::fenced`] from then on.
+    pub fn save_map_now(&self, map: &SlabMapFile) -> Result<()> {
+        save_now(&self.session, map)
+    }
+}
+
+fn save_now(session: &ClientSession, map: &SlabMapFile) -> Result<()> {
+    let bytes = serde_json::to_vec(map).context("encoding the slab map")?;
+    session.save_map(bytes).with_context(|| format!("saving the slab map in etcd ({})", session.map_key()))
+}

@@ -133,6 +133,11 @@ fn general(cache: &mut Cache, out: &mut Vec<u8>) {
     response::stat(out, "remem_backup_records_written", stats.backup_records_written);
     response::stat(out, "remem_backup_failures", stats.backup_failures);
     response::stat(out, "remem_restored_mismatches", stats.restored_mismatches);
+    if let Some(mirror) = cache.state_mirror() {
+        // `--etcd`: the backup region copied to the state region before replies leave.
+        response::stat(out, "remem_state_copy_outs", mirror.barriers);
+        response::stat(out, "remem_state_pages_written", mirror.pages_written);
+    }
     response::stat(out, "remem_bypassed_gets", stats.bypassed_gets);
     response::stat(out, "remem_shared_fetches", stats.shared_fetches);
     response::stat(out, "remem_remote_bytes_read", stats.bytes_read_remote);

@@ -38,6 +38,7 @@ mod guardrails;
 mod kv;
 mod kv_bounds;
 mod kv_conformance;
+mod kv_etcd;
 mod kv_memory;
 mod kv_restart;
 mod kv_schemes;

@@ -23,6 +23,7 @@
 //! wins). A record is freed before its pages can be reused (the record holds a reference on
 //! its location). A slot whose CRC does not hold is a write cut short or damage: never served.
 
+mod dirty;
 pub mod record;
 pub mod replica;
 mod sync;
@@ -48,7 +49,8 @@ pub const CLASS_COUNT: usize = 14;
 /// A live slot's state word.
 pub const LIVE: u32 = u32::from_le_bytes(*b"REK1");
 const SLOT_HEADER_BYTES: usize = 12;
-const HEADER_FIXED_BYTES: usize = 20;
+/// The header before the class bytes: magic, version, chunk count, CRC.
+pub const HEADER_FIXED_BYTES: usize = 20;
 /// The most chunks a region has (64 GiB): the header stays small, and a damaged chunk count
 /// cannot make the scan walk past the file.
 pub const MAX_CHUNKS: u32 = 1 << 16;
@@ -106,9 +108,13 @@ pub struct Backup {
     /// The copy of what the region held when the standby attached, made a few chunks at a
     /// time while the primary serves.
     sync: Option<sync::Cursor>,
+    /// With a durable copy in remote memory (`remem kv --etcd`): the pages changed since the
+    /// last copy-out, and frees held back (`dirty.rs`).
+    dirty: Option<dirty::Dirty>,
 }
 
-fn header_bytes(chunk_count: u32) -> usize {
+/// The header's size with its class bytes, rounded up to a page.
+pub fn header_bytes(chunk_count: u32) -> usize {
     (HEADER_FIXED_BYTES + chunk_count as usize).next_multiple_of(4096)
 }
 
@@ -149,6 +155,7 @@ impl Backup {
             next_seq: 1,
             replica: None,
             sync: None,
+            dirty: None,
         }
     }
 
@@ -245,6 +252,9 @@ impl Backup {
         // mapping is alive in this process while it is stored.
         let word = unsafe { AtomicU32::from_ptr(self.map.as_mut_ptr().add(offset as usize) as *mut u32) };
         word.store(state, Ordering::Release);
+        if let Some(dirty) = self.dirty.as_mut() {
+            dirty.touch(offset, 4);
+        }
         if let Some(replica) = self.replica.as_mut() {
             replica.state(offset, state);
         }
@@ -298,6 +308,9 @@ impl Backup {
         let crc = crc32c::crc32c_append(crc32c::crc32c(&(len as u32).to_le_bytes()), payload);
         self.map[at + 4..at + 8].copy_from_slice(&(len as u32).to_le_bytes());
         self.map[at + 8..at + 12].copy_from_slice(&crc.to_le_bytes());
+        if let Some(dirty) = self.dirty.as_mut() {
+            dirty.touch(offset + 4, SLOT_HEADER_BYTES - 4 + len);
+        }
         if let Some(replica) = self.replica.as_mut() {
             // Length, checksum and record: one contiguous write, before the state word.
             replica.write(offset + 4, &self.map[at + 4..at + SLOT_HEADER_BYTES + len]);
@@ -314,6 +327,9 @@ impl Backup {
         self.next_chunk += 1;
         let class_at = HEADER_FIXED_BYTES + chunk as usize;
         self.map[class_at] = class as u8 + 1;
+        if let Some(dirty) = self.dirty.as_mut() {
+            dirty.touch(class_at as u64, 1);
+        }
         if let Some(replica) = self.replica.as_mut() {
             replica.write(class_at as u64, &self.map[class_at..class_at + 1]);
         }
@@ -325,14 +341,63 @@ impl Backup {
         Ok(start)
     }
 
-    /// Frees a record's slot (one store of the state word).
+    /// Frees a record's slot (one store of the state word; held back while the region is
+    /// copied to remote memory, until [`Backup::apply_deferred_frees`]).
     pub fn free(&mut self, slot: Slot) {
+        if let Some(dirty) = self.dirty.as_mut() {
+            dirty.defer_free(slot);
+            return;
+        }
         self.free_slot(slot);
         self.free[slot.class as usize].push(slot.offset);
     }
 
     fn free_slot(&mut self, slot: Slot) {
         self.set_state(slot.offset, 0);
+    }
+
+    /// Tracks the pages changed from now on, for a copy in remote memory; with `all`, every
+    /// page in use is dirty at once (a new region: its header, and chunks assigned already).
+    pub fn track_dirty(&mut self, all: bool) {
+        let mut dirty = dirty::Dirty::new(self.map.len() as u64);
+        if all {
+            let used = self.header_bytes + self.next_chunk as usize * CHUNK_BYTES;
+            dirty.touch(0, used);
+        }
+        self.dirty = Some(dirty);
+    }
+
+    /// Moves the pages changed since the last call into `out` (indexes of 4 KiB pages).
+    pub fn take_dirty_pages(&mut self, out: &mut Vec<u64>) {
+        if let Some(dirty) = self.dirty.as_mut() {
+            dirty.take_pages(out);
+        }
+    }
+
+    /// Applies the frees held back (their pages become dirty); `scratch` is reused.
+    pub fn apply_deferred_frees(&mut self, scratch: &mut Vec<Slot>) {
+        let Some(dirty) = self.dirty.as_mut() else { return };
+        dirty.take_frees(scratch);
+        for slot in scratch.drain(..) {
+            self.free_slot(slot);
+            self.free[slot.class as usize].push(slot.offset);
+        }
+    }
+
+    /// Frees are held back for the copy-out's second phase.
+    pub fn has_deferred_frees(&self) -> bool {
+        self.dirty.as_ref().is_some_and(dirty::Dirty::has_frees)
+    }
+
+    /// Nothing changed since the last copy-out.
+    pub fn is_clean(&self) -> bool {
+        self.dirty.as_ref().is_none_or(dirty::Dirty::is_clean)
+    }
+
+    /// Page `index` (4 KiB) of the region's bytes.
+    pub fn page_bytes(&self, index: u64) -> &[u8] {
+        let start = index as usize * dirty::PAGE_BYTES as usize;
+        &self.map[start..start + dirty::PAGE_BYTES as usize]
     }
 
     pub fn path(&self) -> &Path {

@@ -345,3 +345,42 @@ fn a_standby_given_up_has_its_files_removed_before_the_primary_goes_on() {
         assert!(path.exists(), "{mode:?}: the primary's own region stays");
     }
 }
+
+/// `remem kv --etcd`: the pages a change touched are listed for the copy-out, and a free waits
+/// until [`Backup::apply_deferred_frees`], so an update's old record is still live (in the file
+/// and in its page) while only the new record's page has been taken.
+#[test]
+fn tracked_changes_list_their_pages_and_frees_wait_for_the_second_phase() {
+    let path = temporary("backup");
+    let mut backup = Backup::create(&path, 16 << 20).unwrap();
+    backup.track_dirty(true);
+    let mut pages = Vec::new();
+    backup.take_dirty_pages(&mut pages);
+    assert_eq!(pages, vec![0], "a new region's header");
+    pages.clear();
+    let old = backup.put(&item(1, "a", vec![1]).view()).unwrap();
+    backup.take_dirty_pages(&mut pages);
+    assert_eq!(pages, vec![0, old.offset / 4096], "the class byte of a new chunk, then the record");
+    pages.clear();
+    let new = backup.put(&item(2, "a", vec![2]).view()).unwrap();
+    backup.free(old);
+    backup.take_dirty_pages(&mut pages);
+    assert_eq!(pages, vec![new.offset / 4096]);
+    assert!(!backup.is_clean(), "the free is held back");
+    let state_word = |offset: u64| {
+        let bytes = std::fs::read(&*path).unwrap();
+        u32::from_ne_bytes(bytes[offset as usize..offset as usize + 4].try_into().unwrap())
+    };
+    assert_eq!(state_word(old.offset), LIVE, "the old record stands until the new one is copied");
+    pages.clear();
+    let mut scratch = Vec::new();
+    backup.apply_deferred_frees(&mut scratch);
+    backup.take_dirty_pages(&mut pages);
+    assert_eq!(pages, vec![old.offset / 4096]);
+    assert!(backup.is_clean());
+    assert_eq!(state_word(old.offset), 0);
+    assert_eq!(backup.page_bytes(new.offset / 4096).len(), 4096);
+    drop(backup);
+    let (_, records, _) = Backup::open(&path).unwrap();
+    assert_eq!(sorted(records).iter().map(|record| record.seq).collect::<Vec<_>>(), vec![2]);
+}

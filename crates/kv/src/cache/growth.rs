@@ -141,9 +141,9 @@ impl Cache {
         first..last
     }
 
-    fn save_map(&mut self) -> Result<(), String> {
-        let Some(path) = self.growth.map_path.clone() else { return Ok(()) };
-        self.client.client().save_map(&path).map_err(|error| error.to_string())
+    pub(crate) fn save_map(&mut self) -> Result<(), String> {
+        let Some(saver) = self.growth.map_saver.as_mut() else { return Ok(()) };
+        saver(&self.client.client().slab_map())
     }
 
     /// Where the EOR main copies' region is cut into ranges (none without EOR).
@@ -153,7 +153,14 @@ impl Cache {
 
     /// Saves the slab map to `path` whenever ranges are mapped or given back from now on.
     pub fn set_map_path(&mut self, path: std::path::PathBuf) {
-        self.growth.map_path = Some(path);
+        self.set_map_saver(Box::new(move |map| map.save(&path).map_err(|error| error.to_string())));
+    }
+
+    /// Saves the slab map through `saver` whenever ranges are mapped or given back from now on
+    /// (`remem kv --etcd`: by compare-and-swap in etcd). The saver returns once the map is
+    /// durable: values are written into a new range only after it returned Ok.
+    pub fn set_map_saver(&mut self, saver: MapSaver) {
+        self.growth.map_saver = Some(saver);
     }
 
     /// (ranges mapped, ranges given back) since the start.
@@ -162,11 +169,14 @@ impl Cache {
     }
 }
 
+/// Where the slab map goes after a change of the mapped ranges (see [`Cache::set_map_saver`]).
+pub type MapSaver = Box<dyn FnMut(&remem_client::SlabMapFile) -> Result<(), String>>;
+
 /// What [`Cache`] keeps for growing and shrinking its regions.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Growth {
     pub main: Option<MainRanges>,
-    map_path: Option<std::path::PathBuf>,
+    map_saver: Option<MapSaver>,
     refused_at: [Option<Instant>; 5],
     /// Ops completed while a range was being mapped: the next loop turn collects them.
     pub collect_now: bool,

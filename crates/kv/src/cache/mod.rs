@@ -26,6 +26,7 @@ use remem_client::PollClient;
 
 pub mod durability;
 pub mod growth;
+pub mod mirror;
 pub mod open;
 mod reads;
 pub mod rewrites;
@@ -221,6 +222,8 @@ pub struct Cache {
     budget: crate::budget::OutputBudget,
     /// Ranges mapped as values need them and given back when empty (`growth.rs`).
     growth: growth::Growth,
+    /// The backup region and rewrites log copied to a remem region (`mirror.rs`, `--etcd`).
+    mirror: Option<mirror::StateMirror>,
 }
 
 impl Cache {
@@ -254,6 +257,7 @@ impl Cache {
             rewrites: None,
             budget: crate::budget::OutputBudget::new(crate::budget::DEFAULT_OUTPUT_BUDGET_BYTES),
             growth: growth::Growth::default(),
+            mirror: None,
         }
     }
 
@@ -462,6 +466,12 @@ impl Cache {
     }
 
     pub fn free(&mut self, released: Released) {
+        // With the state region (`--etcd`), a freed record is still live there until the next
+        // copy-out: its pages are reused only after that, or a kill in between would leave it
+        // naming another value's bytes (`mirror.rs`).
+        if !released.is_empty() && !self.state_records_freed() {
+            return;
+        }
         for location in released {
             if !location.extent.pages.is_empty() {
                 self.space.free_pages(location.scheme, &location.extent.pages);
@@ -498,6 +508,7 @@ impl Cache {
     fn complete(&mut self, done: &mut Vec<IoDone>) {
         // Completions may start new ops whose completions arrive in the same call: loop.
         for _ in 0..64 {
+            self.take_deferred(done);
             if done.is_empty() {
                 break;
             }
@@ -600,10 +611,17 @@ impl Cache {
         }
     }
 
+    /// Removes every item; their places are freed together, after their records (one
+    /// copy-out for all with the state region, not one per item).
     pub fn flush_all(&mut self) {
+        let mut released = Released::new();
         for id in self.index.ids() {
-            self.remove_entry(id);
+            let entry = self.index.remove(id, &mut released);
+            if let Some(recorded) = entry.recorded {
+                self.unrecord(recorded);
+            }
         }
+        self.free(released);
     }
 
     pub fn uptime(&self) -> Duration {

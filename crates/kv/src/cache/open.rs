@@ -5,6 +5,7 @@
 use remem_client::{Client, ConnectError, PollClient, Shape};
 
 use super::growth::MainRanges;
+use super::mirror::StateRegion;
 use super::rewrites::JOURNAL_PAGES;
 use crate::cache::{Cache, CacheConfig};
 use crate::error::RegionsError;
@@ -44,9 +45,54 @@ pub fn build_cache(
 /// then none, rep2 and rep3 when the policy needs them, then EOR's main copies beside the EC
 /// region, in the order [`build_cache`] makes them. Errors when the client's regions are not
 /// those (a map saved with other schemes or another shape).
-pub fn cache_over_regions(mut client: Client, config: CacheConfig) -> Result<Cache, RegionsError> {
+pub fn cache_over_regions(client: Client, config: CacheConfig) -> Result<Cache, RegionsError> {
+    cache_over(client, config, false)
+}
+
+/// The shape of the state region (`remem kv --etcd`, `crate::cache::mirror`): rep(r+1), which
+/// survives the r failures EC(k,r) does and whose copies are each whole.
+pub fn state_region_shape(ec: crate::scheme::EcShape) -> Shape {
+    Shape { data_splits: 1, parity_splits: ec.parity_splits, extra_reads: 0 }
+}
+
+/// As [`cache_over_regions`] for a client whose last region is the state region (a slab map
+/// saved by `remem kv --etcd`): the cache over the others, and where the state region lies.
+/// Errors as [`cache_over_regions`], and when the last region is not the state region's shape.
+pub fn cache_over_regions_and_state(
+    client: Client,
+    config: CacheConfig,
+) -> Result<(Cache, StateRegion), RegionsError> {
+    let Some(last) = client.regions().last().copied() else {
+        return Err(RegionsError::Shapes { have: Vec::new(), want: vec!["a state region".into()] });
+    };
+    let want = state_region_shape(config.ec);
+    if (last.shape.data_splits, last.shape.parity_splits) != (want.data_splits, want.parity_splits) {
+        return Err(RegionsError::Shapes {
+            have: vec![format!("({},{}) last", last.shape.data_splits, last.shape.parity_splits)],
+            want: vec![format!("(1,{}) last: the state region", want.parity_splits)],
+        });
+    }
+    let first_range = first_range_of(&client, last.index);
+    let mut cache = cache_over(client, config, true)?;
+    cache.client_mut().client().label_region(last.index, STATE_LABEL);
+    let region = StateRegion {
+        first_page: last.first_page,
+        page_count: last.page_count,
+        first_range,
+        pages_per_range: last.pages_per_range,
+    };
+    Ok((cache, region))
+}
+
+/// What `remem status` calls the state region.
+pub const STATE_LABEL: &str = "kv state";
+
+fn cache_over(mut client: Client, config: CacheConfig, state_last: bool) -> Result<Cache, RegionsError> {
     let needed = schemes_needed(&config.policy);
-    let regions = client.regions();
+    let mut regions = client.regions();
+    if state_last {
+        regions.pop();
+    }
     let mut expected = vec![(Some(space::RegionKind::Ec), region_shape(Scheme::Ec, config.ec))];
     for (scheme, kind) in [
         (Scheme::None, space::RegionKind::None),

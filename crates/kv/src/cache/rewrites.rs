@@ -54,7 +54,12 @@ pub struct Intent {
 pub struct RewriteLog {
     file: File,
     next_seq: u64,
+    /// The file's bytes, for the copy in remote memory (`remem kv --etcd`, `crate::cache::mirror`).
+    entries: [u8; LOG_BYTES],
 }
+
+/// The file's size: an entry per journal page.
+pub const LOG_BYTES: usize = JOURNAL_PAGES as usize * ENTRY_BYTES;
 
 fn encode(seq: u64, page: u64, eor: bool) -> [u8; ENTRY_BYTES] {
     let mut entry = [0u8; ENTRY_BYTES];
@@ -91,7 +96,7 @@ impl RewriteLog {
         let file =
             OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(path)?;
         let want = JOURNAL_PAGES * ENTRY_BYTES as u64;
-        let mut bytes = vec![0u8; want as usize];
+        let mut bytes = [0u8; LOG_BYTES];
         let length = file.metadata()?.len();
         if length >= want {
             file.read_exact_at(&mut bytes, 0)?;
@@ -107,7 +112,7 @@ impl RewriteLog {
             .filter_map(|(slot, entry)| decode(slot as u32, entry))
             .collect();
         let next_seq = intents.iter().map(|intent| intent.seq).max().unwrap_or(0) + 1;
-        Ok((RewriteLog { file, next_seq }, intents))
+        Ok((RewriteLog { file, next_seq, entries: bytes }, intents))
     }
 
     /// Records that journal slot `slot` holds the new bytes of `page`.
@@ -115,13 +120,24 @@ impl RewriteLog {
         assert!(u64::from(slot) < JOURNAL_PAGES);
         let entry = encode(self.next_seq, page, eor);
         self.next_seq += 1;
-        self.file.write_all_at(&entry, u64::from(slot) * ENTRY_BYTES as u64)
+        self.write_entry(slot, &entry)
     }
 
     /// Journal slot `slot` names no page any more.
     pub fn clear(&mut self, slot: u32) -> io::Result<()> {
         assert!(u64::from(slot) < JOURNAL_PAGES);
-        self.file.write_all_at(&[0u8; ENTRY_BYTES], u64::from(slot) * ENTRY_BYTES as u64)
+        self.write_entry(slot, &[0u8; ENTRY_BYTES])
+    }
+
+    fn write_entry(&mut self, slot: u32, entry: &[u8; ENTRY_BYTES]) -> io::Result<()> {
+        let at = slot as usize * ENTRY_BYTES;
+        self.entries[at..at + ENTRY_BYTES].copy_from_slice(entry);
+        self.file.write_all_at(entry, at as u64)
+    }
+
+    /// The file's bytes as they are now.
+    pub fn bytes(&self) -> &[u8; LOG_BYTES] {
+        &self.entries
     }
 }
 

@@ -322,6 +322,13 @@ impl Cache {
             (Ok(()), None) => unreachable!("journaled only with a rewrites file"),
             (Err(error), _) => Err(ValueError::JournalNotWritten(Rc::new(error))),
         };
+        // With --etcd the intent is in the state region before the page is written in place.
+        let recorded = recorded.and_then(|()| {
+            self.persist_rewrites().map_err(|error| {
+                tracing::error!(%error, "the state region could not take an intent");
+                ValueError::IntentNotRecorded(Rc::new(std::io::Error::other(error)))
+            })
+        });
         match recorded {
             Ok(()) => {
                 let writes = if scheme == Scheme::Eor { 2 } else { 1 };
@@ -339,7 +346,8 @@ impl Cache {
         let Some(done) = self.chunks.write_done(page, error) else { return };
         if let Some(slot) = done.journal {
             if let Some(log) = self.rewrites.as_mut() {
-                if let Err(error) = log.clear(slot) {
+                let cleared = log.clear(slot).map_err(|error| error.to_string());
+                if let Err(error) = cleared.and_then(|()| self.persist_rewrites()) {
                     // Left as it is, the intent restores this same page content at a restart:
                     // harmless while the slot is not reused, so the slot stays taken.
                     tracing::error!(%error, slot, "the rewrites file could not clear an intent");

@@ -9,6 +9,8 @@
 //! shared front-end pieces (cluster file, `--transport`, metrics endpoint, region report) are
 //! remem-frontend's. Nothing of the engine or the command layer imports this module.
 
+pub mod etcd;
+mod remote_state;
 pub mod standby;
 pub mod state;
 
@@ -31,8 +33,20 @@ use state::{KvState, ReopenTimes};
 #[derive(Args, Debug)]
 pub struct KvArgs {
     /// Cluster file written by `remem up` (default: the `remem up` default directory).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "etcd")]
     pub cluster: Option<PathBuf>,
+    /// etcd (`--etcd`, `--etcd-prefix`) instead of a cluster file and a local state: the nodes
+    /// registered there, the kv's name claimed and its slab map kept there, its items' records
+    /// in its own remote memory, so that the same command on another host serves every item it
+    /// acknowledged (docs/KV.md "Host loss", docs/ETCD.md).
+    #[command(flatten)]
+    pub etcd: remem_frontend::export_home::EtcdArgs,
+    /// With --etcd: the name the kv's keys are kept under in etcd (`clients/NAME/...`).
+    #[arg(long, requires = "etcd")]
+    pub export: Option<String>,
+    /// File holding the cluster secret, with --etcd (a cluster file names its own).
+    #[arg(long, requires = "etcd")]
+    pub secret_file: Option<PathBuf>,
     /// TCP address to listen on (port 0 picks one; printed as `listening ADDRESS`).
     #[arg(long, default_value = "127.0.0.1:11211")]
     pub listen: SocketAddr,
@@ -186,6 +200,12 @@ fn check_args(args: &KvArgs) -> Result<()> {
     }
     if args.output_budget < 1 << 20 || args.output_budget > 1 << 40 {
         bail!("--output-budget must be between 1 MiB and 1 TiB");
+    }
+    if args.etcd.etcd.is_some() && (args.standby || args.ephemeral) {
+        bail!(
+            "--etcd keeps the kv's state in etcd and remote memory for a restart on any host: not with \
+             --ephemeral (which keeps none), nor --standby (a standby shares its primary's host) yet"
+        );
     }
     Ok(())
 }
@@ -439,6 +459,37 @@ fn open_state(
     }
 }
 
+/// The cache's settings from the flags.
+fn cache_config(args: &KvArgs, policy: Policy, ec: EcShape) -> CacheConfig {
+    CacheConfig {
+        memory_limit_bytes: args.memory_limit,
+        max_item_bytes: args.max_item_size as usize,
+        policy,
+        ec,
+        bypass: !args.no_bypass,
+        max_background_transitions: 8,
+    }
+}
+
+/// The server's settings from the flags.
+fn server_config(
+    args: &KvArgs,
+    listen: SocketAddr,
+    unix: Option<PathBuf>,
+    auth: Option<crate::auth::Credentials>,
+) -> ServerConfig {
+    ServerConfig {
+        listen: Some(listen),
+        unix,
+        max_connections: args.max_connections,
+        limits: remem_memcache::Limits { max_item_bytes: args.max_item_size as usize, ..Default::default() },
+        auth,
+        output_budget_bytes: args.output_budget as usize,
+        spin: Duration::from_micros(args.spin_us),
+        threads: usize::from(args.threads),
+    }
+}
+
 /// The start's summary line, after `listening`.
 fn announce(args: &KvArgs, policy: &Policy, ec: EcShape, nodes: usize) {
     eprintln!(
@@ -474,23 +525,27 @@ pub fn run(args: KvArgs) -> Result<()> {
     let ec = EcShape { data_splits: args.data_splits, parity_splits: args.parity_splits };
     let policy = scheme_policy(&args, ec)?;
 
+    let stop = Arc::new(AtomicBool::new(false));
+    let snapshot = Arc::new(std::sync::Mutex::new(String::new()));
+    if args.etcd.etcd.is_some() {
+        if let Some(address) = args.metrics {
+            let served = Arc::clone(&snapshot);
+            let render = move || served.lock().map(|text| text.clone()).unwrap_or_default();
+            let bound = remem_frontend::metrics::serve(address, Arc::clone(&stop), render)?;
+            eprintln!("metrics at http://{bound}/metrics");
+        }
+        let publish = args.metrics.is_some().then_some(snapshot);
+        return etcd::run(&args, auth, cache_config(&args, policy, ec), stop, publish);
+    }
+
     let (cluster_path, cluster, secret) =
         remem_frontend::cluster_file::load_cluster(args.cluster.as_deref())?;
     remem_frontend::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
     let (config, placement) = client_config(&args, ec, cluster.encrypt)?;
-    let cache_config = CacheConfig {
-        memory_limit_bytes: args.memory_limit,
-        max_item_bytes: args.max_item_size as usize,
-        policy,
-        ec,
-        bypass: !args.no_bypass,
-        max_background_transitions: 8,
-    };
+    let cache_config = cache_config(&args, policy, ec);
     // The metrics endpoint comes first: a standby shows its own gauges until it takes over, and
     // a busy port fails the start before anything is mapped or `listening` is printed.
-    let stop = Arc::new(AtomicBool::new(false));
     let gauges = Arc::new(standby::StandbyGauges::default());
-    let snapshot = Arc::new(std::sync::Mutex::new(String::new()));
     let serving = Arc::new(AtomicBool::new(!args.standby));
     if let Some(address) = args.metrics {
         let (served, gauges, serving) = (Arc::clone(&snapshot), Arc::clone(&gauges), Arc::clone(&serving));
@@ -530,21 +585,11 @@ pub fn run(args: KvArgs) -> Result<()> {
             &args,
         )?,
     };
-    let limits = remem_memcache::Limits { max_item_bytes: args.max_item_size as usize, ..Default::default() };
     let (listen, unix) = match &takeover {
         Some(takeover) => (takeover.listen, takeover.unix.clone().or(args.unix.clone())),
         None => (args.listen, args.unix.clone()),
     };
-    let server_config = ServerConfig {
-        listen: Some(listen),
-        unix: unix.clone(),
-        max_connections: args.max_connections,
-        limits,
-        auth,
-        output_budget_bytes: args.output_budget as usize,
-        spin: Duration::from_micros(args.spin_us),
-        threads: usize::from(args.threads),
-    };
+    let server_config = server_config(&args, listen, unix.clone(), auth);
     let mut server = Server::bind(cache, server_config).with_context(|| format!("binding {listen}"))?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;

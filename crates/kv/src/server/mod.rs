@@ -124,6 +124,8 @@ pub struct Server {
     config: ServerConfig,
     /// Called once a second from the event loop (the CLI follows the cluster file with it).
     pub on_housekeeping: Option<Housekeeping>,
+    /// Why the server must stop (the state could not be made durable): `run` returns it.
+    failed: Option<String>,
     /// Where a standby attaches (`crate::standby`), when this server keeps a backup region.
     standby: Option<crate::standby::StandbyPort>,
     /// With `--threads` above 1: the threads that write replies.
@@ -212,6 +214,7 @@ impl Server {
             read_buffer: vec![0; READ_CHUNK].into_boxed_slice(),
             config,
             on_housekeeping: None,
+            failed: None,
             standby: None,
             writers,
             turn_events: 0,
@@ -335,6 +338,9 @@ impl Server {
                 port.step(&mut self.cache);
             }
             self.dispatch();
+            if let Some(error) = self.failed.take() {
+                return Err(io::Error::other(error));
+            }
         }
         Ok(())
     }

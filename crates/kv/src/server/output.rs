@@ -17,9 +17,13 @@ impl Server {
         if self.outbox.is_empty() {
             return;
         }
-        // No reply leaves before the standby's copy holds the records it acknowledges.
-        if let Some(backup) = self.cache.backup_mut() {
-            backup.barrier();
+        // No reply leaves before the standby's copy (or, with --etcd, the state region in
+        // remote memory) holds the records it acknowledges. If that copy cannot be made, no
+        // reply leaves at all and the server stops.
+        if let Err(error) = self.cache.durability_barrier() {
+            tracing::error!(%error, "the state could not be made durable: stopping");
+            self.failed = Some(error);
+            return;
         }
         let outs = self.outbox.take();
         let mut touched = Vec::new();
