@@ -611,7 +611,11 @@ impl crate::PageStore for WatchedClient {
     }
 
     fn background(&mut self) {
-        if let Some(reason) = self.home.fenced() {
+        let fenced = self
+            .home
+            .fenced()
+            .or_else(|| self.client.fenced_at_node().map(|reason| format!("at a node: {reason}")));
+        if let Some(reason) = fenced {
             if !self.stop.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 eprintln!("fenced: {reason}; stopping");
             }
