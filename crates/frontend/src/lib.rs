@@ -11,6 +11,7 @@
 //! Architecture Invariant: no command lives here; it imports no front end, no benchmark, no
 //! simulator and not the local-cluster kit (remem-local depends on it, not the other way round).
 
+pub mod client_args;
 pub mod client_report;
 pub mod cluster_file;
 pub mod cluster_watch;

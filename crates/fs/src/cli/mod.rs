@@ -22,8 +22,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use remem_client::ClientConfig;
-use remem_frontend::code_args::CodeArgs;
-use remem_frontend::placement_arg::PlacementArgs;
+use remem_frontend::client_args::{ClientArgs, Cluster};
 use remem_frontend::units::{format_bytes, parse_bytes};
 
 use crate::persist::remote::RemoteArea;
@@ -34,18 +33,6 @@ use metrics::{FsMetrics, ReportingStore};
 pub struct FsArgs {
     /// An existing empty directory to mount the file system on.
     pub mountpoint: PathBuf,
-    /// Cluster file written by `remem up` (default: the `remem up` default directory).
-    #[arg(long, conflicts_with = "etcd")]
-    pub cluster: Option<PathBuf>,
-    /// etcd (`--etcd`, `--etcd-prefix`) instead of a cluster file: the nodes registered there,
-    /// the slab maps kept there under the file system's name (`--name`, else the mount point's)
-    /// and that name with `.meta`, and the metadata in remote memory, so that another host can
-    /// mount the file system after this one is gone (docs/FS.md, "Host loss").
-    #[command(flatten)]
-    pub etcd: remem_frontend::export_home::EtcdArgs,
-    /// File holding the cluster secret, with --etcd (a cluster file names its own).
-    #[arg(long, requires = "etcd")]
-    pub secret_file: Option<PathBuf>,
     /// Where the metadata (names, attributes, extent maps: the snapshot and its journal) is
     /// kept: `local`, in the state directory (the default), or `remote`, in remem pages of a
     /// client of its own (shaped as the contents), written before every reply that changes it,
@@ -63,10 +50,13 @@ pub struct FsArgs {
     /// times this of node memory. Files may be far larger when sparse (up to 1 PiB each).
     #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
     pub size: u64,
+    /// Where the cluster is (a cluster file, or `--etcd`: the nodes registered there, the slab
+    /// maps kept there under the file system's name, `--name`, else the mount point's, and that
+    /// name with `.meta`, and the metadata in remote memory, so that another host can mount the
+    /// file system after this one is gone: docs/FS.md, "Host loss"), the coding shape and
+    /// placement, timeouts, transport and encryption.
     #[command(flatten)]
-    pub code: CodeArgs,
-    #[command(flatten)]
-    pub placement: PlacementArgs,
+    pub client: ClientArgs,
     /// Pages in flight at once.
     #[arg(long, default_value_t = 32)]
     pub queue_depth: usize,
@@ -82,18 +72,6 @@ pub struct FsArgs {
     /// pages are on the nodes.
     #[arg(long)]
     pub writeback: bool,
-    /// A split not answered in this time counts as failed.
-    #[arg(long, default_value_t = 2000)]
-    pub request_timeout_ms: u64,
-    /// How splits reach the nodes: tcp, or shm (nodes on this host with a Unix socket, as `remem
-    /// up` starts them, lend their slabs as shared memory: reads and writes are loads and stores,
-    /// only control goes over the socket; other nodes are reached by TCP).
-    #[arg(long, value_enum, default_value = "tcp")]
-    pub transport: remem_frontend::transport_arg::Transport,
-    /// Encrypt the TCP connections to the nodes (Noise keyed by the cluster secret); nodes
-    /// started with `--encrypt` require it. Unix sockets and shared memory are never encrypted.
-    #[arg(long)]
-    pub encrypt: bool,
     /// Let users other than the one mounting open files here (FUSE `allow_other`; permission
     /// bits are still checked by the kernel). Off by default, a security decision: a user-space
     /// file system can stall or feed whatever it likes to whoever enters it, so only its owner
@@ -238,16 +216,10 @@ pub fn check_fuse_available(mountpoint: &Path) -> Result<()> {
 /// The client settings of the contents and, with remote metadata, of the metadata area.
 fn client_configs(
     args: &FsArgs,
-    encrypt: bool,
+    cluster_encrypts: bool,
     remote: bool,
 ) -> Result<(ClientConfig, Option<ClientConfig>)> {
-    let shape = args.code.shape()?;
-    let mut config = ClientConfig::new(shape, args.size);
-    config.allow_shared_domains = args.placement.allow_shared_domains;
-    config.max_in_flight = args.queue_depth.max(1);
-    config.request_timeout = Duration::from_millis(args.request_timeout_ms);
-    config.shared_memory = args.transport == remem_frontend::transport_arg::Transport::Shm;
-    config.encrypt = encrypt;
+    let mut config = args.client.config(args.size, args.queue_depth, cluster_encrypts)?;
     // The slabs outlive the process: a restart reopens them (the state directory or etcd names
     // them), within the nodes' lease grace period. A scratch file system gives them back on exit.
     config.release_on_drop = args.ephemeral;
@@ -266,7 +238,7 @@ fn client_configs(
 
 /// Whether the metadata is remote: `--metadata`, else remote exactly with `--etcd`.
 fn metadata_is_remote(args: &FsArgs) -> Result<bool> {
-    let etcd = args.etcd.etcd.is_some();
+    let etcd = args.client.etcd.etcd.is_some();
     match args.metadata {
         Some(MetadataHome::Local) if etcd => {
             bail!("--etcd keeps the metadata in remote memory (another host must find it): drop --metadata local")
@@ -276,35 +248,34 @@ fn metadata_is_remote(args: &FsArgs) -> Result<bool> {
     }
 }
 
-/// The state directory (locked), and the opened clients with their source's description.
+/// The state directory (locked), the opened clients, and the cluster file's path if there is one.
 fn open_state_and_clients(
     args: &FsArgs,
     mountpoint: &Path,
 ) -> Result<(StateDir, open::Clients, Option<PathBuf>)> {
     let remote = metadata_is_remote(args)?;
-    if let Some(etcd) = args.etcd.connect()? {
-        let secret =
-            remem_client::Secret::load(args.secret_file.as_deref()).context("loading the cluster secret")?;
-        let directory = remem_frontend::cluster_file::default_dir();
-        if args.state.is_none() {
-            remem_frontend::cluster_file::private_directory(&directory)?;
+    match args.client.cluster()? {
+        Cluster::Etcd { etcd, secret } => {
+            let directory = remem_frontend::cluster_file::default_dir();
+            if args.state.is_none() {
+                remem_frontend::cluster_file::private_directory(&directory)?;
+            }
+            let state = StateDir::open(&state_path(args, &directory, mountpoint)?)?;
+            let (config, meta) = client_configs(args, false, remote)?;
+            let name = file_system_name(args, mountpoint)?;
+            let source = open::Source::Etcd { etcd: *etcd, name, secret };
+            let clients = open::open_clients(args, &state, config, meta, source)?;
+            Ok((state, clients, None))
         }
-        let state = StateDir::open(&state_path(args, &directory, mountpoint)?)?;
-        let (config, meta) = client_configs(args, args.encrypt, remote)?;
-        let name = file_system_name(args, mountpoint)?;
-        let clients =
-            open::open_clients(args, &state, config, meta, open::Source::Etcd { etcd, name, secret })?;
-        return Ok((state, clients, None));
+        Cluster::File { path, cluster, secret } => {
+            let directory = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            let state = StateDir::open(&state_path(args, &directory, mountpoint)?)?;
+            let (config, meta) = client_configs(args, cluster.encrypt, remote)?;
+            let source = open::Source::File { cluster: &cluster, cluster_path: &path, secret: &secret };
+            let clients = open::open_clients(args, &state, config, meta, source)?;
+            Ok((state, clients, Some(path)))
+        }
     }
-    let (cluster_path, cluster, secret) =
-        remem_frontend::cluster_file::load_cluster(args.cluster.as_deref())?;
-    remem_frontend::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
-    let directory = cluster_path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let state = StateDir::open(&state_path(args, &directory, mountpoint)?)?;
-    let (config, meta) = client_configs(args, args.encrypt || cluster.encrypt, remote)?;
-    let source = open::Source::File { cluster: &cluster, cluster_path: &cluster_path, secret: &secret };
-    let clients = open::open_clients(args, &state, config, meta, source)?;
-    Ok((state, clients, Some(cluster_path)))
 }
 
 pub fn run(args: FsArgs) -> Result<()> {
@@ -380,8 +351,8 @@ pub fn run(args: FsArgs) -> Result<()> {
         "remem fs on {}: {} of EC({},{}) across {} nodes",
         mountpoint.display(),
         format_bytes(args.size),
-        args.code.data_splits,
-        args.code.parity_splits,
+        args.client.code.data_splits,
+        args.client.code.parity_splits,
         node_count
     );
     let mut fenced = None;

@@ -76,7 +76,7 @@ pub fn open_clients(
                     secret: &secret,
                     config,
                     fresh,
-                    placement: args.placement.build(rand::random()),
+                    placement: args.client.placement.build(rand::random()),
                 };
                 remem_frontend::export_home::open_export(request)
                     .with_context(|| format!("opening {export:?} through etcd"))
@@ -158,7 +158,7 @@ impl FileSource<'_> {
             cluster_path: self.cluster_path,
             secret: self.secret,
             config,
-            placement: &self.args.placement,
+            placement: &self.args.client.placement,
             other_choices: "another --state or --name, ",
         })?;
         let watch =

@@ -21,25 +21,14 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use remem_client::cluster::ClusterFile;
 use remem_client::{Client, ClientConfig, SlabMapFile};
-use remem_frontend::code_args::CodeArgs;
+use remem_frontend::client_args::ClientArgs;
 use remem_frontend::export_home::{ExportHome, FileHome};
-use remem_frontend::placement_arg::PlacementArgs;
 use remem_frontend::units::{format_bytes, parse_bytes};
 
 use crate::{Export, Listener, ServerConfig};
 
 #[derive(Args, Debug)]
 pub struct NbdArgs {
-    /// Cluster file written by `remem up` (default: the `remem up` default directory).
-    #[arg(long, conflicts_with = "etcd")]
-    pub cluster: Option<PathBuf>,
-    /// etcd (`--etcd`, `--etcd-prefix`) instead of a cluster file: the nodes registered there,
-    /// the slab map kept there under the export's name (docs/ETCD.md).
-    #[command(flatten)]
-    pub etcd: remem_frontend::export_home::EtcdArgs,
-    /// File holding the cluster secret, with --etcd (a cluster file names its own).
-    #[arg(long, requires = "etcd")]
-    pub secret_file: Option<PathBuf>,
     /// Size of the export (a multiple of 4 KiB). The whole address space is mapped on the
     /// nodes at start: (k+r)/k times this size of node memory.
     #[arg(long, value_parser = parse_bytes)]
@@ -79,10 +68,11 @@ pub struct NbdArgs {
     /// Serve nothing before STARTTLS (NBD_REP_ERR_TLS_REQD; NBD_OPT_EXPORT_NAME disconnects).
     #[arg(long, requires = "tls_cert")]
     pub tls_required: bool,
+    /// Where the cluster is (a cluster file, or `--etcd`: the nodes registered there, the slab
+    /// map kept there under the export's name), the coding shape and placement, timeouts,
+    /// transport and encryption.
     #[command(flatten)]
-    pub code: CodeArgs,
-    #[command(flatten)]
-    pub placement: PlacementArgs,
+    pub client: ClientArgs,
     /// Pages in flight at once (per engine).
     #[arg(long, default_value_t = 32, value_parser = remem_frontend::units::parse_count)]
     pub queue_depth: usize,
@@ -93,18 +83,6 @@ pub struct NbdArgs {
     /// count. Not with --etcd or --metrics yet.
     #[arg(long, default_value_t = 1, value_parser = parse_engines)]
     pub engines: usize,
-    /// A split not answered in this time counts as failed.
-    #[arg(long, default_value_t = 2000, value_parser = remem_frontend::units::parse_positive_ms)]
-    pub request_timeout_ms: u64,
-    /// How splits reach the nodes: tcp, or shm (nodes on this host with a Unix socket, as `remem
-    /// up` starts them, lend their slabs as shared memory: reads and writes are loads and stores,
-    /// only control goes over the socket; other nodes are reached by TCP).
-    #[arg(long, value_enum, default_value = "tcp")]
-    pub transport: remem_frontend::transport_arg::Transport,
-    /// Encrypt the TCP connections to the nodes (Noise keyed by the cluster secret); nodes
-    /// started with `--encrypt` require it. Unix sockets and shared memory are never encrypted.
-    #[arg(long)]
-    pub encrypt: bool,
     /// Lock all memory (mlockall): needed when the export backs swap (docs/NBD.md).
     #[arg(long)]
     pub mlock: bool,
@@ -149,7 +127,7 @@ fn open_export(
         cluster_path,
         secret,
         config,
-        placement: &args.placement,
+        placement: &args.client.placement,
         other_choices: "",
     })?;
     if reopened {
@@ -206,13 +184,7 @@ pub fn run(args: NbdArgs) -> Result<()> {
     if args.size == 0 || !args.size.is_multiple_of(4096) {
         bail!("--size {} is not a positive multiple of 4096 bytes", args.size);
     }
-    let shape = args.code.shape()?;
-    let mut config = ClientConfig::new(shape, args.size);
-    config.allow_shared_domains = args.placement.allow_shared_domains;
-    config.max_in_flight = args.queue_depth.max(1);
-    config.request_timeout = Duration::from_millis(args.request_timeout_ms);
-    config.shared_memory = args.transport == remem_frontend::transport_arg::Transport::Shm;
-    config.encrypt = args.encrypt;
+    let mut config = args.client.config(args.size, args.queue_depth, false)?;
     // The slabs outlive the process: a restart reopens them (the state file names them).
     config.release_on_drop = false;
     if args.engines > 1 && args.metrics.is_some() {
@@ -242,9 +214,9 @@ pub fn run(args: NbdArgs) -> Result<()> {
         name: args.export.clone(),
         description: format!(
             "remem EC({},{}) delta {}, {}",
-            args.code.data_splits,
-            args.code.parity_splits,
-            args.code.delta,
+            args.client.code.data_splits,
+            args.client.code.parity_splits,
+            args.client.code.delta,
             format_bytes(args.size)
         ),
         size_bytes: args.size,
@@ -263,8 +235,8 @@ pub fn run(args: NbdArgs) -> Result<()> {
         "serving export {:?}: {} on EC({},{}) across {} nodes, {} engine{}",
         args.export,
         format_bytes(args.size),
-        args.code.data_splits,
-        args.code.parity_splits,
+        args.client.code.data_splits,
+        args.client.code.parity_splits,
         client.slab_map().nodes.len(),
         args.engines,
         if args.engines == 1 { "" } else { "s" }
@@ -307,12 +279,12 @@ fn metrics_then_export(
         let bound = remem_frontend::metrics::serve(address, Arc::clone(stop), render)?;
         eprintln!("metrics at http://{bound}/metrics");
     }
-    Ok(match args.etcd.connect()? {
+    Ok(match args.client.etcd.connect()? {
         Some(etcd) => {
             if args.engines > 1 {
                 bail!("--etcd keeps one slab map per export: use it with --engines 1");
             }
-            let secret = remem_client::Secret::load(args.secret_file.as_deref())
+            let secret = remem_client::Secret::load(args.client.secret_file.as_deref())
                 .context("loading the cluster secret")?;
             let request = remem_frontend::export_home::EtcdExportRequest {
                 etcd,
@@ -320,7 +292,7 @@ fn metrics_then_export(
                 secret: &secret,
                 config,
                 fresh: args.fresh,
-                placement: args.placement.build(rand::random()),
+                placement: args.client.placement.build(rand::random()),
             };
             let (client, home) = remem_frontend::export_home::open_export(request)?;
             eprintln!("export {:?} kept in {}", args.export, home.describe());
@@ -342,7 +314,7 @@ fn unix_socket_path(args: &NbdArgs) -> Result<PathBuf> {
     if let Some(path) = &args.unix {
         return Ok(path.clone());
     }
-    let directory = match (&args.cluster, args.etcd.etcd.is_some()) {
+    let directory = match (&args.client.cluster, args.client.etcd.etcd.is_some()) {
         (Some(cluster), _) => cluster.parent().map(Path::to_path_buf).unwrap_or_default(),
         (None, false) => remem_frontend::cluster_file::default_dir(),
         (None, true) => {
@@ -409,8 +381,8 @@ fn other_layouts(base: &Path, engines: usize) -> Vec<PathBuf> {
 /// The engines' clients over a cluster file: each reopened from its saved map, or new.
 fn open_engines(args: &NbdArgs, mut config: ClientConfig) -> Result<Vec<Opened>> {
     let (cluster_path, cluster, secret) =
-        remem_frontend::cluster_file::load_cluster(args.cluster.as_deref())?;
-    remem_frontend::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
+        remem_frontend::cluster_file::load_cluster(args.client.cluster.as_deref())?;
+    remem_frontend::transport_arg::check_transport(args.client.transport, &cluster, &cluster_path)?;
     // A cluster started with `remem up --encrypt` says so in its file.
     config.encrypt |= cluster.encrypt;
     let base = args.state.clone().unwrap_or_else(|| {
