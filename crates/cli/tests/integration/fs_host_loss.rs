@@ -244,6 +244,11 @@ fn an_etcd_file_system_mounts_in_another_home_with_every_fsynced_file_and_a_seco
     mount.stop();
     let mount = FsMount::start_command(etcd_fs_command(&etcd, &secret, &home_c), &home_c);
     assert_eq!(std::fs::read(mount.path("after")).expect("read"), b"written on host C");
+    mount.stop();
+    let mut fresh = etcd_fs_command(&etcd, &secret, &home_c);
+    fresh.arg("--fresh");
+    let mount = FsMount::start_command(fresh, &home_c);
+    assert_eq!(std::fs::read_dir(&mount.mountpoint).expect("readdir").count(), 0, "--fresh starts empty");
 }
 
 /// The bar of issue 27 for `remem fs`, across "hosts" (network namespaces on a bridge, as
