@@ -21,7 +21,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use remem_client::cluster::ClusterFile;
 use remem_client::{Client, ClientConfig, SlabMapFile};
-use remem_frontend::client_args::ClientArgs;
+use remem_frontend::client_args::{ClientArgs, Cluster};
 use remem_frontend::export_home::{ExportHome, FileHome};
 use remem_frontend::units::{format_bytes, parse_bytes};
 
@@ -279,15 +279,13 @@ fn metrics_then_export(
         let bound = remem_frontend::metrics::serve(address, Arc::clone(stop), render)?;
         eprintln!("metrics at http://{bound}/metrics");
     }
-    Ok(match args.client.etcd.connect()? {
-        Some(etcd) => {
+    Ok(match args.client.cluster()? {
+        Cluster::Etcd { etcd, secret } => {
             if args.engines > 1 {
                 bail!("--etcd keeps one slab map per export: use it with --engines 1");
             }
-            let secret = remem_client::Secret::load(args.client.secret_file.as_deref())
-                .context("loading the cluster secret")?;
             let request = remem_frontend::export_home::EtcdExportRequest {
-                etcd,
+                etcd: *etcd,
                 export: &args.export,
                 secret: &secret,
                 config,
@@ -298,7 +296,7 @@ fn metrics_then_export(
             eprintln!("export {:?} kept in {}", args.export, home.describe());
             vec![(client, Box::new(home), None)]
         }
-        None => open_engines(args, config)?,
+        Cluster::File { path, cluster, secret } => open_engines(args, config, (&path, &cluster, &secret))?,
     })
 }
 
@@ -379,10 +377,11 @@ fn other_layouts(base: &Path, engines: usize) -> Vec<PathBuf> {
 }
 
 /// The engines' clients over a cluster file: each reopened from its saved map, or new.
-fn open_engines(args: &NbdArgs, mut config: ClientConfig) -> Result<Vec<Opened>> {
-    let (cluster_path, cluster, secret) =
-        remem_frontend::cluster_file::load_cluster(args.client.cluster.as_deref())?;
-    remem_frontend::transport_arg::check_transport(args.client.transport, &cluster, &cluster_path)?;
+fn open_engines(
+    args: &NbdArgs,
+    mut config: ClientConfig,
+    (cluster_path, cluster, secret): (&Path, &ClusterFile, &remem_client::Secret),
+) -> Result<Vec<Opened>> {
     // A cluster started with `remem up --encrypt` says so in its file.
     config.encrypt |= cluster.encrypt;
     let base = args.state.clone().unwrap_or_else(|| {
@@ -400,7 +399,7 @@ fn open_engines(args: &NbdArgs, mut config: ClientConfig) -> Result<Vec<Opened>>
             );
         }
         let map = SlabMapFile::load(other)?;
-        if let Err(error) = Client::release_saved(&map, &secret, config.clone()) {
+        if let Err(error) = Client::release_saved(&map, secret, config.clone()) {
             tracing::warn!(%error, "cannot reach the saved export to unmap its slabs");
         }
         std::fs::remove_file(other).with_context(|| format!("removing {}", other.display()))?;
@@ -415,8 +414,8 @@ fn open_engines(args: &NbdArgs, mut config: ClientConfig) -> Result<Vec<Opened>>
     let mut opened = Vec::with_capacity(args.engines);
     for engine in 0..args.engines {
         let state_path = engine_state_path(&base, engine, args.engines);
-        let client = open_export(args, &cluster, &cluster_path, &secret, config.clone(), &state_path)?;
-        let watch = remem_frontend::cluster_watch::ClusterWatch::new(cluster_path.clone(), &cluster);
+        let client = open_export(args, cluster, cluster_path, secret, config.clone(), &state_path)?;
+        let watch = remem_frontend::cluster_watch::ClusterWatch::new(cluster_path.to_owned(), cluster);
         let report_name = match args.engines {
             1 => stem.clone(),
             engines => format!("{stem}.engine-{engine}-of-{engines}"),
@@ -424,7 +423,7 @@ fn open_engines(args: &NbdArgs, mut config: ClientConfig) -> Result<Vec<Opened>>
         opened.push((
             client,
             Box::new(FileHome { watch, state_path }) as Box<dyn ExportHome>,
-            Some((cluster_path.clone(), report_name)),
+            Some((cluster_path.to_owned(), report_name)),
         ));
     }
     Ok(opened)
