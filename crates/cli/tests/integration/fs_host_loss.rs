@@ -133,11 +133,23 @@ pub fn assert_same_tree(found: &Tree, expected: &Tree) {
 
 #[test]
 fn remote_metadata_survives_a_sigkill_and_two_dead_nodes_with_no_snapshot_or_journal_on_the_host() {
-    let dir = common::ScratchDir::new("fs-remote-metadata");
-    let mut cluster = common::start_cluster("fs", "remote-metadata", 10, UnixSockets::None);
+    remote_metadata_round("reply");
+}
+
+#[test]
+fn remote_metadata_written_at_syncs_only_keeps_every_fsynced_file_across_a_sigkill() {
+    remote_metadata_round("fsync");
+}
+
+/// Files written and fsynced with `--metadata remote --metadata-sync SYNC`, `remem fs`
+/// SIGKILLed, two nodes of ten SIGKILLed, mounted again from the slab maps alone.
+fn remote_metadata_round(sync: &str) {
+    let dir = common::ScratchDir::new(&format!("fs-remote-metadata-{sync}"));
+    let mut cluster = common::start_cluster("fs", &format!("remote-metadata-{sync}"), 10, UnixSockets::None);
     let state = dir.join("state");
     let state_arg = state.to_str().expect("utf-8").to_owned();
-    let args = ["--state", &state_arg, "--metadata", "remote", "--metadata-size", "8MiB"];
+    let args =
+        ["--state", &state_arg, "--metadata", "remote", "--metadata-size", "8MiB", "--metadata-sync", sync];
     let mount = FsMount::start_with(&cluster, &dir, "32MiB", &args);
     let started = Instant::now();
     let tree = write_tree(&mount.mountpoint, 30);

@@ -40,6 +40,12 @@ pub struct FsArgs {
     /// choice with --etcd).
     #[arg(long, value_enum)]
     pub metadata: Option<MetadataHome>,
+    /// When remote metadata reaches the nodes: `reply` (before the reply of every request that
+    /// changes it: a change anyone saw survives the loss of this process or host) or `fsync`
+    /// (at fsync, fdatasync, fsyncdir, unmount and once a second, as the local journal reaches
+    /// the disk: what was not synced may be lost with the process or its host; faster over TCP).
+    #[arg(long, value_enum, default_value = "reply")]
+    pub metadata_sync: MetadataSync,
     /// The remote metadata's region (`--metadata remote`): two halves, each holding a snapshot
     /// and the journal written since, one page or more per change. Fixed when the file system
     /// is made.
@@ -114,6 +120,13 @@ pub struct FsArgs {
 pub enum MetadataHome {
     Local,
     Remote,
+}
+
+/// When remote metadata is written (`--metadata-sync`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetadataSync {
+    Reply,
+    Fsync,
 }
 
 /// `fs-NAME` for a mount point: its path without the leading `/`, each `/` a `-`, other
@@ -318,7 +331,12 @@ pub fn run(args: FsArgs) -> Result<()> {
         &mountpoint.display().to_string(),
     );
     let (metadata, saved_in) = match meta {
-        Some(meta) => (crate::Metadata::Remote(RemoteArea::new(Box::new(meta))?), "remote memory".to_owned()),
+        Some(meta) => {
+            let area = RemoteArea::new(Box::new(meta))?;
+            let area =
+                if args.metadata_sync == MetadataSync::Fsync { area.flush_on_sync_only() } else { area };
+            (crate::Metadata::Remote(area), "remote memory".to_owned())
+        }
         None => (crate::Metadata::Local(&state), state_path.display().to_string()),
     };
     let (filesystem, report) = FileSystem::open_saved(store, Creator { uid, gid, mode: 0o755 }, metadata)

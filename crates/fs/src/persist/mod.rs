@@ -198,6 +198,8 @@ pub struct Journal {
 
 /// Remote: how many bytes of records may wait for the area's nodes before the journal gives up.
 const MAX_UNWRITTEN_BYTES: usize = 4 << 20;
+/// Remote, flushed on sync only: records are written anyway once this many wait.
+const LAZY_FLUSH_BYTES: usize = 256 << 10;
 
 impl Journal {
     /// Appends records: to the local file with one `write(2)` (in the page cache, so a SIGKILL
@@ -226,6 +228,22 @@ impl Journal {
         if !area.has_room_for(self.unwritten.len()) {
             return Ok(Appended::NoRoom);
         }
+        if area.flushes_on_sync_only() && self.unwritten.len() < LAZY_FLUSH_BYTES {
+            // `--metadata-sync fsync`: on the nodes at the next sync (fsync, the timer, unmount).
+            return Ok(Appended::Written);
+        }
+        self.flush_remote()
+    }
+
+    /// Writes the records waiting for the remote area (its caller checked there is room).
+    fn flush_remote(&mut self) -> std::io::Result<Appended> {
+        let Sink::Remote(area) = &mut self.sink else { return Ok(Appended::Written) };
+        if self.unwritten.is_empty() {
+            return Ok(Appended::Written);
+        }
+        if !area.has_room_for(self.unwritten.len()) {
+            return Ok(Appended::NoRoom);
+        }
         if let Err(error) = area.append(&self.unwritten) {
             // The nodes may come back (a pause, a partition): these records are written before
             // the next ones, up to a bound; the caller's request fails meanwhile.
@@ -238,6 +256,14 @@ impl Journal {
         self.unwritten.clear();
         self.synced_seq = self.next_seq - 1;
         Ok(Appended::Written)
+    }
+
+    /// Whether records wait for the remote area and do not fit in its half any more.
+    fn needs_compaction_to_sync(&self) -> bool {
+        match &self.sink {
+            Sink::Local { .. } => false,
+            Sink::Remote(area) => !self.unwritten.is_empty() && !area.has_room_for(self.unwritten.len()),
+        }
     }
 
     /// Marks the journal failed (an append that could not be compacted in its place).
@@ -267,8 +293,9 @@ impl Journal {
         }
         match &self.sink {
             Sink::Local { file, .. } => Ok(Some((file.try_clone()?, last_seq))),
-            // Records left unwritten by an append the nodes did not take: written now.
-            Sink::Remote(_) => match self.append(&[])? {
+            // Records not written yet (an append the nodes did not take, or waiting for a sync
+            // with `--metadata-sync fsync`): written now.
+            Sink::Remote(_) => match self.flush_remote()? {
                 Appended::Written => Ok(None),
                 Appended::NoRoom => Err(std::io::Error::other("the remote journal needs a compaction first")),
             },
@@ -492,6 +519,9 @@ impl<S: PageStore> FileSystem<S> {
     /// Journals lazily kept times and fdatasyncs the journal (fsync, fsyncdir, unmount).
     pub fn sync(&mut self) -> std::io::Result<()> {
         self.flush_times().map_err(|error| std::io::Error::other(error.to_string()))?;
+        if self.journal.as_ref().is_some_and(Journal::needs_compaction_to_sync) {
+            self.compact().map_err(|error| std::io::Error::other(error.to_string()))?;
+        }
         match &mut self.journal {
             Some(journal) => journal.sync(),
             None => Ok(()),
@@ -511,6 +541,10 @@ impl<S: PageStore> FileSystem<S> {
     pub fn start_sync(&mut self, with_times: bool) -> std::io::Result<Option<(File, u64)>> {
         if with_times {
             self.flush_times().map_err(|error| std::io::Error::other(error.to_string()))?;
+        }
+        if self.journal.as_ref().is_some_and(Journal::needs_compaction_to_sync) {
+            // The records waiting for the remote area do not fit its half: a snapshot has them.
+            self.compact().map_err(|error| std::io::Error::other(error.to_string()))?;
         }
         match &mut self.journal {
             Some(journal) => journal.start_sync(),

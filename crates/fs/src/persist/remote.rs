@@ -98,6 +98,8 @@ pub struct RemoteArea {
     staging: Vec<u8>,
     /// The allocation of the op list of a write, kept between appends.
     spare_ops: Vec<PageOp<'static>>,
+    /// `--metadata-sync fsync`: the journal writes here at syncs only (see [`RemoteArea::flush_on_sync_only`]).
+    on_sync_only: bool,
 }
 
 /// Torn (every node answered; no k splits agree), as opposed to lost or unreachable.
@@ -132,7 +134,21 @@ impl RemoteArea {
             journal_next: 0,
             staging: vec![0; BATCH_PAGES * page_bytes],
             spare_ops: Vec::with_capacity(BATCH_PAGES),
+            on_sync_only: false,
         })
+    }
+
+    /// `--metadata-sync fsync`: the journal keeps appended records in memory and writes them
+    /// here at fsync, fdatasync, fsyncdir, the one-second timer and unmount (and when 256 KiB
+    /// wait), as the local journal reaches the disk: a change not synced yet is lost with the
+    /// process or its host, one that was synced is not.
+    pub fn flush_on_sync_only(mut self) -> RemoteArea {
+        self.on_sync_only = true;
+        self
+    }
+
+    pub fn flushes_on_sync_only(&self) -> bool {
+        self.on_sync_only
     }
 
     fn half_start(&self, generation: u64) -> u64 {

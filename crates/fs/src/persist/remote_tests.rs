@@ -275,3 +275,44 @@ fn records_the_nodes_did_not_take_are_written_before_the_next_once_they_are_back
     assert_eq!(report.files, 5, "b and d failed their callers, but memory had them and so does the journal");
     assert_eq!(reopened.snapshot_bytes(0), expected);
 }
+
+#[test]
+fn with_sync_only_flushes_a_change_reaches_the_area_at_the_next_sync_and_not_before() {
+    use crate::namespace::ROOT_INODE;
+    use std::ffi::OsStr;
+    let meta = Shared::new(PAGES);
+    let area = meta.area().flush_on_sync_only();
+    let (mut fs, _) =
+        FileSystem::open_saved(super::tests::store(64), ME, Metadata::Remote(area)).expect("open");
+    fs.create_file(ROOT_INODE, OsStr::new("synced"), ME).expect("create");
+    let writes_before = meta.model().ops_executed;
+    fs.create_file(ROOT_INODE, OsStr::new("also-synced"), ME).expect("create");
+    assert_eq!(meta.model().ops_executed, writes_before, "an append waits for the sync");
+    assert!(fs.start_sync(false).expect("fsync").is_none());
+    assert!(meta.model().ops_executed > writes_before, "the sync wrote it");
+    fs.create_file(ROOT_INODE, OsStr::new("not-synced"), ME).expect("create");
+    let pages = std::mem::take(&mut fs.store.pages);
+    drop(fs); // killed before the next sync
+    let mut store = super::tests::store(64);
+    store.pages = pages;
+    let (reopened, report) =
+        FileSystem::open_saved(store, ME, Metadata::Remote(meta.area())).expect("reopen");
+    assert_eq!(report.files, 2, "the synced files, not the one created after the last sync");
+    assert!(reopened.lookup(ROOT_INODE, OsStr::new("also-synced")).is_ok());
+    assert!(reopened.lookup(ROOT_INODE, OsStr::new("not-synced")).is_err());
+
+    // Many records waiting for one sync: all of them reach the area.
+    let meta = Shared::new(PAGES);
+    let area = meta.area().flush_on_sync_only();
+    let (mut fs, _) =
+        FileSystem::open_saved(super::tests::store(4096), ME, Metadata::Remote(area)).expect("open");
+    for index in 0..400 {
+        let name = format!("a-name-long-enough-to-fill-the-journal-half-{index:04}");
+        fs.create_file(ROOT_INODE, OsStr::new(&name), ME).expect("create");
+    }
+    fs.sync().expect("sync");
+    let (reopened, report) =
+        FileSystem::open_saved(super::tests::store(4096), ME, Metadata::Remote(meta.area())).expect("reopen");
+    assert_eq!(report.files, 400);
+    drop(reopened);
+}
