@@ -82,6 +82,8 @@ pub(super) struct Regeneration {
     refused_by: Option<NodeId>,
     /// "Only crowded failure domains can take it" was logged for this rebuild.
     domain_warned: bool,
+    /// "No node can take the rebuilt slab" was logged for this rebuild.
+    no_target_warned: bool,
 }
 
 #[derive(Debug)]
@@ -156,6 +158,7 @@ impl Engine {
             lost_node: old.node,
             refused_by: None,
             domain_warned: false,
+            no_target_warned: false,
         });
         if !keep_old {
             let split_bytes = self.regions[self.ranges[range].region].split_bytes;
@@ -316,7 +319,15 @@ impl Engine {
             return spread;
         }
         let Some(crowding) = attempt(&mut candidates, true, true) else {
-            tracing::warn!(range, split, "no node can take the rebuilt slab yet; retrying");
+            if std::mem::replace(&mut self.regenerations[index].no_target_warned, true) {
+                tracing::debug!(range, split, "no node can take the rebuilt slab yet; retrying");
+            } else {
+                tracing::warn!(
+                    range,
+                    split,
+                    "no node can take the rebuilt slab yet; retrying (said once per slab)"
+                );
+            }
             return None;
         };
         let parity_splits = self.regions[self.ranges[range].region].shape.parity_splits;
