@@ -147,6 +147,8 @@ fn claim_and_open(
         let (cache, saves) = open(claimed, args, secret, settings, cache_config, &state)?;
         return Ok(Some(Opened { cache, saves, took_over: None, _state: state }));
     }
+    // The primary and the moment its name was first found free, kept across the retries.
+    let mut first: Option<(Option<remem_etcd::OwnerRecord>, Instant)> = None;
     let mut said = false;
     loop {
         let settings = super::client_config(args, ec, args.encrypt)?;
@@ -154,10 +156,10 @@ fn claim_and_open(
             return Ok(None);
         };
         let state = KvState::lock(&state_dir(args, export)?)?;
-        let primary = takeover.primary.clone();
+        let (primary, free_at) = first.get_or_insert((takeover.primary.clone(), takeover.free_at)).clone();
         match open(takeover.claimed, args, secret, settings, cache_config.clone(), &state) {
             Ok((cache, saves)) => {
-                let took_over = super::etcd_standby::took_over(export, primary.as_ref(), takeover.free_at);
+                let took_over = super::etcd_standby::took_over(export, primary.as_ref(), free_at);
                 return Ok(Some(Opened { cache, saves, took_over: Some(took_over), _state: state }));
             }
             Err(error) if super::etcd_standby::old_session_lives(&error) && !stop.load(Ordering::Relaxed) => {
