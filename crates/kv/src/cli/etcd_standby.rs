@@ -166,3 +166,32 @@ pub fn run_takeover_command(command: &str, address: SocketAddr, name: &str) {
         Err(error) => tracing::error!(%error, command, "cannot wait for the takeover command"),
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_race_or_a_silent_etcd_stands_by_again_and_anything_else_stops() {
+        let held = EtcdError::Held { key: "k".into(), holder: "pid 1".into() };
+        assert!(retry_claim(&anyhow::Error::new(held).context("claiming the export in etcd")));
+        let timeout = EtcdError::Timeout { endpoints: "e".into(), timeout: Duration::from_secs(5) };
+        assert!(retry_claim(&anyhow::Error::new(timeout)));
+        let record =
+            EtcdError::Record(remem_etcd::RecordError::Parse { key: "k".into(), message: "x".into() });
+        assert!(!retry_claim(&anyhow::Error::new(record)));
+        assert!(!retry_claim(&anyhow::anyhow!("a saved map that does not decode")));
+    }
+
+    #[test]
+    fn only_a_node_holding_the_old_session_is_retried() {
+        let in_use = remem_client::ConnectError::ClientIdInUse {
+            address: "10.0.0.1:7100".parse().unwrap(),
+            client_id: 7,
+            message: "held".into(),
+        };
+        assert!(old_session_lives(&anyhow::Error::new(in_use).context("reopening the slabs saved in etcd")));
+        let too_few = remem_client::ConnectError::TooFewNodes { needed: 6, given: 2 };
+        assert!(!old_session_lives(&anyhow::Error::new(too_few)));
+    }
+}
