@@ -86,18 +86,34 @@ fn value_of(key: &str, index: usize) -> Vec<u8> {
     common::pseudo_random(SIZES[index % SIZES.len()], (index as u64) << 8 | key.len() as u64)
 }
 
-#[test]
-fn kv_etcd_standby_waits_while_the_primary_lives_and_takes_over_when_its_lease_lapses() {
-    let dir = common::ScratchDir::new("kv-etcd-standby");
+/// etcd, its secret, seven registered nodes and a primary (`a`) serving, in a scratch
+/// directory.
+struct Cluster {
+    dir: common::ScratchDir,
+    etcd: EtcdServer,
+    secret: PathBuf,
+    _nodes: Vec<EtcdNode>,
+    primary: Process,
+    address: SocketAddr,
+}
+
+fn cluster(name: &str) -> Cluster {
+    let dir = common::ScratchDir::new(name);
     let etcd = EtcdServer::start(&dir);
     let secret = write_secret(&dir);
-    let _nodes: Vec<EtcdNode> =
+    let nodes: Vec<EtcdNode> =
         (0..7).map(|index| EtcdNode::start(binary(), &dir, &etcd.url, &secret, index)).collect();
     assert!(wait_for(Duration::from_secs(15), || etcd.keys("/remem/nodes/").len() == 7), "nodes registered");
     let primary =
         Process::spawn(&kv_args(&etcd, &secret, &dir.join("a"), "16MiB", "127.0.0.1:0"), &dir.join("a.log"));
-    let primary_address =
+    let address =
         primary.listening(Duration::from_secs(40)).unwrap_or_else(|| panic!("{}", primary.log_text()));
+    Cluster { dir, etcd, secret, _nodes: nodes, primary, address }
+}
+
+#[test]
+fn kv_etcd_standby_waits_while_the_primary_lives_and_takes_over_when_its_lease_lapses() {
+    let Cluster { dir, etcd, secret, _nodes, primary, address: primary_address } = cluster("kv-etcd-standby");
     let mut client = TextClient::connect(primary_address, Duration::from_secs(10)).expect("connects");
     let mut model: HashMap<String, Option<Vec<u8>>> = HashMap::new();
     for index in 0..150 {
@@ -169,4 +185,57 @@ fn kv_etcd_standby_waits_while_the_primary_lives_and_takes_over_when_its_lease_l
     });
     assert!(ran, "the takeover command ran: {}", standby.log_text());
     assert!(matches!(standby.child.try_wait(), Ok(None)));
+}
+
+/// Two standbys of one primary: when it dies exactly one takes over with every item, and the
+/// other stands by again, now for the new primary, until that one dies too.
+#[test]
+fn kv_etcd_two_standbys_one_takes_over_and_the_other_stands_by_for_it() {
+    let Cluster { dir, etcd, secret, _nodes, primary, address } = cluster("kv-etcd-two-standbys");
+    let mut client = TextClient::connect(address, Duration::from_secs(10)).expect("connects");
+    for index in 0..40 {
+        let key = format!("k{index}");
+        assert_eq!(client.set(&key, &value_of(&key, index)).expect("set"), StoreOutcome::Stored);
+    }
+    drop(client);
+    let standby = |name: &str| {
+        let mut args = kv_args(&etcd, &secret, &dir.join(name), "16MiB", "127.0.0.1:0");
+        args.push("--standby".to_owned());
+        Process::spawn(&args, &dir.join(format!("{name}.log")))
+    };
+    let mut standbys = [standby("b"), standby("c")];
+    let standing = wait_for(Duration::from_secs(20), || {
+        standbys.iter().all(|one| one.log_text().contains("standing by"))
+    });
+    assert!(standing, "both stand by");
+    drop(primary); // SIGKILL
+    let winner = wait_for(Duration::from_secs(15), || {
+        standbys.iter().any(|one| one.listening(Duration::ZERO).is_some())
+    });
+    assert!(winner, "one takes over");
+    std::thread::sleep(Duration::from_secs(3)); // more than a lease: the other must not serve too
+    let serving: Vec<usize> =
+        (0..2).filter(|&index| standbys[index].listening(Duration::ZERO).is_some()).collect();
+    assert_eq!(serving.len(), 1, "exactly one standby serves");
+    let (won, other) = (serving[0], 1 - serving[0]);
+    let new_primary = standbys[won].child.id();
+    assert!(
+        standbys[other].log_text().contains(&format!("held by pid {new_primary}")),
+        "{}",
+        standbys[other].log_text()
+    );
+    let address = standbys[won].listening(Duration::ZERO).expect("serving");
+    let mut client = TextClient::connect(address, Duration::from_secs(10)).expect("connects to the winner");
+    for index in 0..40 {
+        let key = format!("k{index}");
+        assert_eq!(client.get(&key).expect("get"), Some(value_of(&key, index)), "{key}");
+    }
+    drop(client);
+    let _ = standbys[won].child.kill();
+    let _ = standbys[won].child.wait();
+    let last = standbys[other]
+        .listening(Duration::from_secs(15))
+        .unwrap_or_else(|| panic!("{}", standbys[other].log_text()));
+    let mut client = TextClient::connect(last, Duration::from_secs(10)).expect("connects to the last");
+    assert_eq!(client.get("k7").expect("get"), Some(value_of("k7", 7)));
 }
