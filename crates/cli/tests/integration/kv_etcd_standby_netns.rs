@@ -201,7 +201,7 @@ impl Pair {
         let log = || std::fs::read_to_string(dir.join("a.log")).unwrap_or_default();
         assert_eq!(line.trim(), format!("listening {service}"), "{}", log());
         let takeover =
-            format!("ip addr add {service_ip}/32 dev eth0 && arping -q -U -c 2 -I eth0 {service_ip}");
+            format!("ip addr replace {service_ip}/32 dev eth0 && arping -q -U -c 2 -I eth0 {service_ip}");
         let mut args = kv_args(&url, &secret, &dir.join("b"), service);
         args.extend(["--standby".to_owned(), "--takeover-command".to_owned(), takeover]);
         let (standby, standby_stdout) = net.spawn(HOST_B, binary, &args, &dir.join("b.log"));

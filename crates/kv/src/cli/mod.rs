@@ -50,7 +50,7 @@ pub struct KvArgs {
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i64).range(2..=3600))]
     pub etcd_lease_seconds: i64,
     /// Shell command run (sh -c) once this process serves, as keepalived's notify scripts: a
-    /// standby that took over moves the service address to its host with it (`ip addr add ...;
+    /// standby that took over moves the service address to its host with it (`ip addr replace ...;
     /// arping -U ...`). Its environment has REMEM_KV_ADDRESS and REMEM_KV_NAME. docs/KV.md.
     #[arg(long, value_name = "CMD")]
     pub takeover_command: Option<String>,
