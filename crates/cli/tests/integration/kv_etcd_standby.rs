@@ -239,3 +239,18 @@ fn kv_etcd_two_standbys_one_takes_over_and_the_other_stands_by_for_it() {
     let mut client = TextClient::connect(last, Duration::from_secs(10)).expect("connects to the last");
     assert_eq!(client.get("k7").expect("get"), Some(value_of("k7", 7)));
 }
+
+/// `--etcd-lease-seconds` below etcd's floor, or without `--etcd`, is refused before anything
+/// starts.
+#[test]
+fn kv_etcd_lease_seconds_out_of_range_or_without_etcd_is_refused() {
+    let run = |args: &[&str]| {
+        let output = Command::new(binary()).arg("kv").args(args).stdin(Stdio::null()).output().expect("runs");
+        (output.status.success(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let etcd = ["--etcd", "http://127.0.0.1:1", "--export", "cache"];
+    let (ok, stderr) = run(&[&etcd[..], &["--etcd-lease-seconds", "1"]].concat());
+    assert!(!ok && stderr.contains("--etcd-lease-seconds") && stderr.contains("2..=3600"), "{stderr}");
+    let (ok, stderr) = run(&["--etcd-lease-seconds", "5", "--ephemeral"]);
+    assert!(!ok && stderr.contains("needs --etcd"), "{stderr}");
+}
