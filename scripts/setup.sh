@@ -18,6 +18,7 @@ packages=(
   fuse3 sqlite3                                                        # fusermount3 and sqlite3 for crates/cli/tests/integration/fs.rs (remem fs)
   python3 util-linux                                                   # jobs, losetup/mkswap/swapon of `remem run`, `remem bench apps` (tests/run.rs)
   iproute2                                                             # ip netns, bridge, veth and tc netem of crates/cli/tests/integration/netns.rs
+  iputils-arping                                                       # gratuitous ARP of a moved service address (kv_etcd_standby.rs)
   groff-base                                                           # groff checks `remem man`'s pages (crates/cli/tests/integration/operations.rs)
   gcc libc6-dev                                                        # compiles the probe of crates/cli/tests/integration/paging.rs (`remem run --paging uffd`)
   etcd-server etcd-client protobuf-compiler                            # etcd for membership and slab maps (crates/cli/tests/integration/etcd.rs); protoc builds etcd-client's API

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use membership::MembershipWatch;
-pub use records::{ClientName, Keys, NodeRecord, OwnerRecord, RecordError};
+pub use records::{ClientName, EndpointRecord, Keys, NodeRecord, OwnerRecord, RecordError};
 pub use registration::NodeRegistration;
 pub use session::ClientSession;
 
@@ -46,6 +46,19 @@ pub struct EtcdConfig {
 
 impl EtcdConfig {
     pub const DEFAULT_PREFIX: &'static str = "/remem/";
+
+    /// Shortest owner and node lease: a keep-alive every third of it must still fit beside a
+    /// slow request.
+    pub const MIN_LEASE_TTL_SECONDS: i64 = 2;
+
+    /// This configuration with leases of `seconds` (at least [`Self::MIN_LEASE_TTL_SECONDS`]),
+    /// kept alive every third of that: a dead holder's keys last at most `seconds`.
+    pub fn with_lease_ttl(mut self, seconds: i64) -> EtcdConfig {
+        assert!(seconds >= Self::MIN_LEASE_TTL_SECONDS, "lease of {seconds} s is below the minimum");
+        self.lease_ttl_seconds = seconds;
+        self.keep_alive_interval = Duration::from_millis(seconds as u64 * 1000 / 3);
+        self
+    }
 
     pub fn new(endpoints: Vec<String>, prefix: &str) -> EtcdConfig {
         EtcdConfig {
@@ -145,6 +158,42 @@ impl Etcd {
             client.get(prefix, Some(etcd_client::GetOptions::new().with_prefix())).await
         })?;
         Ok(membership::decode_nodes(&self.keys, response.kvs()).into_values().collect())
+    }
+
+    /// The owner record of client `name`, if a live lease holds it (read only: for a process that
+    /// waits for the name to be free, as a standby does).
+    ///
+    /// Errors: etcd unreachable; an owner record that does not decode (held all the same: the
+    /// caller must not take a name whose holder it cannot read as free).
+    pub fn owner(&self, name: &ClientName) -> Result<Option<OwnerRecord>, EtcdError> {
+        let key = self.keys.owner(name);
+        let Some(value) = self.get(&key)? else { return Ok(None) };
+        Ok(Some(OwnerRecord::decode(&key, &value)?))
+    }
+
+    /// The saved slab map of client `name`, if any, its size checked (read only: it is not
+    /// remembered for a compare-and-swap, see [`ClientSession::load_map`]).
+    pub fn slab_map(&self, name: &ClientName) -> Result<Option<Vec<u8>>, EtcdError> {
+        let key = self.keys.slab_map(name);
+        let value = self.get(&key)?;
+        if let Some(value) = &value {
+            records::check_slab_map_size(&key, value)?;
+        }
+        Ok(value)
+    }
+
+    /// The published endpoint of client `name`, if any, checked.
+    pub fn endpoint(&self, name: &ClientName) -> Result<Option<EndpointRecord>, EtcdError> {
+        let key = self.keys.endpoint(name);
+        let Some(value) = self.get(&key)? else { return Ok(None) };
+        Ok(Some(EndpointRecord::decode(&key, &value)?))
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, EtcdError> {
+        let mut client = self.client.clone();
+        let key = key.to_owned();
+        let response = self.block_on(async move { client.get(key, None).await })?;
+        Ok(response.kvs().first().map(|kv| kv.value().to_vec()))
     }
 
     /// What background tasks hold (everything but the runtime).

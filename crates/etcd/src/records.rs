@@ -82,6 +82,42 @@ pub struct OwnerRecord {
     pub started_unix_ms: u64,
 }
 
+/// Where the process that serves a client (a `remem kv --etcd`) listens, under
+/// `clients/NAME/endpoint`, on its owner lease: written by whoever serves, gone when it stops or
+/// its lease lapses, for clients that find their server through etcd.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointRecord {
+    /// The TCP address clients connect to.
+    pub address: SocketAddr,
+    pub hostname: String,
+    pub pid: u32,
+    /// The owner record's session: tells this endpoint's writer among the name's owners.
+    pub session: u64,
+}
+
+impl EndpointRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("an endpoint record serializes")
+    }
+
+    /// Parses and checks the value of `key` (a reader must never connect where a hostile record
+    /// points unless it is an address one can connect to).
+    pub fn decode(key: &str, value: &[u8]) -> Result<EndpointRecord, RecordError> {
+        let record: EndpointRecord = parse(key, value, MAX_RECORD_BYTES)?;
+        record.validate().map_err(|message| RecordError::Invalid { key: key.to_owned(), message })?;
+        Ok(record)
+    }
+
+    /// The checks of [`EndpointRecord::decode`], also run before the record is written.
+    pub fn validate(&self) -> Result<(), String> {
+        let ip = self.address.ip();
+        if self.address.port() == 0 || ip.is_unspecified() || ip.is_multicast() {
+            return Err(format!("address {} cannot be connected to", self.address));
+        }
+        check_text("hostname", &self.hostname, MAX_HOSTNAME_BYTES)
+    }
+}
+
 impl NodeRecord {
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a node record serializes")
@@ -191,7 +227,7 @@ fn check_socket_path(path: &std::path::Path) -> Result<(), String> {
 }
 
 /// The key layout under one prefix (default `/remem/`):
-/// `nodes/ADDRESS`, `clients/NAME/slabmap`, `clients/NAME/owner`.
+/// `nodes/ADDRESS`, `clients/NAME/slabmap`, `clients/NAME/owner`, `clients/NAME/endpoint`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Keys {
     prefix: String,
@@ -238,6 +274,10 @@ impl Keys {
 
     pub fn owner(&self, client: &ClientName) -> String {
         format!("{}clients/{}/owner", self.prefix, client.0)
+    }
+
+    pub fn endpoint(&self, client: &ClientName) -> String {
+        format!("{}clients/{}/endpoint", self.prefix, client.0)
     }
 }
 
@@ -362,6 +402,30 @@ mod tests {
     }
 
     #[test]
+    fn endpoint_records_round_trip_and_hostile_ones_are_refused() {
+        let endpoint = EndpointRecord {
+            address: "10.0.0.5:11211".parse().unwrap(),
+            hostname: "host-b".into(),
+            pid: 7,
+            session: 9,
+        };
+        assert_eq!(EndpointRecord::decode("k", &endpoint.encode()).unwrap(), endpoint);
+        for address in ["0.0.0.0:11211", "10.0.0.5:0", "224.0.0.1:11211", "[::]:11211"] {
+            let bad = EndpointRecord { address: address.parse().unwrap(), ..endpoint.clone() };
+            assert!(EndpointRecord::decode("k", &bad.encode()).is_err(), "{address}");
+        }
+        let control = EndpointRecord { hostname: "a\nb".into(), ..endpoint.clone() };
+        assert!(EndpointRecord::decode("k", &control.encode()).is_err());
+        for garbage in [&b""[..], b"{", b"null", b"{\"address\":\"x\"}"] {
+            assert!(matches!(EndpointRecord::decode("k", garbage), Err(RecordError::Parse { .. })));
+        }
+        assert!(matches!(
+            EndpointRecord::decode("k", &vec![b' '; MAX_RECORD_BYTES + 1]),
+            Err(RecordError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
     fn keys_follow_the_layout_and_refuse_bad_prefixes() {
         let keys = Keys::new("/remem/").unwrap();
         let name = ClientName::new("disk-1").unwrap();
@@ -370,6 +434,7 @@ mod tests {
         assert_eq!(keys.node_address("/other/nodes/10.0.0.1:7100"), None);
         assert_eq!(keys.slab_map(&name), "/remem/clients/disk-1/slabmap");
         assert_eq!(keys.owner(&name), "/remem/clients/disk-1/owner");
+        assert_eq!(keys.endpoint(&name), "/remem/clients/disk-1/endpoint");
         for bad in ["remem/", "/remem", "", "/a b/", &format!("/{}/", "p".repeat(130))] {
             assert!(Keys::new(bad).is_err(), "{bad:?}");
         }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 
-use crate::records::check_slab_map_size;
+use crate::records::{check_slab_map_size, EndpointRecord, RecordError};
 use crate::{with_deadline, ClientName, Connection, Etcd, EtcdError, OwnerRecord};
 
 /// What the keeper and the caller share.
@@ -33,6 +33,8 @@ struct Shared {
     wake: tokio::sync::Notify,
     /// One map write at a time, so two writes never race on `map_revision`.
     write_lock: tokio::sync::Mutex<()>,
+    /// The endpoint record published, put again on the new lease when the name is claimed again.
+    endpoint: Mutex<Option<Vec<u8>>>,
 }
 
 /// The owner of one client name. Dropping it writes a pending map (best effort) and revokes the
@@ -42,6 +44,7 @@ pub struct ClientSession {
     etcd: Etcd,
     owner_key: String,
     map_key: String,
+    endpoint_key: String,
     shared: Arc<Shared>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -84,11 +87,13 @@ impl ClientSession {
             pending: Mutex::new(None),
             wake: tokio::sync::Notify::new(),
             write_lock: tokio::sync::Mutex::new(()),
+            endpoint: Mutex::new(None),
         });
         let session = Keeper {
             etcd: etcd.connection(),
             owner_key: owner_key.clone(),
             map_key: etcd.keys.slab_map(name),
+            endpoint_key: etcd.keys.endpoint(name),
             owner: owner.clone(),
             shared: Arc::clone(&shared),
         };
@@ -97,6 +102,7 @@ impl ClientSession {
             etcd: etcd.clone(),
             owner_key,
             map_key: etcd.keys.slab_map(name),
+            endpoint_key: etcd.keys.endpoint(name),
             shared,
             task: Some(task),
         })
@@ -147,6 +153,19 @@ impl ClientSession {
         self.shared.wake.notify_one();
     }
 
+    /// Publishes where this process serves (`clients/NAME/endpoint`, on the owner lease: it goes
+    /// when the process stops or its lease lapses, and is put again if the name is claimed again).
+    ///
+    /// Errors: an endpoint no one can connect to; the owner key not on this process's lease
+    /// (lapsed: the keeper puts it when it claims the name again); etcd unreachable.
+    pub fn publish_endpoint(&self, record: &EndpointRecord) -> Result<(), EtcdError> {
+        record
+            .validate()
+            .map_err(|message| RecordError::Invalid { key: self.endpoint_key.clone(), message })?;
+        *lock(&self.shared.endpoint) = Some(record.encode());
+        self.etcd.runtime.block_on(self.keeper().put_endpoint())
+    }
+
     /// Whether a queued map is still unwritten.
     pub fn map_pending(&self) -> bool {
         lock(&self.shared.pending).is_some()
@@ -170,6 +189,7 @@ impl ClientSession {
             etcd: self.etcd.connection(),
             owner_key: self.owner_key.clone(),
             map_key: self.map_key.clone(),
+            endpoint_key: self.endpoint_key.clone(),
             owner: OwnerRecord { hostname: String::new(), pid: 0, session: 0, started_unix_ms: 0 },
             shared: Arc::clone(&self.shared),
         }
@@ -249,6 +269,7 @@ struct Keeper {
     etcd: Connection,
     owner_key: String,
     map_key: String,
+    endpoint_key: String,
     owner: OwnerRecord,
     shared: Arc<Shared>,
 }
@@ -334,6 +355,10 @@ impl Keeper {
             Ok(new_lease) => {
                 self.shared.lease.store(new_lease, Ordering::Relaxed);
                 tracing::warn!(key = %self.owner_key, "the owner lease had lapsed; claimed again");
+                // The endpoint lapsed with the old lease.
+                if let Err(error) = self.put_endpoint().await {
+                    tracing::warn!(key = %self.endpoint_key, %error, "cannot publish the endpoint again");
+                }
                 Ok(())
             }
             Err(EtcdError::Held { key, holder }) => Err(EtcdError::Fenced(format!(
@@ -341,6 +366,26 @@ impl Keeper {
             ))),
             Err(error) => Err(error),
         }
+    }
+
+    /// Puts the published endpoint record on the current lease, only while the owner key is on
+    /// it (a process that lost the name never points clients at itself).
+    async fn put_endpoint(&self) -> Result<(), EtcdError> {
+        let Some(record) = lock(&self.shared.endpoint).clone() else { return Ok(()) };
+        let lease = self.shared.lease.load(Ordering::Relaxed);
+        let txn =
+            Txn::new().when([Compare::lease(self.owner_key.as_str(), CompareOp::Equal, lease)]).and_then([
+                TxnOp::put(self.endpoint_key.as_str(), record, Some(PutOptions::new().with_lease(lease))),
+            ]);
+        let mut client = self.etcd.client.clone();
+        let response = with_deadline(&self.etcd.config, client.txn(txn)).await?;
+        if !response.succeeded() {
+            return Err(EtcdError::Interrupted(format!(
+                "{} is not on this process's lease: the endpoint waits for the name to be claimed again",
+                self.owner_key
+            )));
+        }
+        Ok(())
     }
 
     async fn write_pending(&self) -> Result<(), EtcdError> {

@@ -48,6 +48,15 @@ impl EtcdArgs {
         let etcd = Etcd::new(EtcdConfig::new(endpoints.0.clone(), &self.etcd_prefix)).context("--etcd")?;
         Ok(Some(etcd))
     }
+
+    /// [`EtcdArgs::connect`] with owner leases of `lease_ttl_seconds` (at least
+    /// [`EtcdConfig::MIN_LEASE_TTL_SECONDS`]), kept alive every third of that.
+    pub fn connect_with_lease(&self, lease_ttl_seconds: i64) -> Result<Option<Etcd>> {
+        let Some(endpoints) = &self.etcd else { return Ok(None) };
+        let config =
+            EtcdConfig::new(endpoints.0.clone(), &self.etcd_prefix).with_lease_ttl(lease_ttl_seconds);
+        Ok(Some(Etcd::new(config).context("--etcd")?))
+    }
 }
 
 /// Where a front end's nodes and slab map live.
@@ -127,11 +136,28 @@ pub struct EtcdHome {
     known: Vec<SocketAddr>,
     last_check: Instant,
     hostname: String,
+    /// The owner record's session, named in the endpoint record.
+    owner_session: u64,
 }
 
 impl EtcdHome {
     pub fn describe(&self) -> String {
         format!("etcd keys {} and {}", self.session.map_key(), self.session.owner_key())
+    }
+
+    /// Publishes `address` as where this process serves the export (`clients/NAME/endpoint`, on
+    /// its owner lease: docs/ETCD.md).
+    ///
+    /// Errors: an address no one can connect to (unspecified, port 0); etcd unreachable or the
+    /// lease lapsed (the record is put again when the name is claimed again).
+    pub fn publish_endpoint(&self, address: SocketAddr) -> Result<()> {
+        let record = remem_etcd::EndpointRecord {
+            address,
+            hostname: self.hostname.clone(),
+            pid: std::process::id(),
+            session: self.owner_session,
+        };
+        self.session.publish_endpoint(&record).context("publishing the endpoint in etcd")
     }
 }
 
@@ -246,12 +272,19 @@ pub fn open_export(request: EtcdExportRequest<'_>) -> Result<(Client, EtcdHome)>
     let mut known: Vec<SocketAddr> = client.slab_map().nodes;
     known.extend(nodes.iter().map(|node| node.address));
     let membership = MembershipWatch::start(&etcd, &nodes);
-    let home = EtcdHome { session, membership, known, last_check: Instant::now(), hostname };
+    let home = EtcdHome {
+        session,
+        membership,
+        known,
+        last_check: Instant::now(),
+        hostname,
+        owner_session: owner.session,
+    };
     Ok((client, home))
 }
 
 /// A slab map read from etcd, checked as a map file is.
-fn decode_map(key: &str, bytes: &[u8]) -> Result<SlabMapFile> {
+pub fn decode_map(key: &str, bytes: &[u8]) -> Result<SlabMapFile> {
     let map: SlabMapFile =
         serde_json::from_slice(bytes).with_context(|| format!("{key} does not hold a slab map"))?;
     map.validate().map_err(|message| anyhow::anyhow!("{key} holds an invalid slab map: {message}"))?;
@@ -270,6 +303,7 @@ pub struct ClaimedExport {
     /// The saved slab map, decoded and validated (`SlabMapFile::validate`), if there is one.
     pub saved: Option<SlabMapFile>,
     hostname: String,
+    owner_session: u64,
 }
 
 /// Claims `export` in etcd (as [`open_export`] does: a live holder is waited for one lease,
@@ -278,6 +312,15 @@ pub struct ClaimedExport {
 /// Errors: the export is held by another live process; etcd unreachable; a saved map that does
 /// not decode or validate (hostile or damaged: never used).
 pub fn claim_export(etcd: Etcd, export: &str) -> Result<ClaimedExport> {
+    let wait = Duration::from_secs(etcd.config().lease_ttl_seconds as u64 + 2);
+    claim_export_within(etcd, export, wait)
+}
+
+/// [`claim_export`], waiting at most `wait` for a live holder (a standby polls with a short one).
+///
+/// Errors: as [`claim_export`]; a holder still live after `wait` is `remem_etcd::EtcdError::Held`
+/// in the chain.
+pub fn claim_export_within(etcd: Etcd, export: &str, wait: Duration) -> Result<ClaimedExport> {
     let name = ClientName::new(export).context("--export names the export's keys in etcd")?;
     let hostname = remem_etcd::hostname();
     let owner = OwnerRecord {
@@ -286,14 +329,13 @@ pub fn claim_export(etcd: Etcd, export: &str) -> Result<ClaimedExport> {
         session: rand::random(),
         started_unix_ms: remem_etcd::unix_ms(),
     };
-    let wait = Duration::from_secs(etcd.config().lease_ttl_seconds as u64 + 2);
     let session = ClientSession::claim(&etcd, &name, &owner, wait).context("claiming the export in etcd")?;
     let nodes = etcd.nodes().context("reading the nodes registered in etcd")?;
     let saved = match session.load_map().context("reading the saved slab map")? {
         None => None,
         Some(bytes) => Some(decode_map(session.map_key(), &bytes)?),
     };
-    Ok(ClaimedExport { etcd, session, nodes, saved, hostname })
+    Ok(ClaimedExport { etcd, session, nodes, saved, hostname, owner_session: owner.session })
 }
 
 impl ClaimedExport {
@@ -325,11 +367,11 @@ impl ClaimedExport {
     /// not name is handed to the client at the first [`ExportHome::new_nodes`] (a front end
     /// whose ranges are mapped as it grows places them on every registered node).
     pub fn into_home(self, client: &Client) -> EtcdHome {
-        let ClaimedExport { etcd, session, nodes, hostname, .. } = self;
+        let ClaimedExport { etcd, session, nodes, hostname, owner_session, .. } = self;
         // The client's nodes (it may have no region yet, so no slab map to ask).
         let known: Vec<SocketAddr> = client.node_addresses().collect();
         let membership = MembershipWatch::start(&etcd, &nodes);
-        EtcdHome { session, membership, known, last_check: Instant::now(), hostname }
+        EtcdHome { session, membership, known, last_check: Instant::now(), hostname, owner_session }
     }
 }
 

@@ -39,6 +39,8 @@ mod kv;
 mod kv_bounds;
 mod kv_conformance;
 mod kv_etcd;
+mod kv_etcd_standby;
+mod kv_etcd_standby_netns;
 mod kv_memory;
 mod kv_restart;
 mod kv_schemes;

@@ -60,7 +60,8 @@ impl MapSaves {
     }
 }
 
-/// Runs `remem kv --etcd` until SIGTERM, Ctrl-C or a fence (an error then).
+/// Runs `remem kv --etcd` until SIGTERM, Ctrl-C or a fence (an error then); with `--standby`,
+/// first waits for the name (`super::etcd_standby`).
 pub fn run(
     args: &KvArgs,
     auth: Option<crate::auth::Credentials>,
@@ -68,25 +69,38 @@ pub fn run(
     stop: Arc<AtomicBool>,
     metrics: Option<Arc<Mutex<String>>>,
 ) -> Result<()> {
-    let etcd = args.etcd.connect()?.expect("--etcd was given");
+    let etcd = args.etcd.connect_with_lease(args.etcd_lease_seconds)?.expect("--etcd was given");
     let Some(export) = args.export.as_deref() else {
         bail!("--etcd needs --export NAME: the name the kv's keys are kept under in etcd");
     };
     let secret = Secret::load(args.secret_file.as_deref()).context("loading the cluster secret")?;
-    let state = KvState::lock(&state_dir(args, export)?)?;
-    let ec = cache_config.ec;
     let policy = cache_config.policy.clone();
-    let client_settings = super::client_config(args, ec, args.encrypt)?;
-    let claimed = claim_export(etcd, export)?;
-    let map_key = claimed.map_key().to_owned();
-    let (cache, saves) = open(claimed, args, &secret, client_settings, cache_config, &state)?;
+    let ec = cache_config.ec;
+    if args.standby {
+        // A waiting standby stops on SIGTERM.
+        signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
+        signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
+    }
+    let Some(Opened { cache, saves, took_over, _state }) =
+        claim_and_open(args, &etcd, export, &secret, cache_config, &stop)?
+    else {
+        return Ok(());
+    };
+    let map_key = saves.home.borrow().describe();
     let config = super::server_config(args, args.listen, args.unix.clone(), auth);
     let mut server = Server::bind(cache, config).with_context(|| format!("binding {}", args.listen))?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
     let address = server.local_addr().expect("a TCP listener");
+    publish_endpoint(&saves, address);
+    if let Some(message) = took_over {
+        eprintln!("{message}");
+    }
     println!("listening {address}");
     std::io::stdout().flush()?;
+    if let Some(command) = &args.takeover_command {
+        super::etcd_standby::run_takeover_command(command, address, export);
+    }
     let nodes = server.cache.client_mut().client().node_addresses().count();
     super::announce(args, &policy, ec, nodes);
     eprintln!("kv {export:?} kept in etcd ({map_key}) and its state region");
@@ -102,6 +116,79 @@ pub fn run(
         bail!("fenced: {reason}: another process owns kv {export:?} now; stopped serving");
     }
     result.context("serving")
+}
+
+/// The kv of the claimed name, opened, ready to bind.
+struct Opened {
+    cache: Cache,
+    saves: MapSaves,
+    /// A standby's takeover message.
+    took_over: Option<String>,
+    _state: KvState,
+}
+
+/// Claims the name and opens the kv. A primary claims it at once (waiting one lease for a dead
+/// holder); a standby waits until the holder's lease lapses, and while a node still holds the
+/// old primary's session (its host vanished: until the nodes' `--lease-timeout`) gives the name
+/// back and claims it again. None: stopped (SIGTERM) while standing by.
+fn claim_and_open(
+    args: &KvArgs,
+    etcd: &remem_etcd::Etcd,
+    export: &str,
+    secret: &Secret,
+    cache_config: CacheConfig,
+    stop: &AtomicBool,
+) -> Result<Option<Opened>> {
+    let ec = cache_config.ec;
+    if !args.standby {
+        let state = KvState::lock(&state_dir(args, export)?)?;
+        let claimed = claim_export(etcd.clone(), export)?;
+        let settings = super::client_config(args, ec, args.encrypt)?;
+        let (cache, saves) = open(claimed, args, secret, settings, cache_config, &state)?;
+        return Ok(Some(Opened { cache, saves, took_over: None, _state: state }));
+    }
+    // The primary and the moment its name was first found free, kept across the retries.
+    let mut first: Option<(Option<remem_etcd::OwnerRecord>, Instant)> = None;
+    let mut said = false;
+    loop {
+        let settings = super::client_config(args, ec, args.encrypt)?;
+        let Some(takeover) = super::etcd_standby::wait_and_claim(etcd, export, &settings.0, stop)? else {
+            return Ok(None);
+        };
+        let state = KvState::lock(&state_dir(args, export)?)?;
+        let (primary, free_at) = first.get_or_insert((takeover.primary.clone(), takeover.free_at)).clone();
+        match open(takeover.claimed, args, secret, settings, cache_config.clone(), &state) {
+            Ok((cache, saves)) => {
+                let took_over = super::etcd_standby::took_over(export, primary.as_ref(), free_at);
+                return Ok(Some(Opened { cache, saves, took_over: Some(took_over), _state: state }));
+            }
+            Err(error) if super::etcd_standby::old_session_lives(&error) && !stop.load(Ordering::Relaxed) => {
+                if !said {
+                    eprintln!(
+                        "the nodes still hold the old primary's session ({error:#}): its host may be gone, \
+                         and the nodes close it after their --lease-timeout; trying again"
+                    );
+                    said = true;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// Publishes the serving address in etcd (`clients/NAME/endpoint`); an unspecified listen
+/// address (0.0.0.0) is not published, since no client could connect to it.
+fn publish_endpoint(saves: &MapSaves, address: std::net::SocketAddr) {
+    if address.ip().is_unspecified() {
+        eprintln!(
+            "listening on {address}: no endpoint published in etcd (listen on a routable address for that)"
+        );
+        return;
+    }
+    if let Err(error) = saves.home.borrow().publish_endpoint(address) {
+        tracing::warn!(error = %format!("{error:#}"), "the endpoint is not published in etcd");
+    }
 }
 
 /// `--state`, or `kv-NAME` in `remem up`'s default directory (created private).
@@ -137,14 +224,8 @@ fn open(
         Some(map) => {
             if !map.fits(config.address_space_bytes, &config.shape) {
                 bail!(
-                    "{map_key} holds a kv of {} at EC({},{}), not {} at EC({},{}): pass its -m, -k and -r, or \
-                     --fresh to drop its items and start empty",
-                    remem_frontend::units::format_bytes(map.address_space_bytes),
-                    map.data_splits,
-                    map.parity_splits,
-                    remem_frontend::units::format_bytes(config.address_space_bytes),
-                    config.shape.data_splits,
-                    config.shape.parity_splits
+                    "{map_key} holds {}: pass its -m, -k and -r, or --fresh to drop its items and start empty",
+                    super::state::map_mismatch(&map, &config)
                 );
             }
             let client = Client::reopen(&map, secret, config)

@@ -10,6 +10,7 @@
 //! remem-frontend's. Nothing of the engine or the command layer imports this module.
 
 pub mod etcd;
+mod etcd_standby;
 mod remote_state;
 pub mod standby;
 pub mod state;
@@ -44,6 +45,15 @@ pub struct KvArgs {
     /// With --etcd: the name the kv's keys are kept under in etcd (`clients/NAME/...`).
     #[arg(long, requires = "etcd")]
     pub export: Option<String>,
+    /// With --etcd: seconds the kv's owner lease in etcd lives (kept alive every third of it):
+    /// how long a dead primary holds its name, so how soon a standby or a restart takes over.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i64).range(2..=3600))]
+    pub etcd_lease_seconds: i64,
+    /// Shell command run (sh -c) once this process serves, as keepalived's notify scripts: a
+    /// standby that took over moves the service address to its host with it (`ip addr replace ...;
+    /// arping -U ...`). Its environment has REMEM_KV_ADDRESS and REMEM_KV_NAME. docs/KV.md.
+    #[arg(long, value_name = "CMD")]
+    pub takeover_command: Option<String>,
     /// File holding the cluster secret, with --etcd (a cluster file names its own).
     #[arg(long, requires = "etcd")]
     pub secret_file: Option<PathBuf>,
@@ -152,7 +162,8 @@ pub struct KvArgs {
     /// or --state, same -m, -k, -r, schemes and --auth-file: a standby with others is refused,
     /// naming them): lend it a backup region in this process's memory, and take over its address
     /// with every item it acknowledged when it dies. With no primary yet, waits for one, saying
-    /// so every 5 s. docs/KV.md "Standby".
+    /// so every 5 s. docs/KV.md "Standby". With --etcd, on any host: wait while the primary holds
+    /// the name, take it over when its owner lease lapses (docs/KV.md "Standby on another host").
     #[arg(long, conflicts_with_all = ["ephemeral", "fresh"])]
     pub standby: bool,
     /// How a standby's region is kept (this server's, when a standby attaches): one-sided (this
@@ -201,11 +212,14 @@ fn check_args(args: &KvArgs) -> Result<()> {
     if args.output_budget < 1 << 20 || args.output_budget > 1 << 40 {
         bail!("--output-budget must be between 1 MiB and 1 TiB");
     }
-    if args.etcd.etcd.is_some() && (args.standby || args.ephemeral) {
+    if args.etcd.etcd.is_some() && args.ephemeral {
         bail!(
             "--etcd keeps the kv's state in etcd and remote memory for a restart on any host: not with \
-             --ephemeral (which keeps none), nor --standby (a standby shares its primary's host) yet"
+             --ephemeral (which keeps none)"
         );
+    }
+    if args.etcd.etcd.is_none() && args.etcd_lease_seconds != 10 {
+        bail!("--etcd-lease-seconds is the lease of the kv's name in etcd: it needs --etcd");
     }
     Ok(())
 }
@@ -605,6 +619,9 @@ pub fn run(args: KvArgs) -> Result<()> {
     serving.store(true, Ordering::Relaxed);
     println!("listening {address}");
     std::io::stdout().flush()?;
+    if let Some(command) = &args.takeover_command {
+        etcd_standby::run_takeover_command(command, address, &args.name);
+    }
     announce(&args, &server.cache.config().policy, ec, cluster.nodes.len());
     let name = args.listen.to_string();
     let saved_map = state.as_ref().map(|state| state.map_path());

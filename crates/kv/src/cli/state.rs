@@ -112,15 +112,9 @@ impl KvState {
         )?;
         if !map.fits(config.address_space_bytes, &config.shape) {
             bail!(
-                "{} holds a server of {} at EC({},{}), not {} at EC({},{}): pass its -m, -k and -r, or \
-                 --fresh to drop its items and start empty",
+                "{} holds {}: pass its -m, -k and -r, or --fresh to drop its items and start empty",
                 map_path.display(),
-                remem_frontend::units::format_bytes(map.address_space_bytes),
-                map.data_splits,
-                map.parity_splits,
-                remem_frontend::units::format_bytes(config.address_space_bytes),
-                config.shape.data_splits,
-                config.shape.parity_splits
+                map_mismatch(&map, &config)
             );
         }
         let started = std::time::Instant::now();
@@ -166,4 +160,17 @@ impl KvState {
 /// most about twice the bytes its item counts), plus a chunk per size class.
 pub fn default_backup_bytes(memory_limit: u64) -> u64 {
     memory_limit.saturating_mul(5) / 2 + (16 << 20)
+}
+
+/// How a saved map differs from what `config` would open: "a kv of SIZE at EC(k,r), not ...".
+pub(super) fn map_mismatch(map: &remem_client::SlabMapFile, config: &ClientConfig) -> String {
+    format!(
+        "a kv of {} at EC({},{}), not {} at EC({},{})",
+        remem_frontend::units::format_bytes(map.address_space_bytes),
+        map.data_splits,
+        map.parity_splits,
+        remem_frontend::units::format_bytes(config.address_space_bytes),
+        config.shape.data_splits,
+        config.shape.parity_splits
+    )
 }
