@@ -31,6 +31,11 @@ pub struct EtcdArgs {
     /// Prefix of remem's keys in etcd (several clusters can share one etcd).
     #[arg(long, default_value = EtcdConfig::DEFAULT_PREFIX, value_name = "PREFIX", requires = "etcd")]
     pub etcd_prefix: String,
+    /// Seconds a lease in etcd lives, kept alive every third of it (default 10): how long a
+    /// dead process keeps its name (a front end's owner key, a node's record), so how soon a
+    /// restart or a standby takes over. Shorter leases lapse sooner when etcd is slow too.
+    #[arg(long, value_name = "SECONDS", requires = "etcd", value_parser = clap::value_parser!(i64).range(2..=3600))]
+    pub etcd_lease_seconds: Option<i64>,
 }
 
 /// The parsed URLs of `--etcd`.
@@ -42,19 +47,14 @@ fn parse_endpoints(text: &str) -> Result<Endpoints, String> {
 }
 
 impl EtcdArgs {
-    /// The etcd connection, if `--etcd` was given (no I/O yet: etcd may be down).
+    /// The etcd connection, if `--etcd` was given (no I/O yet: etcd may be down), with leases of
+    /// `--etcd-lease-seconds`.
     pub fn connect(&self) -> Result<Option<Etcd>> {
         let Some(endpoints) = &self.etcd else { return Ok(None) };
-        let etcd = Etcd::new(EtcdConfig::new(endpoints.0.clone(), &self.etcd_prefix)).context("--etcd")?;
-        Ok(Some(etcd))
-    }
-
-    /// [`EtcdArgs::connect`] with owner leases of `lease_ttl_seconds` (at least
-    /// [`EtcdConfig::MIN_LEASE_TTL_SECONDS`]), kept alive every third of that.
-    pub fn connect_with_lease(&self, lease_ttl_seconds: i64) -> Result<Option<Etcd>> {
-        let Some(endpoints) = &self.etcd else { return Ok(None) };
-        let config =
-            EtcdConfig::new(endpoints.0.clone(), &self.etcd_prefix).with_lease_ttl(lease_ttl_seconds);
+        let mut config = EtcdConfig::new(endpoints.0.clone(), &self.etcd_prefix);
+        if let Some(seconds) = self.etcd_lease_seconds {
+            config = config.with_lease_ttl(seconds);
+        }
         Ok(Some(Etcd::new(config).context("--etcd")?))
     }
 }

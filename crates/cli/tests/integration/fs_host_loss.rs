@@ -205,6 +205,8 @@ fn etcd_fs_command(etcd: &EtcdServer, secret: &Path, home: &Path) -> Command {
     command.arg("fs").arg(&mountpoint).args(["--etcd", &etcd.url, "--secret-file"]).arg(secret);
     command.args(["--name", "shared", "--size", "32MiB", "-k", "8", "-r", "2", "--metadata-size", "8MiB"]);
     command.arg("--state").arg(home.join("state")).args(["--request-timeout-ms", "1000"]);
+    // A dead holder's name is free after 3 s, not 10 (the waits below are this long).
+    command.args(["--etcd-lease-seconds", "3"]);
     command
 }
 
@@ -283,7 +285,8 @@ fn a_file_system_on_a_lost_host_mounts_on_another_host_with_every_fsynced_file()
         for port in [7100, 7101] {
             let address = std::net::SocketAddr::from((net.address(host), port));
             let mut args = netns::node_args(address, "24MiB", "1MiB", host, &secret);
-            args.extend(["--etcd".to_owned(), url.clone()]);
+            // A host cut off alive loses its sessions at the nodes in 3 s, as its etcd lease.
+            args.extend(["--etcd".to_owned(), url.clone(), "--lease-timeout".to_owned(), "3s".to_owned()]);
             netns::spawn_node(&net, host, address, &args, &dir.join(format!("node-{host}-{port}.log")));
         }
     }
@@ -303,6 +306,7 @@ fn a_file_system_on_a_lost_host_mounts_on_another_host_with_every_fsynced_file()
         command.arg("fs").arg(home.join("mnt")).args(["--etcd", &url, "--secret-file"]).arg(&secret);
         command.args(["--name", "lost", "--size", "32MiB", "-k", "4", "-r", "2", "--metadata-size", "4MiB"]);
         command.arg("--state").arg(home.join("state")).args(["--request-timeout-ms", "1000"]);
+        command.args(["--etcd-lease-seconds", "3"]);
         command
     };
 
@@ -316,7 +320,7 @@ fn a_file_system_on_a_lost_host_mounts_on_another_host_with_every_fsynced_file()
     let home_c = dir.join("host-c");
     let mount = net.run_in(HOST_C, || FsMount::start_command(command(&home_c), &home_c));
     eprintln!(
-        "host C mounted the file system {:.1} s after host A was lost (one etcd lease, 10 s, at most)",
+        "host C mounted the file system {:.1} s after host A was lost (one etcd lease, 3 s, at most)",
         lost_at.elapsed().as_secs_f64()
     );
     assert_same_tree(&read_tree(&mount.mountpoint), &tree);

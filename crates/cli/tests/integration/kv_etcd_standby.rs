@@ -252,5 +252,5 @@ fn kv_etcd_lease_seconds_out_of_range_or_without_etcd_is_refused() {
     let (ok, stderr) = run(&[&etcd[..], &["--etcd-lease-seconds", "1"]].concat());
     assert!(!ok && stderr.contains("--etcd-lease-seconds") && stderr.contains("2..=3600"), "{stderr}");
     let (ok, stderr) = run(&["--etcd-lease-seconds", "5", "--ephemeral"]);
-    assert!(!ok && stderr.contains("needs --etcd"), "{stderr}");
+    assert!(!ok && stderr.contains("--etcd <URLS>"), "{stderr}");
 }

@@ -69,7 +69,7 @@ pub fn run(
     stop: Arc<AtomicBool>,
     metrics: Option<Arc<Mutex<String>>>,
 ) -> Result<()> {
-    let etcd = args.etcd.connect_with_lease(args.etcd_lease_seconds)?.expect("--etcd was given");
+    let etcd = args.etcd.connect()?.expect("--etcd was given");
     let Some(export) = args.export.as_deref() else {
         bail!("--etcd needs --export NAME: the name the kv's keys are kept under in etcd");
     };

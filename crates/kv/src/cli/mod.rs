@@ -45,10 +45,6 @@ pub struct KvArgs {
     /// With --etcd: the name the kv's keys are kept under in etcd (`clients/NAME/...`).
     #[arg(long, requires = "etcd")]
     pub export: Option<String>,
-    /// With --etcd: seconds the kv's owner lease in etcd lives (kept alive every third of it):
-    /// how long a dead primary holds its name, so how soon a standby or a restart takes over.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i64).range(2..=3600))]
-    pub etcd_lease_seconds: i64,
     /// Shell command run (sh -c) once this process serves, as keepalived's notify scripts: a
     /// standby that took over moves the service address to its host with it (`ip addr replace ...;
     /// arping -U ...`). Its environment has REMEM_KV_ADDRESS and REMEM_KV_NAME. docs/KV.md.
@@ -217,9 +213,6 @@ fn check_args(args: &KvArgs) -> Result<()> {
             "--etcd keeps the kv's state in etcd and remote memory for a restart on any host: not with \
              --ephemeral (which keeps none)"
         );
-    }
-    if args.etcd.etcd.is_none() && args.etcd_lease_seconds != 10 {
-        bail!("--etcd-lease-seconds is the lease of the kv's name in etcd: it needs --etcd");
     }
     Ok(())
 }
