@@ -213,31 +213,15 @@ pub struct EtcdExportRequest<'a> {
 /// the nodes refuse.
 pub fn open_export(request: EtcdExportRequest<'_>) -> Result<(Client, EtcdHome)> {
     let EtcdExportRequest { etcd, export, secret, config, fresh, placement } = request;
-    let name = ClientName::new(export).context("--export names the export's keys in etcd")?;
-    let hostname = remem_etcd::hostname();
-    let owner = OwnerRecord {
-        hostname: hostname.clone(),
-        pid: std::process::id(),
-        session: rand::random(),
-        started_unix_ms: remem_etcd::unix_ms(),
-    };
-    let wait = Duration::from_secs(etcd.config().lease_ttl_seconds as u64 + 2);
-    let session = ClientSession::claim(&etcd, &name, &owner, wait).context("claiming the export in etcd")?;
-    let nodes = etcd.nodes().context("reading the nodes registered in etcd")?;
-    let saved = session.load_map().context("reading the saved slab map")?;
-    let map_key = session.map_key().to_owned();
-    let mut saved = match saved {
-        None => None,
-        Some(bytes) => Some(decode_map(&map_key, &bytes)?),
-    };
-    if let (true, Some(map)) = (fresh, &saved) {
+    let mut claimed = claim_export(etcd, export)?;
+    let map_key = claimed.map_key().to_owned();
+    if let (true, Some(map)) = (fresh, &claimed.saved) {
         if let Err(error) = Client::release_saved(map, secret, config.clone()) {
             tracing::warn!(%error, "cannot reach the saved export to unmap its slabs");
         }
-        session.delete_map().context("deleting the saved slab map")?;
-        saved = None;
+        claimed.delete_saved()?;
     }
-    let client = match saved {
+    let client = match claimed.saved.take() {
         Some(map) => {
             if !map.fits(config.address_space_bytes, &config.shape) {
                 bail!(
@@ -257,29 +241,20 @@ pub fn open_export(request: EtcdExportRequest<'_>) -> Result<(Client, EtcdHome)>
             client
         }
         None => {
-            if nodes.is_empty() {
-                bail!("no node is registered in etcd under {}", etcd.keys().nodes());
+            if claimed.nodes.is_empty() {
+                bail!("no node is registered in etcd under {}", claimed.etcd.keys().nodes());
             }
-            let addresses: Vec<NodeAddress> =
-                nodes.iter().map(|node| node_address(node, &hostname)).collect();
-            let client = Client::connect(&addresses, secret, config, placement)
+            let client = Client::connect(&claimed.addresses(), secret, config, placement)
                 .context("connecting to the nodes registered in etcd")?;
-            let map = serde_json::to_vec(&client.slab_map()).context("encoding the slab map")?;
-            session.save_map(map).context("saving the slab map in etcd")?;
+            claimed.save_map_now(&client.slab_map())?;
             client
         }
     };
-    let mut known: Vec<SocketAddr> = client.slab_map().nodes;
-    known.extend(nodes.iter().map(|node| node.address));
-    let membership = MembershipWatch::start(&etcd, &nodes);
-    let home = EtcdHome {
-        session,
-        membership,
-        known,
-        last_check: Instant::now(),
-        hostname,
-        owner_session: owner.session,
-    };
+    // The nodes registered at the claim count as known too: an export's client is whole at its
+    // start (only nodes registered later join it).
+    let registered: Vec<SocketAddr> = claimed.nodes.iter().map(|node| node.address).collect();
+    let mut home = claimed.into_home(&client);
+    home.known.extend(registered);
     Ok((client, home))
 }
 

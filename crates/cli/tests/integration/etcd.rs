@@ -13,7 +13,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::{run, run_ok};
-use etcd_support::{wait_for, write_secret, EtcdNode, EtcdServer};
+use etcd_support::{wait_for, EtcdNode, EtcdServer};
 
 fn binary() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_remem"))
@@ -25,13 +25,7 @@ fn test_dir(name: &str) -> common::ScratchDir {
 
 /// etcd, its secret and `count` nodes registered in it (checked with etcdctl).
 fn start_cluster(dir: &Path, count: usize) -> (EtcdServer, PathBuf, Vec<EtcdNode>) {
-    let etcd = EtcdServer::start(dir);
-    let secret = write_secret(dir);
-    let nodes: Vec<EtcdNode> =
-        (0..count).map(|index| EtcdNode::start(binary(), dir, &etcd.url, &secret, index)).collect();
-    let registered = wait_for(Duration::from_secs(15), || etcd.keys("/remem/nodes/").len() == count);
-    assert!(registered, "nodes did not register: {:?}", etcd.keys("/remem/nodes/"));
-    (etcd, secret, nodes)
+    etcd_support::start_registered(dir, count, ("16MiB", "1MiB"))
 }
 
 /// A `remem nbd --etcd` child process, stopped on drop.
@@ -80,17 +74,7 @@ impl NbdServer {
 
 impl Drop for NbdServer {
     fn drop(&mut self) {
-        // SAFETY: kill with the PID of a child we spawned and have not reaped.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        common::terminate(&mut self.child, Duration::from_secs(5));
     }
 }
 

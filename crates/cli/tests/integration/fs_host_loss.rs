@@ -183,14 +183,7 @@ fn remote_metadata_round(sync: &str) {
 
 /// etcd, ten nodes registered in it and the secret.
 fn etcd_cluster(dir: &Path) -> (EtcdServer, PathBuf, Vec<EtcdNode>) {
-    let etcd = EtcdServer::start(dir);
-    let secret = write_secret(dir);
-    let nodes: Vec<EtcdNode> = (0..10)
-        .map(|index| EtcdNode::start_sized(binary(), dir, &etcd.url, &secret, index, ("24MiB", "1MiB")))
-        .collect();
-    let registered = wait_for(Duration::from_secs(15), || etcd.keys("/remem/nodes/").len() == 10);
-    assert!(registered, "nodes did not register: {:?}", etcd.keys("/remem/nodes/"));
-    (etcd, secret, nodes)
+    etcd_support::start_registered(dir, 10, ("24MiB", "1MiB"))
 }
 
 /// `remem fs --etcd` on `home/mnt`, its state directory in `home`: nothing local is shared
@@ -281,25 +274,10 @@ fn a_file_system_on_a_lost_host_mounts_on_another_host_with_every_fsynced_file()
     let dir = common::ScratchDir::new("fs-netns-host-loss");
     let secret = write_secret(&dir);
     let url = netns::start_etcd(&net, ETCD_HOST, &dir);
-    for host in 0..NODE_HOSTS {
-        for port in [7100, 7101] {
-            let address = std::net::SocketAddr::from((net.address(host), port));
-            let mut args = netns::node_args(address, "24MiB", "1MiB", host, &secret);
-            // A host cut off alive loses its sessions at the nodes in 3 s, as its etcd lease.
-            args.extend(["--etcd".to_owned(), url.clone(), "--lease-timeout".to_owned(), "3s".to_owned()]);
-            netns::spawn_node(&net, host, address, &args, &dir.join(format!("node-{host}-{port}.log")));
-        }
-    }
-    let registered = wait_for(Duration::from_secs(20), || {
-        let output = net.run(
-            ETCD_HOST,
-            10,
-            "etcdctl",
-            &["--endpoints", &url, "get", "--prefix", "--keys-only", "/remem/nodes/"],
-        );
-        String::from_utf8_lossy(&output.stdout).lines().filter(|line| !line.is_empty()).count() == 10
-    });
-    assert!(registered, "the nodes did not register; logs in {}", dir.display());
+    // A host cut off alive loses its sessions at the nodes in 3 s, as its etcd lease.
+    let sizes = ("24MiB", "1MiB");
+    let lease = ["--lease-timeout", "3s"];
+    netns::start_etcd_nodes(&net, (ETCD_HOST, &url), NODE_HOSTS, &[7100, 7101], sizes, &secret, &lease, &dir);
     let command = |home: &Path| {
         let mut command = Command::new(binary());
         std::fs::create_dir_all(home.join("mnt")).expect("mount point");

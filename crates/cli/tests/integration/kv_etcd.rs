@@ -28,13 +28,7 @@ fn binary() -> &'static Path {
 
 /// etcd, its secret and the nodes registered in it (checked with etcdctl).
 fn start_cluster(dir: &Path) -> (EtcdServer, PathBuf, Vec<EtcdNode>) {
-    let etcd = EtcdServer::start(dir);
-    let secret = write_secret(dir);
-    let nodes: Vec<EtcdNode> =
-        (0..NODES).map(|index| EtcdNode::start(binary(), dir, &etcd.url, &secret, index)).collect();
-    let registered = wait_for(Duration::from_secs(15), || etcd.keys("/remem/nodes/").len() == NODES);
-    assert!(registered, "nodes did not register: {:?}", etcd.keys("/remem/nodes/"));
-    (etcd, secret, nodes)
+    etcd_support::start_registered(dir, NODES, ("16MiB", "1MiB"))
 }
 
 /// A `remem kv --etcd` process, stopped by PID on drop.
@@ -90,17 +84,7 @@ impl Kv {
 
 impl Drop for Kv {
     fn drop(&mut self) {
-        // SAFETY: kill with the PID of a child we spawned and have not reaped.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        common::terminate(&mut self.child, Duration::from_secs(5));
     }
 }
 
@@ -358,50 +342,17 @@ fn kv_etcd_restarted_on_another_host_serves_every_acknowledged_item() {
     let net = netns::Net::new(NODE_HOSTS + 3, &[]);
     let dir = common::ScratchDir::new("kv-etcd-netns");
     let secret = write_secret(&dir);
-    let etcd_ip = net.address(ETCD_HOST);
-    let (url, peer) = (format!("http://{etcd_ip}:2379"), format!("http://{etcd_ip}:2380"));
-    let data = dir.join("etcd-data").to_string_lossy().into_owned();
-    let args: Vec<String> = [
-        "--name",
-        "kv",
-        "--data-dir",
-        &data,
-        "--listen-client-urls",
-        &url,
-        "--advertise-client-urls",
-        &url,
-        "--listen-peer-urls",
-        &peer,
-        "--initial-advertise-peer-urls",
-        &peer,
-        "--initial-cluster",
-        &format!("kv={peer}"),
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    let _ = net.spawn(ETCD_HOST, Path::new("etcd"), &args, &dir.join("etcd.log"));
-    let healthy = wait_for(Duration::from_secs(20), || {
-        net.run(ETCD_HOST, 5, "etcdctl", &["--endpoints", &url, "endpoint", "health"]).status.success()
-    });
-    assert!(healthy, "etcd did not start; see {}", dir.join("etcd.log").display());
-    for host in 0..NODE_HOSTS {
-        for port in [7100, 7101] {
-            let address = SocketAddr::from((net.address(host), port));
-            let mut args = netns::node_args(address, "8MiB", "1MiB", host, &secret);
-            args.extend(["--etcd".to_owned(), url.clone()]);
-            netns::spawn_node(&net, host, address, &args, &dir.join(format!("node-{host}-{port}.log")));
-        }
-    }
-    let registered = wait_for(Duration::from_secs(20), || {
-        let output = net.run(
-            ETCD_HOST,
-            10,
-            "etcdctl",
-            &["--endpoints", &url, "get", "--prefix", "--keys-only", "/remem/nodes/"],
-        );
-        String::from_utf8_lossy(&output.stdout).lines().filter(|line| !line.is_empty()).count() == 12
-    });
-    assert!(registered, "the nodes did not register");
+    let url = netns::start_etcd(&net, ETCD_HOST, &dir);
+    netns::start_etcd_nodes(
+        &net,
+        (ETCD_HOST, &url),
+        NODE_HOSTS,
+        &[7100, 7101],
+        ("8MiB", "1MiB"),
+        &secret,
+        &[],
+        &dir,
+    );
 
     let start_kv = |host: usize, name: &str| {
         let listen = SocketAddr::from((net.address(host), 11211));

@@ -7,7 +7,7 @@
 //! kv_etcd_standby_netns.rs. Every process is stopped by PID.
 
 use crate::common;
-use crate::etcd_support::{free_port, wait_for, write_secret, EtcdNode, EtcdServer};
+use crate::etcd_support::{free_port, wait_for, EtcdNode, EtcdServer};
 use crate::kv_support::binary;
 
 use std::collections::HashMap;
@@ -99,11 +99,7 @@ struct Cluster {
 
 fn cluster(name: &str) -> Cluster {
     let dir = common::ScratchDir::new(name);
-    let etcd = EtcdServer::start(&dir);
-    let secret = write_secret(&dir);
-    let nodes: Vec<EtcdNode> =
-        (0..7).map(|index| EtcdNode::start(binary(), &dir, &etcd.url, &secret, index)).collect();
-    assert!(wait_for(Duration::from_secs(15), || etcd.keys("/remem/nodes/").len() == 7), "nodes registered");
+    let (etcd, secret, nodes) = crate::etcd_support::start_registered(&dir, 7, ("16MiB", "1MiB"));
     let primary =
         Process::spawn(&kv_args(&etcd, &secret, &dir.join("a"), "16MiB", "127.0.0.1:0"), &dir.join("a.log"));
     let address =

@@ -129,19 +129,16 @@ fn kv_args(url: &str, secret: &Path, state: &Path, service: SocketAddr) -> Vec<S
 /// Etcd and six node hosts of one node each (with `node_flags`), registered. Returns etcd's URL.
 fn start_cluster(net: &netns::Net, dir: &Path, secret: &Path, node_flags: &[&str]) -> String {
     let url = netns::start_etcd(net, ETCD_HOST, dir);
-    for host in 0..NODE_HOSTS {
-        let address = SocketAddr::from((net.address(host), 7100));
-        let mut args = netns::node_args(address, "16MiB", "1MiB", host, secret);
-        args.extend(["--etcd".to_owned(), url.clone()]);
-        args.extend(node_flags.iter().map(|flag| flag.to_string()));
-        netns::spawn_node(net, host, address, &args, &dir.join(format!("node-{host}.log")));
-    }
-    let registered = wait_for(Duration::from_secs(20), || {
-        let get = ["--endpoints", &url, "get", "--prefix", "--keys-only", "/remem/nodes/"];
-        let output = net.run(ETCD_HOST, 10, "etcdctl", &get);
-        String::from_utf8_lossy(&output.stdout).lines().filter(|line| !line.is_empty()).count() == NODE_HOSTS
-    });
-    assert!(registered, "the nodes did not register");
+    netns::start_etcd_nodes(
+        net,
+        (ETCD_HOST, &url),
+        NODE_HOSTS,
+        &[7100],
+        ("16MiB", "1MiB"),
+        secret,
+        node_flags,
+        dir,
+    );
     url
 }
 

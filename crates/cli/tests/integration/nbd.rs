@@ -106,17 +106,7 @@ impl NbdServer {
 
 impl Drop for NbdServer {
     fn drop(&mut self) {
-        // SAFETY: kill with the PID of a child we spawned and have not reaped.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        common::terminate(&mut self.child, Duration::from_secs(5));
     }
 }
 #[test]

@@ -35,17 +35,7 @@ const PAGES: u64 = 2 * 2048;
 
 /// The registered node keys, as etcdctl in the etcd host lists them.
 fn registered(net: &Net, url: &str) -> Vec<String> {
-    let output = net.run(
-        ETCD_HOST,
-        10,
-        "etcdctl",
-        &["--endpoints", url, "get", "--prefix", "--keys-only", "/remem/nodes/"],
-    );
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter(|line| !line.is_empty())
-        .map(str::to_owned)
-        .collect()
+    netns::registered_keys(net, ETCD_HOST, url)
 }
 
 /// Opens the export `multihost` from inside the current host, as `remem nbd --etcd` does.

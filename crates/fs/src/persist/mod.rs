@@ -224,7 +224,12 @@ impl Journal {
             }
             Sink::Remote(area) => area,
         };
-        self.unwritten.extend_from_slice(&self.buffer);
+        if self.unwritten.is_empty() {
+            // The usual case: the records move over, not copied (both keep their allocations).
+            std::mem::swap(&mut self.unwritten, &mut self.buffer);
+        } else {
+            self.unwritten.extend_from_slice(&self.buffer);
+        }
         if !area.has_room_for(self.unwritten.len()) {
             return Ok(Appended::NoRoom);
         }

@@ -336,14 +336,7 @@ fn reopen(
         return empty_state(cache, region, backup, state);
     };
     cache.set_state_mirror(region);
-    let (log, intents) = state.open_rewrites()?;
-    let recovered = cache.recover_rewrites(log, intents);
-    if recovered.pages + recovered.failed > 0 {
-        eprintln!(
-            "completed {} chunk page rewrites cut short by the last stop ({} could not be)",
-            recovered.pages, recovered.failed
-        );
-    }
+    state.complete_cut_rewrites(&mut cache)?;
     cache.persist_rewrites().map_err(anyhow::Error::msg)?;
     let slabs = started.elapsed();
     let (mut backup, records, scan) =

@@ -129,14 +129,7 @@ impl KvState {
         })?;
         cache.set_map_path(map_path.clone());
         // Pages whose rewrite a kill cut short are whole again before anything reads them.
-        let (log, intents) = self.open_rewrites()?;
-        let recovered = cache.recover_rewrites(log, intents);
-        if recovered.pages + recovered.failed > 0 {
-            eprintln!(
-                "completed {} chunk page rewrites cut short by the last stop ({} could not be)",
-                recovered.pages, recovered.failed
-            );
-        }
+        self.complete_cut_rewrites(&mut cache)?;
         let slabs = started.elapsed();
         let backup_path = self.backup_path();
         let (backup, records, scan) = Backup::open(&backup_path).context(
@@ -151,6 +144,19 @@ impl KvState {
     }
 
     /// A new backup region of `bytes`, for a server that starts empty.
+    /// Completes the chunk page rewrites the rewrites log says a kill cut short, saying so.
+    pub fn complete_cut_rewrites(&self, cache: &mut crate::Cache) -> Result<()> {
+        let (log, intents) = self.open_rewrites()?;
+        let recovered = cache.recover_rewrites(log, intents);
+        if recovered.pages + recovered.failed > 0 {
+            eprintln!(
+                "completed {} chunk page rewrites cut short by the last stop ({} could not be)",
+                recovered.pages, recovered.failed
+            );
+        }
+        Ok(())
+    }
+
     pub fn create_backup(&self, bytes: u64) -> Result<Backup> {
         Ok(Backup::create(&self.backup_path(), bytes)?)
     }

@@ -110,6 +110,24 @@ impl Drop for EtcdServer {
     }
 }
 
+/// etcd, its secret and `count` nodes of (capacity, slab size) registered in it (checked with
+/// etcdctl), all in `dir`.
+pub fn start_registered(
+    dir: &Path,
+    count: usize,
+    sizes: (&str, &str),
+) -> (EtcdServer, PathBuf, Vec<EtcdNode>) {
+    let binary = Path::new(env!("CARGO_BIN_EXE_remem"));
+    let etcd = EtcdServer::start(dir);
+    let secret = write_secret(dir);
+    let nodes: Vec<EtcdNode> = (0..count)
+        .map(|index| EtcdNode::start_sized(binary, dir, &etcd.url, &secret, index, sizes))
+        .collect();
+    let registered = wait_for(Duration::from_secs(15), || etcd.keys("/remem/nodes/").len() == count);
+    assert!(registered, "nodes did not register: {:?}", etcd.keys("/remem/nodes/"));
+    (etcd, secret, nodes)
+}
+
 /// A cluster secret file (mode 0600) in `dir`.
 pub fn write_secret(dir: &Path) -> PathBuf {
     use std::io::Write;

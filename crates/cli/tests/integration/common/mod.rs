@@ -239,6 +239,22 @@ pub fn spawn_with_first_line(
 
 /// `bytes` of xorshift noise from `seed`: data no codec or page pattern could fake.
 #[allow(dead_code)]
+/// SIGTERM to a child we spawned, then waits up to `grace` for it to exit, then SIGKILL; reaped
+/// either way.
+pub fn terminate(child: &mut std::process::Child, grace: std::time::Duration) {
+    // SAFETY: kill with the PID of a child we spawned and have not reaped.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let deadline = std::time::Instant::now() + grace;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 pub fn pseudo_random(bytes: usize, seed: u64) -> Vec<u8> {
     let mut state = seed | 1;
     let mut data = vec![0u8; bytes];

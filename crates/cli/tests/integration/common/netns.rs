@@ -593,3 +593,44 @@ pub fn start_etcd(net: &Net, host: usize, dir: &Path) -> String {
     }
     url
 }
+
+/// The node keys registered in the etcd of host `etcd_host`, as etcdctl there lists them.
+pub fn registered_keys(net: &Net, etcd_host: usize, url: &str) -> Vec<String> {
+    let get = ["--endpoints", url, "get", "--prefix", "--keys-only", "/remem/nodes/"];
+    let output = net.run(etcd_host, 10, "etcdctl", &get);
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|line| !line.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Starts a node on each port of `ports` in hosts `0..hosts`, of (capacity, slab size), with
+/// `--etcd URL` and `extra` flags, logs in `dir`, and waits until all are registered in the
+/// etcd of host `etcd_host`.
+#[allow(clippy::too_many_arguments)]
+pub fn start_etcd_nodes(
+    net: &Net,
+    (etcd_host, url): (usize, &str),
+    hosts: usize,
+    ports: &[u16],
+    (capacity, slab_size): (&str, &str),
+    secret: &Path,
+    extra: &[&str],
+    dir: &Path,
+) {
+    for host in 0..hosts {
+        for &port in ports {
+            let address = SocketAddr::from((net.address(host), port));
+            let mut args = node_args(address, capacity, slab_size, host, secret);
+            args.extend(["--etcd", url].iter().chain(extra).map(|arg| arg.to_string()));
+            spawn_node(net, host, address, &args, &dir.join(format!("node-{host}-{port}.log")));
+        }
+    }
+    let wanted = hosts * ports.len();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while registered_keys(net, etcd_host, url).len() != wanted {
+        assert!(Instant::now() < deadline, "the nodes did not register; logs in {}", dir.display());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
