@@ -1,7 +1,11 @@
-//! The client arguments the block and file front ends share (`remem nbd`, `remem fs`): where the
-//! cluster is (a cluster file, or etcd with the secret's file), the coding shape, placement,
-//! the request timeout, the transport and encryption, parsed once and turned into a
-//! [`ClientConfig`] one way.
+//! The client arguments the front ends share, parsed once and turned into a [`ClientConfig`] one
+//! way:
+//! - [`ConnectArgs`], every front end's (`remem nbd`, `remem fs`, `remem kv`): where the cluster
+//!   is (a cluster file, or etcd with the secret's file), the request timeout, the transport and
+//!   encryption;
+//! - [`ClientArgs`], the block and file front ends': those plus one coding shape and placement.
+//!   The kv takes `ConnectArgs` alone: its regions have several shapes (one per scheme, from its
+//!   `-k`/`-r`), and its placement cannot be CodingSets, which forms groups for one range width.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use remem_client::cluster::ClusterFile;
-use remem_client::{ClientConfig, Secret};
+use remem_client::{ClientConfig, Secret, Shape};
 
 use crate::code_args::CodeArgs;
 use crate::export_home::EtcdArgs;
@@ -17,7 +21,7 @@ use crate::placement_arg::PlacementArgs;
 use crate::transport_arg::Transport;
 
 #[derive(Args, Debug, Clone)]
-pub struct ClientArgs {
+pub struct ConnectArgs {
     /// Cluster file written by `remem up` (default: the `remem up` default directory).
     #[arg(long, conflicts_with = "etcd")]
     pub cluster: Option<PathBuf>,
@@ -28,10 +32,6 @@ pub struct ClientArgs {
     /// File holding the cluster secret, with --etcd (a cluster file names its own).
     #[arg(long, requires = "etcd")]
     pub secret_file: Option<PathBuf>,
-    #[command(flatten)]
-    pub code: CodeArgs,
-    #[command(flatten)]
-    pub placement: PlacementArgs,
     /// A split not answered in this time counts as failed.
     #[arg(long, default_value_t = 2000, value_parser = crate::units::parse_positive_ms)]
     pub request_timeout_ms: u64,
@@ -45,6 +45,16 @@ pub struct ClientArgs {
     /// turns it on. Unix sockets and shared memory are never encrypted.
     #[arg(long)]
     pub encrypt: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ClientArgs {
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    #[command(flatten)]
+    pub code: CodeArgs,
+    #[command(flatten)]
+    pub placement: PlacementArgs,
 }
 
 /// The cluster a front end was pointed at: its file, or etcd.
@@ -63,20 +73,42 @@ impl ClientArgs {
         max_in_flight: usize,
         cluster_encrypts: bool,
     ) -> Result<ClientConfig> {
-        let mut config = ClientConfig::new(self.code.shape()?, size_bytes);
+        let mut config = self.connect.config(self.code.shape()?, size_bytes, cluster_encrypts);
         config.allow_shared_domains = self.placement.allow_shared_domains;
         config.max_in_flight = max_in_flight.max(1);
+        Ok(config)
+    }
+
+    /// The cluster: see [`ConnectArgs::cluster`].
+    pub fn cluster(&self) -> Result<Cluster> {
+        self.connect.cluster()
+    }
+}
+
+impl ConnectArgs {
+    /// The client settings of `shape` for `size_bytes` of address space from these arguments
+    /// (and the cluster file's `encrypt`): the request timeout, the transport, encryption.
+    pub fn config(&self, shape: Shape, size_bytes: u64, cluster_encrypts: bool) -> ClientConfig {
+        let mut config = ClientConfig::new(shape, size_bytes);
         config.request_timeout = Duration::from_millis(self.request_timeout_ms);
         config.shared_memory = self.transport == Transport::Shm;
         config.encrypt = self.encrypt || cluster_encrypts;
-        Ok(config)
+        config
+    }
+
+    /// etcd's client with `--etcd` (the secret from `--secret-file`), else none.
+    pub fn etcd(&self) -> Result<Option<(remem_etcd::Etcd, Secret)>> {
+        let Some(etcd) = self.etcd.connect()? else {
+            return Ok(None);
+        };
+        let secret = Secret::load(self.secret_file.as_deref()).context("loading the cluster secret")?;
+        Ok(Some((etcd, secret)))
     }
 
     /// The cluster: etcd with `--etcd` (the secret from `--secret-file`), else the cluster file
     /// (`--cluster` or `remem up`'s default), checked against `--transport`.
     pub fn cluster(&self) -> Result<Cluster> {
-        if let Some(etcd) = self.etcd.connect()? {
-            let secret = Secret::load(self.secret_file.as_deref()).context("loading the cluster secret")?;
+        if let Some((etcd, secret)) = self.etcd()? {
             return Ok(Cluster::Etcd { etcd: Box::new(etcd), secret });
         }
         let (path, cluster, secret) = crate::cluster_file::load_cluster(self.cluster.as_deref())?;

@@ -4,6 +4,7 @@
 //! back, and nothing else is served (the one write in flight at the kill may be old or new).
 //! Values move between schemes meanwhile (`--cold-after-secs 1`). Then the backup region is
 //! damaged and forged by hand: what does not check is dropped, never served.
+//! A server stopped past its lease whose client id another process took stops, fenced.
 //! Real node processes and a real `remem kv`, stopped by PID when the guards drop.
 
 use crate::kv_crash;
@@ -14,7 +15,7 @@ use std::time::Duration;
 
 use kv_crash::{damage, settle, sigkill, verify};
 use kv_support::{binary, Target};
-use remem::kv_bench::ServerProcess;
+use remem::kv_bench::{ServerProcess, StoreOutcome, TextClient};
 
 const ARGS: [&str; 4] = ["-m", "16MiB", "--cold-after-secs", "1"];
 
@@ -77,4 +78,52 @@ fn every_acknowledged_write_survives_sigkill_and_restart_and_a_damaged_backup_is
     assert!(present > 0);
     assert!(refused >= 1 || forged.is_empty(), "a forged record's value must not be served");
     target.assert_running();
+}
+
+/// A server stopped (SIGSTOP) for longer than the nodes' lease (10 s), whose client id another
+/// process took meanwhile (from a copy of its state directory), stops when it wakes and says it
+/// was fenced: it never serves beside the process that owns its slabs now.
+#[test]
+fn a_server_whose_client_id_was_taken_while_it_was_stopped_stops_fenced_at_a_node() {
+    let mut target = Target::remem_kv("fenced", "rep2", "16MiB", &[]);
+    assert!(matches!(target.client().set("kept", b"before the stop"), Ok(StoreOutcome::Stored)));
+    // SAFETY: kill with the PID of a child the test spawned and has not reaped.
+    unsafe { libc::kill(target.server.pid() as libc::pid_t, libc::SIGSTOP) };
+    let state = target.dir.join("cluster").join("kv-default");
+    let copy = target.dir.join("kv-copy");
+    std::fs::create_dir_all(&copy).expect("mkdir");
+    for entry in std::fs::read_dir(&state).expect("the state directory") {
+        let entry = entry.expect("an entry");
+        if entry.file_type().expect("its type").is_file() {
+            std::fs::copy(entry.path(), copy.join(entry.file_name())).expect("copy the state");
+        }
+    }
+    std::thread::sleep(Duration::from_secs(11));
+    let cluster = target.cluster.as_ref().expect("a remem cluster");
+    let args = ["--state", &copy.display().to_string(), "--scheme", "rep2", "-m", "16MiB"].map(str::to_owned);
+    let log = target.dir.join("second.log");
+    let mut second =
+        ServerProcess::start_remem_kv(binary(), &cluster.cluster_file_path, &args, &log, "remem kv")
+            .unwrap_or_else(|error| panic!("{error:#}"));
+    assert!(second.log().contains("items restored"), "{}", second.log());
+    let mut client = TextClient::connect(second.address, Duration::from_secs(10)).expect("connect");
+    assert_eq!(client.get("kept").expect("a get"), Some(b"before the stop".to_vec()));
+
+    // SAFETY: as above.
+    unsafe { libc::kill(target.server.pid() as libc::pid_t, libc::SIGCONT) };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while target.server.exited().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fenced server still runs: {}",
+            target.server.log()
+        );
+        // A request makes it reach the nodes at once; its answer does not matter.
+        let _ =
+            TextClient::connect(target.server.address, Duration::from_secs(2)).map(|mut old| old.get("kept"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(target.server.log().contains("fenced at a node"), "{}", target.server.log());
+    assert_eq!(client.get("kept").expect("a get"), Some(b"before the stop".to_vec()));
+    second.stop(Duration::from_secs(5));
 }

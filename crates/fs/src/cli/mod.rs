@@ -251,7 +251,7 @@ fn client_configs(
 
 /// Whether the metadata is remote: `--metadata`, else remote exactly with `--etcd`.
 fn metadata_is_remote(args: &FsArgs) -> Result<bool> {
-    let etcd = args.client.etcd.etcd.is_some();
+    let etcd = args.client.connect.etcd.etcd.is_some();
     match args.metadata {
         Some(MetadataHome::Local) if etcd => {
             bail!("--etcd keeps the metadata in remote memory (another host must find it): drop --metadata local")

@@ -69,11 +69,12 @@ pub fn run(
     stop: Arc<AtomicBool>,
     metrics: Option<Arc<Mutex<String>>>,
 ) -> Result<()> {
-    let etcd = args.etcd.connect()?.expect("--etcd was given");
     let Some(export) = args.export.as_deref() else {
         bail!("--etcd needs --export NAME: the name the kv's keys are kept under in etcd");
     };
-    let secret = Secret::load(args.secret_file.as_deref()).context("loading the cluster secret")?;
+    let Some((etcd, secret)) = args.connect.etcd()? else {
+        bail!("remem kv --etcd: no etcd endpoint given");
+    };
     let policy = cache_config.policy.clone();
     let ec = cache_config.ec;
     if args.standby {
@@ -143,7 +144,7 @@ fn claim_and_open(
     if !args.standby {
         let state = KvState::lock(&state_dir(args, export)?)?;
         let claimed = claim_export(etcd.clone(), export)?;
-        let settings = super::client_config(args, ec, args.encrypt)?;
+        let settings = super::client_config(args, ec, args.connect.encrypt)?;
         let (cache, saves) = open(claimed, args, secret, settings, cache_config, &state)?;
         return Ok(Some(Opened { cache, saves, took_over: None, _state: state }));
     }
@@ -151,7 +152,7 @@ fn claim_and_open(
     let mut first: Option<(Option<remem_etcd::OwnerRecord>, Instant)> = None;
     let mut said = false;
     loop {
-        let settings = super::client_config(args, ec, args.encrypt)?;
+        let settings = super::client_config(args, ec, args.connect.encrypt)?;
         let Some(takeover) = super::etcd_standby::wait_and_claim(etcd, export, &settings.0, stop)? else {
             return Ok(None);
         };
@@ -365,7 +366,9 @@ fn housekeeping(
     let mut rebuilds = RebuildSaves::new(cache.client_mut().client());
     let home = Rc::clone(&saves.home);
     Box::new(move |cache: &mut Cache| {
-        if let Some(reason) = home.borrow().fenced() {
+        let at_node =
+            cache.client_mut().client().fenced_at_node().map(|reason| format!("at a node: {reason}"));
+        if let Some(reason) = home.borrow().fenced().or(at_node) {
             tracing::error!(%reason, "fenced: stopping");
             *fenced.borrow_mut() = Some(reason);
             stop.store(true, Ordering::Relaxed);

@@ -15,9 +15,11 @@ mod remote_state;
 pub mod standby;
 pub mod state;
 
+use std::cell::RefCell;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +27,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use remem_client::{Client, ClientConfig};
+use remem_frontend::client_args::{Cluster, ConnectArgs};
 use remem_frontend::units::{format_bytes, parse_bytes};
 
 use crate::cache::durability::RestoreReport;
@@ -33,15 +36,13 @@ use state::{KvState, ReopenTimes};
 
 #[derive(Args, Debug)]
 pub struct KvArgs {
-    /// Cluster file written by `remem up` (default: the `remem up` default directory).
-    #[arg(long, conflicts_with = "etcd")]
-    pub cluster: Option<PathBuf>,
-    /// etcd (`--etcd`, `--etcd-prefix`) instead of a cluster file and a local state: the nodes
-    /// registered there, the kv's name claimed and its slab map kept there, its items' records
-    /// in its own remote memory, so that the same command on another host serves every item it
-    /// acknowledged (docs/KV.md "Host loss", docs/ETCD.md).
+    /// Where the cluster is (`--cluster`, or `--etcd` with `--secret-file`), the request timeout,
+    /// the transport and encryption: every front end's flags. With --etcd the kv's name is
+    /// claimed and its slab map kept in etcd, its items' records in its own remote memory, so
+    /// that the same command on another host serves every item it acknowledged (docs/KV.md
+    /// "Host loss", docs/ETCD.md).
     #[command(flatten)]
-    pub etcd: remem_frontend::export_home::EtcdArgs,
+    pub connect: ConnectArgs,
     /// With --etcd: the name the kv's keys are kept under in etcd (`clients/NAME/...`).
     #[arg(long, requires = "etcd")]
     pub export: Option<String>,
@@ -50,9 +51,6 @@ pub struct KvArgs {
     /// arping -U ...`). Its environment has REMEM_KV_ADDRESS and REMEM_KV_NAME. docs/KV.md.
     #[arg(long, value_name = "CMD")]
     pub takeover_command: Option<String>,
-    /// File holding the cluster secret, with --etcd (a cluster file names its own).
-    #[arg(long, requires = "etcd")]
-    pub secret_file: Option<PathBuf>,
     /// TCP address to listen on (port 0 picks one; printed as `listening ADDRESS`).
     #[arg(long, default_value = "127.0.0.1:11211")]
     pub listen: SocketAddr,
@@ -126,18 +124,6 @@ pub struct KvArgs {
     /// stays one, on the first thread. More than the cores given slows it down.
     #[arg(short = 't', long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub threads: u16,
-    /// A split not answered in this time counts as failed.
-    #[arg(long, default_value_t = 2000)]
-    pub request_timeout_ms: u64,
-    /// How splits reach the nodes: tcp, or shm (nodes on this host with a Unix socket, as `remem
-    /// up` starts them, lend their slabs as shared memory: reads and writes are loads and stores,
-    /// only control goes over the socket; other nodes are reached by TCP).
-    #[arg(long, value_enum, default_value = "tcp")]
-    pub transport: remem_frontend::transport_arg::Transport,
-    /// Encrypt the TCP connections to the nodes (Noise keyed by the cluster secret); nodes
-    /// started with `--encrypt` require it. Unix sockets and shared memory are never encrypted.
-    #[arg(long)]
-    pub encrypt: bool,
     /// Name of this server's state directory `kv-NAME/` beside the cluster file (several
     /// servers on one cluster need different names).
     #[arg(long, default_value = "default")]
@@ -202,13 +188,13 @@ fn check_args(args: &KvArgs) -> Result<()> {
     if args.spin_us > 10_000 {
         bail!("--spin-us must be at most 10000 (10 ms)");
     }
-    if args.max_connections == 0 || args.request_timeout_ms == 0 {
-        bail!("--max-connections and --request-timeout-ms must be positive");
+    if args.max_connections == 0 {
+        bail!("--max-connections must be positive");
     }
     if args.output_budget < 1 << 20 || args.output_budget > 1 << 40 {
         bail!("--output-budget must be between 1 MiB and 1 TiB");
     }
-    if args.etcd.etcd.is_some() && args.ephemeral {
+    if args.connect.etcd.etcd.is_some() && args.ephemeral {
         bail!(
             "--etcd keeps the kv's state in etcd and remote memory for a restart on any host: not with \
              --ephemeral (which keeps none)"
@@ -371,22 +357,30 @@ fn serve_standbys(
     Ok(())
 }
 
-/// What the server does once a second beside its own housekeeping: publish the client's report
-/// for `remem status` and the metrics snapshot, save the slab map after rebuilds (so a restart
-/// finds the slabs where they are now), and hand new nodes of the cluster file to the client.
+/// What the server does once a second beside its own housekeeping: stop when a node says
+/// another process serves the cache's client id now (a standby took over: `stop` is set and
+/// `fenced` says why), publish the client's report for `remem status` and the metrics
+/// snapshot, save the slab map after rebuilds (so a restart finds the slabs where they are
+/// now), and hand new nodes of the cluster file to the client.
 fn housekeeping(
     cache: &mut crate::Cache,
-    cluster_path: PathBuf,
-    cluster: &remem_client::cluster::ClusterFile,
+    (cluster_path, cluster): (PathBuf, &remem_client::cluster::ClusterFile),
     map_path: Option<PathBuf>,
     metrics: Option<Arc<std::sync::Mutex<String>>>,
     name: String,
+    (stop, fenced): (Arc<AtomicBool>, Rc<RefCell<Option<String>>>),
 ) -> Box<dyn FnMut(&mut crate::Cache)> {
     let mut watch = remem_frontend::cluster_watch::ClusterWatch::new(cluster_path.clone(), cluster);
     let mut reporter = None;
     let mut rebuilds = remem_frontend::export_home::RebuildSaves::new(cache.client_mut().client());
     Box::new(move |cache: &mut crate::Cache| {
         let client = cache.client_mut().client();
+        if let Some(reason) = client.fenced_at_node() {
+            tracing::error!(%reason, "fenced at a node: stopping");
+            *fenced.borrow_mut() = Some(reason.to_string());
+            stop.store(true, Ordering::Relaxed);
+            return;
+        }
         let reporter = reporter.get_or_insert_with(|| {
             remem_frontend::client_report::ClientReporter::new(&cluster_path, "kv", &name, client.client_id())
         });
@@ -426,11 +420,8 @@ fn client_config(
     };
     let region_bytes = args.memory_limit.div_ceil(4096) * 4096;
     let shape = crate::scheme::region_shape(Scheme::Ec, ec);
-    let mut config = ClientConfig::new(shape, region_bytes);
+    let mut config = args.connect.config(shape, region_bytes, cluster_encrypts);
     config.allow_shared_domains = args.allow_shared_domains;
-    config.request_timeout = Duration::from_millis(args.request_timeout_ms);
-    config.shared_memory = args.transport == remem_frontend::transport_arg::Transport::Shm;
-    config.encrypt = args.encrypt || cluster_encrypts;
     config.release_on_drop = args.ephemeral;
     // Node memory in proportion to what is stored: ranges are mapped as values need them.
     config.lazy_ranges = true;
@@ -522,6 +513,27 @@ fn took_over(takeover: &standby::Takeover) -> String {
     )
 }
 
+/// The metrics endpoint of a server with a cluster file: the standby's gauges until `serving`
+/// is set, then the cache's snapshot.
+fn serve_metrics(
+    args: &KvArgs,
+    stop: &Arc<AtomicBool>,
+    snapshot: &Arc<std::sync::Mutex<String>>,
+) -> Result<(Arc<standby::StandbyGauges>, Arc<AtomicBool>)> {
+    let gauges = Arc::new(standby::StandbyGauges::default());
+    let serving = Arc::new(AtomicBool::new(!args.standby));
+    if let Some(address) = args.metrics {
+        let (served, gauges, serving) = (Arc::clone(snapshot), Arc::clone(&gauges), Arc::clone(&serving));
+        let render = move || match serving.load(Ordering::Relaxed) {
+            true => served.lock().map(|text| text.clone()).unwrap_or_default(),
+            false => gauges.render(),
+        };
+        let bound = remem_frontend::metrics::serve(address, Arc::clone(stop), render)?;
+        eprintln!("metrics at http://{bound}/metrics");
+    }
+    Ok((gauges, serving))
+}
+
 pub fn run(args: KvArgs) -> Result<()> {
     check_args(&args)?;
     // Refused before anything is mapped on the nodes.
@@ -534,7 +546,7 @@ pub fn run(args: KvArgs) -> Result<()> {
 
     let stop = Arc::new(AtomicBool::new(false));
     let snapshot = Arc::new(std::sync::Mutex::new(String::new()));
-    if args.etcd.etcd.is_some() {
+    if args.connect.etcd.etcd.is_some() {
         if let Some(address) = args.metrics {
             let served = Arc::clone(&snapshot);
             let render = move || served.lock().map(|text| text.clone()).unwrap_or_default();
@@ -545,24 +557,14 @@ pub fn run(args: KvArgs) -> Result<()> {
         return etcd::run(&args, auth, cache_config(&args, policy, ec), stop, publish);
     }
 
-    let (cluster_path, cluster, secret) =
-        remem_frontend::cluster_file::load_cluster(args.cluster.as_deref())?;
-    remem_frontend::transport_arg::check_transport(args.transport, &cluster, &cluster_path)?;
+    let Cluster::File { path: cluster_path, cluster, secret } = args.connect.cluster()? else {
+        unreachable!("--etcd was handled above");
+    };
     let (config, placement) = client_config(&args, ec, cluster.encrypt)?;
     let cache_config = cache_config(&args, policy, ec);
     // The metrics endpoint comes first: a standby shows its own gauges until it takes over, and
     // a busy port fails the start before anything is mapped or `listening` is printed.
-    let gauges = Arc::new(standby::StandbyGauges::default());
-    let serving = Arc::new(AtomicBool::new(!args.standby));
-    if let Some(address) = args.metrics {
-        let (served, gauges, serving) = (Arc::clone(&snapshot), Arc::clone(&gauges), Arc::clone(&serving));
-        let render = move || match serving.load(Ordering::Relaxed) {
-            true => served.lock().map(|text| text.clone()).unwrap_or_default(),
-            false => gauges.render(),
-        };
-        let bound = remem_frontend::metrics::serve(address, Arc::clone(&stop), render)?;
-        eprintln!("metrics at http://{bound}/metrics");
-    }
+    let (gauges, serving) = serve_metrics(&args, &stop, &snapshot)?;
     let (state, takeover) = open_state(&args, &cluster_path, &cache_config, &gauges)?;
     if let (Some(state), true) = (&state, args.fresh) {
         state.drop_saved(&secret, &config)?;
@@ -619,11 +621,17 @@ pub fn run(args: KvArgs) -> Result<()> {
     let name = args.listen.to_string();
     let saved_map = state.as_ref().map(|state| state.map_path());
     let publish = args.metrics.is_some().then_some(snapshot);
+    let fenced = Rc::new(RefCell::new(None));
+    let fence = (Arc::clone(&stop), Rc::clone(&fenced));
     server.on_housekeeping =
-        Some(housekeeping(&mut server.cache, cluster_path, &cluster, saved_map, publish, name));
+        Some(housekeeping(&mut server.cache, (cluster_path, &cluster), saved_map, publish, name, fence));
     let result = server.run(&stop);
     if let Some(path) = &unix {
         let _ = std::fs::remove_file(path);
     }
-    result.context("serving")
+    result.context("serving")?;
+    if let Some(reason) = fenced.borrow_mut().take() {
+        bail!("fenced at a node: {reason}: another process serves this cache's client now; stopped serving");
+    }
+    Ok(())
 }

@@ -312,7 +312,7 @@ fn unix_socket_path(args: &NbdArgs) -> Result<PathBuf> {
     if let Some(path) = &args.unix {
         return Ok(path.clone());
     }
-    let directory = match (&args.client.cluster, args.client.etcd.etcd.is_some()) {
+    let directory = match (&args.client.connect.cluster, args.client.connect.etcd.etcd.is_some()) {
         (Some(cluster), _) => cluster.parent().map(Path::to_path_buf).unwrap_or_default(),
         (None, false) => remem_frontend::cluster_file::default_dir(),
         (None, true) => {
