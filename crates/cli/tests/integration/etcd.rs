@@ -85,6 +85,8 @@ fn nbd_command(etcd: &EtcdServer, secret: &Path, home: &Path) -> Command {
         .arg(secret)
         .args(["--size", "8MiB", "--export", "test", "-k", "4", "-r", "2", "--delta", "0"])
         .args(["--request-timeout-ms", "1000", "--listen", "127.0.0.1:0"])
+        // Leases of 3 s, not 10: what waits for one here waits less.
+        .args(["--etcd-lease-seconds", "3"])
         .current_dir(home)
         .env("XDG_RUNTIME_DIR", home);
     command
@@ -177,7 +179,7 @@ fn restarted_nbd_elsewhere_finds_every_byte_after_sigkill_and_fresh_starts_empty
         first.child.kill().expect("SIGKILL remem nbd");
         first.child.wait().expect("reaped");
     }
-    // Another "host": nothing local in common. It waits out the dead owner's lease (10 s).
+    // Another "host": nothing local in common. It waits out the dead owner's lease (3 s).
     let second = NbdServer::start(&etcd, &secret, &dir.join("host-b"));
     assert!(second.log_text().contains("reopened the export saved in etcd"), "{}", second.log_text());
     let back = dir.join("back.img");
@@ -274,7 +276,7 @@ fn nbd_serves_while_etcd_is_down_and_takes_a_node_added_after_it_returns() {
     nodes.push(EtcdNode::start(binary(), &dir, &etcd.url, &secret, 6));
     let outage = Instant::now();
     let mut round = 0u8;
-    while outage.elapsed() < Duration::from_secs(12) {
+    while outage.elapsed() < Duration::from_secs(6) {
         let pattern = format!("0x{:02x}", 0x20 + round);
         let write = format!("write -P {pattern} 2M 512k");
         let read = format!("read -P {pattern} 2M 512k");
@@ -283,7 +285,7 @@ fn nbd_serves_while_etcd_is_down_and_takes_a_node_added_after_it_returns() {
         std::thread::sleep(Duration::from_millis(500));
     }
     server.assert_running();
-    assert!(round >= 5, "only {round} rounds of I/O in 12 s without etcd");
+    assert!(round >= 3, "only {round} rounds of I/O in 6 s without etcd");
 
     let node_log = std::fs::read_to_string(&nodes[6].log).unwrap_or_default();
     assert_eq!(node_log.matches("cannot register in etcd").count(), 1, "{node_log}");

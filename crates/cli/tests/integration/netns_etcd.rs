@@ -95,7 +95,13 @@ fn a_client_restarted_on_another_host_finds_its_map_in_etcd_and_every_byte_throu
         for port in [7100, 7101] {
             let address = SocketAddr::from((net.address(host), port));
             let mut args = netns::node_args(address, "8MiB", "1MiB", host, &secret_path);
-            args.extend(["--etcd".to_owned(), url.clone()]);
+            // Leases of 3 s, not 10: the cut-off nodes' records lapse sooner.
+            args.extend([
+                "--etcd".to_owned(),
+                url.clone(),
+                "--etcd-lease-seconds".to_owned(),
+                "3".to_owned(),
+            ]);
             let log = dir.join(format!("node-{}.log", nodes.len()));
             let pid = netns::spawn_node(&net, host, address, &args, &log);
             nodes.push((host, address, pid));
