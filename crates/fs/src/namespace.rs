@@ -389,6 +389,8 @@ impl Namespace {
     fn drop_link(&mut self, inode: u64, now: SystemTime) -> Option<Inode> {
         let keep_orphans = self.keep_orphans;
         let entry = self.inodes.get_mut(&inode)?;
+        // A name was found for it, so it counted that name.
+        debug_assert!(entry.attributes.nlink > 0, "inode {inode} has a name and no link");
         entry.attributes.nlink = entry.attributes.nlink.saturating_sub(1);
         entry.attributes.ctime = now;
         if entry.attributes.nlink == 0 && !entry.held() && !keep_orphans {

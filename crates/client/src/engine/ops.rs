@@ -265,7 +265,11 @@ impl Engine {
 
     pub(super) fn claim_slot(&mut self, kind: SlotKind, tag: usize, page: u64) -> usize {
         let slot_index = self.free_slots.pop().expect("active < slots");
+        assert!(!self.slots[slot_index].in_use(), "slot {slot_index} was on the free list while in use");
         if kind != SlotKind::Probe {
+            // One op per page at a time: ops on a page run in order, and a read never meets a
+            // write of its own page half done (`page_in_flight` refuses the second).
+            debug_assert!(!self.page_in_flight(page), "a second op on page {page}");
             self.slot_pages[slot_index] = page;
         }
         let (region, range, slot_in_range) = match kind {
@@ -294,6 +298,7 @@ impl Engine {
 
     pub(super) fn release_slot(&mut self, slot_index: usize) {
         let slot = &mut self.slots[slot_index];
+        assert!(slot.in_use(), "slot {slot_index} released twice");
         slot.kind = SlotKind::Free;
         slot.read = None;
         slot.write = None;
@@ -303,6 +308,11 @@ impl Engine {
         self.slot_pages[slot_index] = NO_PAGE;
         self.free_slots.push(slot_index);
         self.active -= 1;
+        debug_assert_eq!(
+            self.active + self.free_slots.len(),
+            self.slots.len(),
+            "every slot is free or active"
+        );
     }
 
     fn start_read(&mut self, tag: usize, page: u64, version: Option<u8>) -> Result<(), PageError> {

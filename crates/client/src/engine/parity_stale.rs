@@ -86,6 +86,13 @@ impl Engine {
     /// A whole or data-only write stored what it needed: the page is at `version`, readable,
     /// known exactly, and parity-stale exactly when only its data splits were written.
     pub(super) fn page_written(&mut self, page: u64, version: u8, parity_stale: bool) {
+        let old = self.versions[page as usize];
+        // Versions only move on: a write's version is the next of the newest known (or found
+        // out), so a read taking the newest version with k splits never goes back in time.
+        debug_assert!(
+            old == 0 || remem_proto::version_is_newer(version, old),
+            "page {page} written at version {version}, not newer than {old}"
+        );
         self.versions[page as usize] = version;
         self.set_unreadable(page, false);
         self.set_parity_stale(page, parity_stale);
