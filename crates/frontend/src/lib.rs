@@ -23,5 +23,6 @@ pub mod page_store;
 pub mod placement_arg;
 pub mod process;
 pub mod state_dir;
+pub mod tls;
 pub mod transport_arg;
 pub mod units;

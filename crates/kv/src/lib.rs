@@ -53,6 +53,7 @@ pub mod space;
 pub mod standby;
 pub mod stats;
 pub mod text;
+mod tls;
 mod writers;
 
 pub use cache::open::{build_cache, cache_over_regions, MAIN_COPIES_LABEL};

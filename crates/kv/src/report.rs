@@ -178,6 +178,7 @@ fn settings(cache: &Cache, out: &mut Vec<u8>) {
     response::stat(out, "num_threads", cache.stats().threads.max(1));
     response::stat(out, "evictions", "on");
     response::stat(out, "cas_enabled", "yes");
+    response::stat(out, "ssl_enabled", if cache.stats().ssl_enabled { "yes" } else { "no" });
     response::stat(out, "remem_ec", config.ec.name());
     response::stat(out, "remem_bypass", if config.bypass { "yes" } else { "no" });
     response::stat(out, "remem_output_budget_bytes", cache.budget().total_limit_bytes());

@@ -1,5 +1,5 @@
-//! The server's sockets: a client connection over TCP or a Unix socket, and the Unix
-//! listener, bound owner-only.
+//! The server's sockets: a client connection over TCP (plain or TLS) or a Unix socket, and the
+//! Unix listener, bound owner-only.
 
 use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -9,6 +9,7 @@ use mio::net::{TcpStream, UnixListener, UnixStream};
 pub(crate) enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    Tls(Box<crate::tls::TlsStream>),
 }
 
 impl Stream {
@@ -16,7 +17,27 @@ impl Stream {
         match self {
             Stream::Tcp(stream) => stream,
             Stream::Unix(stream) => stream,
+            Stream::Tls(stream) => &mut stream.socket,
         }
+    }
+
+    /// Bytes accepted by a TLS stream wait in it for a writable socket (never for a plain one).
+    pub(crate) fn wants_write(&self) -> bool {
+        matches!(self, Stream::Tls(stream) if stream.wants_write())
+    }
+
+    /// Sends what a TLS stream holds (`WouldBlock`: some of it still waits).
+    pub(crate) fn send_pending(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Tls(stream) => stream.send_records(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Only the loop's thread may write it: a TLS stream's records come from its rustls state,
+    /// which a reply writer does not hold.
+    pub(crate) fn is_tls(&self) -> bool {
+        matches!(self, Stream::Tls(_))
     }
 }
 
@@ -25,6 +46,7 @@ impl Read for Stream {
         match self {
             Stream::Tcp(stream) => stream.read(buf),
             Stream::Unix(stream) => stream.read(buf),
+            Stream::Tls(stream) => stream.read(buf),
         }
     }
 }
@@ -34,6 +56,7 @@ impl Write for Stream {
         match self {
             Stream::Tcp(stream) => stream.write(buf),
             Stream::Unix(stream) => stream.write(buf),
+            Stream::Tls(stream) => stream.write(buf),
         }
     }
 
@@ -41,6 +64,7 @@ impl Write for Stream {
         match self {
             Stream::Tcp(stream) => stream.write_vectored(bufs),
             Stream::Unix(stream) => stream.write_vectored(bufs),
+            Stream::Tls(stream) => stream.write_vectored(bufs),
         }
     }
 
@@ -54,6 +78,7 @@ impl AsFd for Stream {
         match self {
             Stream::Tcp(stream) => stream.as_fd(),
             Stream::Unix(stream) => stream.as_fd(),
+            Stream::Tls(stream) => stream.socket.as_fd(),
         }
     }
 }

@@ -35,6 +35,8 @@ pub struct Stats {
     pub writer_bytes_written: u64,
     /// The server's threads (`--threads`): the event loop and its reply writers.
     pub threads: u64,
+    /// TCP connections speak TLS (`--enable-ssl`; `stats settings`' `ssl_enabled`).
+    pub ssl_enabled: bool,
     /// Reads that decoded or fell back from the EOR main copy to the data splits.
     pub degraded_reads: u64,
     /// Values that could not be read back (more failures than the scheme survives).

@@ -1,7 +1,8 @@
 //! NBD over TLS (NBD_OPT_STARTTLS, x509): libnbd's nbdcopy and nbdinfo against `remem nbd`
 //! with a throwaway CA and certificates made here with `openssl`. A TLS client reads and writes
 //! the export; with `--tls-required` a plain client is refused; with `--tls-ca` a client
-//! without a certificate is refused.
+//! without a certificate is refused. `remem kv --enable-ssl` (memcached's -Z) against a TLS
+//! memcache client.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -184,5 +185,102 @@ fn nbd_over_tls_serves_tls_clients_and_refuses_plain_ones_when_required() {
     assert!(!plain.status.success(), "a plain client was served although --tls-ca asks for certificates");
     drop(server);
     drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A memcache text client over TLS (Python's `ssl`, checking the server's certificate against
+/// the CA), run against `address`: a 300 KiB value set and read back byte for byte (its reply
+/// is many TLS records, some written when the socket has room again), 200 pipelined sets
+/// answered in order, and `stats settings` saying `ssl_enabled yes`. With `client` (a
+/// certificate and key), it presents that certificate. Prints `ok`, or fails.
+const TLS_MEMCACHE_CLIENT: &str = r#"
+import socket, ssl, sys
+host, port = sys.argv[1].rsplit(":", 1)
+context = ssl.create_default_context(cafile=sys.argv[2])
+if len(sys.argv) > 3:
+    context.load_cert_chain(sys.argv[3], sys.argv[4])
+conn = context.wrap_socket(socket.create_connection((host, int(port)), timeout=20), server_hostname="localhost")
+def call(data, end):
+    conn.sendall(data)
+    got = b""
+    while not got.endswith(end):
+        chunk = conn.recv(1 << 16)
+        if not chunk:
+            raise SystemExit("closed after %r" % got[-200:])
+        got += chunk
+    return got
+value = bytes(range(256)) * 1200
+assert call(b"set big 5 0 %d\r\n" % len(value) + value + b"\r\n", b"\r\n") == b"STORED\r\n"
+assert call(b"get big\r\n", b"END\r\n") == b"VALUE big 5 %d\r\n" % len(value) + value + b"\r\nEND\r\n"
+sets = b"".join(b"set k%d 0 0 %d\r\n%d\r\n" % (i, len(b"%d" % i), i) for i in range(200))
+assert call(sets, b"STORED\r\n" * 200) == b"STORED\r\n" * 200
+keys = b" ".join(b"k%d" % i for i in range(200))
+reply = call(b"get " + keys + b"\r\n", b"END\r\n")
+assert reply == b"".join(b"VALUE k%d 0 %d\r\n%d\r\n" % (i, len(b"%d" % i), i) for i in range(200)) + b"END\r\n"
+assert b"STAT ssl_enabled yes\r\n" in call(b"stats settings\r\n", b"END\r\n")
+print("ok")
+"#;
+
+fn tls_memcache_client(address: &str, ca: &Path, client: Option<(&Path, &Path)>) -> Output {
+    let mut command = Command::new("timeout");
+    command.args(["60", "python3", "-c", TLS_MEMCACHE_CLIENT, address]).arg(ca);
+    if let Some((certificate, key)) = client {
+        command.arg(certificate).arg(key);
+    }
+    command.output().expect("python3 runs")
+}
+
+/// `remem kv --enable-ssl` (memcached's -Z): a TLS client is served (large values, pipelining,
+/// a multi-get); a plain client gets no memcache answer; with `--ssl-ca-cert` a client without
+/// a certificate signed by it is refused and one with it served (with reply writers, `-t 2`,
+/// beside the loop); bad certificate files fail
+/// the start with the flag named.
+#[test]
+fn kv_with_enable_ssl_serves_tls_clients_and_refuses_plain_and_unsigned_ones() {
+    let dir = std::env::temp_dir().join(format!("remem-kv-certificates-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    make_certificates(&dir);
+    let (certificate, key, ca) =
+        (dir.join("server-cert.pem"), dir.join("server-key.pem"), dir.join("ca-cert.pem"));
+    let path = |path: &Path| path.display().to_string();
+    let tls = ["--enable-ssl".to_owned(), "--ssl-chain-cert".to_owned(), path(&certificate)];
+    let tls = [&tls[..], &["--ssl-key".to_owned(), path(&key)]].concat();
+    let tls_args: Vec<&str> = tls.iter().map(String::as_str).collect();
+
+    let target = crate::kv_support::Target::remem_kv("tls", "rep2", "16MiB", &tls_args);
+    let address = target.server.address.to_string();
+    let served = tls_memcache_client(&address, &ca, None);
+    let stdout = String::from_utf8_lossy(&served.stdout);
+    assert!(stdout.trim() == "ok", "{stdout}{}", String::from_utf8_lossy(&served.stderr));
+    // A plain client: the server waits for a TLS handshake, never answers memcache.
+    let mut plain = std::net::TcpStream::connect(&address).expect("connects");
+    plain.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+    std::io::Write::write_all(&mut plain, b"version\r\n").unwrap();
+    let mut answer = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut plain, &mut answer);
+    assert!(!answer.starts_with(b"VERSION"), "a plain client was answered: {answer:?}");
+    drop(target);
+
+    let ca_path = path(&ca);
+    // With reply writers too (`-t 2`): TLS connections are written by the loop's thread.
+    let ca_args = [&tls_args[..], &["--ssl-ca-cert", &ca_path, "-t", "2"]].concat();
+    let target = crate::kv_support::Target::remem_kv("tls-ca", "rep2", "16MiB", &ca_args);
+    let address = target.server.address.to_string();
+    let refused = tls_memcache_client(&address, &ca, None);
+    assert!(!refused.status.success(), "a client without a certificate was served");
+    let client = (dir.join("client/client-cert.pem"), dir.join("client/client-key.pem"));
+    let served = tls_memcache_client(&address, &ca, Some((&client.0, &client.1)));
+    let stdout = String::from_utf8_lossy(&served.stdout);
+    assert!(stdout.trim() == "ok", "{stdout}{}", String::from_utf8_lossy(&served.stderr));
+    drop(target);
+
+    // A key that is not a key: refused at the start, naming the flag.
+    let output = Command::new(binary())
+        .args(["kv", "--enable-ssl", "--ssl-chain-cert", &path(&certificate), "--ssl-key", &path(&ca)])
+        .output()
+        .expect("remem kv runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("--enable-ssl"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }

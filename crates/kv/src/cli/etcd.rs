@@ -64,7 +64,7 @@ impl MapSaves {
 /// first waits for the name (`super::etcd_standby`).
 pub fn run(
     args: &KvArgs,
-    auth: Option<crate::auth::Credentials>,
+    access: (Option<crate::auth::Credentials>, Option<Arc<rustls::ServerConfig>>),
     cache_config: CacheConfig,
     stop: Arc<AtomicBool>,
     metrics: Option<Arc<Mutex<String>>>,
@@ -88,7 +88,7 @@ pub fn run(
         return Ok(());
     };
     let map_key = saves.home.borrow().describe();
-    let config = super::server_config(args, args.listen, args.unix.clone(), auth);
+    let config = super::server_config(args, args.listen, args.unix.clone(), access);
     let mut server = Server::bind(cache, config).with_context(|| format!("binding {}", args.listen))?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;

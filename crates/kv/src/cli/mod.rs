@@ -101,6 +101,21 @@ pub struct KvArgs {
     /// 0600; connections must send `set <key> 0 0 <len>` with `<user> <password>` first.
     #[arg(short = 'Y', long)]
     pub auth_file: Option<PathBuf>,
+    /// TLS on the TCP port (memcached's -Z): every TCP connection must speak it, with the
+    /// certificate of --ssl-chain-cert and --ssl-key; the Unix socket stays plain. docs/KV.md
+    /// "Security".
+    #[arg(short = 'Z', long, requires_all = ["ssl_chain_cert", "ssl_key"])]
+    pub enable_ssl: bool,
+    /// The server's certificate chain, PEM, leaf first (memcached's -o ssl_chain_cert).
+    #[arg(long, value_name = "FILE", requires = "enable_ssl")]
+    pub ssl_chain_cert: Option<PathBuf>,
+    /// The private key of --ssl-chain-cert, PEM (memcached's -o ssl_key).
+    #[arg(long, value_name = "FILE", requires = "enable_ssl")]
+    pub ssl_key: Option<PathBuf>,
+    /// Ask every client for a certificate and accept only those this CA (PEM) signed, as
+    /// memcached's -o ssl_ca_cert with ssl_verify_mode=2: who holds one may use the cache.
+    #[arg(long, value_name = "FILE", requires = "enable_ssl")]
+    pub ssl_ca_cert: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDRESS/metrics (refreshed every second).
     #[arg(long, value_name = "ADDRESS")]
     pub metrics: Option<SocketAddr>,
@@ -469,12 +484,22 @@ fn cache_config(args: &KvArgs, policy: Policy, ec: EcShape) -> CacheConfig {
     }
 }
 
+/// `--enable-ssl`: the TLS settings of the TCP port, checked before anything is mapped.
+pub(crate) fn tls_config(args: &KvArgs) -> Result<Option<Arc<rustls::ServerConfig>>> {
+    let (true, Some(certificate), Some(key)) = (args.enable_ssl, &args.ssl_chain_cert, &args.ssl_key) else {
+        return Ok(None);
+    };
+    let config = remem_frontend::tls::server_config(certificate, key, args.ssl_ca_cert.as_deref())
+        .context("--enable-ssl")?;
+    Ok(Some(config))
+}
+
 /// The server's settings from the flags.
 fn server_config(
     args: &KvArgs,
     listen: SocketAddr,
     unix: Option<PathBuf>,
-    auth: Option<crate::auth::Credentials>,
+    (auth, tls): (Option<crate::auth::Credentials>, Option<Arc<rustls::ServerConfig>>),
 ) -> ServerConfig {
     ServerConfig {
         listen: Some(listen),
@@ -485,6 +510,7 @@ fn server_config(
         output_budget_bytes: args.output_budget as usize,
         spin: Duration::from_micros(args.spin_us),
         threads: usize::from(args.threads),
+        tls,
     }
 }
 
@@ -541,6 +567,7 @@ pub fn run(args: KvArgs) -> Result<()> {
         Some(path) => Some(crate::auth::Credentials::load(path)?),
         None => None,
     };
+    let access = (auth, tls_config(&args)?);
     let ec = EcShape { data_splits: args.data_splits, parity_splits: args.parity_splits };
     let policy = scheme_policy(&args, ec)?;
 
@@ -554,7 +581,7 @@ pub fn run(args: KvArgs) -> Result<()> {
             eprintln!("metrics at http://{bound}/metrics");
         }
         let publish = args.metrics.is_some().then_some(snapshot);
-        return etcd::run(&args, auth, cache_config(&args, policy, ec), stop, publish);
+        return etcd::run(&args, access, cache_config(&args, policy, ec), stop, publish);
     }
 
     let Cluster::File { path: cluster_path, cluster, secret } = args.connect.cluster()? else {
@@ -598,7 +625,7 @@ pub fn run(args: KvArgs) -> Result<()> {
         Some(takeover) => (takeover.listen, takeover.unix.clone().or(args.unix.clone())),
         None => (args.listen, args.unix.clone()),
     };
-    let server_config = server_config(&args, listen, unix.clone(), auth);
+    let server_config = server_config(&args, listen, unix.clone(), access);
     let mut server = Server::bind(cache, server_config).with_context(|| format!("binding {listen}"))?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;

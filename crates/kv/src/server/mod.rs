@@ -68,6 +68,9 @@ pub struct ServerConfig {
     /// Threads in all (memcached's `-t`): 1 does everything on the event loop's thread; more
     /// adds `threads - 1` reply writers (`crate::writers`).
     pub threads: usize,
+    /// TLS on the TCP listener (`--enable-ssl`): every TCP connection speaks it; the Unix socket
+    /// stays plain, as memcached's. TLS connections are written by the loop's thread only.
+    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 /// A task the embedder runs once a second on the event loop's thread.
@@ -196,6 +199,7 @@ impl Server {
         }
         cache.client_mut().register(poll.registry(), CLIENT)?;
         cache.stats_mut().threads = config.threads.max(1) as u64;
+        cache.stats_mut().ssl_enabled = config.tls.is_some();
         let writers = match config.threads {
             0 | 1 => None,
             threads => {
@@ -374,7 +378,17 @@ impl Server {
             match listener.accept() {
                 Ok((stream, _)) => {
                     let _ = stream.set_nodelay(true);
-                    self.add_connection(Stream::Tcp(stream));
+                    let stream = match &self.config.tls {
+                        None => Stream::Tcp(stream),
+                        Some(config) => match crate::tls::TlsStream::new(stream, config) {
+                            Ok(stream) => Stream::Tls(Box::new(stream)),
+                            Err(error) => {
+                                tracing::warn!(%error, "starting TLS on a connection failed");
+                                continue;
+                            }
+                        },
+                    };
+                    self.add_connection(stream);
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
                 Err(error) => {
@@ -403,7 +417,9 @@ impl Server {
         let open = self.connections.iter().filter(|connection| connection.is_some()).count();
         if open >= self.config.max_connections {
             // memcached's answer when it is out of connections.
-            let _ = stream.write(b"ERROR Too many open connections\r\n");
+            if !stream.is_tls() {
+                let _ = stream.write(b"ERROR Too many open connections\r\n");
+            }
             self.cache.stats_mut().rejected_connections += 1;
             return;
         }
@@ -420,7 +436,7 @@ impl Server {
             return;
         }
         self.next_generation += 1;
-        if let Some(writers) = &self.writers {
+        if let (Some(writers), false) = (&self.writers, stream.is_tls()) {
             let socket = match stream.as_fd().try_clone_to_owned() {
                 Ok(socket) => socket,
                 Err(error) => {
@@ -497,6 +513,10 @@ impl Server {
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => connection.dead = true,
             }
+        }
+        // A TLS handshake's answer the socket had no room for waits for it to be writable.
+        if self.connections.get(index).and_then(Option::as_ref).is_some_and(|c| c.stream.wants_write()) {
+            self.write_connection(index);
         }
         self.dispatch();
         self.close_if_done(index);

@@ -73,7 +73,8 @@ impl Server {
     pub(super) fn write_connection(&mut self, index: usize) {
         let Some(connection) = self.connections.get_mut(index).and_then(Option::as_mut) else { return };
         let conn = connection.conn(index);
-        if let Some(writers) = &self.writers {
+        let writers = self.writers.as_ref().filter(|_| !connection.stream.is_tls());
+        if let Some(writers) = writers {
             let direct = connection.in_writer == 0 && self.turn_events <= 1 && writers.sleeping(index);
             if !direct {
                 hand_to_writer(writers, index, connection);
@@ -96,8 +97,15 @@ impl Server {
                 Err(_) => connection.dead = true,
             }
         }
-        let blocked = connection.output_bytes > 0 && !connection.dead;
-        if let (Some(writers), true) = (&self.writers, blocked) {
+        // A TLS stream's records still waiting count as output not out.
+        if connection.stream.wants_write() && !connection.dead {
+            match connection.stream.send_pending() {
+                Err(error) if error.kind() != io::ErrorKind::WouldBlock => connection.dead = true,
+                _ => {}
+            }
+        }
+        let blocked = (connection.output_bytes > 0 || connection.stream.wants_write()) && !connection.dead;
+        if let (Some(writers), true) = (writers, blocked) {
             // The socket is full: the writer waits for it, not the loop.
             hand_to_writer(writers, index, connection);
         } else if blocked != connection.wants_writable {
@@ -174,7 +182,9 @@ impl Server {
 
     pub(super) fn close_if_done(&mut self, index: usize) {
         let Some(connection) = self.connections.get_mut(index).and_then(Option::as_mut) else { return };
-        let replies_out = connection.next_to_send == connection.next_seq && connection.output_bytes == 0;
+        let replies_out = connection.next_to_send == connection.next_seq
+            && connection.output_bytes == 0
+            && !connection.stream.wants_write();
         if connection.dead || (connection.closing && replies_out) {
             let mut connection = self.connections[index].take().expect("present");
             let _ = self.poll.registry().deregister(connection.stream.source());
