@@ -143,6 +143,16 @@ fn meta_set(cache: &mut Cache, out: &mut Outbox, call: Call<'_>, data: &[u8]) {
         not_found: line(MetaCommand::Set, MetaStatus::Nf, flags, key, &nothing),
     };
     let mut exptime = flags.exptime.unwrap_or(0);
+    // `N<ttl>` in append or prepend mode: a miss is vivified, the data stored as a new item
+    // with that TTL (an add, so an item that arrives first is appended to by nobody).
+    let vivify = matches!(mode, StoreMode::Append | StoreMode::Prepend) && cache.live(key, now).is_none();
+    let mode = match flags.vivify_exptime {
+        Some(ttl) if vivify => {
+            exptime = ttl;
+            StoreMode::Add
+        }
+        _ => mode,
+    };
     let client_flags = flags.client_flags.unwrap_or(0);
     let cas = flags.compare_cas.unwrap_or(0);
     // `I` with a cas older than the item's: the value is stored, but stays stale, with
