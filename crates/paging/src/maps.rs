@@ -110,6 +110,25 @@ impl Managed {
         self.ranges = kept;
     }
 
+    /// `[from, from + len)` moved to `[to, to + len)` (mremap's REMAP event): what of it was in
+    /// these ranges is there now, and the target's old contents are gone (mremap unmaps them).
+    pub fn moved(&mut self, from: u64, to: u64, len: u64) {
+        let end = from.saturating_add(len);
+        let inside: Vec<(u64, u64)> = self
+            .ranges
+            .iter()
+            .filter_map(|&(a, b)| {
+                let (start, stop) = (a.max(from), b.min(end));
+                (start < stop).then(|| (start - from, stop - from))
+            })
+            .collect();
+        self.remove(from, end);
+        self.remove(to, to.saturating_add(len));
+        for (start, stop) in inside {
+            self.add(to + start, to + stop);
+        }
+    }
+
     /// On the fault path (prefetch, write-protection): a binary search of the sorted ranges.
     pub fn contains(&self, address: u64) -> bool {
         let after = self.ranges.partition_point(|&(start, _)| start <= address);
@@ -229,5 +248,22 @@ mod tests {
         assert!(managed.contains(0x2000) && !managed.contains(0x3000) && managed.contains(0x4000));
         assert_eq!(managed.missing(0x0, 0xa000), vec![(0x0, 0x1000), (0x3000, 0x4000), (0x9000, 0xa000)]);
         assert_eq!(managed.total_bytes(), 0x7000);
+    }
+
+    #[test]
+    fn a_moved_range_takes_its_pieces_along_and_clears_its_target() {
+        let mut pinned = Managed::default();
+        pinned.add(0x100, 0x200);
+        pinned.add(0x2000, 0x3000);
+        pinned.add(0x9000, 0xb000);
+        pinned.add(0x20000, 0x21000);
+        // [0x1000, 0xa000) moves to [0x20000, 0x29000): its pieces at 0x2000 and 0x9000 follow
+        // (offsets 0x1000 and 0x8000), the piece beyond it at 0xa000 stays, and what was pinned
+        // at the target is gone.
+        pinned.moved(0x1000, 0x20000, 0x9000);
+        assert!(!pinned.contains(0x2000) && !pinned.contains(0x9000) && pinned.contains(0xa000));
+        assert!(pinned.contains(0x21000) && pinned.contains(0x28000) && !pinned.contains(0x20000));
+        assert!(pinned.contains(0x100), "a piece before the moved range stays");
+        assert_eq!(pinned.total_bytes(), 0x100 + 0x1000 + 0x1000 + 0x1000);
     }
 }

@@ -375,6 +375,9 @@ impl Pager {
                 self.give_back(freed);
                 self.managed.remove(a, a + c);
                 self.managed.add(b, b + c);
+                // What was unprotected or pinned there is so at its new place.
+                self.no_write_protect.moved(a, b, c);
+                self.pinned.moved(a, b, c);
                 STATS.managed_bytes.store(self.managed.total_bytes(), Relaxed);
             }
             _ => {}
