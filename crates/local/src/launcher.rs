@@ -256,8 +256,19 @@ impl LocalCluster {
             metrics,
             remove_on_drop: None,
         };
-        for _ in 0..options.nodes {
-            cluster.add_unsaved(binary, options)?;
+        // Every node is launched before any is waited for: they start side by side (about 25 ms
+        // each, one after another, was 5 s for 200 nodes). A failure drops the cluster, which
+        // stops every node launched.
+        let mut launched = Vec::with_capacity(options.nodes);
+        for index in 0..options.nodes {
+            cluster.children.push(None);
+            cluster.numbers.push(cluster.next_number);
+            cluster.next_number += 1;
+            launched.push(cluster.launch_node(binary, options, index, None)?);
+        }
+        for (index, launch) in launched.into_iter().enumerate() {
+            let node = cluster.await_node(index, launch)?;
+            cluster.file.nodes.push(node);
         }
         cluster.file.save(&cluster.cluster_file_path)?;
         Ok(cluster)
@@ -274,6 +285,19 @@ impl LocalCluster {
         index: usize,
         previous: Option<&ClusterNode>,
     ) -> Result<ClusterNode> {
+        let launch = self.launch_node(binary, options, index, previous)?;
+        self.await_node(index, launch)
+    }
+
+    /// The first half of [`LocalCluster::spawn_node`]: the process runs (in `children[index]`),
+    /// not yet listening.
+    fn launch_node(
+        &mut self,
+        binary: &Path,
+        options: &ClusterOptions,
+        index: usize,
+        previous: Option<&ClusterNode>,
+    ) -> Result<Launch> {
         let number = self.numbers[index];
         let domain = previous.map_or_else(
             || format!("domain-{}", number / options.nodes_per_domain.max(1)),
@@ -342,6 +366,12 @@ impl LocalCluster {
         let stdout = child.stdout.take().expect("stdout is piped");
         let pid = child.id();
         self.children[index] = Some(child);
+        Ok(Launch { stdout, pid, log_path, domain, metrics, unix_socket })
+    }
+
+    /// The second half of [`LocalCluster::spawn_node`]: waits for the node's `listening` line.
+    fn await_node(&self, index: usize, launch: Launch) -> Result<ClusterNode> {
+        let Launch { stdout, pid, log_path, domain, metrics, unix_socket } = launch;
         let did_not_start = || {
             format!(
                 "node {index} (pid {pid}) did not start{}; see {}",
@@ -516,6 +546,16 @@ impl Drop for LocalCluster {
             }
         }
     }
+}
+
+/// A node process launched and not yet listening (`LocalCluster::launch_node`).
+struct Launch {
+    stdout: std::process::ChildStdout,
+    pid: u32,
+    log_path: PathBuf,
+    domain: String,
+    metrics: Option<SocketAddr>,
+    unix_socket: Option<PathBuf>,
 }
 
 /// SIGTERM to every process of `children` (processes this cluster started and has not reaped),
