@@ -42,6 +42,7 @@ pub mod latency;
 #[cfg(test)]
 mod layering;
 pub mod meta;
+pub mod page_client;
 pub mod pageio;
 pub mod reply;
 pub mod report;
@@ -58,6 +59,7 @@ mod writers;
 pub use cache::open::{build_cache, cache_over_regions, MAIN_COPIES_LABEL};
 pub use cache::{Cache, CacheConfig};
 pub use clock::now_unix;
+pub use page_client::PageClient;
 pub use pageio::PAGE_OPS_IN_FLIGHT;
 pub use report::VERSION;
 pub use scheme::{region_shape, schemes_needed, EcShape, Policy, Scheme};

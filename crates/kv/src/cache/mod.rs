@@ -37,6 +37,7 @@ use crate::chunks::ChunkCache;
 use crate::completion::{Ack, ArithmeticReply, Completion, ConnRef, Render};
 use crate::error::ValueError;
 use crate::index::{EntryId, Index, LocationId, Released};
+use crate::page_client::PageClient;
 use crate::pageio::{IoDone, PageIo, TaskId};
 use crate::scheme::{EcShape, Policy, Scheme};
 use crate::space::{RegionKind, Space};
@@ -183,8 +184,8 @@ pub struct RmwChain {
     ops: Vec<RmwOp>,
 }
 
-pub struct Cache {
-    client: PollClient,
+pub struct Cache<P: PageClient = PollClient> {
+    client: P,
     io: PageIo,
     index: Index,
     space: Space,
@@ -226,9 +227,10 @@ pub struct Cache {
     mirror: Option<mirror::StateMirror>,
 }
 
-impl Cache {
-    pub fn new(client: PollClient, space: Space, config: CacheConfig, main_first_page: Option<u64>) -> Cache {
+impl<P: PageClient> Cache<P> {
+    pub fn new(client: P, space: Space, config: CacheConfig, main_first_page: Option<u64>) -> Cache<P> {
         // EOR's main copies lie beside the EC region page for page from its first page.
+        let client_now = client.now();
         let ec_first_page = space.grid(RegionKind::Ec).map(|grid| grid.origin).unwrap_or(0);
         Cache {
             client,
@@ -248,7 +250,7 @@ impl Cache {
             main_first_page,
             background_transitions: 0,
             flush_at: None,
-            started: Instant::now(),
+            started: client_now,
             done_buffer: Vec::new(),
             backup: None,
             journal_first_page: 0,
@@ -305,12 +307,18 @@ impl Cache {
         &self.chunks
     }
 
-    pub fn client(&self) -> &PollClient {
+    pub fn client(&self) -> &P {
         &self.client
     }
 
-    pub fn client_mut(&mut self) -> &mut PollClient {
+    pub fn client_mut(&mut self) -> &mut P {
         &mut self.client
+    }
+
+    /// The wall clock in unix seconds, as the page client tells it (simulated time under the
+    /// simulator): every expiry and hotness decision reads this.
+    pub fn now_unix(&self) -> u64 {
+        self.client.now_unix()
     }
 
     pub fn backup(&self) -> Option<&crate::backup::Backup> {
@@ -548,7 +556,7 @@ impl Cache {
     /// When the engine wants a tick.
     pub fn next_deadline(&self) -> Option<Instant> {
         if self.growth.collect_now {
-            return Some(Instant::now());
+            return Some(self.client.now());
         }
         self.client.next_deadline()
     }
@@ -625,7 +633,7 @@ impl Cache {
     }
 
     pub fn uptime(&self) -> Duration {
-        self.started.elapsed()
+        self.client.now().saturating_duration_since(self.started)
     }
 }
 
