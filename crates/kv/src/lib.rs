@@ -14,7 +14,8 @@
 //!   schemes as tasks, `durability.rs` and `rewrites.rs` what survives a restart, `open.rs` the
 //!   regions), `index.rs` (entries, LRU, reference-counted locations), `space.rs` (page and
 //!   chunk allocation), `chunks.rs` (pages of small values being written), `pageio.rs` (page ops
-//!   over the poll driver), `budget.rs` (bytes held for replies), `backup/`; it never calls up:
+//!   over the page client), `page_client.rs` (`PageClient`, all the engine asks of its client:
+//!   the poll driver in the server, the simulator in crates/simnet's tests), `budget.rs` (bytes held for replies), `backup/`; it never calls up:
 //!   what finishes waits in `Cache::completions` as typed [`completion::Completion`]s;
 //! - vocabulary, below both: `completion.rs`, `error.rs` (typed errors; it wraps
 //!   `backup::BackupError`, which names nothing above it), `clock.rs`,

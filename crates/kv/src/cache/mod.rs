@@ -2,7 +2,8 @@
 //! the server and remote memory. No sockets and no protocol: operations come in as calls from
 //! the protocol layer (`commands.rs`, `text.rs`, `meta.rs`), what finishes leaves as typed
 //! [`Completion`]s in [`Cache::completions`] named by (connection, sequence number) for the
-//! dispatcher to answer, and page I/O goes through [`PageIo`] over the poll driver. Reads
+//! dispatcher to answer, and page I/O goes through [`PageIo`] over the page client `P` (a
+//! [`PageClient`]: the poll driver, or the simulator's adapter in tests). Reads
 //! (`reads.rs`), stores (`writes.rs`), transitions between schemes (`transition.rs`, tasks in the same work table),
 //! the backup region's records (`durability.rs`) and the rewrite journal (`rewrites.rs`) are
 //! further `impl Cache` blocks in this module's children.
