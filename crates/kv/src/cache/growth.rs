@@ -92,7 +92,7 @@ impl<P: PageClient> Cache<P> {
                 self.client.release_range(range);
             }
             tracing::warn!(?ranges, %error, "cannot map a range: its region counts as full for a while");
-            self.growth.refused_at[refusal] = Some(now);
+            self.growth.refused_at[refusal] = Some(self.client.now());
             return false;
         }
         self.growth.ranges_mapped += mapped.len() as u64;

@@ -7,7 +7,7 @@
 //! - `seeded_sweep_within_and_beyond_r_answers_as_the_model_allows`: seeds over every scheme
 //!   (none without faults; rep2, rep3, EC(4,2), EOR and auto within their tolerance and beyond
 //!   it), printing how many ran and the faults of each kind;
-//! - one fixed seed per scheme;
+//! - one fixed seed per scheme, and `a_seed_gives_the_same_run_every_time`;
 //! - `the_model_refuses_a_corrupted_value_and_a_wrong_reply`: the checks catch a wrong answer;
 //! - `replay_seed_from_env`: `REMEM_KV_SEED=<seed> REMEM_KV_SCHEME=<scheme>
 //!   REMEM_KV_TOLERANCE=within|beyond` runs just that plan and prints it (a failure prints this
@@ -143,6 +143,16 @@ fn scheme_eor_within_one_fault_reads_back_every_acknowledged_value() {
 #[test]
 fn scheme_auto_within_one_fault_reads_back_every_acknowledged_value() {
     fixed_seed(None);
+}
+
+#[test]
+fn a_seed_gives_the_same_run_every_time() {
+    // Beyond r, auto: faults, lost values, transitions and ranges given back all in one run.
+    let plan = KvPlan::generate(3, None, Tolerance::Beyond);
+    let runs: Vec<String> = (0..2)
+        .map(|_| format!("{:?}", run_plan(&plan).unwrap_or_else(|failure| panic!("{failure}"))))
+        .collect();
+    assert_eq!(runs[0], runs[1], "two runs of one plan differ");
 }
 
 #[test]
