@@ -58,6 +58,15 @@ pub enum Command {
     Touch,
     Get,
     Gets,
+    /// `mg <key> v f`: the value and its flags.
+    MetaGet,
+    /// `ms <key> <bytes> F<flags>`: a set.
+    MetaSet {
+        flags: u32,
+        data: Vec<u8>,
+    },
+    /// `md <key>`: a delete.
+    MetaDelete,
 }
 
 /// A command as its request line (a value as its length and first bytes).
@@ -72,7 +81,8 @@ impl std::fmt::Debug for Command {
             | Command::Replace { data, .. }
             | Command::Append { data }
             | Command::Prepend { data }
-            | Command::Cas { data, .. } => {
+            | Command::Cas { data, .. }
+            | Command::MetaSet { data, .. } => {
                 write!(f, " {:?}", String::from_utf8_lossy(&data[..data.len().min(16)]))
             }
             _ => Ok(()),
@@ -82,7 +92,17 @@ impl std::fmt::Debug for Command {
 
 impl Command {
     pub fn is_read(&self) -> bool {
-        matches!(self, Command::Get | Command::Gets)
+        matches!(self, Command::Get | Command::Gets | Command::MetaGet)
+    }
+
+    /// The text command a meta command does what of (the model's outcomes are the same).
+    fn plain(&self) -> Command {
+        match self {
+            Command::MetaGet => Command::Get,
+            Command::MetaSet { flags, data } => Command::Set { flags: *flags, data: data.clone() },
+            Command::MetaDelete => Command::Delete,
+            other => other.clone(),
+        }
     }
 
     /// The request's bytes for `key`.
@@ -107,6 +127,14 @@ impl Command {
             Command::Touch => format!("touch {key} 0\r\n").into_bytes(),
             Command::Get => format!("get {key}\r\n").into_bytes(),
             Command::Gets => format!("gets {key}\r\n").into_bytes(),
+            Command::MetaGet => format!("mg {key} v f\r\n").into_bytes(),
+            Command::MetaSet { flags, data } => {
+                let mut bytes = format!("ms {key} {} F{flags}\r\n", data.len()).into_bytes();
+                bytes.extend_from_slice(data);
+                bytes.extend_from_slice(b"\r\n");
+                bytes
+            }
+            Command::MetaDelete => format!("md {key}\r\n").into_bytes(),
         }
     }
 }
@@ -147,6 +175,20 @@ pub fn parse_reply(command: &Command, key: &str, bytes: &[u8]) -> Result<Reply, 
     }
     if let Some(message) = line.strip_prefix("CLIENT_ERROR ") {
         return whole(Reply::ClientError(message.to_owned()));
+    }
+    match command {
+        Command::MetaGet => return parse_meta_value(line, rest),
+        Command::MetaSet { .. } | Command::MetaDelete => {
+            let reply = match (command, line) {
+                (Command::MetaSet { .. }, "HD") => Reply::Stored,
+                (Command::MetaSet { .. }, "NS") => Reply::NotStored,
+                (Command::MetaDelete, "HD") => Reply::Deleted,
+                (Command::MetaDelete, "NF") => Reply::NotFound,
+                (_, other) => return Err(format!("{other:?} is no reply to {command:?}")),
+            };
+            return whole(reply);
+        }
+        _ => {}
     }
     if command.is_read() {
         return parse_value(command, key, line, rest);
@@ -190,9 +232,32 @@ fn parse_value(command: &Command, key: &str, line: &str, rest: &[u8]) -> Result<
     Ok(Reply::Value { item: Some((flags, rest[..length].to_vec())), cas })
 }
 
+/// `EN`, or `VA <bytes> f<flags>`, the data block and its `\r\n`.
+fn parse_meta_value(line: &str, rest: &[u8]) -> Result<Reply, String> {
+    if line == "EN" {
+        return if rest.is_empty() {
+            Ok(Reply::Value { item: None, cas: None })
+        } else {
+            Err("bytes after EN".into())
+        };
+    }
+    let words: Vec<&str> = line.split(' ').collect();
+    let ["VA", length, flags] = words.as_slice() else {
+        return Err(format!("{line:?} is no VA line with the flags asked"));
+    };
+    let flags = flags.strip_prefix('f').ok_or_else(|| format!("no flags in {line:?}"))?;
+    let length: usize = length.parse().map_err(|_| format!("bad length in {line:?}"))?;
+    let flags: u32 = flags.parse().map_err(|_| format!("bad flags in {line:?}"))?;
+    if rest.len() != length + 2 || &rest[length..] != b"\r\n" {
+        return Err(format!("a data block of {} bytes does not follow {line:?}", rest.len()));
+    }
+    Ok(Reply::Value { item: Some((flags, rest[..length].to_vec())), cas: None })
+}
+
 /// What `command` can do to `item`: each (outcome, item after) it may give, a failure
 /// (`SERVER_ERROR`) included for writes.
 fn outcomes(command: &Command, item: &Item) -> Vec<(Reply, Item)> {
+    let command = &command.plain();
     let failed = |new: Item| -> Vec<(Reply, Item)> {
         let error = Reply::ServerError(String::new());
         vec![(error.clone(), item.clone()), (error.clone(), None), (error, new)]
@@ -237,6 +302,9 @@ fn outcomes(command: &Command, item: &Item) -> Vec<(Reply, Item)> {
         }
         (Command::Get | Command::Gets, _) => {
             vec![(Reply::Value { item: item.clone(), cas: None }, item.clone())]
+        }
+        (Command::MetaGet | Command::MetaSet { .. } | Command::MetaDelete, _) => {
+            unreachable!("meta commands are modelled as their text commands")
         }
     };
     if !command.is_read() && !matches!(command, Command::Delete | Command::Touch) {
@@ -312,9 +380,11 @@ impl KeyModel {
         reachable
     }
 
-    /// The cache evicted the key (its LRU made room): it may be absent from now on.
-    pub fn evicted(&mut self) {
-        self.base.insert(None);
+    /// The cache evicted the key (its LRU made room) when every op with an id below
+    /// `arrived_before` had arrived: it may be absent from then on, whatever those ops did.
+    pub fn evicted(&mut self, arrived_before: u64) -> Result<(), String> {
+        self.removed_before = self.removed_before.max(arrived_before);
+        self.fold()
     }
 
     /// An op arrives (is executed by the cache) with id `id`.
