@@ -13,6 +13,7 @@ use remem_memcache::{expiry_deadline, Expiry, StoreMode};
 
 use crate::cache::{Cache, RmwKind, RmwOp};
 use crate::completion::{Ack, ConnRef, Fetched};
+use crate::page_client::PageClient;
 use crate::reply::{self, Outbox};
 use crate::scheme::Scheme;
 
@@ -56,8 +57,8 @@ impl StoreReplies {
 /// set, add, replace, append, prepend, cas (and ms in `meta.rs`). The reply is queued at once
 /// or when the write is done. `hint`: the client's scheme for this object.
 #[allow(clippy::too_many_arguments)]
-pub fn store_command(
-    cache: &mut Cache,
+pub fn store_command<P: PageClient>(
+    cache: &mut Cache<P>,
     out: &mut Outbox,
     conn: ConnRef,
     seq: u64,
@@ -131,7 +132,7 @@ pub fn store_command(
 }
 
 /// A scheme this server has, for policies that name one it does not.
-pub fn fallback_scheme(cache: &Cache) -> Scheme {
+pub fn fallback_scheme<P: PageClient>(cache: &Cache<P>) -> Scheme {
     for scheme in [Scheme::Ec, Scheme::Rep2, Scheme::Rep3, Scheme::Eor, Scheme::None] {
         if cache.space().offers(scheme) {
             return scheme;
@@ -142,7 +143,7 @@ pub fn fallback_scheme(cache: &Cache) -> Scheme {
 
 /// Queues a read-modify-write of `key`: at once on a value in the work table, behind the
 /// chain in flight, or after a new fetch.
-pub fn rmw(cache: &mut Cache, out: &mut Outbox, key: &[u8], op: RmwOp, now: u64) {
+pub fn rmw<P: PageClient>(cache: &mut Cache<P>, out: &mut Outbox, key: &[u8], op: RmwOp, now: u64) {
     if let Some((value, op)) = cache.rmw_value(key, op, now) {
         apply_rmw(cache, out, key, value, vec![op], true, now);
     }
@@ -150,8 +151,8 @@ pub fn rmw(cache: &mut Cache, out: &mut Outbox, key: &[u8], op: RmwOp, now: u64)
 
 /// The value a read-modify-write chain waited for arrived (the dispatcher hands it over from
 /// the engine's completions, before the next request is looked at).
-pub fn rmw_fetched(cache: &mut Cache, out: &mut Outbox, key: &[u8], value: Fetched) {
-    let now = crate::clock::now_unix();
+pub fn rmw_fetched<P: PageClient>(cache: &mut Cache<P>, out: &mut Outbox, key: &[u8], value: Fetched) {
+    let now = cache.now_unix();
     let Some((ops, current)) = cache.take_rmw_chain(key, now) else { return };
     match value {
         Err(error) => {
@@ -169,8 +170,8 @@ pub fn rmw_fetched(cache: &mut Cache, out: &mut Outbox, key: &[u8], value: Fetch
 
 /// Applies ops in order to `value`; when `write`, stores the result and answers when it is
 /// stored.
-fn apply_rmw(
-    cache: &mut Cache,
+fn apply_rmw<P: PageClient>(
+    cache: &mut Cache<P>,
     out: &mut Outbox,
     key: &[u8],
     value: Rc<[u8]>,
@@ -249,7 +250,7 @@ fn parse_counter(value: &[u8]) -> Option<u64> {
     std::str::from_utf8(value).ok()?.parse().ok()
 }
 
-pub fn delete(cache: &mut Cache, key: &[u8], now: u64) -> bool {
+pub fn delete<P: PageClient>(cache: &mut Cache<P>, key: &[u8], now: u64) -> bool {
     cache.stats_mut().prefixes.record(key, crate::stats::PrefixEvent::Delete);
     match cache.live(key, now) {
         Some(id) => {
@@ -266,13 +267,13 @@ pub fn delete(cache: &mut Cache, key: &[u8], now: u64) -> bool {
 
 /// Removes the item of `key`, if any, counting no delete: what memcached does to the old
 /// item of a `set` (or `ms`) it refuses as too large, so that no stale value outlives it.
-pub fn unlink(cache: &mut Cache, key: &[u8], now: u64) {
+pub fn unlink<P: PageClient>(cache: &mut Cache<P>, key: &[u8], now: u64) {
     if let Some(id) = cache.live(key, now) {
         cache.remove_entry(id);
     }
 }
 
-pub fn touch(cache: &mut Cache, key: &[u8], exptime: i64, now: u64) -> bool {
+pub fn touch<P: PageClient>(cache: &mut Cache<P>, key: &[u8], exptime: i64, now: u64) -> bool {
     let Some(id) = cache.live(key, now) else { return false };
     match deadline(exptime, now) {
         Ok(at) => {

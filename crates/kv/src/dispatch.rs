@@ -9,11 +9,12 @@ use remem_memcache::Request;
 
 use crate::cache::Cache;
 use crate::completion::{Completion, ConnRef};
+use crate::page_client::PageClient;
 use crate::reply::{self, Out, Outbox};
 use crate::text::After;
 
-pub fn execute(
-    cache: &mut Cache,
+pub fn execute<P: PageClient>(
+    cache: &mut Cache<P>,
     out: &mut Outbox,
     conn: ConnRef,
     next_seq: &mut u64,
@@ -22,7 +23,10 @@ pub fn execute(
     settle(cache, out);
     let after = match crate::text::execute(cache, out, conn, next_seq, request) {
         Ok(after) => after,
-        Err(meta) => crate::meta::execute(cache, out, conn, next_seq, meta, crate::clock::now_unix()),
+        Err(meta) => {
+            let now = cache.now_unix();
+            crate::meta::execute(cache, out, conn, next_seq, meta, now)
+        }
     };
     settle(cache, out);
     after
@@ -31,13 +35,13 @@ pub fn execute(
 /// Answers everything the engine finished since the last call, in the order it finished.
 /// Applying a read-modify-write may finish more (a store that fails at once): those are
 /// answered in the same call.
-pub fn settle(cache: &mut Cache, out: &mut Outbox) {
+pub fn settle<P: PageClient>(cache: &mut Cache<P>, out: &mut Outbox) {
     while let Some(completion) = cache.next_completion() {
         answer(cache, out, completion);
     }
 }
 
-fn answer(cache: &mut Cache, out: &mut Outbox, completion: Completion) {
+fn answer<P: PageClient>(cache: &mut Cache<P>, out: &mut Outbox, completion: Completion) {
     match completion {
         Completion::Value { conn, seq, render, end, reserved, value } => {
             let (bytes, ends_through) = match value {

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// The engine and the modules it is built on: none of them may name [`ABOVE_THE_ENGINE`].
-const ENGINE: &[&str] = &["cache", "index", "space", "chunks", "pageio", "budget", "backup"];
+const ENGINE: &[&str] = &["cache", "index", "space", "chunks", "pageio", "page_client", "budget", "backup"];
 const ABOVE_THE_ENGINE: &[&str] = &[
     "dispatch", "text", "meta", "commands", "reply", "report", "server", "standby", "cli", "auth", "sockets",
     "writers",
@@ -21,6 +21,7 @@ const REEXPORTS: &[(&str, &str)] = &[
     ("MAIN_COPIES_LABEL", "cache"),
     ("now_unix", "clock"),
     ("PAGE_OPS_IN_FLIGHT", "pageio"),
+    ("PageClient", "page_client"),
     ("VERSION", "report"),
     ("EcShape", "scheme"),
     ("Policy", "scheme"),

@@ -14,7 +14,8 @@
 //!   schemes as tasks, `durability.rs` and `rewrites.rs` what survives a restart, `open.rs` the
 //!   regions), `index.rs` (entries, LRU, reference-counted locations), `space.rs` (page and
 //!   chunk allocation), `chunks.rs` (pages of small values being written), `pageio.rs` (page ops
-//!   over the poll driver), `budget.rs` (bytes held for replies), `backup/`; it never calls up:
+//!   over the page client), `page_client.rs` (`PageClient`, all the engine asks of its client:
+//!   the poll driver in the server, the simulator in crates/simnet's tests), `budget.rs` (bytes held for replies), `backup/`; it never calls up:
 //!   what finishes waits in `Cache::completions` as typed [`completion::Completion`]s;
 //! - vocabulary, below both: `completion.rs`, `error.rs` (typed errors; it wraps
 //!   `backup::BackupError`, which names nothing above it), `clock.rs`,
@@ -42,6 +43,7 @@ pub mod latency;
 #[cfg(test)]
 mod layering;
 pub mod meta;
+pub mod page_client;
 pub mod pageio;
 pub mod reply;
 pub mod report;
@@ -59,6 +61,7 @@ mod writers;
 pub use cache::open::{build_cache, cache_over_regions, MAIN_COPIES_LABEL};
 pub use cache::{Cache, CacheConfig};
 pub use clock::now_unix;
+pub use page_client::PageClient;
 pub use pageio::PAGE_OPS_IN_FLIGHT;
 pub use report::VERSION;
 pub use scheme::{region_shape, schemes_needed, EcShape, Policy, Scheme};

@@ -16,11 +16,12 @@ use remem_memcache::{MetaFlags, MetaSetMode, Request, StoreMode};
 use crate::cache::{Cache, RmwKind, RmwOp, Waiter};
 use crate::commands::{self, deadline, StoreReplies};
 use crate::completion::{Ack, ArithmeticReply, ConnRef, Render};
+use crate::page_client::PageClient;
 use crate::reply::{arithmetic_reply, Outbox};
 use crate::scheme::Scheme;
 use crate::text::After;
 
-fn item_of(cache: &Cache, id: crate::index::EntryId, now: u64) -> MetaItem {
+fn item_of<P: PageClient>(cache: &Cache<P>, id: crate::index::EntryId, now: u64) -> MetaItem {
     let entry = cache.index().entry(id);
     MetaItem {
         cas: entry.cas,
@@ -46,7 +47,10 @@ fn line(
 }
 
 /// The client's scheme hint (`P` or `L` token), if it names a scheme this server has.
-fn hint(cache: &Cache, flags: &MetaFlags<'_>) -> Result<Option<Scheme>, crate::scheme::SchemeError> {
+fn hint<P: PageClient>(
+    cache: &Cache<P>,
+    flags: &MetaFlags<'_>,
+) -> Result<Option<Scheme>, crate::scheme::SchemeError> {
     match flags.scheme_hint {
         None => Ok(None),
         Some(token) => Scheme::parse(token, cache.config().ec).map(Some),
@@ -64,8 +68,8 @@ struct Call<'a> {
     now: u64,
 }
 
-pub fn execute(
-    cache: &mut Cache,
+pub fn execute<P: PageClient>(
+    cache: &mut Cache<P>,
     out: &mut Outbox,
     conn: ConnRef,
     next_seq: &mut u64,
@@ -115,7 +119,7 @@ pub fn execute(
 
 /// `ms`: a store in the mode its `M` and `C` flags give (`I` with an older cas stores a stale
 /// value, see the module's description).
-fn meta_set(cache: &mut Cache, out: &mut Outbox, call: Call<'_>, data: &[u8]) {
+fn meta_set<P: PageClient>(cache: &mut Cache<P>, out: &mut Outbox, call: Call<'_>, data: &[u8]) {
     let Call { conn, seq, key, flags, now } = call;
     cache.stats_mut().cmd_set += 1;
     let hint = match hint(cache, flags) {
@@ -196,7 +200,7 @@ fn meta_set(cache: &mut Cache, out: &mut Outbox, call: Call<'_>, data: &[u8]) {
 }
 
 /// `md`: removes the item, or with `I` marks it stale.
-fn meta_delete(cache: &mut Cache, out: &mut Outbox, call: Call<'_>) {
+fn meta_delete<P: PageClient>(cache: &mut Cache<P>, out: &mut Outbox, call: Call<'_>) {
     let Call { conn, seq, key, flags, now } = call;
     cache.stats_mut().prefixes.record(key, crate::stats::PrefixEvent::Delete);
     let status = match cache.live(key, now) {
@@ -222,8 +226,8 @@ fn meta_delete(cache: &mut Cache, out: &mut Outbox, call: Call<'_>) {
 /// memcached's stale-while-revalidate on a hit: the win (`W`) goes to the first get that finds
 /// the item stale (`X`) or, with `R<seconds>`, with less TTL left than that; every later get
 /// sees `Z` until a store replaces the item.
-fn win_flags(
-    cache: &mut Cache,
+fn win_flags<P: PageClient>(
+    cache: &mut Cache<P>,
     id: crate::index::EntryId,
     flags: &MetaFlags<'_>,
     now: u64,
@@ -243,7 +247,7 @@ fn win_flags(
 
 /// `mg` of a missing key with `N<ttl>`: an empty item is created with that TTL and this client
 /// wins its recache (`W`); gets until it is stored see it empty, with `Z`.
-fn vivify_on_miss(cache: &mut Cache, out: &mut Outbox, call: Call<'_>, vivify: i64) {
+fn vivify_on_miss<P: PageClient>(cache: &mut Cache<P>, out: &mut Outbox, call: Call<'_>, vivify: i64) {
     let Call { conn, seq, key, flags, now } = call;
     // Vivified already expired: the item is gone at once; the win is still this client's.
     let expires_at = deadline(vivify, now).unwrap_or(1);
@@ -267,7 +271,12 @@ fn vivify_on_miss(cache: &mut Cache, out: &mut Outbox, call: Call<'_>, vivify: i
 
 /// `md <key> I [T<ttl>]`: the item stays, marked stale, with a new cas (and TTL); the next get
 /// wins its recache.
-fn invalidate(cache: &mut Cache, id: crate::index::EntryId, flags: &MetaFlags<'_>, now: u64) {
+fn invalidate<P: PageClient>(
+    cache: &mut Cache<P>,
+    id: crate::index::EntryId,
+    flags: &MetaFlags<'_>,
+    now: u64,
+) {
     let cas = cache.next_cas();
     let entry = cache.index_mut().entry_mut(id);
     entry.stale = true;
@@ -279,7 +288,7 @@ fn invalidate(cache: &mut Cache, id: crate::index::EntryId, flags: &MetaFlags<'_
     cache.rerecord(id);
 }
 
-fn meta_get(cache: &mut Cache, out: &mut Outbox, call: Call<'_>) {
+fn meta_get<P: PageClient>(cache: &mut Cache<P>, out: &mut Outbox, call: Call<'_>) {
     let Call { conn, seq, key, flags, now } = call;
     cache.stats_mut().cmd_get += 1;
     let found = cache.live(key, now);
@@ -327,7 +336,7 @@ fn meta_get(cache: &mut Cache, out: &mut Outbox, call: Call<'_>) {
 
 /// `ma` of a missing key: NF, or with `N` the item vivified at the initial value (the delta is
 /// not applied), as memcached does.
-fn arithmetic_miss(cache: &mut Cache, out: &mut Outbox, call: Call<'_>) {
+fn arithmetic_miss<P: PageClient>(cache: &mut Cache<P>, out: &mut Outbox, call: Call<'_>) {
     let Call { conn, seq, key, flags, now } = call;
     let Some(vivify) = flags.vivify_exptime else {
         if flags.decrement() {
@@ -362,7 +371,7 @@ fn arithmetic_miss(cache: &mut Cache, out: &mut Outbox, call: Call<'_>) {
     }
 }
 
-fn meta_arithmetic(cache: &mut Cache, out: &mut Outbox, call: Call<'_>) {
+fn meta_arithmetic<P: PageClient>(cache: &mut Cache<P>, out: &mut Outbox, call: Call<'_>) {
     let Call { conn, seq, key, flags, now } = call;
     let increment = !flags.decrement();
     let delta = flags.delta_or_default();

@@ -1,4 +1,5 @@
-//! Page operations of the kv server over the poll driver: each op has a slot with its own
+//! Page operations of the kv server over its page client (`PageClient`: the poll driver, or
+//! the simulator's adapter): each op has a slot with its own
 //! 4 KiB buffer, named by the slot index (the engine's tag), and a waiting queue for ops the
 //! engine cannot start yet (every op slot busy, or another op on the same page in flight).
 //!
@@ -14,8 +15,9 @@
 use std::collections::VecDeque;
 
 use remem_client::engine::OpBuffers;
-use remem_client::{PageError, PollClient, Submit};
+use remem_client::{PageError, Submit};
 
+use crate::page_client::PageClient;
 use crate::space::PAGE_BYTES;
 
 pub type TaskId = u64;
@@ -113,13 +115,20 @@ impl PageIo {
     }
 
     /// Asks for a page read; the bytes are in [`PageIo::buffer`] when it completes.
-    pub fn read(&mut self, client: &mut PollClient, page: u64, owner: IoOwner) {
+    pub fn read<P: PageClient>(&mut self, client: &mut P, page: u64, owner: IoOwner) {
         let slot = self.claim(IoKind::Read, page, owner);
         self.start(client, slot);
     }
 
     /// Asks for a write of `data` (at most a page; the rest of the page is zeros).
-    pub fn write(&mut self, client: &mut PollClient, kind: IoKind, page: u64, data: &[u8], owner: IoOwner) {
+    pub fn write<P: PageClient>(
+        &mut self,
+        client: &mut P,
+        kind: IoKind,
+        page: u64,
+        data: &[u8],
+        owner: IoOwner,
+    ) {
         assert!(kind != IoKind::Read && data.len() <= PAGE_BYTES);
         let slot = self.claim(kind, page, owner);
         let buffer = &mut self.slots[slot].buffer;
@@ -128,13 +137,13 @@ impl PageIo {
         self.start(client, slot);
     }
 
-    fn start(&mut self, client: &mut PollClient, slot: usize) {
+    fn start<P: PageClient>(&mut self, client: &mut P, slot: usize) {
         if !self.waiting.is_empty() || !self.submit(client, slot) {
             self.waiting.push_back(slot);
         }
     }
 
-    fn submit(&mut self, client: &mut PollClient, slot: usize) -> bool {
+    fn submit<P: PageClient>(&mut self, client: &mut P, slot: usize) -> bool {
         let (kind, page) = (self.slots[slot].kind, self.slots[slot].page);
         // A write's data is its slot's own buffer, and the engine is handed every slot (for
         // reads): lend the buffer out of the slot for the call instead of copying it. A write
@@ -163,7 +172,7 @@ impl PageIo {
 
     /// Starts waiting ops, in order, while the engine takes them. An op refused because its
     /// page is busy waits, and so does everything behind it on that page.
-    pub fn start_waiting(&mut self, client: &mut PollClient) {
+    pub fn start_waiting<P: PageClient>(&mut self, client: &mut P) {
         let mut still_waiting = VecDeque::new();
         let mut blocked_pages = Vec::new();
         while let Some(slot) = self.waiting.pop_front() {
@@ -189,19 +198,19 @@ impl PageIo {
     }
 
     /// Lets the engine read its sockets and advance; returns finished ops.
-    pub fn on_readable(&mut self, client: &mut PollClient, done: &mut Vec<IoDone>) {
+    pub fn on_readable<P: PageClient>(&mut self, client: &mut P, done: &mut Vec<IoDone>) {
         client.on_readable(&mut Buffers(&mut self.slots));
         self.unflushed = false;
         self.collect(client, done);
     }
 
-    pub fn on_timer(&mut self, client: &mut PollClient, done: &mut Vec<IoDone>) {
+    pub fn on_timer<P: PageClient>(&mut self, client: &mut P, done: &mut Vec<IoDone>) {
         client.on_timer(&mut Buffers(&mut self.slots));
         self.unflushed = false;
         self.collect(client, done);
     }
 
-    fn collect(&mut self, client: &mut PollClient, done: &mut Vec<IoDone>) {
+    fn collect<P: PageClient>(&mut self, client: &mut P, done: &mut Vec<IoDone>) {
         for op in client.completions() {
             let slot = &self.slots[op.index];
             done.push(IoDone {
@@ -242,8 +251,8 @@ impl Default for PageIo {
     }
 }
 
-fn client_slot_limit(client: &mut PollClient) -> usize {
-    client.client().engine().slot_count()
+fn client_slot_limit<P: PageClient>(client: &mut P) -> usize {
+    client.engine().slot_count()
 }
 
 /// Engine op slots: page ops in flight at once.

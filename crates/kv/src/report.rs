@@ -6,11 +6,12 @@ use remem_memcache::response;
 use remem_client::engine::Membership;
 
 use crate::cache::Cache;
+use crate::page_client::PageClient;
 use crate::scheme::Scheme;
 use crate::space::{RegionKind, PAGE_BYTES};
 
 /// Items and bytes of values per scheme, from the index.
-pub fn scheme_totals(cache: &Cache) -> [(u64, u64); 5] {
+pub fn scheme_totals<P: PageClient>(cache: &Cache<P>) -> [(u64, u64); 5] {
     let mut totals = [(0u64, 0u64); 5];
     for id in cache.index().ids() {
         let entry = cache.index().entry(id);
@@ -23,7 +24,7 @@ pub fn scheme_totals(cache: &Cache) -> [(u64, u64); 5] {
 
 /// Node bytes the values of each scheme take: their pages and chunks (a chunk counts its
 /// class size) times the scheme's overhead. EOR's reserved parity slots are not counted.
-pub fn scheme_node_bytes(cache: &Cache) -> [f64; 5] {
+pub fn scheme_node_bytes<P: PageClient>(cache: &Cache<P>) -> [f64; 5] {
     let mut bytes = [0f64; 5];
     let ec = cache.config().ec;
     for id in cache.index().ids() {
@@ -35,7 +36,7 @@ pub fn scheme_node_bytes(cache: &Cache) -> [f64; 5] {
     bytes
 }
 
-pub fn stats(cache: &mut Cache, group: Option<&[u8]>) -> Vec<u8> {
+pub fn stats<P: PageClient>(cache: &mut Cache<P>, group: Option<&[u8]>) -> Vec<u8> {
     let mut out = Vec::new();
     let group = group.map(|group| String::from_utf8_lossy(group).trim().to_ascii_lowercase());
     let words: Vec<&str> =
@@ -74,19 +75,19 @@ pub fn stats(cache: &mut Cache, group: Option<&[u8]>) -> Vec<u8> {
     out
 }
 
-fn general(cache: &mut Cache, out: &mut Vec<u8>) {
+fn general<P: PageClient>(cache: &mut Cache<P>, out: &mut Vec<u8>) {
     let (nodes, connected) = {
-        let engine = cache.client_mut().client().engine();
+        let engine = cache.client_mut().engine();
         let members = engine.nodes().iter().filter(|node| node.membership == Membership::Member);
         members.fold((0, 0), |(all, up), node| (all + 1, up + usize::from(node.connected)))
     };
-    let client = cache.client_mut().client();
+    let client = cache.client_mut();
     let (ranges_mapped, node_bytes_mapped) = (client.mapped_range_count(), client.mapped_node_bytes());
     let stats = cache.stats();
     let uptime = cache.uptime().as_secs();
     response::stat(out, "pid", std::process::id());
     response::stat(out, "uptime", uptime);
-    response::stat(out, "time", crate::clock::now_unix());
+    response::stat(out, "time", cache.now_unix());
     response::stat(out, "version", VERSION);
     response::stat(out, "pointer_size", 64);
     response::stat(out, "curr_connections", stats.curr_connections);
@@ -171,7 +172,7 @@ fn general(cache: &mut Cache, out: &mut Vec<u8>) {
     }
 }
 
-fn settings(cache: &Cache, out: &mut Vec<u8>) {
+fn settings<P: PageClient>(cache: &Cache<P>, out: &mut Vec<u8>) {
     let config = cache.config();
     response::stat(out, "maxbytes", config.memory_limit_bytes);
     response::stat(out, "item_size_max", config.max_item_bytes);
@@ -203,7 +204,7 @@ fn settings(cache: &Cache, out: &mut Vec<u8>) {
 
 /// Items and their bytes (as counted against `--memory-limit`) per size class
 /// (`crate::size_class`), index 0 being class 1, from the index.
-fn class_totals(cache: &Cache) -> Vec<(u64, u64)> {
+fn class_totals<P: PageClient>(cache: &Cache<P>) -> Vec<(u64, u64)> {
     let mut totals = vec![(0u64, 0u64); crate::size_class::count()];
     for id in cache.index().ids() {
         let entry = cache.index().entry(id);
@@ -223,10 +224,10 @@ fn class_count(counters: &[u64], class: usize) -> u64 {
 /// memcached's `stats items`: per size class that holds items or counted an event, the items,
 /// their bytes (`mem_requested`) and the reclaims and evictions it saw. remem keeps one LRU for
 /// all classes, so the age is the oldest item's of the whole cache.
-fn items(cache: &Cache, out: &mut Vec<u8>) {
+fn items<P: PageClient>(cache: &Cache<P>, out: &mut Vec<u8>) {
     let totals = class_totals(cache);
     let stats = cache.stats();
-    let now = crate::clock::now_unix();
+    let now = cache.now_unix();
     let oldest =
         cache.index().lru_tail().map_or(0, |id| now.saturating_sub(cache.index().entry(id).last_access));
     for class in 1..=crate::size_class::count() {
@@ -248,7 +249,7 @@ fn items(cache: &Cache, out: &mut Vec<u8>) {
 /// (`used_chunks`: one per item) and their bytes; `total_malloced` is the remote pages ever
 /// handed out to values, before redundancy (memcached's: the slab pages it has taken; both only
 /// grow, and stay put while freed memory is reused). docs/KV.md "Conformance".
-fn slabs(cache: &Cache, out: &mut Vec<u8>) {
+fn slabs<P: PageClient>(cache: &Cache<P>, out: &mut Vec<u8>) {
     let totals = class_totals(cache);
     let mut active = 0;
     for (index, &(items, bytes)) in totals.iter().enumerate() {
@@ -267,7 +268,7 @@ fn slabs(cache: &Cache, out: &mut Vec<u8>) {
 }
 
 /// remem: memory per scheme, node bytes held against the scheme's ideal.
-fn schemes(cache: &Cache, out: &mut Vec<u8>) {
+fn schemes<P: PageClient>(cache: &Cache<P>, out: &mut Vec<u8>) {
     let totals = scheme_totals(cache);
     let ec = cache.config().ec;
     for (kind, name) in [

@@ -10,6 +10,7 @@ use crate::cache::{transition, Cache, RmwKind, RmwOp, Waiter};
 use crate::commands::{deadline, delete, rmw, store_command, text, touch, AlreadyExpired, StoreReplies};
 use crate::completion::{ConnRef, Render};
 use crate::error::StartError;
+use crate::page_client::PageClient;
 use crate::reply::Outbox;
 use crate::scheme::Scheme;
 use crate::stats::PrefixEvent;
@@ -68,15 +69,20 @@ const STREAMING_WAITING_PAGE_OPS: usize = 4 * crate::pageio::PAGE_OPS_IN_FLIGHT;
 
 /// Whether `conn` may start another value now: its output budget admits one (`crate::budget`),
 /// and it holds nothing or the page-op queue is short (each waiting op holds a 4 KiB buffer).
-pub fn may_start_value(cache: &Cache, conn: ConnRef) -> bool {
+pub fn may_start_value<P: PageClient>(cache: &Cache<P>, conn: ConnRef) -> bool {
     cache.budget().admits(conn)
         && (cache.budget().held_by(conn) == 0 || cache.io().waiting() <= STREAMING_WAITING_PAGE_OPS)
 }
 
 /// Starts the keys of `get` while [`may_start_value`] allows, in order; the `END` goes with the
 /// last. True when the whole get is started.
-pub fn continue_get(cache: &mut Cache, out: &mut Outbox, conn: ConnRef, get: &mut MultiGet) -> bool {
-    let now = crate::clock::now_unix();
+pub fn continue_get<P: PageClient>(
+    cache: &mut Cache<P>,
+    out: &mut Outbox,
+    conn: ConnRef,
+    get: &mut MultiGet,
+) -> bool {
+    let now = cache.now_unix();
     while get.cursor < get.keys.len() {
         if !may_start_value(cache, conn) {
             if !cache.budget().admits(conn) {
@@ -117,14 +123,14 @@ fn take_seq(seq: &mut u64) -> u64 {
 /// A text command; a meta command is handed back (`Err`) for `meta.rs`.
 // The `Err` is not an error but the request passed on by value, as the caller gave it.
 #[allow(clippy::result_large_err)]
-pub fn execute<'a>(
-    cache: &mut Cache,
+pub fn execute<'a, P: PageClient>(
+    cache: &mut Cache<P>,
     out: &mut Outbox,
     conn: ConnRef,
     next_seq: &mut u64,
     request: Request<'a>,
 ) -> Result<After, Request<'a>> {
-    let now = crate::clock::now_unix();
+    let now = cache.now_unix();
     match request {
         Request::Get { keys, with_cas, touch_exptime } => {
             // Every key takes its place now, the `END` the place after the keys'; the keys are
@@ -225,8 +231,8 @@ pub fn execute<'a>(
 
 /// One key of a get: a miss, a value from a write in flight, or a fetch.
 #[allow(clippy::too_many_arguments)]
-fn get_one(
-    cache: &mut Cache,
+fn get_one<P: PageClient>(
+    cache: &mut Cache<P>,
     out: &mut Outbox,
     conn: ConnRef,
     (seq, end): (u64, u64),
@@ -270,8 +276,8 @@ fn get_one(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn arithmetic(
-    cache: &mut Cache,
+fn arithmetic<P: PageClient>(
+    cache: &mut Cache<P>,
     out: &mut Outbox,
     conn: ConnRef,
     seq: u64,

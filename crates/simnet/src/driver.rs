@@ -45,6 +45,7 @@ use remem_proto::{Control, FrameHeader, HEADER_BYTES};
 use crate::schedule::{FaultAction, ScheduledFault};
 
 mod checks;
+mod lazy;
 mod operations;
 mod ops;
 mod tally;

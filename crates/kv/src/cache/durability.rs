@@ -21,6 +21,7 @@ use std::collections::{HashMap, HashSet};
 use crate::backup::{BackupError, ItemRecord, RecordView, ScanReport, Slot};
 use crate::cache::Cache;
 use crate::index::{item_crc, Entry, EntryId, LocationId, Recorded, Released};
+use crate::page_client::PageClient;
 use crate::space::RegionKind;
 
 /// foldhash, randomly seeded: the region is this server's own, and a hostile one is bounded by
@@ -41,7 +42,7 @@ pub struct RestoreReport {
     pub refused: u64,
 }
 
-impl Cache {
+impl<P: PageClient> Cache<P> {
     /// CRC32C of a key and its value, for the value's record (0 when there is no backup
     /// region). The key is in it so that a record naming another key's pages does not check.
     pub fn value_crc(&self, key: &[u8], value: &[u8]) -> u32 {

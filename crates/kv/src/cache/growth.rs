@@ -17,6 +17,7 @@
 use std::time::{Duration, Instant};
 
 use super::Cache;
+use crate::page_client::PageClient;
 use crate::space::RegionKind;
 
 /// After a range could not be mapped, the region counts as full this long.
@@ -36,7 +37,7 @@ pub struct MainRanges {
     pub range_count: usize,
 }
 
-impl Cache {
+impl<P: PageClient> Cache<P> {
     /// Maps the next range of `kind`'s region and saves the slab map. False when it cannot now
     /// (logged once per [`GROWTH_RETRY`]).
     pub(crate) fn grow(&mut self, kind: RegionKind) -> bool {
@@ -54,7 +55,7 @@ impl Cache {
     pub(crate) fn map_main_copies(&mut self, extent: &crate::space::Extent) -> bool {
         let Some(main) = self.growth.main else { return true };
         // Nothing is collected (no allocation per store) unless a range is missing.
-        let engine = self.client.client().engine();
+        let engine = self.client.engine();
         let pages = extent.pages.iter().chain(extent.tail.as_ref().map(|chunk| &chunk.page));
         let mut wanted: Vec<usize> = pages
             .map(|&page| main.first_range + ((page - self.ec_first_page) / main.pages_per_range) as usize)
@@ -67,14 +68,16 @@ impl Cache {
     /// Maps `ranges` (of the region counted at `refusal`) and saves the slab map; on a failure
     /// gives back what it mapped and refuses growth there for [`GROWTH_RETRY`].
     fn map_ranges(&mut self, refusal: usize, ranges: &[usize]) -> bool {
-        if self.growth.refused_at[refusal].is_some_and(|at| at.elapsed() < GROWTH_RETRY) {
+        let now = self.client.now();
+        if self.growth.refused_at[refusal].is_some_and(|at| now.saturating_duration_since(at) < GROWTH_RETRY)
+        {
             return false;
         }
         let mut mapped = Vec::with_capacity(ranges.len());
         let mut result = Ok(());
         for &range in ranges {
             let (client, buffers) = (&mut self.client, &mut self.io);
-            match buffers.with_buffers(|buffers| client.client().map_range(range, buffers)) {
+            match buffers.with_buffers(|buffers| client.map_range(range, buffers)) {
                 Ok(()) => mapped.push(range),
                 Err(error) => {
                     result = Err(error.to_string());
@@ -86,10 +89,10 @@ impl Cache {
         self.growth.collect_now = true;
         if let Err(error) = result.and_then(|()| self.save_map()) {
             for &range in mapped.iter().rev() {
-                self.client.client().release_range(range);
+                self.client.release_range(range);
             }
             tracing::warn!(?ranges, %error, "cannot map a range: its region counts as full for a while");
-            self.growth.refused_at[refusal] = Some(Instant::now());
+            self.growth.refused_at[refusal] = Some(self.client.now());
             return false;
         }
         self.growth.ranges_mapped += mapped.len() as u64;
@@ -103,7 +106,7 @@ impl Cache {
         let kinds = [RegionKind::None, RegionKind::Rep2, RegionKind::Rep3, RegionKind::Ec];
         for kind in kinds.into_iter().cycle().take(kinds.len() * MAX_RELEASES_PER_PASS) {
             let Some(range) = self.space.shrinkable(kind) else { continue };
-            if !self.client.client().release_range(range) {
+            if !self.client.release_range(range) {
                 continue;
             }
             self.space.shrink(kind);
@@ -113,7 +116,7 @@ impl Cache {
                 let beside: Vec<usize> =
                     self.main_ranges_after(range).filter(|&main| self.range_mapped(main)).collect();
                 for main in beside {
-                    self.client.client().release_range(main);
+                    self.client.release_range(main);
                 }
             }
         }
@@ -125,7 +128,7 @@ impl Cache {
     }
 
     fn range_mapped(&mut self, range: usize) -> bool {
-        self.client.client().engine().range_mapped(range)
+        self.client.engine().range_mapped(range)
     }
 
     /// The main copies' ranges whose pages all lie at or after EC range `range`'s first page.
@@ -143,7 +146,10 @@ impl Cache {
 
     pub(crate) fn save_map(&mut self) -> Result<(), String> {
         let Some(saver) = self.growth.map_saver.as_mut() else { return Ok(()) };
-        saver(&self.client.client().slab_map())
+        match self.client.slab_map() {
+            Some(map) => saver(&map),
+            None => Ok(()),
+        }
     }
 
     /// Where the EOR main copies' region is cut into ranges (none without EOR).

@@ -37,13 +37,13 @@
 //! A failed copy-out (more than r nodes of a page's copies gone) fails the barrier: the server
 //! stops rather than send replies a restart could not honour.
 
-use std::os::fd::AsRawFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use remem_client::PageError;
 
 use super::Cache;
 use crate::backup::Slot;
+use crate::page_client::PageClient;
 use crate::pageio::{IoDone, IoKind, IoOwner, TaskId};
 
 /// The owner of the state region's writes (no task of the work table has this id).
@@ -108,7 +108,7 @@ pub fn describe_read_error(state_page: u64, error: &PageError) -> String {
     }
 }
 
-impl Cache {
+impl<P: PageClient> Cache<P> {
     /// Copies the backup region and the rewrites log to the state region from now on.
     pub fn set_state_mirror(&mut self, region: StateRegion) {
         self.mirror = Some(StateMirror::new(region));
@@ -164,12 +164,12 @@ impl Cache {
         for state_page in state_pages.clone() {
             assert!(state_page < region.page_count, "state page {state_page} beyond the state region");
             let range = region.first_range + (state_page / region.pages_per_range) as usize;
-            if self.client.client().engine().range_mapped(range) {
+            if self.client.engine().range_mapped(range) {
                 continue;
             }
             let (client, buffers) = (&mut self.client, &mut self.io);
             buffers
-                .with_buffers(|buffers| client.client().map_range(range, buffers))
+                .with_buffers(|buffers| client.map_range(range, buffers))
                 .map_err(|error| format!("cannot map a range of the state region: {error}"))?;
             self.growth.collect_now = true;
             mapped_any = true;
@@ -213,7 +213,7 @@ impl Cache {
                 self.io.finish(op.slot);
             }
             if outstanding > 0 {
-                self.wait_for_client();
+                self.client.wait_for_io(WAIT_SLICE);
             }
         }
         let mirror = self.mirror.as_mut().expect("a state mirror");
@@ -222,20 +222,6 @@ impl Cache {
             self.growth.collect_now = true;
         }
         first_error.map_or(Ok(()), Err)
-    }
-
-    /// Sleeps until the client's sockets are readable or its next deadline (at most
-    /// [`WAIT_SLICE`]).
-    fn wait_for_client(&mut self) {
-        let now = Instant::now();
-        let until = self
-            .client
-            .next_deadline()
-            .map_or(WAIT_SLICE, |deadline| deadline.saturating_duration_since(now));
-        let timeout_ms = until.min(WAIT_SLICE).as_millis() as i32;
-        let mut poll_fd = libc::pollfd { fd: self.client.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd, owned by this frame, for the duration of the call.
-        unsafe { libc::poll(&mut poll_fd, 1, timeout_ms) };
     }
 
     /// Whether every record freed so far is freed in the state region too, so that the places

@@ -2,7 +2,8 @@
 //! the server and remote memory. No sockets and no protocol: operations come in as calls from
 //! the protocol layer (`commands.rs`, `text.rs`, `meta.rs`), what finishes leaves as typed
 //! [`Completion`]s in [`Cache::completions`] named by (connection, sequence number) for the
-//! dispatcher to answer, and page I/O goes through [`PageIo`] over the poll driver. Reads
+//! dispatcher to answer, and page I/O goes through [`PageIo`] over the page client `P` (a
+//! [`PageClient`]: the poll driver, or the simulator's adapter in tests). Reads
 //! (`reads.rs`), stores (`writes.rs`), transitions between schemes (`transition.rs`, tasks in the same work table),
 //! the backup region's records (`durability.rs`) and the rewrite journal (`rewrites.rs`) are
 //! further `impl Cache` blocks in this module's children.
@@ -37,6 +38,7 @@ use crate::chunks::ChunkCache;
 use crate::completion::{Ack, ArithmeticReply, Completion, ConnRef, Render};
 use crate::error::ValueError;
 use crate::index::{EntryId, Index, LocationId, Released};
+use crate::page_client::PageClient;
 use crate::pageio::{IoDone, PageIo, TaskId};
 use crate::scheme::{EcShape, Policy, Scheme};
 use crate::space::{RegionKind, Space};
@@ -183,8 +185,8 @@ pub struct RmwChain {
     ops: Vec<RmwOp>,
 }
 
-pub struct Cache {
-    client: PollClient,
+pub struct Cache<P: PageClient = PollClient> {
+    client: P,
     io: PageIo,
     index: Index,
     space: Space,
@@ -226,9 +228,10 @@ pub struct Cache {
     mirror: Option<mirror::StateMirror>,
 }
 
-impl Cache {
-    pub fn new(client: PollClient, space: Space, config: CacheConfig, main_first_page: Option<u64>) -> Cache {
+impl<P: PageClient> Cache<P> {
+    pub fn new(client: P, space: Space, config: CacheConfig, main_first_page: Option<u64>) -> Cache<P> {
         // EOR's main copies lie beside the EC region page for page from its first page.
+        let client_now = client.now();
         let ec_first_page = space.grid(RegionKind::Ec).map(|grid| grid.origin).unwrap_or(0);
         Cache {
             client,
@@ -248,7 +251,7 @@ impl Cache {
             main_first_page,
             background_transitions: 0,
             flush_at: None,
-            started: Instant::now(),
+            started: client_now,
             done_buffer: Vec::new(),
             backup: None,
             journal_first_page: 0,
@@ -305,12 +308,18 @@ impl Cache {
         &self.chunks
     }
 
-    pub fn client(&self) -> &PollClient {
+    pub fn client(&self) -> &P {
         &self.client
     }
 
-    pub fn client_mut(&mut self) -> &mut PollClient {
+    pub fn client_mut(&mut self) -> &mut P {
         &mut self.client
+    }
+
+    /// The wall clock in unix seconds, as the page client tells it (simulated time under the
+    /// simulator): every expiry and hotness decision reads this.
+    pub fn now_unix(&self) -> u64 {
+        self.client.now_unix()
     }
 
     pub fn backup(&self) -> Option<&crate::backup::Backup> {
@@ -548,7 +557,7 @@ impl Cache {
     /// When the engine wants a tick.
     pub fn next_deadline(&self) -> Option<Instant> {
         if self.growth.collect_now {
-            return Some(Instant::now());
+            return Some(self.client.now());
         }
         self.client.next_deadline()
     }
@@ -625,7 +634,7 @@ impl Cache {
     }
 
     pub fn uptime(&self) -> Duration {
-        self.started.elapsed()
+        self.client.now().saturating_duration_since(self.started)
     }
 }
 

@@ -2,6 +2,7 @@
 //! main copies beside the EC region), or those of a reopened slab map, checked against the
 //! flags.
 
+use remem_client::engine::RegionInfo;
 use remem_client::{Client, ConnectError, PollClient, Shape};
 
 use super::growth::MainRanges;
@@ -9,6 +10,7 @@ use super::mirror::StateRegion;
 use super::rewrites::JOURNAL_PAGES;
 use crate::cache::{Cache, CacheConfig};
 use crate::error::RegionsError;
+use crate::page_client::PageClient;
 use crate::pageio::PAGE_OPS_IN_FLIGHT;
 use crate::scheme::{region_shape, schemes_needed, Scheme};
 use crate::space;
@@ -72,7 +74,7 @@ pub fn cache_over_regions_and_state(
             want: vec![format!("(1,{}) last: the state region", want.parity_splits)],
         });
     }
-    let first_range = first_range_of(&client, last.index);
+    let first_range = first_range_of(client.ranges(), last.index);
     let mut cache = cache_over(client, config, true)?;
     cache.client_mut().client().label_region(last.index, STATE_LABEL);
     let region = StateRegion {
@@ -88,11 +90,27 @@ pub fn cache_over_regions_and_state(
 pub const STATE_LABEL: &str = "kv state";
 
 fn cache_over(mut client: Client, config: CacheConfig, state_last: bool) -> Result<Cache, RegionsError> {
-    let needed = schemes_needed(&config.policy);
     let mut regions = client.regions();
     if state_last {
         regions.pop();
     }
+    if let (true, Some(main)) = (schemes_needed(&config.policy).contains(&Scheme::Eor), regions.last()) {
+        client.label_region(main.index, MAIN_COPIES_LABEL);
+    }
+    client.set_max_in_flight(PAGE_OPS_IN_FLIGHT);
+    cache_over_page_client(PollClient::new(client), &regions, config)
+}
+
+/// The cache over `regions` of a page client, in the order [`build_cache`] makes them (the EC
+/// region, then none, rep2 and rep3 when the policy needs them, then EOR's main copies beside
+/// the EC region; ranges mapped lazily, the mapped ones a prefix of each region). The
+/// simulator's page client builds its cache here too. Errors when the regions are not those.
+pub fn cache_over_page_client<P: PageClient>(
+    mut client: P,
+    regions: &[RegionInfo],
+    config: CacheConfig,
+) -> Result<Cache<P>, RegionsError> {
+    let needed = schemes_needed(&config.policy);
     let mut expected = vec![(Some(space::RegionKind::Ec), region_shape(Scheme::Ec, config.ec))];
     for (scheme, kind) in [
         (Scheme::None, space::RegionKind::None),
@@ -127,7 +145,7 @@ fn cache_over(mut client: Client, config: CacheConfig, state_last: bool) -> Resu
     let mut main_ranges = None;
     let mut journal_first_page = 0;
     for (region, (kind, _)) in regions.iter().zip(&expected) {
-        let first_range = first_range_of(&client, region.index);
+        let first_range = first_range_of(client.engine().ranges(), region.index);
         let range_count = region.page_count.div_ceil(region.pages_per_range) as usize;
         let grid = space::RangeGrid {
             origin: region.first_page,
@@ -156,26 +174,24 @@ fn cache_over(mut client: Client, config: CacheConfig, state_last: bool) -> Resu
                 main_first_page = Some(region.first_page);
                 main_ranges =
                     Some(MainRanges { first_range, pages_per_range: region.pages_per_range, range_count });
-                client.label_region(region.index, MAIN_COPIES_LABEL);
             }
         }
     }
-    client.set_max_in_flight(PAGE_OPS_IN_FLIGHT);
-    let mut cache = Cache::new(PollClient::new(client), space, config, main_first_page);
+    let mut cache = Cache::new(client, space, config, main_first_page);
     cache.set_journal(journal_first_page);
     cache.set_main_ranges(main_ranges);
     Ok(cache)
 }
 
 /// The client's index of the first range of region `region`.
-fn first_range_of(client: &Client, region: usize) -> usize {
-    client.ranges().iter().position(|range| range.region == region).expect("a region has a range")
+fn first_range_of(ranges: &[remem_client::engine::Range], region: usize) -> usize {
+    ranges.iter().position(|range| range.region == region).expect("a region has a range")
 }
 
 /// How many of the region's ranges from `first_range` are mapped before the first that is
 /// not. A range mapped after that one (none is, as ranges are mapped in order and released
 /// from the last) holds nothing the cache knows of: it is given back.
-fn mapped_prefix(client: &mut Client, first_range: usize, range_count: usize) -> u64 {
+fn mapped_prefix<P: PageClient>(client: &mut P, first_range: usize, range_count: usize) -> u64 {
     let ranges = first_range..first_range + range_count;
     let prefix = ranges.clone().take_while(|&range| client.engine().range_mapped(range)).count();
     for range in ranges.skip(prefix + 1) {

@@ -6,11 +6,12 @@ use super::{main_bit, Cache, Fetch, Task, Waiter, FALLBACK, MAIN, PART_MASK, REP
 use crate::completion::{Completion, Fetched};
 use crate::error::ValueError;
 use crate::index::{EntryId, LocationId, Released};
+use crate::page_client::PageClient;
 use crate::pageio::{IoDone, IoKind, IoOwner, TaskId};
 use crate::scheme::Scheme;
 use crate::space::PAGE_BYTES;
 
-impl Cache {
+impl<P: PageClient> Cache<P> {
     // ---- fetching a value ---------------------------------------------------------------
 
     /// Reads the value at `location` for `waiter`, sharing a fetch already in flight.
@@ -144,7 +145,7 @@ impl Cache {
     /// was just read (in `slot`): write the lost half back, so the next failure is survived.
     /// (Chunk pages are written only through the chunk cache and are not repaired here.)
     fn repair_eor_page(&mut self, page: u64, part: u32, slot: usize) {
-        let repair = if part & MAIN != 0 && self.client.client().page_is_unreadable(page) {
+        let repair = if part & MAIN != 0 && self.client.engine().page_is_unreadable(page) {
             Some((IoKind::WriteData, page))
         } else if part & FALLBACK != 0 {
             Some((IoKind::Write, self.main_page(page)))

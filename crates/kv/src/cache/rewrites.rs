@@ -151,7 +151,9 @@ pub struct Recovered {
     pub failed: u64,
 }
 
-impl Cache {
+impl Cache<remem_client::PollClient> {
+    // The one blocking restart path: it runs before the server serves, over the real client
+    // (`Client::execute_all`), so it is not part of the `PageClient` the engine runs on.
     /// Before a reopened server serves: writes every page an intent names again from its
     /// journal copy (blocking), clears the intents, and keeps `log` for the rewrites to come.
     pub fn recover_rewrites(&mut self, mut log: RewriteLog, mut intents: Vec<Intent>) -> Recovered {

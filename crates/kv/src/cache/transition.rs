@@ -14,17 +14,16 @@
 //! write that arrived meanwhile wins and the transition's work is dropped (seed 003 §4.3.3 lets
 //! the later one fail; a cache's last writer should win).
 
-use std::time::Instant;
-
 use crate::cache::{Cache, Store, Task, Transition, Waiter, FALLBACK, MAIN};
 use crate::completion::{Ack, Completion, ConnRef, Fetched, Moved};
 use crate::error::{StartError, ValueError};
 use crate::index::Released;
+use crate::page_client::PageClient;
 use crate::pageio::{IoDone, IoKind, IoOwner, TaskId};
 use crate::scheme::Scheme;
 use crate::space::PAGE_BYTES;
 
-impl Cache {
+impl<P: PageClient> Cache<P> {
     /// A page op of an in-place transition finished (the engine's completion loop).
     pub(crate) fn transition_io_done(&mut self, task: TaskId, done: &mut IoDone) {
         io_done(self, task, done);
@@ -48,14 +47,14 @@ impl Cache {
 
 /// Starts moving `key` to `to`, as a task of the work table. `reply`: where the
 /// [`Completion::Transitioned`] goes (none for the hotness policy's moves).
-pub fn start(
-    cache: &mut Cache,
+pub fn start<P: PageClient>(
+    cache: &mut Cache<P>,
     key: &[u8],
     to: Scheme,
     naive: bool,
     reply: Option<(ConnRef, u64)>,
 ) -> Result<(), StartError> {
-    let now = crate::clock::now_unix();
+    let now = cache.now_unix();
     let id = cache.live(key, now).ok_or(StartError::NotFound)?;
     let entry = cache.index.entry(id);
     if entry.pending.is_some() || entry.moving {
@@ -75,7 +74,7 @@ pub fn start(
         from,
         from_scheme,
         to,
-        started: Instant::now(),
+        started: cache.client.now(),
         bytes_read: 0,
         bytes_written: 0,
         reply,
@@ -121,7 +120,7 @@ pub fn start(
 }
 
 /// A page op of an in-place transition finished.
-fn io_done(cache: &mut Cache, task: TaskId, done: &mut IoDone) {
+fn io_done<P: PageClient>(cache: &mut Cache<P>, task: TaskId, done: &mut IoDone) {
     let Some(Task::Transition(transition)) = cache.tasks.get_mut(&task) else { return };
     let index = (done.owner.part & 0x00ff_ffff) as usize;
     let page = cache.index.location(transition.from).extent.pages[index];
@@ -144,8 +143,8 @@ fn io_done(cache: &mut Cache, task: TaskId, done: &mut IoDone) {
             let main = cache.main_first_page.map(|first| first + (page - cache.ec_first_page));
             let write = match transition.to {
                 // EOR -> EC: the parities, or the whole page if its data splits were lost.
-                Scheme::Ec if cache.client.client().page_is_unreadable(page) => Some((IoKind::Write, page)),
-                Scheme::Ec if cache.client.client().page_is_parity_stale(page) => {
+                Scheme::Ec if cache.client.engine().page_is_unreadable(page) => Some((IoKind::Write, page)),
+                Scheme::Ec if cache.client.engine().page_is_parity_stale(page) => {
                     Some((IoKind::WriteParity, page))
                 }
                 Scheme::Ec => None,
@@ -184,7 +183,7 @@ fn io_done(cache: &mut Cache, task: TaskId, done: &mut IoDone) {
     }
 }
 
-fn transition_to(cache: &Cache, task: TaskId) -> Scheme {
+fn transition_to<P: PageClient>(cache: &Cache<P>, task: TaskId) -> Scheme {
     match cache.tasks.get(&task) {
         Some(Task::Transition(transition)) => transition.to,
         _ => Scheme::Ec,
@@ -192,7 +191,7 @@ fn transition_to(cache: &Cache, task: TaskId) -> Scheme {
 }
 
 /// The value of a naive transition was read: write it in the new scheme.
-fn fetched(cache: &mut Cache, task: TaskId, value: Fetched) {
+fn fetched<P: PageClient>(cache: &mut Cache<P>, task: TaskId, value: Fetched) {
     let Some(Task::Transition(transition)) = cache.tasks.get_mut(&task) else { return };
     let value = match value {
         Ok(value) => value,
@@ -241,7 +240,7 @@ fn fetched(cache: &mut Cache, task: TaskId, value: Fetched) {
 
 /// The rewrite of a naive transition is in remote memory: switch the entry if it still names
 /// the old place.
-pub fn rewritten(cache: &mut Cache, task: TaskId, store: Store) {
+pub fn rewritten<P: PageClient>(cache: &mut Cache<P>, task: TaskId, store: Store) {
     let mut released = Released::new();
     let switched = match (&store.error, cache.index.find(&store.key)) {
         (None, Some(id)) => {
@@ -275,7 +274,7 @@ pub fn rewritten(cache: &mut Cache, task: TaskId, store: Store) {
     finish(cache, task);
 }
 
-fn finish(cache: &mut Cache, task: TaskId) {
+fn finish<P: PageClient>(cache: &mut Cache<P>, task: TaskId) {
     let Some(Task::Transition(transition)) = cache.tasks.remove(&task) else { return };
     if transition.background {
         cache.background_transitions -= 1;
@@ -302,7 +301,7 @@ fn finish(cache: &mut Cache, task: TaskId) {
         cache.index.release(transition.from, &mut released);
     }
     cache.free(released);
-    let micros = transition.started.elapsed().as_micros();
+    let micros = cache.client.now().saturating_duration_since(transition.started).as_micros();
     match &transition.error {
         None => {
             cache.stats.count_transition(
@@ -330,7 +329,7 @@ fn finish(cache: &mut Cache, task: TaskId) {
 }
 
 /// Hotness: an EC object read often moves back to its size's scheme.
-fn on_read(cache: &mut Cache, id: crate::index::EntryId, now: u64) {
+fn on_read<P: PageClient>(cache: &mut Cache<P>, id: crate::index::EntryId, now: u64) {
     let policy = &cache.config.policy;
     let window = policy.hot_window.as_secs().max(1);
     let entry = cache.index.entry(id);
@@ -357,7 +356,7 @@ fn on_read(cache: &mut Cache, id: crate::index::EntryId, now: u64) {
 }
 
 /// Cold objects (not read for `cold_after`) near the LRU tail move to EC.
-fn cool_down(cache: &mut Cache, now: u64) {
+fn cool_down<P: PageClient>(cache: &mut Cache<P>, now: u64) {
     let policy = cache.config.policy.clone();
     if policy.hot_reads == 0 || policy.fixed.is_some() {
         return;

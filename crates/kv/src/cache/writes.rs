@@ -10,11 +10,12 @@ use crate::chunks::{Patch, PatchStep};
 use crate::completion::{Ack, Completion};
 use crate::error::{StoreError, ValueError};
 use crate::index::{Entry, LocationId, Released};
+use crate::page_client::PageClient;
 use crate::pageio::{IoDone, IoKind, IoOwner, TaskId};
 use crate::scheme::Scheme;
 use crate::space::{class_bytes, RegionKind, SpaceError, PAGE_BYTES};
 
-impl Cache {
+impl<P: PageClient> Cache<P> {
     // ---- storing a value -----------------------------------------------------------------
 
     /// Makes room for an item of `bytes`: evicts from the LRU tail while the memory limit
@@ -101,7 +102,8 @@ impl Cache {
         if value.len() > self.config.max_item_bytes {
             return Err(StoreError::TooLarge);
         }
-        self.reclaim_expired_tail(crate::clock::now_unix());
+        let now_unix = self.client.now_unix();
+        self.reclaim_expired_tail(now_unix);
         self.make_room(crate::index::item_bytes(key.len(), value.len()));
         let (extent, fresh) = self.allocate(scheme, value.len())?;
         let value_crc = self.value_crc(key, &value);
@@ -112,7 +114,7 @@ impl Cache {
         let mut entry = Entry::new(key, flags, expires_at, cas, value.len(), location);
         entry.pending = Some(task);
         entry.pinned = pinned;
-        entry.last_access = crate::clock::now_unix();
+        entry.last_access = now_unix;
         entry.window_start = entry.last_access;
         let mut released = Released::new();
         self.index.upsert(entry, &mut released);

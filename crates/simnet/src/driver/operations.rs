@@ -34,7 +34,7 @@ impl SimDriver {
     }
 
     /// Split bytes and pages per range of a region of `shape` on the cluster's slabs.
-    fn range_geometry(&self, shape: Shape) -> Result<(usize, u64), String> {
+    pub(super) fn range_geometry(&self, shape: Shape) -> Result<(usize, u64), String> {
         let params = CodecParams::new(shape.data_splits, shape.parity_splits, self.config.page_bytes)
             .map_err(|error| error.to_string())?;
         let split_bytes = params.split_bytes();

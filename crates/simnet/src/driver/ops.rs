@@ -124,7 +124,16 @@ impl SimDriver {
         };
         let buffer = if kind == SimOpKind::Read { vec![0; self.config.page_bytes] } else { Vec::new() };
         let entry = OpEntry { id, page, kind, write, buffer, submitted_at: self.now, started: false };
-        let tag = match self.free_tags.pop() {
+        let tag = self.hold_op(entry);
+        self.queue.push_back(tag);
+        self.stats.ops_submitted += 1;
+        self.settle();
+        id
+    }
+
+    /// Puts `entry` in the ops table (a free tag first) and returns its tag.
+    pub(super) fn hold_op(&mut self, entry: OpEntry) -> usize {
+        match self.free_tags.pop() {
             Some(tag) => {
                 self.ops[tag] = Some(entry);
                 tag
@@ -133,11 +142,7 @@ impl SimDriver {
                 self.ops.push(Some(entry));
                 self.ops.len() - 1
             }
-        };
-        self.queue.push_back(tag);
-        self.stats.ops_submitted += 1;
-        self.settle();
-        id
+        }
     }
 
     /// Hands queued ops to the engine while it takes them. True if any was taken.

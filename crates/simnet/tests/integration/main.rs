@@ -7,5 +7,6 @@ mod common;
 
 mod degraded_reads;
 mod domains;
+mod kv;
 mod parity_stale;
 mod scenarios;
