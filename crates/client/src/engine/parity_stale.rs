@@ -138,15 +138,20 @@ impl Engine {
         for page in first..first + self.pages_in_range(range) {
             let flags = self.page_flags[page as usize];
             let unknown = flags & PAGE_VERSION_UNKNOWN != 0;
-            if (self.versions[page as usize] == 0 && !unknown) || flags & PAGE_UNREADABLE != 0 {
+            if self.versions[page as usize] == 0 && !unknown {
                 continue;
             }
+            // A page already unreadable whose version was unknown (a write that failed) must
+            // not stay unknown: finding out would read the empty replacement, find no version
+            // and take the page for one never written (zeros).
             if unknown {
                 self.versions[page as usize] = self.versions[page as usize].max(1);
                 self.page_flags[page as usize] = flags & !(PAGE_VERSION_UNKNOWN | PAGE_WRITE_DISCOVERS);
             }
-            self.set_unreadable(page, true);
-            lost += 1;
+            if flags & PAGE_UNREADABLE == 0 {
+                self.set_unreadable(page, true);
+                lost += 1;
+            }
         }
         tracing::warn!(
             range,

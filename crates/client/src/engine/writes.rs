@@ -292,7 +292,15 @@ impl Engine {
                 // page is parity-stale does not change: at any older version it is as it was.
                 let page = slot.page;
                 self.versions[page as usize] = slot.version;
-                self.page_flags[page as usize] |= PAGE_VERSION_UNKNOWN;
+                // A page lost before this write (unreadable at a known version) stays lost
+                // unless this version landed: the next read asks for this version only. Finding
+                // out the newest version would take "no split anywhere" for a page never
+                // written, and read zeros where data was lost.
+                let flags = self.page_flags[page as usize];
+                let lost_before = flags & PAGE_UNREADABLE != 0 && flags & PAGE_VERSION_UNKNOWN == 0;
+                if !lost_before {
+                    self.page_flags[page as usize] |= PAGE_VERSION_UNKNOWN;
+                }
                 self.set_unreadable(page, true);
                 let slot = &self.slots[event.slot];
                 let error = self.write_failed(slot.page, slot.range, stored, failed);

@@ -9,8 +9,8 @@
 //!   it), printing how many ran and the faults of each kind;
 //! - one fixed seed per scheme, and `a_seed_gives_the_same_run_every_time`;
 //! - `the_model_refuses_a_corrupted_value_and_a_wrong_reply`: the checks catch a wrong answer;
-//!   `the_harness_refuses_zeros_an_eor_value_beyond_r_reads_as_today`: and a real one, the
-//!   engine bug the sweep found (which the sweep counts apart until it is fixed);
+//!   `an_eor_value_whose_main_copy_was_lost_twice_never_reads_as_zeros`: the seed that found
+//!   a real one (an engine bug, fixed);
 //! - `replay_seed_from_env`: `REMEM_KV_SEED=<seed> REMEM_KV_SCHEME=<scheme>
 //!   REMEM_KV_TOLERANCE=within|beyond` runs just that plan and prints it (a failure prints this
 //!   command with its trace).
@@ -47,15 +47,9 @@ fn sweep(name: &str, plans: Vec<KvPlan>) -> KvReport {
     let mut total = KvReport::default();
     let mut failures = Vec::new();
     let count = plans.len();
-    let mut known_bug_seeds = Vec::new();
     for plan in plans {
         match run_plan(&plan) {
-            Ok(report) => {
-                if report.known_zero_reads > 0 {
-                    known_bug_seeds.push(plan.replay_command());
-                }
-                total.add(&report);
-            }
+            Ok(report) => total.add(&report),
             Err(failure) => failures.push(failure.to_string()),
         }
     }
@@ -80,13 +74,6 @@ fn sweep(name: &str, plans: Vec<KvPlan>) -> KvReport {
     );
     println!("faults: {}", total.faults);
     println!("store errors: {:?}", total.store_error_kinds);
-    if !known_bug_seeds.is_empty() {
-        println!(
-            "KNOWN BUG: {} reads of EOR values beyond r returned a page of zeros (docs/SIMULATOR.md), in:\n  {}",
-            total.known_zero_reads,
-            known_bug_seeds.join("\n  ")
-        );
-    }
     assert!(
         failures.is_empty(),
         "{} of {count} kv scenarios failed:\n{}",
@@ -203,22 +190,17 @@ fn the_model_refuses_a_corrupted_value_and_a_wrong_reply() {
     assert!(model::parse_reply(&Command::Get, "value:0", b"VALUE value:0 3 9\r\nabc\r\nEND\r\n").is_err());
 }
 
-/// The engine bug the sweep found (docs/SIMULATOR.md "What it shows today"), kept as the
-/// scenario that shows it: beyond r, an EOR value whose main copy's range was lost, whose read
-/// repair's write failed and whose range was lost again reads as a page of zeros. The strict
-/// harness refuses that run; when the engine is fixed this test fails: drop the sweep's
-/// allowance (`KvPlan::allow_known_zeros`) and turn this into a test that the seed passes.
+/// The engine bug the sweep found, fixed: beyond r, an EOR value whose main copy's range (no
+/// redundancy) was lost, whose read repair's write then failed (its new node dropped writes)
+/// and whose range was lost again read back as a page of zeros. The engine now keeps such a
+/// page lost (`range_contents_lost`, and a failed write of a page lost before it), so the read
+/// falls back to the EC data splits or fails, never zeros.
 #[test]
-fn the_harness_refuses_zeros_an_eor_value_beyond_r_reads_as_today() {
-    let plan =
-        KvPlan { allow_known_zeros: false, ..KvPlan::generate(21, Some(Scheme::Eor), Tolerance::Beyond) };
-    let failure =
-        run_plan(&plan).expect_err("seed 21 eor2 beyond r reads a page of zeros (known engine bug)");
-    assert!(
-        failure.message.contains("\\0\\0\\0\\0"),
-        "the failure is the page of zeros: {}",
-        failure.message
-    );
+fn an_eor_value_whose_main_copy_was_lost_twice_never_reads_as_zeros() {
+    let plan = KvPlan::generate(21, Some(Scheme::Eor), Tolerance::Beyond);
+    if let Err(failure) = run_plan(&plan) {
+        panic!("{failure}");
+    }
 }
 
 #[test]

@@ -38,9 +38,6 @@ pub struct KvPlan {
     pub ops: usize,
     pub op_gap_max: SimTime,
     pub schedule: FaultSchedule,
-    /// Takes the known engine bug's pages of zeros (`run.rs`, `reads_known_eor_zeros`) as lost
-    /// values (counted apart) instead of failing the run.
-    pub allow_known_zeros: bool,
 }
 
 impl KvPlan {
@@ -56,7 +53,7 @@ impl KvPlan {
             (_, Tolerance::Within) => FaultSchedule::within_tolerance(seed, NODES, r, duration),
             (_, Tolerance::Beyond) => FaultSchedule::beyond_tolerance(seed, NODES, r, duration),
         };
-        KvPlan { seed, scheme, tolerance, ops, op_gap_max, schedule, allow_known_zeros: true }
+        KvPlan { seed, scheme, tolerance, ops, op_gap_max, schedule }
     }
 
     /// The command that runs just this plan again, with its trace.
@@ -104,9 +101,6 @@ pub struct KvReport {
     pub remote_read_bytes: u64,
     pub degraded_reads: u64,
     pub lost_reads: u64,
-    /// Reads beyond r that returned a page of zeros for an EOR value: a known engine bug,
-    /// counted apart (`run.rs`, `reads_known_eor_zeros`).
-    pub known_zero_reads: u64,
     pub ranges_mapped: u64,
     pub ranges_released: u64,
     pub faults: FaultTally,
@@ -128,7 +122,6 @@ impl KvReport {
         self.remote_read_bytes += other.remote_read_bytes;
         self.degraded_reads += other.degraded_reads;
         self.lost_reads += other.lost_reads;
-        self.known_zero_reads += other.known_zero_reads;
         self.ranges_mapped += other.ranges_mapped;
         self.ranges_released += other.ranges_released;
         self.faults.add(&other.faults);

@@ -579,17 +579,6 @@ impl KvRun {
             )
         })?;
         let beyond = self.plan.tolerance == Tolerance::Beyond;
-        let reply = if beyond && self.plan.allow_known_zeros && self.reads_known_eor_zeros(&reply) {
-            // A known engine bug (docs/SIMULATOR.md "What it shows today"): counted and
-            // printed by the sweep, taken as the lost value it should have been answered as.
-            self.note(|| {
-                format!("#{} {name}: KNOWN BUG: a page of zeros where a lost value belongs", pending.id)
-            });
-            self.report.known_zero_reads += 1;
-            Reply::ServerError("known bug: a page of zeros".into())
-        } else {
-            reply
-        };
         match &reply {
             Reply::ServerError(message) if pending.command.is_read() => {
                 self.report.read_errors += 1;
@@ -613,20 +602,6 @@ impl KvRun {
         self.keys[pending.key]
             .answer(pending.id, reply, beyond, self.next_id)
             .map_err(|why| format!("#{} on key {name} (conn {connection}): {why}", pending.id))
-    }
-}
-
-impl KvRun {
-    /// Beyond r, an EOR value (eor2, or auto's large values) whose main copy's range without
-    /// redundancy was lost, read back through a failed read repair, and lost again, reads as
-    /// a page of zeros (replay: seed 21 eor2 beyond). No value of the workload holds a zero
-    /// byte, so a whole page of zeros is that bug and nothing the cache stored.
-    fn reads_known_eor_zeros(&self, reply: &Reply) -> bool {
-        let eor = matches!(self.plan.scheme, Some(Scheme::Eor) | None);
-        let Reply::Value { item: Some((_, value)), .. } = reply else { return false };
-        eor && value
-            .chunks(PAGE_BYTES)
-            .any(|page| page.len() == PAGE_BYTES && page.iter().all(|byte| *byte == 0))
     }
 }
 
