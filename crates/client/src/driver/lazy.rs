@@ -7,8 +7,11 @@ use remem_placement::PlacementError;
 
 use super::regions::RangeGeometry;
 use super::Client;
-use crate::engine::{OpBuffers, RangePlacement, SlabRef};
+use crate::engine::{NodeId, OpBuffers, RangePlacement, SlabRef};
 use crate::error::ConnectError;
+
+/// Placements tried for one range when a node chosen for it does not map its slab.
+const MAP_TRIES: usize = 3;
 
 impl Client {
     /// Maps range `range`, which has no slabs: k+r slabs where the placement policy says (for
@@ -16,51 +19,88 @@ impl Client {
     /// round trip, then exported as shared memory where the client uses it. Pages of the range
     /// are new: never written. `buffers` are those of the ops in flight.
     ///
+    /// A node that does not map its slab (down and not declared failed yet, or out of room) is
+    /// avoided and the range placed again, up to [`MAP_TRIES`] placements.
+    ///
     /// Errors: [`ConnectError::NodeMemory`] when too few nodes have a free slab,
-    /// [`ConnectError::Beside`] when the range's pinned node is not available, mapping errors;
-    /// nothing stays mapped then.
+    /// [`ConnectError::Beside`] when the range's pinned node is not available, the last mapping
+    /// error; nothing stays mapped then.
     pub fn map_range(&mut self, range: usize, buffers: &mut dyn OpBuffers) -> Result<(), ConnectError> {
         assert!(!self.engine.range_mapped(range), "range {range} is mapped already");
         let shape = self.engine.shape_of_range(range);
         let split_bytes = self.engine.split_bytes_of_range(range);
         let pages_per_range = self.engine.pages_per_range_of(range);
         let first_page = self.engine.first_page_of_range(range);
-        let nodes = match self.engine.placement_of_range(range)? {
-            RangePlacement::Pinned(node) => vec![node],
-            RangePlacement::Avoiding(avoid) => {
-                let (mut loads, free_bytes) = self.member_loads(split_bytes);
-                for load in loads.iter_mut().filter(|load| avoid.contains(&load.node_index)) {
-                    load.slabs_free = 0;
-                }
-                match self.place_range(&mut loads, shape, range as u64) {
-                    Err(ConnectError::Placement(placement @ PlacementError::NotEnoughNodes { .. })) => {
-                        let bytes = pages_per_range * self.config.page_bytes as u64;
-                        let room = (free_bytes, loads.len());
-                        return Err(self.node_memory_error(shape, bytes, room, Some(placement)));
-                    }
-                    other => other?,
-                }
-            }
-        };
         let geometry =
             RangeGeometry { shape, split_bytes, pages_per_range, first_page, first_range: range as u64 };
-        let mut slabs = Vec::with_capacity(nodes.len());
-        for (split, &node) in nodes.iter().enumerate() {
-            match self.map_slab(&geometry, (node, split), (first_page, range as u64), buffers) {
-                Ok(slab_id) => slabs.push(SlabRef { node, slab_id }),
-                Err(error) => {
-                    self.engine.release_unplaced_slabs(slabs, split_bytes);
-                    return Err(error);
+        let mut placement = self.engine.placement_of_range(range)?;
+        // Nodes that did not map their slab (down and not declared failed yet, or out of room)
+        // join those the next placement avoids, a few times, before the range is refused.
+        let mut last_error = None;
+        for _ in 0..MAP_TRIES {
+            let nodes = match &placement {
+                RangePlacement::Pinned(node) => vec![*node],
+                RangePlacement::Avoiding(avoid) => {
+                    let (mut loads, free_bytes) = self.member_loads(split_bytes);
+                    for load in loads.iter_mut().filter(|load| avoid.contains(&load.node_index)) {
+                        load.slabs_free = 0;
+                    }
+                    match self.place_range(&mut loads, shape, range as u64) {
+                        // Nodes refused meanwhile: their error says more than the memory left.
+                        Err(_) if last_error.is_some() => break,
+                        Err(ConnectError::Placement(placement @ PlacementError::NotEnoughNodes { .. })) => {
+                            let bytes = pages_per_range * self.config.page_bytes as u64;
+                            let room = (free_bytes, loads.len());
+                            return Err(self.node_memory_error(shape, bytes, room, Some(placement)));
+                        }
+                        other => other?,
+                    }
+                }
+            };
+            match self.map_slabs(&geometry, &nodes, range, buffers) {
+                Ok(slabs) => {
+                    self.engine.set_range_slabs(range, slabs);
+                    if self.config.shared_memory {
+                        let wanted = (0..nodes.len()).map(|split| (range, split));
+                        let wanted =
+                            wanted.filter(|&(_, split)| self.transport.is_unix(nodes[split])).collect();
+                        self.export(wanted, buffers);
+                    }
+                    return Ok(());
+                }
+                Err((_, error)) if matches!(placement, RangePlacement::Pinned(_)) => return Err(error),
+                Err((node, error)) => {
+                    tracing::debug!(range, node, %error, "a node did not map its slab: placing the range again");
+                    if let RangePlacement::Avoiding(avoid) = &mut placement {
+                        avoid.push(node);
+                    }
+                    last_error = Some(error);
                 }
             }
         }
-        self.engine.set_range_slabs(range, slabs);
-        if self.config.shared_memory {
-            let wanted = (0..nodes.len()).map(|split| (range, split));
-            let wanted = wanted.filter(|&(_, split)| self.transport.is_unix(nodes[split])).collect();
-            self.export(wanted, buffers);
+        Err(last_error.expect("a try failed"))
+    }
+
+    /// Maps one slab of `range` on each of `nodes` (split i on `nodes[i]`). On a failure the
+    /// slabs mapped are given back, and the node that failed is returned with its error.
+    fn map_slabs(
+        &mut self,
+        geometry: &RangeGeometry,
+        nodes: &[NodeId],
+        range: usize,
+        buffers: &mut dyn OpBuffers,
+    ) -> Result<Vec<SlabRef>, (NodeId, ConnectError)> {
+        let mut slabs = Vec::with_capacity(nodes.len());
+        for (split, &node) in nodes.iter().enumerate() {
+            match self.map_slab(geometry, (node, split), (geometry.first_page, range as u64), buffers) {
+                Ok(slab_id) => slabs.push(SlabRef { node, slab_id }),
+                Err(error) => {
+                    self.engine.release_unplaced_slabs(slabs, geometry.split_bytes);
+                    return Err((node, error));
+                }
+            }
         }
-        Ok(())
+        Ok(slabs)
     }
 
     /// Gives range `range` back: its slabs are unmapped (the requests leave with the next

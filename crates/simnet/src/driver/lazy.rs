@@ -12,6 +12,10 @@ use remem_client::engine::RangePlacement;
 
 use super::*;
 
+/// Placements tried for one range when a node chosen for it does not map its slab (as
+/// `Client::map_range`).
+const MAP_TRIES: usize = 3;
+
 impl SimDriver {
     /// Adds a region of `page_count` pages coded with `shape` with no range mapped yet: each
     /// range is mapped by [`SimDriver::map_range`].
@@ -51,25 +55,56 @@ impl SimDriver {
 
     /// Maps range `range`, which has no slabs: k + r slabs where the placement policy says
     /// (away from the nodes the engine says to avoid), or the one slab of a range laid beside
-    /// another on its pinned node, each a `MapSlab` round trip in simulated time. Nothing stays
-    /// mapped on an error.
+    /// another on its pinned node, each a `MapSlab` round trip in simulated time. As the real
+    /// client does, a node that does not map its slab is avoided and the range placed again,
+    /// up to three placements. Nothing stays mapped on an error.
     pub fn map_range(&mut self, range: usize) -> Result<(), String> {
         assert!(!self.engine.range_mapped(range), "range {range} is mapped already");
         let shape = self.engine.shape_of_range(range);
         let split_bytes = self.engine.split_bytes_of_range(range);
+        let mut placement = self.engine.placement_of_range(range).map_err(|error| error.to_string())?;
+        let mut last_error = None;
+        for _ in 0..MAP_TRIES {
+            let nodes = match &placement {
+                RangePlacement::Pinned(node) => vec![*node],
+                RangePlacement::Avoiding(avoid) => {
+                    let mut loads = self.member_loads(split_bytes);
+                    for load in loads.iter_mut().filter(|load| avoid.contains(&load.node_index)) {
+                        load.slabs_free = 0;
+                    }
+                    match self.engine.placement_mut().place(&loads, shape.total_splits()) {
+                        Ok(placed) => placed.nodes,
+                        Err(_) if last_error.is_some() => break,
+                        Err(error) => return Err(format!("placement: {error}")),
+                    }
+                }
+            };
+            match self.map_slabs(range, &nodes) {
+                Ok(slabs) => {
+                    self.note(|| format!("range {range} mapped on {nodes:?}"));
+                    self.saved_ranges[range].clone_from(&slabs);
+                    self.engine.set_range_slabs(range, slabs);
+                    self.settle();
+                    return Ok(());
+                }
+                Err((_, error)) if matches!(placement, RangePlacement::Pinned(_)) => return Err(error),
+                Err((node, error)) => {
+                    if let RangePlacement::Avoiding(avoid) = &mut placement {
+                        avoid.push(node);
+                    }
+                    last_error = Some(error);
+                }
+            }
+        }
+        Err(last_error.expect("a try failed"))
+    }
+
+    /// One slab of `range` on each of `nodes`; on a failure the slabs mapped are given back and
+    /// the node that failed is returned with the error.
+    fn map_slabs(&mut self, range: usize, nodes: &[NodeId]) -> Result<Vec<SlabRef>, (NodeId, String)> {
+        let split_bytes = self.engine.split_bytes_of_range(range);
         let pages_per_range = self.engine.pages_per_range_of(range);
         let first_page = self.engine.first_page_of_range(range);
-        let nodes = match self.engine.placement_of_range(range).map_err(|error| error.to_string())? {
-            RangePlacement::Pinned(node) => vec![node],
-            RangePlacement::Avoiding(avoid) => {
-                let mut loads = self.member_loads(split_bytes);
-                for load in loads.iter_mut().filter(|load| avoid.contains(&load.node_index)) {
-                    load.slabs_free = 0;
-                }
-                let placed = self.engine.placement_mut().place(&loads, shape.total_splits());
-                placed.map_err(|error| format!("placement: {error}"))?.nodes
-            }
-        };
         let mut slabs = Vec::with_capacity(nodes.len());
         for (split, &node) in nodes.iter().enumerate() {
             let message = Control::MapSlab {
@@ -83,17 +118,13 @@ impl SimDriver {
                 other => {
                     self.engine.release_unplaced_slabs(slabs, split_bytes);
                     self.settle();
-                    return Err(format!("node {node} answered MapSlab with {other:?}"));
+                    return Err((node, format!("node {node} answered MapSlab with {other:?}")));
                 }
             };
             self.engine.count_mapped_slab(node, split_bytes);
             slabs.push(SlabRef { node, slab_id });
         }
-        self.note(|| format!("range {range} mapped on {nodes:?}"));
-        self.saved_ranges[range].clone_from(&slabs);
-        self.engine.set_range_slabs(range, slabs);
-        self.settle();
-        Ok(())
+        Ok(slabs)
     }
 
     /// Gives range `range` back (its slabs unmapped in the background, its pages forgotten).
