@@ -31,6 +31,7 @@ pub const DOCUMENTS: &[(&str, &str)] = &[
     ("RESOURCE_MONITOR", include_str!("../../../docs/RESOURCE_MONITOR.md")),
     ("SECURITY", include_str!("../../../docs/SECURITY.md")),
     ("SHM", include_str!("../../../docs/SHM.md")),
+    ("SIMULATOR", include_str!("../../../docs/SIMULATOR.md")),
 ];
 
 /// The document `name` names (`KV`, `kv`, `docs/KV.md`, `KV.md`).

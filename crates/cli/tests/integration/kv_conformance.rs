@@ -224,21 +224,27 @@ fn scratch_dir(dir: &Path) -> PathBuf {
     let authfile = scratch.join("authfile");
     std::fs::copy(suite().join("t/authfile"), &authfile).expect("copy t/authfile");
     std::fs::set_permissions(&authfile, std::fs::Permissions::from_mode(0o600)).expect("chmod authfile");
+    // memcached with -Y for ascii-auth.t (start_memcached takes no extra flags), written here,
+    // before the files run in threads: a script written while another thread forks can be
+    // held open by that child and fail to exec ("Text file busy").
+    let wrapper = scratch.join(AUTH_WRAPPER);
+    let script = format!("#!/bin/sh\nexec memcached -Y '{}' \"$@\"\n", authfile.display());
+    std::fs::write(&wrapper, script).expect("write the wrapper");
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod the wrapper");
     scratch
 }
+
+/// The script that starts memcached with the scratch directory's authfile (`scratch_dir`).
+const AUTH_WRAPPER: &str = "memcached-with-auth";
 
 /// Debian's memcached as the suite assumes it (`-m 128`), with t/authfile for ascii-auth.
 fn start_memcached(dir: &Path, name: &str, auth: Option<&Path>) -> ServerProcess {
     let log = dir.join(format!("memcached-{name}.log"));
     let server = match auth {
         None => ServerProcess::start_memcached("memcached", 128, 1 << 20, &log),
-        // start_memcached takes no extra flags: a wrapper adds -Y.
+        // start_memcached takes no extra flags: the wrapper beside the authfile adds -Y.
         Some(auth) => {
-            let wrapper = dir.join("memcached-with-auth");
-            let script = format!("#!/bin/sh\nexec memcached -Y '{}' \"$@\"\n", auth.display());
-            std::fs::write(&wrapper, script).expect("write the wrapper");
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+            let wrapper = auth.with_file_name(AUTH_WRAPPER);
             ServerProcess::start_memcached(wrapper.to_str().expect("UTF-8 path"), 128, 1 << 20, &log)
         }
     };
