@@ -299,6 +299,25 @@ impl KvRun {
             return Ok(());
         }
         if self.plan.tolerance == Tolerance::Within {
+            // Every scheduled fault applied and every stall and partition over first: a node
+            // stalled or cut off that the engine has not noticed yet looks healed, and killing
+            // r others beside it would put r + 1 out at once.
+            let quiet_at = self
+                .plan
+                .schedule
+                .faults
+                .iter()
+                .map(|fault| match fault.action {
+                    FaultAction::Stall { until } | FaultAction::Partition { until, .. } => {
+                        until.max(fault.at)
+                    }
+                    _ => fault.at,
+                })
+                .max()
+                .unwrap_or(0);
+            if quiet_at > self.now() {
+                self.advance(quiet_at)?;
+            }
             let limit = self.now() + HEAL_LIMIT;
             while !self.cache.client().driver().is_healed() {
                 if self.now() >= limit {
