@@ -25,26 +25,38 @@ pub fn default_dir() -> PathBuf {
     std::env::temp_dir().join(format!("remem-{uid}"))
 }
 
-/// Refuses a saved slab map none of whose nodes is in the cluster file (`saved` says what holds
-/// it): it was saved on another cluster, typically before `remem up` started a new one in the
-/// same directory, and reopening it could only fail on unreachable nodes.
+/// Refuses a saved slab map that was saved on another cluster (`saved` says what holds it),
+/// typically before `remem up` started a new one in the same directory: reopening it could only
+/// fail on unreachable nodes, or find the new cluster's nodes on some of the old ports and take
+/// their empty memory for the saved slabs. The map names its cluster by the secret's
+/// [`Secret::cluster_tag`]; a map from before there was one is told by its nodes: none of them
+/// is in the cluster file.
 pub fn check_saved_on_cluster(
     map: &remem_client::SlabMapFile,
     cluster: &ClusterFile,
     cluster_path: &Path,
+    secret: &Secret,
     saved: &str,
 ) -> Result<()> {
     let ours = |address: &SocketAddr| cluster.nodes.iter().any(|node| node.address == *address);
-    if !map.nodes.is_empty() && !map.nodes.iter().any(ours) {
-        bail!(
-            "{saved} was saved on another cluster: none of its {} nodes is in {} (a new `remem up` \
-             in the same directory starts a new cluster, and its old slabs are gone); pass --fresh \
-             to drop it and start empty, or --cluster of the cluster it was saved on",
-            map.nodes.len(),
-            cluster_path.display()
-        );
-    }
-    Ok(())
+    let why = match &map.cluster {
+        Some(tag) if *tag != secret.cluster_tag() => {
+            format!(
+                "it names cluster {tag}, and {} is cluster {}",
+                cluster_path.display(),
+                secret.cluster_tag()
+            )
+        }
+        None if !map.nodes.is_empty() && !map.nodes.iter().any(ours) => {
+            format!("none of its {} nodes is in {}", map.nodes.len(), cluster_path.display())
+        }
+        _ => return Ok(()),
+    };
+    bail!(
+        "{saved} was saved on another cluster: {why} (a new `remem up` in the same directory \
+         starts a new cluster, with a new secret, and its old slabs are gone); pass --fresh to \
+         drop it and start empty, or --cluster of the cluster it was saved on"
+    );
 }
 
 /// The cluster file a front end was pointed at (or `remem up`'s default), and its secret.
@@ -160,4 +172,67 @@ pub fn write_private_file(path: &Path, bytes: &[u8]) -> Result<()> {
         .open(path)
         .with_context(|| format!("creating {}", path.display()))?;
     file.write_all(bytes).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use remem_client::cluster::ClusterNode;
+
+    fn cluster(ports: &[u16]) -> ClusterFile {
+        let nodes = ports
+            .iter()
+            .map(|port| ClusterNode {
+                address: SocketAddr::from(([127, 0, 0, 1], *port)),
+                failure_domain: format!("node-{port}"),
+                pid: None,
+                unix_socket: None,
+                metrics: None,
+            })
+            .collect();
+        ClusterFile { secret_file: PathBuf::from("/nonexistent/secret"), nodes, encrypt: false }
+    }
+
+    fn map(ports: &[u16], cluster: Option<String>) -> remem_client::SlabMapFile {
+        remem_client::SlabMapFile {
+            client_id: 1,
+            data_splits: 1,
+            parity_splits: 1,
+            extra_reads: 0,
+            page_bytes: 4096,
+            address_space_bytes: 4096,
+            pages_per_range: 1,
+            nodes: ports.iter().map(|port| SocketAddr::from(([127, 0, 0, 1], *port))).collect(),
+            ranges: vec![vec![(0, 1), (1, 1)]],
+            unix_sockets: Vec::new(),
+            more_regions: Vec::new(),
+            cluster,
+        }
+    }
+
+    fn secret(byte: u8) -> Secret {
+        Secret::from_bytes(vec![byte; 32]).unwrap()
+    }
+
+    #[test]
+    fn a_map_of_another_secret_is_refused_even_when_the_new_nodes_took_its_ports() {
+        let (old, new) = (secret(1), secret(2));
+        let saved = map(&[7001, 7002], Some(old.cluster_tag()));
+        let same_ports = cluster(&[7001, 7002, 7003]);
+        let path = Path::new("/run/remem/cluster.json");
+        let error = check_saved_on_cluster(&saved, &same_ports, path, &new, "the map").unwrap_err();
+        assert!(error.to_string().contains("saved on another cluster"), "{error}");
+        assert!(error.to_string().contains("--fresh"), "{error}");
+        check_saved_on_cluster(&saved, &same_ports, path, &old, "the map").expect("its own cluster");
+    }
+
+    #[test]
+    fn a_map_without_a_cluster_tag_is_judged_by_its_nodes() {
+        let (saved, path) = (map(&[7001, 7002], None), Path::new("/run/remem/cluster.json"));
+        let error =
+            check_saved_on_cluster(&saved, &cluster(&[8001]), path, &secret(1), "the map").unwrap_err();
+        assert!(error.to_string().contains("none of its 2 nodes"), "{error}");
+        check_saved_on_cluster(&saved, &cluster(&[7002]), path, &secret(1), "the map")
+            .expect("a node in common");
+    }
 }

@@ -47,7 +47,7 @@ pub fn open_or_reopen(request: OpenRequest<'_>) -> Result<(Client, bool)> {
             release_saved(what, map_path, secret, &config)?;
         } else {
             let map = SlabMapFile::load(map_path)?;
-            crate::cluster_file::check_saved_on_cluster(&map, cluster, cluster_path, what)?;
+            crate::cluster_file::check_saved_on_cluster(&map, cluster, cluster_path, secret, what)?;
             let (size, shape) = (config.address_space_bytes, &config.shape);
             if !map.fits(size, shape) {
                 bail!(

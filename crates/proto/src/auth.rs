@@ -20,6 +20,8 @@ const CLIENT_LABEL: &[u8] = b"remem-client-v1";
 /// The domain label of the Noise pre-shared key (`encryption`): the key is a keyed hash of this
 /// label, never the secret itself, so no cipher ever holds the bytes the proofs are made with.
 const NOISE_PSK_LABEL: &[u8] = b"remem-noise-psk-v1";
+/// The domain label of [`Secret::cluster_tag`].
+const CLUSTER_TAG_LABEL: &[u8] = b"remem-cluster-tag-v1";
 
 /// The cluster secret: at least [`MIN_SECRET_BYTES`] bytes.
 #[derive(Clone)]
@@ -100,6 +102,17 @@ impl Secret {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
         mac.update(NOISE_PSK_LABEL);
         mac.finalize().into_bytes().into()
+    }
+
+    /// A name of the cluster this secret belongs to, safe to write into files: the first 8
+    /// bytes of `HMAC-SHA256(secret, "remem-cluster-tag-v1")` in hex. A slab map records it, so
+    /// a map saved on another cluster (a new `remem up` makes a new secret) is told apart even
+    /// when the new cluster's nodes happen to listen on some of the old ports.
+    pub fn cluster_tag(&self) -> String {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
+        mac.update(CLUSTER_TAG_LABEL);
+        let digest: [u8; 32] = mac.finalize().into_bytes().into();
+        digest[..8].iter().map(|byte| format!("{byte:02x}")).collect()
     }
 }
 

@@ -43,6 +43,10 @@ pub struct SlabMapFile {
     /// regions, such as `remem kv`); empty for one region.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub more_regions: Vec<RegionMap>,
+    /// The cluster it was saved on ([`Secret::cluster_tag`]); absent in maps written before
+    /// there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
 }
 
 /// One more region of a slab map: its shape, size and, per range, per split, (node index, slab id).
@@ -239,6 +243,7 @@ impl Client {
                     beside: self.engine.region_beside(region.index),
                 })
                 .collect(),
+            cluster: Some(self.secret.cluster_tag()),
         }
     }
 
@@ -349,6 +354,7 @@ mod tests {
             ranges: vec![vec![(0, 1), (1, 1), (2, 1)]],
             unix_sockets: Vec::new(),
             more_regions: Vec::new(),
+            cluster: None,
         }
     }
 

@@ -108,6 +108,7 @@ impl KvState {
             &map,
             cluster,
             cluster_path,
+            secret,
             &format!("the cache state in {}", self.dir.display()),
         )?;
         if !map.fits(config.address_space_bytes, &config.shape) {
