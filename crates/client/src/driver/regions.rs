@@ -95,6 +95,8 @@ impl Client {
         }
         let nodes = self.engine.nodes_beside(beside.index, split, pages_per_range, page_count)?;
         let region = self.place_region(shape, bytes, Some(nodes))?;
+        // Rebuilds of either region keep its slabs off the other's data nodes.
+        self.engine.set_region_beside(region.index, beside.index, split);
         if self.config.shared_memory {
             self.export_slabs();
         }

@@ -14,7 +14,7 @@
 //! nodes of beside ranges already holding its pages, so that no data split shares a node with
 //! the copy beside it.
 
-use super::{BesideError, Engine, NodeId, SlabRef, MAX_SPLITS, PAGE_UNMAPPED};
+use super::{BesideError, Engine, NodeId, Region, SlabRef, MAX_SPLITS, PAGE_UNMAPPED};
 
 /// Where a range about to be mapped must go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,6 +74,41 @@ impl Engine {
             }
         }
         Ok(RangePlacement::Avoiding(avoid))
+    }
+
+    /// The nodes a new slab of split `split` of mapped range `range` must not go to because of
+    /// regions laid beside one another (EOR's main copies beside its EC pages): for a range of a
+    /// region laid beside another, the nodes of the data splits of the other's ranges that hold
+    /// its pages; for a data split of a range that a region is laid beside, the nodes of that
+    /// region's ranges holding its pages. A page's main copy and its data splits on one node
+    /// would be lost together with it: one failure, within EOR's tolerance, losing the page.
+    pub fn beside_conflicts(&self, range: usize, split: usize) -> Vec<NodeId> {
+        let region_index = self.ranges[range].region;
+        let region = &self.regions[region_index];
+        let first_offset = (range - region.first_range) as u64 * region.pages_per_range;
+        let last_offset = (first_offset + region.pages_per_range).min(region.page_count) - 1;
+        let mut nodes = Vec::new();
+        let mut add_ranges_of = |other: &Region, first: u64, take: usize| {
+            if first >= other.page_count {
+                return;
+            }
+            let last = last_offset.min(other.page_count - 1);
+            let range_of = |offset: u64| other.first_range + (offset / other.pages_per_range) as usize;
+            for other_range in range_of(first)..=range_of(last) {
+                nodes.extend(self.ranges[other_range].slabs.iter().take(take).map(|slab| slab.node));
+            }
+        };
+        if let Some((beside, _)) = region.beside {
+            let beside = &self.regions[beside];
+            add_ranges_of(beside, first_offset, beside.shape.data_splits);
+        } else if split < region.shape.data_splits {
+            for other in
+                self.regions.iter().filter(|other| other.beside.is_some_and(|(of, _)| of == region_index))
+            {
+                add_ranges_of(other, first_offset, usize::MAX);
+            }
+        }
+        nodes
     }
 
     /// Gives unmapped range `range` the slabs the driver mapped for it, one per split: its

@@ -86,6 +86,12 @@ pub(super) struct Regeneration {
     no_target_warned: bool,
 }
 
+/// [`Engine::beside_home`]'s answer.
+enum BesideHome {
+    Node(NodeId),
+    Wait,
+}
+
 #[derive(Debug)]
 enum State {
     Queued { not_before: Instant },
@@ -244,7 +250,12 @@ impl Engine {
         let excluded = self.replacement_excluded(index);
         let split_bytes = self.regions[self.ranges[range].region].split_bytes;
         let candidates = self.placement_candidates(split_bytes);
-        let Some(node) = self.choose_replacement(index, candidates, &excluded) else {
+        let chosen = match self.beside_home(index, &excluded, &candidates) {
+            Some(BesideHome::Node(node)) => Some(node),
+            Some(BesideHome::Wait) => return self.requeue(index),
+            None => self.choose_replacement(index, candidates, &excluded),
+        };
+        let Some(node) = chosen else {
             return self.requeue(index);
         };
         let region = &self.regions[self.ranges[range].region];
@@ -260,11 +271,52 @@ impl Engine {
         self.regenerations[index].state = State::Mapping { node, request_id };
     }
 
+    /// Where the new slab of rebuild `index` goes when its range is of a region laid beside
+    /// another (EOR's main copies): where the range was pinned, the node of the beside split of
+    /// the other region's range holding its first page, or the node that split is being rebuilt
+    /// on, so the main copies of a range stay together on one node off its data nodes ([`Wait`]
+    /// while that rebuild has no node yet, a few attempts). `None`: no such home (not beside,
+    /// or the home cannot take it): the placement policy chooses, avoiding `excluded`.
+    ///
+    /// [`Wait`]: BesideHome::Wait
+    fn beside_home(&self, index: usize, excluded: &[NodeId], candidates: &[NodeLoad]) -> Option<BesideHome> {
+        const WAIT_ATTEMPTS: u32 = 3;
+        let task = &self.regenerations[index];
+        let region = &self.regions[self.ranges[task.range].region];
+        let (beside, split) = region.beside?;
+        let offset = (task.range - region.first_range) as u64 * region.pages_per_range;
+        let beside = &self.regions[beside];
+        if offset >= beside.page_count {
+            return None;
+        }
+        let home_range = beside.first_range + (offset / beside.pages_per_range) as usize;
+        let home = &self.ranges[home_range];
+        let node = if home.slabs.is_empty() {
+            return None;
+        } else if home.unavailable & (1 << split) == 0 {
+            home.slabs[split].node
+        } else {
+            let rebuild =
+                self.regenerations.iter().find(|other| other.range == home_range && other.split == split);
+            match rebuild.map(|other| (&other.state, other.target)) {
+                Some((State::Mapping { node, .. } | State::Rebuilding { node, .. }, _)) => *node,
+                Some((_, Some(target))) => target.node,
+                _ if task.attempts < WAIT_ATTEMPTS => return Some(BesideHome::Wait),
+                _ => return None,
+            }
+        };
+        let free =
+            candidates.iter().any(|candidate| candidate.node_index == node && candidate.slabs_free > 0);
+        (free && self.nodes[node].connected && !excluded.contains(&node)).then_some(BesideHome::Node(node))
+    }
+
     /// The nodes the new slab of rebuild `index` must not go to: those of the range's other
     /// splits, including the nodes of their own rebuilds in flight (two rebuilds of one range
     /// started together must not land on one node), and the node of the lost slab. Not the node
     /// the range names for this split when that is a target this rebuild dropped (refused,
-    /// abandoned): that node may be the only one that can take the slab.
+    /// abandoned): that node may be the only one that can take the slab. Nor, for ranges of
+    /// regions laid beside one another, a node that would hold a page's main copy and one of
+    /// its data splits ([`Engine::beside_conflicts`]).
     fn replacement_excluded(&self, index: usize) -> Vec<NodeId> {
         let task = &self.regenerations[index];
         let (range, split) = (task.range, task.split);
@@ -276,6 +328,7 @@ impl Engine {
             .map(|(_, slab)| slab.node)
             .collect();
         excluded.push(task.lost_node);
+        excluded.extend(self.beside_conflicts(range, split));
         for other in self.regenerations.iter().filter(|other| other.range == range && other.split != split) {
             if let State::Mapping { node, .. } | State::Rebuilding { node, .. } = other.state {
                 excluded.push(node);

@@ -30,7 +30,10 @@ impl SimDriver {
             .engine
             .nodes_beside(beside.index, split, pages_per_range, page_count)
             .map_err(|error| error.to_string())?;
-        self.create_region_pinned(shape, page_count, Some(nodes))
+        let region = self.create_region_pinned(shape, page_count, Some(nodes))?;
+        // Rebuilds of either region keep its slabs off the other's data nodes.
+        self.engine.set_region_beside(region.index, beside.index, split);
+        Ok(region)
     }
 
     /// Split bytes and pages per range of a region of `shape` on the cluster's slabs.

@@ -8,7 +8,7 @@
 use crate::common;
 
 use common::*;
-use remem_client::PageError;
+use remem_client::{PageError, RegionInfo};
 use remem_simnet::{Completion, InFlightFate, NetworkOptions, SimOp, MILLISECOND};
 
 /// No redundancy: the main copies of EOR(2,k).
@@ -278,7 +278,7 @@ fn reopened_client_finds_parity_stale_pages_at_their_first_read() {
 
 #[test]
 fn main_copies_beside_ec_8_2_sit_on_the_first_parity_node_and_any_one_node_loss_leaves_a_copy() {
-    let mut driver = start(208, 12, 16, NetworkOptions::default(), config());
+    let mut driver = start(208, 14, 16, NetworkOptions::default(), config());
     let ec = driver.create_region(EC_8_2, 64).unwrap();
     let main = driver.create_region_beside(NONE, 64, &ec, 8).unwrap();
     assert_eq!(main.pages_per_range, 4, "a range without redundancy holds 16 KiB / 4 KiB pages");
@@ -321,8 +321,10 @@ fn main_copies_beside_ec_8_2_sit_on_the_first_parity_node_and_any_one_node_loss_
             Err(error) => assert!(main_lost, "offset {offset}: main copy readable, got {error}"),
         }
     }
-    // The main copies on the dead node are gone for good; their ranges heal empty at once.
+    // The main copies on the dead node are gone for good; their ranges heal empty at once, on
+    // nodes that hold none of their pages' data splits.
     heal(&mut driver);
+    assert_main_copies_apart(&driver, &ec, &main);
     for offset in 0..32 {
         assert!(driver.engine().page_is_unreadable(main.first_page + offset));
         expect_lost(&mut driver, main.first_page + offset);
@@ -334,6 +336,31 @@ fn main_copies_beside_ec_8_2_sit_on_the_first_parity_node_and_any_one_node_loss_
     write_all(&mut driver, main.first_page..main.first_page + 32, 2);
     verify_all(&mut driver, main.first_page..main.first_page + 32, |_| 2);
     verify_all(&mut driver, ec_range_0, |_| 1);
+    // A data split rebuilt after its node dies keeps off the main copies' nodes too.
+    for split in [0, 3] {
+        let dead = driver.engine().split_node(ec.first_page, split).unwrap();
+        kill(&mut driver, dead);
+        // The reads find the node dead (and still read every page: one failure).
+        verify_all(&mut driver, ec.first_page..ec.first_page + 32, |_| 1);
+        heal(&mut driver);
+        assert_main_copies_apart(&driver, &ec, &main);
+    }
+}
+
+/// No main copy shares a node with a data split of its page (one node's loss would take both),
+/// and, healed, each sits on the node of its page's first parity again.
+fn assert_main_copies_apart(driver: &SimDriver, ec: &RegionInfo, main: &RegionInfo) {
+    for offset in 0..main.page_count {
+        let node = driver.engine().split_node(main.first_page + offset, 0);
+        assert_eq!(node, driver.engine().split_node(ec.first_page + offset, 8), "offset {offset}");
+        for split in 0..8 {
+            let data = driver.engine().split_node(ec.first_page + offset, split);
+            assert!(
+                node.is_none() || node != data,
+                "offset {offset}: main copy and data split {split} on {node:?}"
+            );
+        }
+    }
 }
 
 #[test]
