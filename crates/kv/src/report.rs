@@ -131,6 +131,7 @@ fn general<P: PageClient>(cache: &mut Cache<P>, out: &mut Vec<u8>) {
     response::stat(out, "remem_failed_writes", stats.failed_writes);
     response::stat(out, "remem_unreadable_chunk_pages", stats.unreadable_chunk_pages);
     response::stat(out, "remem_eor_whole_page_writes", stats.eor_whole_page_writes);
+    response::stat(out, "remem_eor_main_copy_misses", stats.eor_main_copy_misses);
     response::stat(out, "remem_backup_records_written", stats.backup_records_written);
     response::stat(out, "remem_backup_failures", stats.backup_failures);
     response::stat(out, "remem_restored_mismatches", stats.restored_mismatches);
@@ -333,6 +334,12 @@ const PLAIN_METRICS: &[Plain] = &[
         "counter",
         "EOR pages written whole (data and parities) because a data split's node was down.",
         |cache| cache.stats().eor_whole_page_writes,
+    ),
+    (
+        "eor_main_copy_misses_total",
+        "counter",
+        "EOR main-copy writes that failed while the data splits were written (read from them).",
+        |cache| cache.stats().eor_main_copy_misses,
     ),
     (
         "backup_records_written_total",

@@ -49,6 +49,9 @@ pub struct Stats {
     pub unreadable_chunk_pages: u64,
     /// EOR pages written whole (data and parities) because a data split's node was down.
     pub eor_whole_page_writes: u64,
+    /// EOR main-copy writes that failed while the value's data splits were written: the value
+    /// is stored, and read from its data splits until its main copy is written again.
+    pub eor_main_copy_misses: u64,
     /// Request latency by kind (`remem_kv_request_seconds`).
     pub latency: crate::latency::Latencies,
     /// Item records written to the backup region (docs/KV.md "Restarts").

@@ -115,10 +115,23 @@ fn pages_round_trip_ec82_on_ten_node_processes() {
     }
     let pages: Vec<u64> = (0..4096).collect();
     write_pages(&mut client, &pages, 1);
-    let (results, decoded) = read_pages(&mut client, &pages, 1);
+    let (results, mut decoded) = read_pages(&mut client, &pages, 1);
     assert!(results.iter().all(Result::is_ok));
-    // Healthy nodes: the data splits usually come first, so most reads do not decode.
-    assert!(decoded < pages.len(), "every read decoded: late binding is not preferring data splits");
+    // Healthy nodes: the data splits usually come first, so most reads do not decode. A node
+    // starved of CPU for a whole pass (a loaded machine) makes every read of one pass decode:
+    // up to three passes, one of which must read some page from its data splits alone.
+    for _ in 0..2 {
+        if decoded < pages.len() {
+            break;
+        }
+        let (results, again) = read_pages(&mut client, &pages, 1);
+        assert!(results.iter().all(Result::is_ok));
+        decoded = again;
+    }
+    assert!(
+        decoded < pages.len(),
+        "every read of three passes decoded: late binding is not preferring data splits"
+    );
 
     // Overwrite every other page; old and new generations must both read back exactly.
     let odd: Vec<u64> = pages.iter().copied().filter(|page| page % 2 == 1).collect();

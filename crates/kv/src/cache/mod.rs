@@ -39,7 +39,7 @@ use crate::completion::{Ack, ArithmeticReply, Completion, ConnRef, Render};
 use crate::error::ValueError;
 use crate::index::{EntryId, Index, LocationId, Released};
 use crate::page_client::PageClient;
-use crate::pageio::{IoDone, PageIo, TaskId};
+use crate::pageio::{IoDone, IoKind, PageIo, TaskId};
 use crate::scheme::{EcShape, Policy, Scheme};
 use crate::space::{RegionKind, Space};
 use crate::stats::Stats;
@@ -204,6 +204,12 @@ pub struct Cache<P: PageClient = PollClient> {
     /// First page of the EC region and of the EOR main copies (same offsets).
     ec_first_page: u64,
     main_first_page: Option<u64>,
+    /// EC pages of EOR values whose main copy's last write failed (its node down, not yet
+    /// replaced): the main copy may hold an earlier value's bytes, so reads go to the data
+    /// splits (`eor_source`) until a write of the main copy succeeds (a store or a read repair).
+    /// Empty but during failures; a restart forgets it, and restored values are checked against
+    /// their records instead.
+    stale_main: std::collections::HashSet<u64>,
     background_transitions: usize,
     /// `flush_all` with a delay: at this unix second every item stored before it goes.
     flush_at: Option<u64>,
@@ -249,6 +255,7 @@ impl<P: PageClient> Cache<P> {
             completions: Default::default(),
             ec_first_page,
             main_first_page,
+            stale_main: Default::default(),
             background_transitions: 0,
             flush_at: None,
             started: client_now,
@@ -417,6 +424,48 @@ impl<P: PageClient> Cache<P> {
         self.main_first_page.expect("EOR is offered") + (page - self.ec_first_page)
     }
 
+    /// Where a read of a page of a `scheme` value goes, and the part bit that says so: for EOR
+    /// its main copy ([`MAIN`]), or its data splits ([`FALLBACK`]) while the main copy is stale
+    /// (its last write failed); other schemes' pages are read where they are.
+    pub(crate) fn read_source(&self, scheme: Scheme, page: u64) -> (u64, u32) {
+        match scheme {
+            Scheme::Eor if self.stale_main.contains(&page) => (page, FALLBACK),
+            Scheme::Eor => (self.main_page(page), MAIN),
+            _ => (page, 0),
+        }
+    }
+
+    /// Every write of a main copy ([`MAIN`] part) says whether the main copy now holds the
+    /// page's value: a failed one leaves it stale, a successful one makes it current again.
+    /// Writes of one page land in the order they were issued, so the last one decides.
+    fn note_main_copy_write(&mut self, op: &IoDone) {
+        if op.kind != IoKind::Write || op.owner.part & MAIN == 0 {
+            return;
+        }
+        let Some(first) = self.main_first_page else { return };
+        let page = self.ec_first_page + (op.page - first);
+        if op.result.is_ok() {
+            self.stale_main.remove(&page);
+        } else {
+            self.stale_main.insert(page);
+        }
+    }
+
+    /// A failed main-copy write (`done`, noted by `note_main_copy_write`) does not fail the
+    /// store when the value's data splits are written: within EOR's tolerance of one failure
+    /// the data splits alone hold it, and reads go to them. True when `done` was one.
+    fn main_copy_missed(&mut self, done: &IoDone) -> bool {
+        if done.kind != IoKind::Write || done.owner.part & MAIN == 0 {
+            return false;
+        }
+        if let Err(error) = &done.result {
+            tracing::debug!(page = done.page, %error, "an EOR main copy write failed: reading its data splits");
+            self.stats.eor_main_copy_misses += 1;
+            return true;
+        }
+        false
+    }
+
     /// The live entry of `key`: expired items (and items older than a delayed flush) are
     /// removed on the way, as memcached does lazily.
     pub fn live(&mut self, key: &[u8], now: u64) -> Option<EntryId> {
@@ -522,6 +571,7 @@ impl<P: PageClient> Cache<P> {
                 break;
             }
             for mut op in done.drain(..) {
+                self.note_main_copy_write(&op);
                 match self.tasks.get(&op.owner.task) {
                     Some(Task::Fetch(_)) => self.fetch_done(op.owner.task, &mut op),
                     Some(Task::Store(_)) => self.store_done(op.owner.task, &mut op),
@@ -635,13 +685,5 @@ impl<P: PageClient> Cache<P> {
 
     pub fn uptime(&self) -> Duration {
         self.client.now().saturating_duration_since(self.started)
-    }
-}
-
-fn main_bit(scheme: Scheme) -> u32 {
-    if scheme == Scheme::Eor {
-        MAIN
-    } else {
-        0
     }
 }

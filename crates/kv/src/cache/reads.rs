@@ -2,7 +2,7 @@
 //! EOR main copy first and its data splits when it fails (with read repair of the main copy),
 //! values answered from a store still in flight (data bypassing), and delivery to the waiter.
 
-use super::{main_bit, Cache, Fetch, Task, Waiter, FALLBACK, MAIN, PART_MASK, REPAIR_TASK, TAIL};
+use super::{Cache, Fetch, Task, Waiter, FALLBACK, MAIN, PART_MASK, REPAIR_TASK, TAIL};
 use crate::completion::{Completion, Fetched};
 use crate::error::ValueError;
 use crate::index::{EntryId, LocationId, Released};
@@ -45,7 +45,8 @@ impl<P: PageClient> Cache<P> {
         };
         let mut reads = Vec::new();
         for (index, &page) in extent.pages.iter().enumerate() {
-            reads.push((self.read_page_of(scheme, page), index as u32 | main_bit(scheme)));
+            let (source, part) = self.read_source(scheme, page);
+            reads.push((source, index as u32 | part));
         }
         if let Some(chunk) = extent.tail {
             let start = extent.pages.len() * PAGE_BYTES;
@@ -53,7 +54,8 @@ impl<P: PageClient> Cache<P> {
             if let Some(bytes) = self.chunks.bytes(chunk.page) {
                 fetch.value_mut()[start..].copy_from_slice(&bytes[chunk.offset()..chunk.offset() + len]);
             } else {
-                reads.push((self.read_page_of(scheme, chunk.page), TAIL | main_bit(scheme)));
+                let (source, part) = self.read_source(scheme, chunk.page);
+                reads.push((source, TAIL | part));
             }
         }
         fetch.outstanding = reads.len() as u32;
@@ -68,15 +70,6 @@ impl<P: PageClient> Cache<P> {
         }
         if outstanding == 0 {
             self.finish_fetch(task);
-        }
-    }
-
-    /// The page a read of `page` goes to: the EOR main copy for EOR values.
-    pub(crate) fn read_page_of(&self, scheme: Scheme, page: u64) -> u64 {
-        if scheme == Scheme::Eor {
-            self.main_page(page)
-        } else {
-            page
         }
     }
 
@@ -146,16 +139,16 @@ impl<P: PageClient> Cache<P> {
     /// (Chunk pages are written only through the chunk cache and are not repaired here.)
     fn repair_eor_page(&mut self, page: u64, part: u32, slot: usize) {
         let repair = if part & MAIN != 0 && self.client.engine().page_is_unreadable(page) {
-            Some((IoKind::WriteData, page))
+            Some((IoKind::WriteData, page, 0))
         } else if part & FALLBACK != 0 {
-            Some((IoKind::Write, self.main_page(page)))
+            Some((IoKind::Write, self.main_page(page), MAIN))
         } else {
             None
         };
-        if let Some((kind, target)) = repair {
+        if let Some((kind, target, part)) = repair {
             let data = self.io.buffer(slot).to_vec();
             self.stats.repairs += 1;
-            self.io.write(&mut self.client, kind, target, &data, IoOwner { task: REPAIR_TASK, part: 0 });
+            self.io.write(&mut self.client, kind, target, &data, IoOwner { task: REPAIR_TASK, part });
         }
     }
 

@@ -103,7 +103,8 @@ pub fn start<P: PageClient>(
         for (index, &page) in extent.pages.iter().enumerate() {
             // EOR -> EC reads the main copy; EC -> EOR reads the data splits.
             let (read_page, part) = if from_scheme == Scheme::Eor {
-                (cache.main_page(page), index as u32 | MAIN)
+                let (source, part) = cache.read_source(Scheme::Eor, page);
+                (source, index as u32 | part)
             } else {
                 (page, index as u32)
             };

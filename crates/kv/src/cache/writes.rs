@@ -195,8 +195,7 @@ impl<P: PageClient> Cache<P> {
         }
         match step {
             PatchStep::Load { io_task } => {
-                let page = self.read_page_of(scheme, chunk.page);
-                let part = if scheme == Scheme::Eor { MAIN } else { 0 };
+                let (page, part) = self.read_source(scheme, chunk.page);
                 self.io.read(&mut self.client, page, IoOwner { task: io_task, part });
             }
             PatchStep::Write => self.write_chunk_page(chunk.page, scheme),
@@ -417,7 +416,7 @@ impl<P: PageClient> Cache<P> {
         if self.retried_as_whole_page(done) {
             return;
         }
-        let error = ValueError::take_page(&mut done.result);
+        let error = if self.main_copy_missed(done) { None } else { ValueError::take_page(&mut done.result) };
         self.chunk_page_written(page, error);
     }
 
@@ -445,7 +444,7 @@ impl<P: PageClient> Cache<P> {
         if self.retried_as_whole_page(done) {
             return;
         }
-        let error = ValueError::take_page(&mut done.result);
+        let error = if self.main_copy_missed(done) { None } else { ValueError::take_page(&mut done.result) };
         self.store_part_done(task, error);
     }
 

@@ -99,6 +99,8 @@ fn seeded_sweep_within_and_beyond_r_answers_as_the_model_allows() {
     }
     let within = sweep("within r", within);
     assert!(within.read_errors == 0 && within.lost_reads == 0, "nothing is lost within r");
+    // EOR included: a store whose main copy's node is down is stored in its data splits.
+    assert_eq!(within.store_errors, 0, "every store within r is stored: {:?}", within.store_error_kinds);
     let beyond = sweep("beyond r", beyond);
     for total in [&within, &beyond] {
         assert!(
