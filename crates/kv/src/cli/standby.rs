@@ -453,7 +453,7 @@ impl StandbyGauges {
         let heard = self.last_heard_ms.load(Ordering::Relaxed);
         let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let since = if heard == 0 { now } else { now.saturating_sub(heard) };
-        let flag = |flag: &AtomicBool| if flag.load(Ordering::Relaxed) { 1.0 } else { 0.0 };
+        let flag = |flag: &AtomicBool| if flag.load(Ordering::SeqCst) { 1.0 } else { 0.0 };
         let mut text = remem_frontend::metrics::Exposition::default();
         text.gauge("remem_kv_standby_attached", "1 while attached to a primary.", flag(&self.attached))
             .gauge(
@@ -505,8 +505,9 @@ pub fn stand_by(dir: &Path, settings: &Settings, gauges: &StandbyGauges) -> Resu
         gauges.attached.store(true, Ordering::Relaxed);
         gauges.heard();
         let ended = attached.stand(gauges);
-        gauges.attached.store(false, Ordering::Relaxed);
-        gauges.synced.store(false, Ordering::Relaxed);
+        // Not synced first: a scrape in between must not see synced while not attached.
+        gauges.synced.store(false, Ordering::SeqCst);
+        gauges.attached.store(false, Ordering::SeqCst);
         let Ended { how, synced, given_up } = ended?;
         let detected_at = Instant::now();
         if !synced && !given_up {
