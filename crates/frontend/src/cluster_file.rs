@@ -207,6 +207,7 @@ mod tests {
             unix_sockets: Vec::new(),
             more_regions: Vec::new(),
             cluster,
+            lost_pages: Vec::new(),
         }
     }
 

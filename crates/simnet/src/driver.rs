@@ -134,6 +134,8 @@ pub struct SimDriver {
     saved_regions: Vec<SavedRegion>,
     saved_ranges: Vec<Vec<SlabRef>>,
     saved_at_rebuilds_done: u64,
+    /// The lost pages the saved map lists (`Engine::lost_page_runs`).
+    saved_lost_pages: Vec<(u64, u64)>,
     removed: Vec<bool>,
     stats: DriverStats,
     tally: FaultTally,
@@ -179,6 +181,7 @@ impl SimDriver {
             saved_regions: Vec::new(),
             saved_ranges: Vec::new(),
             saved_at_rebuilds_done: 0,
+            saved_lost_pages: Vec::new(),
             removed: vec![false; node_count],
             stats: DriverStats::default(),
             tally: FaultTally::default(),

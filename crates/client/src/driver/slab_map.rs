@@ -47,6 +47,11 @@ pub struct SlabMapFile {
     /// there was one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
+    /// Pages lost when it was saved, as runs of (first page, count) over all its regions in
+    /// order: a client reopened from it reads them as lost, not as never written, when no split
+    /// has a version of them (docs/FAILURES.md "Regions without redundancy").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost_pages: Vec<(u64, u64)>,
 }
 
 /// One more region of a slab map: its shape, size and, per range, per split, (node index, slab id).
@@ -132,6 +137,12 @@ impl SlabMapFile {
                         number + 1
                     ));
                 }
+            }
+        }
+        let total_pages = pages + self.more_regions.iter().map(|region| region.page_count).sum::<u64>();
+        for &(first, count) in &self.lost_pages {
+            if count == 0 || first.checked_add(count).is_none_or(|end| end > total_pages) {
+                return Err(format!("lost pages {first}+{count} outside its {total_pages} pages"));
             }
         }
         Ok(())
@@ -244,6 +255,7 @@ impl Client {
                 })
                 .collect(),
             cluster: Some(self.secret.cluster_tag()),
+            lost_pages: self.engine.lost_page_runs(),
         }
     }
 
@@ -326,6 +338,7 @@ impl Client {
                 client.engine.set_region_beside(added.index, beside, split);
             }
         }
+        client.engine.mark_lost_unless_found(&map.lost_pages);
         client.engine.fail_unreachable_nodes(Instant::now());
         client.export_slabs();
         client.volunteer_for_activity();
@@ -355,6 +368,7 @@ mod tests {
             unix_sockets: Vec::new(),
             more_regions: Vec::new(),
             cluster: None,
+            lost_pages: Vec::new(),
         }
     }
 
@@ -379,5 +393,18 @@ mod tests {
             std::env::temp_dir().join(format!("remem-no-such-dir-{}", std::process::id())).join("map.json");
         let error = map(1).save(&path).unwrap_err().to_string();
         assert!(error.contains(&path.display().to_string()), "{error}");
+    }
+
+    #[test]
+    fn lost_page_runs_must_lie_within_the_maps_pages_and_survive_a_save() {
+        let mut saved = map(1);
+        saved.lost_pages = vec![(0, 1), (1, 1)];
+        saved.validate().expect("both pages of the map");
+        let text = serde_json::to_string(&saved).unwrap();
+        assert_eq!(serde_json::from_str::<SlabMapFile>(&text).unwrap().lost_pages, saved.lost_pages);
+        for bad in [(1, 2), (0, 0), (u64::MAX, 2)] {
+            saved.lost_pages = vec![bad];
+            assert!(saved.validate().unwrap_err().contains("lost pages"), "{bad:?}");
+        }
     }
 }

@@ -94,6 +94,11 @@ pub(crate) const PAGE_PARITY_STALE: u8 = 16;
 /// Page flag: its range has no slabs yet (lazy ranges, `lazy.rs`): no op may start on it. Set
 /// alone: an unmapped page has no other state.
 pub(crate) const PAGE_UNMAPPED: u8 = 32;
+/// Page flag: lost before the saved map this client reopened was saved (the map lists it,
+/// [`Engine::lost_page_runs`]): while its version is unknown, a discovery that finds no version
+/// anywhere reads it as lost, not as never written (its slabs were replaced by empty ones). A
+/// write that lands clears it.
+pub(crate) const PAGE_ABSENT_IS_LOST: u8 = 64;
 
 /// Settings of the engine (the decision part of [`crate::ClientConfig`]).
 #[derive(Clone, Debug)]

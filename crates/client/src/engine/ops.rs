@@ -19,8 +19,8 @@ use remem_proto::Control;
 
 use super::writes::WriteMode;
 use super::{
-    Engine, NodeId, OpBuffers, OpDone, Submit, MAX_SPLITS, PAGE_DISCARDED, PAGE_PARITY_STALE, PAGE_UNMAPPED,
-    PAGE_VERSION_UNKNOWN, PAGE_WRITE_DISCOVERS,
+    Engine, NodeId, OpBuffers, OpDone, Submit, MAX_SPLITS, PAGE_ABSENT_IS_LOST, PAGE_DISCARDED,
+    PAGE_PARITY_STALE, PAGE_UNMAPPED, PAGE_VERSION_UNKNOWN, PAGE_WRITE_DISCOVERS,
 };
 use crate::core::{ReadState, ReadStep, SplitMask, SplitOutcome, WriteState};
 use crate::error::PageError;
@@ -466,6 +466,19 @@ impl Engine {
         match step {
             ReadStep::Wait => {}
             ReadStep::Ask(mask) => self.queue_reads(event.slot, mask),
+            ReadStep::Done { version: 0, present, .. }
+                if self.page_flags[slot.page as usize] & (PAGE_VERSION_UNKNOWN | PAGE_ABSENT_IS_LOST)
+                    == PAGE_VERSION_UNKNOWN | PAGE_ABSENT_IS_LOST =>
+            {
+                // No split has a version of a page lost before the map was saved: its slabs are
+                // empty replacements, and it reads as lost, never as zeros.
+                let (page, range) = (slot.page, slot.range);
+                self.versions[page as usize] = 1;
+                self.page_flags[page as usize] &= !PAGE_VERSION_UNKNOWN;
+                self.set_unreadable(page, true);
+                let error = self.lost_error(page, range, present, 0);
+                self.finish(event.slot, Err(error));
+            }
             ReadStep::Done { present, needs_decode, version } => {
                 let (page, tag, region) = (slot.page as usize, slot.tag, slot.region);
                 if self.page_flags[page] & PAGE_VERSION_UNKNOWN != 0 {

@@ -40,8 +40,8 @@
 //! work again, and no rebuild waits forever for a source that cannot exist.
 
 use super::{
-    Engine, NodeId, PAGE_DISCARDED, PAGE_PARITY_STALE, PAGE_UNREADABLE, PAGE_VERSION_UNKNOWN,
-    PAGE_WRITE_DISCOVERS,
+    Engine, NodeId, PAGE_ABSENT_IS_LOST, PAGE_DISCARDED, PAGE_PARITY_STALE, PAGE_UNMAPPED, PAGE_UNREADABLE,
+    PAGE_VERSION_UNKNOWN, PAGE_WRITE_DISCOVERS,
 };
 
 impl Engine {
@@ -96,7 +96,45 @@ impl Engine {
         self.versions[page as usize] = version;
         self.set_unreadable(page, false);
         self.set_parity_stale(page, parity_stale);
-        self.page_flags[page as usize] &= !(PAGE_DISCARDED | PAGE_VERSION_UNKNOWN | PAGE_WRITE_DISCOVERS);
+        self.page_flags[page as usize] &=
+            !(PAGE_DISCARDED | PAGE_VERSION_UNKNOWN | PAGE_WRITE_DISCOVERS | PAGE_ABSENT_IS_LOST);
+    }
+
+    /// The pages a saved map must list as lost, as runs of (first page, count): those no read
+    /// can return until written again, and those a reopened map listed that no read or write
+    /// has found out yet. A client reopened from the map reads them as lost when no split has a
+    /// version of them ([`Engine::mark_lost_unless_found`]), not as never written.
+    pub fn lost_page_runs(&self) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (page, &flags) in self.page_flags.iter().enumerate() {
+            let lost = flags & PAGE_UNREADABLE != 0
+                || flags & (PAGE_ABSENT_IS_LOST | PAGE_VERSION_UNKNOWN)
+                    == PAGE_ABSENT_IS_LOST | PAGE_VERSION_UNKNOWN;
+            if !lost {
+                continue;
+            }
+            match runs.last_mut() {
+                Some((first, count)) if *first + *count == page as u64 => *count += 1,
+                _ => runs.push((page as u64, 1)),
+            }
+        }
+        runs
+    }
+
+    /// Marks the pages of `runs` (a reopened map's [`Engine::lost_page_runs`]) lost unless a
+    /// read finds a version of them. Runs beyond the engine's pages are ignored (the map was
+    /// validated against its regions before).
+    pub fn mark_lost_unless_found(&mut self, runs: &[(u64, u64)]) {
+        let total = self.page_flags.len() as u64;
+        for &(first, count) in runs {
+            let end = first.saturating_add(count).min(total);
+            for page in first.min(end)..end {
+                let flags = &mut self.page_flags[page as usize];
+                if *flags & PAGE_UNMAPPED == 0 {
+                    *flags |= PAGE_ABSENT_IS_LOST;
+                }
+            }
+        }
     }
 
     /// A slab of data split `split` of range `range` is lost (or may be): its parity-stale pages

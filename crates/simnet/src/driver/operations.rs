@@ -246,6 +246,7 @@ impl SimDriver {
             return;
         }
         self.saved_at_rebuilds_done = done;
+        self.saved_lost_pages = self.engine.lost_page_runs();
         for (index, range) in self.engine.ranges().iter().enumerate() {
             for (split, slab) in range.slabs.iter().enumerate() {
                 if range.unavailable & (1 << split) == 0 {
@@ -331,6 +332,7 @@ impl SimDriver {
                 self.saved_ranges[region.first_range..region.first_range + region.range_count].to_vec();
             self.engine.add_region(region.shape, region.page_count, region.pages_per_range, ranges, false);
         }
+        self.engine.mark_lost_unless_found(&self.saved_lost_pages);
         let instant = self.instant();
         for node in 0..self.removed.len() {
             if self.removed[node] {
