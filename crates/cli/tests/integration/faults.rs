@@ -494,20 +494,10 @@ fn a_client_reopens_its_saved_map_with_a_node_down() {
     let dir = cluster.cluster_file_path.parent().unwrap().to_owned();
     let map_path = dir.join("reopen-map.json");
     let pages = 2048;
-    let mut config = config(pages);
-    config.release_on_drop = false;
-    let mut client = connect(&cluster, config);
-    let mut model = Model::default();
-    model.write(&mut client, &all_pages(pages));
-    client.save_map(&map_path).unwrap();
-    let victim = client.ranges()[0].slabs[3].node;
-    drop(client);
+    let (mut model, ranges) = written_and_saved(&cluster, &map_path, pages);
+    let victim = ranges[0].slabs[3].node;
     cluster.kill(victim).unwrap();
-
-    let map = SlabMapFile::load(&map_path).unwrap();
-    let mut config = self::config(pages);
-    config.release_on_drop = true;
-    let mut client = Client::reopen(&map, &cluster.secret, config).expect("reopens with one node down");
+    let mut client = reopened(&cluster, &map_path, pages);
     assert!(client.ranges()[0].unavailable & (1 << 3) != 0 || client.ranges()[0].slabs[3].node != victim);
     model.read(&mut client, &all_pages(pages));
     model.write(&mut client, &all_pages(pages)[..256]);
@@ -515,4 +505,52 @@ fn a_client_reopens_its_saved_map_with_a_node_down() {
     assert_ne!(client.ranges()[0].slabs[3].node, victim, "the lost slab was rebuilt elsewhere");
     assert_eq!(client.ranges()[0].unavailable, 0);
     model.read(&mut client, &all_pages(pages));
+}
+
+/// A page discarded by a reopened client (which does not know its version yet) reads as zeros,
+/// as it does in the client that wrote it: before the fix the read went to the nodes and
+/// returned the bytes written before the discard.
+#[test]
+fn a_page_discarded_after_a_reopen_reads_as_zeros_not_its_old_bytes() {
+    let cluster = cluster("reopen-discard", 10);
+    let map_path = cluster.cluster_file_path.parent().unwrap().join("discard-map.json");
+    let pages = 64;
+    let (mut model, _) = written_and_saved(&cluster, &map_path, pages);
+    let mut client = reopened(&cluster, &map_path, pages);
+    for page in 0..4 {
+        client.discard_page(page).unwrap();
+    }
+    let mut buffers = vec![vec![0xaa_u8; 4096]; 4];
+    let mut ops: Vec<PageOp<'_>> =
+        buffers.iter_mut().enumerate().map(|(page, buf)| PageOp::Read { page: page as u64, buf }).collect();
+    client.execute_all(&mut ops).unwrap();
+    drop(ops);
+    for (page, buf) in buffers.iter().enumerate() {
+        assert!(buf.iter().all(|&byte| byte == 0), "discarded page {page} read back bytes");
+    }
+    model.read(&mut client, &all_pages(pages)[4..]);
+}
+
+/// A client that wrote `pages` pages (what `Model` expects of them), saved its map to `map_path`
+/// and stopped, leaving its slabs: the model and the ranges it had.
+fn written_and_saved(
+    cluster: &LocalCluster,
+    map_path: &std::path::Path,
+    pages: u64,
+) -> (Model, Vec<remem_client::Range>) {
+    let mut config = config(pages);
+    config.release_on_drop = false;
+    let mut client = connect(cluster, config);
+    let mut model = Model::default();
+    model.write(&mut client, &all_pages(pages));
+    client.save_map(map_path).unwrap();
+    (model, client.ranges().to_vec())
+}
+
+/// The client of `map_path` reopened (its slabs given back when dropped).
+fn reopened(cluster: &LocalCluster, map_path: &std::path::Path, pages: u64) -> Client {
+    let map = SlabMapFile::load(map_path).unwrap();
+    let mut config = config(pages);
+    config.release_on_drop = true;
+    Client::reopen(&map, &cluster.secret, config).expect("reopens")
 }

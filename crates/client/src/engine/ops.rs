@@ -192,9 +192,14 @@ impl Engine {
                     Err(error) => Some(Err(error)),
                     Ok(()) => {
                         let flags = self.page_flags[page as usize];
-                        if flags & PAGE_VERSION_UNKNOWN != 0 {
+                        if flags & PAGE_DISCARDED != 0 {
+                            // Discarded since its last write (also by a reopened client that
+                            // does not know the page's version yet): zeros, no remote read.
+                            buffers.read_buffer(tag).fill(0);
+                            Some(Ok(()))
+                        } else if flags & PAGE_VERSION_UNKNOWN != 0 {
                             self.start_read(tag, page, None).err().map(Err)
-                        } else if self.versions[page as usize] == 0 || flags & PAGE_DISCARDED != 0 {
+                        } else if self.versions[page as usize] == 0 {
                             // Never written by this client: zeros, no remote read.
                             buffers.read_buffer(tag).fill(0);
                             Some(Ok(()))
