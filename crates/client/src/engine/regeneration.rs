@@ -314,9 +314,9 @@ impl Engine {
     /// splits, including the nodes of their own rebuilds in flight (two rebuilds of one range
     /// started together must not land on one node), and the node of the lost slab. Not the node
     /// the range names for this split when that is a target this rebuild dropped (refused,
-    /// abandoned): that node may be the only one that can take the slab. Nor, for ranges of
-    /// regions laid beside one another, a node that would hold a page's main copy and one of
-    /// its data splits ([`Engine::beside_conflicts`]).
+    /// abandoned): that node may be the only one that can take the slab. For ranges of regions
+    /// laid beside one another, also every node that would then hold a page's main copy and one
+    /// of its data splits ([`Engine::beside_conflicts`]).
     fn replacement_excluded(&self, index: usize) -> Vec<NodeId> {
         let task = &self.regenerations[index];
         let (range, split) = (task.range, task.split);

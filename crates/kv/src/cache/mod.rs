@@ -206,7 +206,7 @@ pub struct Cache<P: PageClient = PollClient> {
     main_first_page: Option<u64>,
     /// EC pages of EOR values whose main copy's last write failed (its node down, not yet
     /// replaced): the main copy may hold an earlier value's bytes, so reads go to the data
-    /// splits (`eor_source`) until a write of the main copy succeeds (a store or a read repair).
+    /// splits (`read_source`) until a write of the main copy succeeds (a store or a read repair).
     /// Empty but during failures; a restart forgets it, and restored values are checked against
     /// their records instead.
     stale_main: std::collections::HashSet<u64>,
