@@ -132,6 +132,7 @@ fn general<P: PageClient>(cache: &mut Cache<P>, out: &mut Vec<u8>) {
     response::stat(out, "remem_unreadable_chunk_pages", stats.unreadable_chunk_pages);
     response::stat(out, "remem_eor_whole_page_writes", stats.eor_whole_page_writes);
     response::stat(out, "remem_eor_main_copy_misses", stats.eor_main_copy_misses);
+    response::stat(out, "remem_eor_scrub_reads", stats.scrub_reads);
     response::stat(out, "remem_backup_records_written", stats.backup_records_written);
     response::stat(out, "remem_backup_failures", stats.backup_failures);
     response::stat(out, "remem_restored_mismatches", stats.restored_mismatches);
@@ -340,6 +341,12 @@ const PLAIN_METRICS: &[Plain] = &[
         "counter",
         "EOR main-copy writes that failed while the data splits were written (read from them).",
         |cache| cache.stats().eor_main_copy_misses,
+    ),
+    (
+        "eor_scrub_reads_total",
+        "counter",
+        "EOR values read by the scrub to write back main copies lost or stale since a failure.",
+        |cache| cache.stats().scrub_reads,
     ),
     (
         "backup_records_written_total",

@@ -52,6 +52,9 @@ pub struct Stats {
     /// EOR main-copy writes that failed while the value's data splits were written: the value
     /// is stored, and read from its data splits until its main copy is written again.
     pub eor_main_copy_misses: u64,
+    /// EOR values read by the scrub of main copies lost or stale since a failure (each read
+    /// wrote its main copy back).
+    pub scrub_reads: u64,
     /// Request latency by kind (`remem_kv_request_seconds`).
     pub latency: crate::latency::Latencies,
     /// Item records written to the backup region (docs/KV.md "Restarts").

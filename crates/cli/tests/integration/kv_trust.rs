@@ -121,6 +121,19 @@ fn wait_rewritten(path: &Path, since: SystemTime, what: &str) {
     }
 }
 
+/// A `remem kv --scheme eor` holding `count` values of a page and a chunk tail each: the
+/// server, a client and what it stored.
+fn eor_values(name: &str, count: usize) -> (Target, TextClient, Vec<(String, Vec<u8>)>) {
+    let target = Target::remem_kv(name, "eor", "16MiB", &[]);
+    let mut client = target.client();
+    let keys: Vec<(String, Vec<u8>)> =
+        (0..count).map(|index| (format!("eor{index}"), value(index, 4096 + 64 + index * 37))).collect();
+    for (key, bytes) in &keys {
+        client.set(key, bytes).expect("set");
+    }
+    (target, client, keys)
+}
+
 /// EOR values of a page and a chunk tail; the node of their main copies replaced by an empty
 /// one (one failure: within EOR's tolerance). The running server reads them from the data
 /// splits; so must a restarted one, whose client no longer knows that the main copies were lost
@@ -129,13 +142,7 @@ fn wait_rewritten(path: &Path, since: SystemTime, what: &str) {
 #[test]
 fn eor_values_survive_their_main_copy_node_replaced_and_a_restart() {
     let args = ["--scheme", "eor", "-m", "16MiB"];
-    let mut target = Target::remem_kv("eor-replaced", "eor", "16MiB", &[]);
-    let mut client = target.client();
-    let keys: Vec<(String, Vec<u8>)> =
-        (0..100).map(|index| (format!("eor{index}"), value(index, 4096 + 64 + index * 37))).collect();
-    for (key, bytes) in &keys {
-        client.set(key, bytes).expect("set");
-    }
+    let (mut target, mut client, keys) = eor_values("eor-replaced", 100);
     let node = node_of(&target, 1, 0, 0);
     let slab_map = target
         .cluster
@@ -165,6 +172,37 @@ fn eor_values_survive_their_main_copy_node_replaced_and_a_restart() {
         client.stats().expect("stats").get("remem_restored_mismatches").map(String::as_str),
         Some("0")
     );
+    target.assert_running();
+}
+
+/// EOR values nobody reads while the node of their main copies dies and its range comes back
+/// empty elsewhere: each value then has only its k data splits (parity-stale), and after the
+/// cluster healed one more failure, of a data node, would lose it. The scrub reads every such
+/// value and writes its main copy back; the data node's death then costs nothing. Before the
+/// scrub, only a read repaired a main copy, and values not read were lost.
+#[test]
+fn eor_values_not_read_after_their_main_copies_were_lost_survive_a_data_node_after_healing() {
+    let (mut target, mut client, keys) = eor_values("eor-scrub", 60);
+    let (main, data) = (node_of(&target, 1, 0, 0), node_of(&target, 0, 0, 0));
+    target.cluster.as_mut().expect("a cluster").kill(main).expect("SIGKILL");
+    // The main copies come back on another node and the scrub reads the values (bounded wait
+    // until its count holds still).
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let (mut last, mut still_since) = (0, Instant::now());
+    loop {
+        let reads: u64 = client.stats().expect("stats")["remem_eor_scrub_reads"].parse().expect("a count");
+        if reads != last {
+            (last, still_since) = (reads, Instant::now());
+        }
+        let moved = node_of(&target, 1, 0, 0) != main;
+        if moved && last > 0 && still_since.elapsed() > Duration::from_secs(3) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no scrub after the main copies moved: {last} reads");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    target.cluster.as_mut().expect("a cluster").kill(data).expect("SIGKILL");
+    check_all(&mut client, &keys, "a data node down after the main copies were rebuilt");
     target.assert_running();
 }
 

@@ -31,6 +31,7 @@ pub mod mirror;
 pub mod open;
 mod reads;
 pub mod rewrites;
+mod scrub;
 pub mod transition;
 mod writes;
 
@@ -89,6 +90,9 @@ pub enum Waiter {
     Rmw { key: Box<[u8]> },
     /// A transition waits for the value.
     Transition { task: TaskId },
+    /// The scrub of EOR main copies (`scrub.rs`): the read's repair is the point, the value
+    /// is dropped.
+    Scrub,
 }
 
 #[derive(Debug)]
@@ -210,6 +214,8 @@ pub struct Cache<P: PageClient = PollClient> {
     /// Empty but during failures; a restart forgets it, and restored values are checked against
     /// their records instead.
     stale_main: std::collections::HashSet<u64>,
+    /// The walk that writes back main copies lost or stale since a failure (`scrub.rs`).
+    scrub: scrub::Scrub,
     background_transitions: usize,
     /// `flush_all` with a delay: at this unix second every item stored before it goes.
     flush_at: Option<u64>,
@@ -256,6 +262,7 @@ impl<P: PageClient> Cache<P> {
             ec_first_page,
             main_first_page,
             stale_main: Default::default(),
+            scrub: Default::default(),
             background_transitions: 0,
             flush_at: None,
             started: client_now,
@@ -625,6 +632,7 @@ impl<P: PageClient> Cache<P> {
         }
         self.cool_down(now_unix);
         self.shrink_regions();
+        self.scrub_main_copies();
     }
 
     /// Checks the engine's counted state (debug builds' housekeeping calls it once a second, so

@@ -261,6 +261,7 @@ impl<P: PageClient> Cache<P> {
             }
             Waiter::Rmw { key } => self.completions.push_back(Completion::RmwValue { key, value }),
             Waiter::Transition { task } => self.transition_fetched(task, value),
+            Waiter::Scrub => self.stats.scrub_reads += 1,
         }
     }
 }
