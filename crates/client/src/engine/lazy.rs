@@ -47,11 +47,9 @@ impl Engine {
     /// when the other's range holding its first page is not mapped or its split is unavailable,
     /// or when a mapped range of the other would share a data node with it.
     pub fn placement_of_range(&self, range: usize) -> Result<RangePlacement, BesideError> {
-        let region_index = self.ranges[range].region;
-        let region = &self.regions[region_index];
-        let first_offset = (range - region.first_range) as u64 * region.pages_per_range;
-        let last_offset = (first_offset + region.pages_per_range).min(region.page_count) - 1;
+        let region = &self.regions[self.ranges[range].region];
         if let Some((beside, split)) = region.beside {
+            let (first_offset, last_offset) = self.range_offsets(range);
             let last_offset = last_offset.min(self.regions[beside].page_count - 1);
             let local_range = (range - region.first_range) as u64;
             return self
@@ -59,21 +57,7 @@ impl Engine {
                 .map(RangePlacement::Pinned);
         }
         // Ranges of regions laid beside this one that hold pages of this range.
-        let mut avoid = Vec::new();
-        for other in
-            self.regions.iter().filter(|other| other.beside.is_some_and(|(of, _)| of == region_index))
-        {
-            if first_offset >= other.page_count {
-                continue;
-            }
-            let first = other.first_range + (first_offset / other.pages_per_range) as usize;
-            let last =
-                other.first_range + (last_offset.min(other.page_count - 1) / other.pages_per_range) as usize;
-            for beside_range in first..=last {
-                avoid.extend(self.ranges[beside_range].slabs.iter().map(|slab| slab.node));
-            }
-        }
-        Ok(RangePlacement::Avoiding(avoid))
+        Ok(RangePlacement::Avoiding(self.nodes_beside_range(range)))
     }
 
     /// The nodes a new slab of split `split` of mapped range `range` must not go to because of
@@ -83,32 +67,46 @@ impl Engine {
     /// region's ranges holding its pages. A page's main copy and its data splits on one node
     /// would be lost together with it: one failure, within EOR's tolerance, losing the page.
     pub fn beside_conflicts(&self, range: usize, split: usize) -> Vec<NodeId> {
-        let region_index = self.ranges[range].region;
-        let region = &self.regions[region_index];
-        let first_offset = (range - region.first_range) as u64 * region.pages_per_range;
-        let last_offset = (first_offset + region.pages_per_range).min(region.page_count) - 1;
-        let mut nodes = Vec::new();
-        let mut add_ranges_of = |other: &Region, first: u64, take: usize| {
-            if first >= other.page_count {
-                return;
+        let region = &self.regions[self.ranges[range].region];
+        match region.beside {
+            Some((beside, _)) => {
+                let beside = &self.regions[beside];
+                self.nodes_holding(beside, self.range_offsets(range), beside.shape.data_splits)
             }
-            let last = last_offset.min(other.page_count - 1);
-            let range_of = |offset: u64| other.first_range + (offset / other.pages_per_range) as usize;
-            for other_range in range_of(first)..=range_of(last) {
-                nodes.extend(self.ranges[other_range].slabs.iter().take(take).map(|slab| slab.node));
-            }
-        };
-        if let Some((beside, _)) = region.beside {
-            let beside = &self.regions[beside];
-            add_ranges_of(beside, first_offset, beside.shape.data_splits);
-        } else if split < region.shape.data_splits {
-            for other in
-                self.regions.iter().filter(|other| other.beside.is_some_and(|(of, _)| of == region_index))
-            {
-                add_ranges_of(other, first_offset, usize::MAX);
-            }
+            None if split < region.shape.data_splits => self.nodes_beside_range(range),
+            None => Vec::new(),
         }
-        nodes
+    }
+
+    /// The first and last page offsets of `range` within its region.
+    pub(super) fn range_offsets(&self, range: usize) -> (u64, u64) {
+        let region = &self.regions[self.ranges[range].region];
+        let first = (range - region.first_range) as u64 * region.pages_per_range;
+        (first, (first + region.pages_per_range).min(region.page_count) - 1)
+    }
+
+    /// The nodes of the first `take` splits of the ranges of `other` that hold page offsets
+    /// `first..=last` (of a region laid beside it, or it beside them: offsets match page for
+    /// page).
+    fn nodes_holding(&self, other: &Region, (first, last): (u64, u64), take: usize) -> Vec<NodeId> {
+        if first >= other.page_count {
+            return Vec::new();
+        }
+        let range_of = |offset: u64| other.first_range + (offset / other.pages_per_range) as usize;
+        (range_of(first)..=range_of(last.min(other.page_count - 1)))
+            .flat_map(|other_range| self.ranges[other_range].slabs.iter().take(take).map(|slab| slab.node))
+            .collect()
+    }
+
+    /// The nodes of the ranges of regions laid beside `range`'s region that hold its pages.
+    fn nodes_beside_range(&self, range: usize) -> Vec<NodeId> {
+        let region_index = self.ranges[range].region;
+        let offsets = self.range_offsets(range);
+        self.regions
+            .iter()
+            .filter(|other| other.beside.is_some_and(|(of, _)| of == region_index))
+            .flat_map(|other| self.nodes_holding(other, offsets, usize::MAX))
+            .collect()
     }
 
     /// Gives unmapped range `range` the slabs the driver mapped for it, one per split: its

@@ -284,7 +284,7 @@ impl Engine {
         let task = &self.regenerations[index];
         let region = &self.regions[self.ranges[task.range].region];
         let (beside, split) = region.beside?;
-        let offset = (task.range - region.first_range) as u64 * region.pages_per_range;
+        let (offset, _) = self.range_offsets(task.range);
         let beside = &self.regions[beside];
         if offset >= beside.page_count {
             return None;

@@ -89,11 +89,12 @@ impl<P: PageClient> Cache<P> {
             if entry.pending.is_some() || entry.moving {
                 continue;
             }
-            let (key, location_id) = (entry.key.clone(), entry.location);
+            let location_id = entry.location;
             let location = self.index.location(location_id);
             if location.scheme != Scheme::Eor {
                 continue;
             }
+            let key = entry.key.clone();
             let pages: Vec<u64> = location
                 .extent
                 .pages
