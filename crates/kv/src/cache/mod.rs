@@ -436,7 +436,8 @@ impl<P: PageClient> Cache<P> {
     /// (its last write failed); other schemes' pages are read where they are.
     pub(crate) fn read_source(&self, scheme: Scheme, page: u64) -> (u64, u32) {
         match scheme {
-            Scheme::Eor if self.stale_main.contains(&page) => (page, FALLBACK),
+            // Empty but during failures: no hashing per read then.
+            Scheme::Eor if !self.stale_main.is_empty() && self.stale_main.contains(&page) => (page, FALLBACK),
             Scheme::Eor => (self.main_page(page), MAIN),
             _ => (page, 0),
         }
@@ -452,7 +453,9 @@ impl<P: PageClient> Cache<P> {
         let Some(first) = self.main_first_page else { return };
         let page = self.ec_first_page + (op.page - first);
         if op.result.is_ok() {
-            self.stale_main.remove(&page);
+            if !self.stale_main.is_empty() {
+                self.stale_main.remove(&page);
+            }
         } else {
             self.stale_main.insert(page);
         }
