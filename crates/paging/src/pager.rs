@@ -149,6 +149,8 @@ pub struct Pager {
     write_back_batch: usize,
     warned_full: bool,
     victims: Vec<(u64, u32, bool)>,
+    /// One page of zeros (never written) that write faults of never-written pages copy.
+    zeros: Buffer,
 }
 
 /// Connects the pager's client (see `Pager::connect_now`).
@@ -194,8 +196,9 @@ impl Pager {
         let staging = Buffer::new(staging_pages * PAGE as usize)?;
         staging_uffd.register(staging.range().0, staging.bytes as u64, false)?;
         let fetch_buffer = Buffer::new(PREFETCH_MAX * PAGE as usize)?;
+        let zeros = Buffer::new(PAGE as usize)?;
         let mut excluded = setup.excluded;
-        excluded.extend([staging.range(), fetch_buffer.range()]);
+        excluded.extend([staging.range(), fetch_buffer.range(), zeros.range()]);
         let pinned = setup.pinned;
         let mut pager = Pager {
             uffd,
@@ -230,6 +233,7 @@ impl Pager {
             write_back_batch: setup.write_back_batch.clamp(1, WRITE_BACK_BATCH),
             warned_full: false,
             victims: Vec::with_capacity(WRITE_BACK_BATCH),
+            zeros,
         };
         for (start, end) in pinned {
             pager.pin(start, end);
@@ -427,16 +431,14 @@ impl Pager {
         let result = match self.table.fault(page) {
             Fault::Zero => {
                 STATS.zero_faults.fetch_add(1, Relaxed);
-                self.uffd.zeropage(page, PAGE).map(|()| self.table.make_resident(page, Dirt::Written))
+                self.zero_fill(page, write)
             }
             Fault::MoveBack { staging } => self.move_back(page, staging),
             Fault::Fetch { slot, written } => self.fetch(page, slot, fetched_dirt(write, written)),
             Fault::Stale { slot, dirty } if !dirty && slot != NO_SLOT => {
                 self.fetch(page, slot, fetched_dirt(write, false))
             }
-            Fault::Stale { .. } => {
-                self.uffd.zeropage(page, PAGE).map(|()| self.table.make_resident(page, Dirt::Written))
-            }
+            Fault::Stale { .. } => self.zero_fill(page, write),
         };
         match result.as_ref().map_err(uffd::errno) {
             Ok(()) => {}
@@ -452,6 +454,22 @@ impl Pager {
         }
         let resident = self.table.resident_count() as u64;
         STATS.peak_resident_pages.fetch_max(resident + self.table.victim_count() as u64, Relaxed);
+    }
+
+    /// A page never written (or whose bytes are gone) comes in as zeros. For a read, the shared
+    /// zero page (UFFDIO_ZEROPAGE: no memory until written). For a write, a page of zeros of its
+    /// own (UFFDIO_COPY): the zero page would take the write as a second fault at once, whose
+    /// copy-on-write replaces a present entry and so flushes the TLB of every CPU running the
+    /// process, the pager's included (an interrupt to the other vCPU).
+    fn zero_fill(&mut self, page: u64, write: bool) -> io::Result<()> {
+        if write {
+            self.uffd.copy(page, self.zeros.page(0), false, true)?;
+            STATS.zero_copies.fetch_add(1, Relaxed);
+        } else {
+            self.uffd.zeropage(page, PAGE)?;
+        }
+        self.table.make_resident(page, Dirt::Written);
+        Ok(())
     }
 
     /// A victim comes back by a move: the page is the program's again, as it left. It comes

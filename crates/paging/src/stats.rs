@@ -38,6 +38,8 @@ impl Histogram {
 
 pub struct Stats {
     pub zero_faults: AtomicU64,
+    /// Zero faults of a write, given a page of zeros of their own (the others map the zero page).
+    pub zero_copies: AtomicU64,
     pub victim_faults: AtomicU64,
     pub fetch_faults: AtomicU64,
     pub prefetched: AtomicU64,
@@ -58,6 +60,7 @@ pub struct Stats {
 
 pub static STATS: Stats = Stats {
     zero_faults: AtomicU64::new(0),
+    zero_copies: AtomicU64::new(0),
     victim_faults: AtomicU64::new(0),
     fetch_faults: AtomicU64::new(0),
     prefetched: AtomicU64::new(0),
@@ -79,11 +82,12 @@ impl Stats {
     pub fn json(&self) -> String {
         let count = |counter: &AtomicU64| counter.load(Relaxed);
         format!(
-            "{{\"zero_faults\":{},\"victim_faults\":{},\"fetch_faults\":{},\"prefetched\":{},\"write_faults\":{},\
+            "{{\"zero_faults\":{},\"zero_copies\":{},\"victim_faults\":{},\"fetch_faults\":{},\"prefetched\":{},\"write_faults\":{},\
              \"lost_pages\":{},\"evictions\":{},\"write_backs\":{},\"write_back_errors\":{},\"unevictable\":{},\
              \"peak_resident_pages\":{},\"managed_bytes\":{},\"fetch_p50_us\":{},\"fetch_p99_us\":{},\
              \"copy_p50_us\":{},\"copy_p99_us\":{},\"move_back_p50_us\":{}}}",
             count(&self.zero_faults),
+            count(&self.zero_copies),
             count(&self.victim_faults),
             count(&self.fetch_faults),
             count(&self.prefetched),

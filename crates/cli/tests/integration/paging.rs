@@ -128,6 +128,11 @@ fn every_semantic_of_a_program_holds_when_its_pages_live_in_remem() {
             // exec replaces the paged image before it reads anything back.
             assert!(pager_counter(&stderr, "fetch_faults") > 0, "{mode}: nothing fetched back\n{stderr}");
         }
+        if mode == "fill" || mode == "random" {
+            // Fresh memory written first: a page of zeros of its own per write fault, not the
+            // zero page and a copy-on-write fault after it.
+            assert!(pager_counter(&stderr, "zero_copies") > 0, "{mode}: no zero copies\n{stderr}");
+        }
         assert_eq!(pager_counter(&stderr, "lost_pages"), 0, "{mode}: {stderr}");
         // Every image's slabs are given back: the last one's by `remem run`, an earlier one's
         // (exec replaced it without a destructor) by the next image's pager before it connects.
