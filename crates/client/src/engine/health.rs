@@ -177,8 +177,8 @@ impl Engine {
     pub(super) fn expire_deadlines(&mut self) {
         let now = self.now;
         let mut any = false;
-        for slot in &self.slots {
-            if !slot.in_use() || slot.deadline > now {
+        for (slot, deadline) in self.slots.iter().zip(&self.slot_deadlines) {
+            if deadline.is_none_or(|deadline| deadline > now) {
                 continue;
             }
             let pending = slot.pending();
@@ -199,10 +199,10 @@ impl Engine {
             }
         }
         let timeout = self.config.request_timeout;
-        for slot in &mut self.slots {
-            if slot.in_use() && slot.deadline <= now {
+        for deadline in self.slot_deadlines.iter_mut().flatten() {
+            if *deadline <= now {
                 // Replacements asked because of this expiry get their own full timeout.
-                slot.deadline = now + timeout;
+                *deadline = now + timeout;
             }
         }
     }

@@ -397,6 +397,10 @@ pub struct Engine {
     /// Per slot, the page of its read or write ([`ops::NO_PAGE`] if none), and the free slots:
     /// what every submit looks at, kept small (the slots themselves are a few cache lines each).
     slot_pages: Vec<u64>,
+    /// Per slot, its op's deadline (`None` while free): apart from the slots, so that
+    /// `next_deadline`, which every driver calls each turn, reads 16 bytes a slot, not a slot's
+    /// cache lines.
+    slot_deadlines: Vec<Option<Instant>>,
     free_slots: Vec<usize>,
     active: usize,
     events: Vec<ops::SplitEvent>,
@@ -439,6 +443,7 @@ impl Engine {
         assert!(config.max_in_flight >= 1 && config.max_in_flight < (1 << 24));
         let slots = (0..config.max_in_flight).map(|_| ops::OpSlot::new(now, config.page_bytes)).collect();
         let slot_pages = vec![ops::NO_PAGE; config.max_in_flight];
+        let slot_deadlines = vec![None; config.max_in_flight];
         let free_slots = (0..config.max_in_flight).rev().collect();
         Engine {
             events: Vec::with_capacity(config.max_in_flight * MAX_SPLITS * 2),
@@ -452,6 +457,7 @@ impl Engine {
             page_flags: Vec::new(),
             slots,
             slot_pages,
+            slot_deadlines,
             free_slots,
             active: 0,
             actions: Vec::new(),
@@ -663,7 +669,10 @@ impl Engine {
     /// The earliest time the engine wants a [`Engine::tick`]: an op's deadline, a heartbeat, a
     /// probe, a queued rebuild.
     pub fn next_deadline(&self) -> Option<Instant> {
-        let ops = self.slots.iter().filter(|slot| slot.in_use()).map(|slot| slot.deadline);
+        let ops = self.slot_deadlines[..if self.active > 0 { self.slot_deadlines.len() } else { 0 }]
+            .iter()
+            .flatten()
+            .copied();
         let nodes = self.nodes.iter().filter_map(|node| self.node_deadline(node));
         let rebuilds = self.regenerations.iter().filter_map(|task| task.not_before());
         ops.chain(nodes).chain(rebuilds).min()

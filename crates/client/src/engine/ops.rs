@@ -56,7 +56,6 @@ pub(super) struct OpSlot {
     /// The node each split was sent to.
     pub(super) asked_nodes: [NodeId; MAX_SPLITS],
     pub(super) started: Instant,
-    pub(super) deadline: Instant,
 }
 
 impl OpSlot {
@@ -80,7 +79,6 @@ impl OpSlot {
             staging: vec![0; 2 * page_bytes],
             asked_nodes: [0; MAX_SPLITS],
             started: now,
-            deadline: now,
         }
     }
 
@@ -296,7 +294,7 @@ impl Engine {
         slot.range = range;
         slot.slot_in_range = slot_in_range;
         slot.started = now;
-        slot.deadline = now + timeout;
+        self.slot_deadlines[slot_index] = Some(now + timeout);
         self.active += 1;
         slot_index
     }
@@ -311,6 +309,7 @@ impl Engine {
         // Late replies carry the old generation and are dropped.
         slot.generation = slot.generation.wrapping_add(1) & 0x7fff_ffff;
         self.slot_pages[slot_index] = NO_PAGE;
+        self.slot_deadlines[slot_index] = None;
         self.free_slots.push(slot_index);
         self.active -= 1;
         debug_assert_eq!(
