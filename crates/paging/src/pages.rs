@@ -66,6 +66,9 @@ pub enum Dirt {
     Assumed,
     /// Back from the victim set: writable and dirty, with what was seen before it left.
     MovedBack,
+    /// Back from the victim set as it left it, clean: write-protected, the same as its slot
+    /// (used again since it came in, as `MovedBack`).
+    CopiedBackClean,
 }
 
 /// What a missing fault on a page needs.
@@ -73,7 +76,7 @@ pub enum Dirt {
 pub enum Fault {
     /// Never written (or freed): zeros.
     Zero,
-    /// A victim: move its staging page back (it comes back dirty, see `Pager::move_back`).
+    /// A victim: copy its staging page back (see `Pager::move_back`).
     MoveBack { staging: u32 },
     /// Only in remem: fetch the slot. `written`: the page was dirty when it left, so it is
     /// likely written again (see `Pager::fetch`).
@@ -155,16 +158,16 @@ impl PageTable {
         let before = self.leave(page);
         let slot = before.map_or(NO_SLOT, |entry| entry.slot);
         // A page with no slot has no copy anywhere else: it is dirty whatever was asked.
-        let dirty = dirt != Dirt::Clean || slot == NO_SLOT;
+        let dirty = !matches!(dirt, Dirt::Clean | Dirt::CopiedBackClean) || slot == NO_SLOT;
         let seen_write = match dirt {
             Dirt::Clean | Dirt::Assumed => false,
             Dirt::Written => true,
-            Dirt::MovedBack => before.is_some_and(|entry| entry.seen_write),
+            Dirt::MovedBack | Dirt::CopiedBackClean => before.is_some_and(|entry| entry.seen_write),
         };
         let generation = self.generation();
         let state = State::Resident { dirty };
         // Back from the victim set: the page was used again since it came in.
-        let protected = dirt == Dirt::MovedBack && self.protected_cap > 0;
+        let protected = matches!(dirt, Dirt::MovedBack | Dirt::CopiedBackClean) && self.protected_cap > 0;
         self.pages.insert(page, Entry { state, slot, generation, seen_write, protected });
         if protected {
             self.protected.push_back((page, generation));
@@ -580,6 +583,28 @@ mod tests {
         table.make_resident(5, Dirt::MovedBack);
         evict(&mut table, 5);
         assert_eq!(table.fault(5), Fault::Fetch { slot: 1, written: false }, "a move back is not a write");
+        table.check();
+    }
+
+    /// A clean victim copied back is clean (write-protected, no write-back at its next
+    /// eviction) and, used again, protected; one with no slot is dirty whatever was asked.
+    #[test]
+    fn a_clean_victim_copied_back_stays_clean_and_is_protected() {
+        let mut table = PageTable::with_protected_cap(4);
+        table.make_resident(5, Dirt::Written);
+        evict(&mut table, 5);
+        table.make_resident(5, Dirt::Clean);
+        table.make_victim(5, 2);
+        assert_eq!(table.fault(5), Fault::MoveBack { staging: 2 });
+        table.make_resident(5, Dirt::CopiedBackClean);
+        let entry = table.get(5).unwrap();
+        assert_eq!(entry.state, State::Resident { dirty: false });
+        assert!(entry.protected, "used again since it came in");
+        assert!(!entry.seen_write, "no write was seen in its stay, nor since");
+        table.make_resident(9, Dirt::Written);
+        table.make_victim(9, 3);
+        table.make_resident(9, Dirt::CopiedBackClean);
+        assert_eq!(table.get(9).unwrap().state, State::Resident { dirty: true }, "no slot: dirty");
         table.check();
     }
 
