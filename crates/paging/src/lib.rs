@@ -15,6 +15,7 @@
 //! thread of the program; the program's threads never take a lock of the pager.
 
 pub mod arena;
+mod buffer;
 pub mod config;
 pub mod maps;
 pub mod pager;
