@@ -107,3 +107,108 @@ pub fn own_pidfd() -> Option<OwnedFd> {
     // SAFETY: a descriptor the kernel just gave us and nobody else owns.
     (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
+
+/// The free staging pages, one bit each: a page, or a run of consecutive pages for a run of
+/// evictions moved by one UFFDIO_MOVE (one TLB flush for the run).
+pub struct StagingFree {
+    words: Vec<u64>,
+    pages: usize,
+    free: usize,
+}
+
+impl StagingFree {
+    /// Every one of `pages` staging pages free.
+    pub fn new(pages: usize) -> StagingFree {
+        let mut words = vec![u64::MAX; pages.div_ceil(64)];
+        if !pages.is_multiple_of(64) {
+            *words.last_mut().expect("at least one word") = (1u64 << (pages % 64)) - 1;
+        }
+        StagingFree { words, pages, free: pages }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.free == 0
+    }
+
+    /// A free page, the lowest.
+    pub fn take(&mut self) -> Option<u32> {
+        let (index, word) = self.words.iter().enumerate().find(|(_, word)| **word != 0)?;
+        let page = index * 64 + word.trailing_zeros() as usize;
+        self.words[index] &= !(1u64 << (page % 64));
+        self.free -= 1;
+        Some(page as u32)
+    }
+
+    /// `count` consecutive free pages, the lowest such run: its first page.
+    pub fn take_run(&mut self, count: usize) -> Option<u32> {
+        assert!(count >= 1);
+        if self.free < count {
+            return None;
+        }
+        let (mut start, mut length) = (0, 0);
+        let mut page = 0;
+        while page < self.pages {
+            let word = self.words[page / 64];
+            if page % 64 == 0 && word == 0 {
+                (length, page) = (0, page + 64);
+                continue;
+            }
+            if word & (1u64 << (page % 64)) == 0 {
+                length = 0;
+            } else {
+                if length == 0 {
+                    start = page;
+                }
+                length += 1;
+                if length == count {
+                    for taken in start..start + count {
+                        self.words[taken / 64] &= !(1u64 << (taken % 64));
+                    }
+                    self.free -= count;
+                    return Some(start as u32);
+                }
+            }
+            page += 1;
+        }
+        None
+    }
+
+    /// `page` is free again (it was taken).
+    pub fn give(&mut self, page: u32) {
+        let page = page as usize;
+        assert!(
+            page < self.pages && self.words[page / 64] & (1u64 << (page % 64)) == 0,
+            "staging page {page} freed twice"
+        );
+        self.words[page / 64] |= 1u64 << (page % 64);
+        self.free += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StagingFree;
+
+    #[test]
+    fn runs_are_consecutive_free_pages_and_every_page_is_taken_once() {
+        let mut free = StagingFree::new(130);
+        assert_eq!(free.take_run(3), Some(0));
+        assert_eq!(free.take(), Some(3));
+        free.give(1);
+        assert_eq!(free.take_run(2), Some(4), "page 1 alone is no run of two");
+        assert_eq!(free.take(), Some(1));
+        let mut taken = vec![0, 2, 3, 4, 5, 1];
+        while let Some(page) = free.take() {
+            taken.push(page);
+        }
+        taken.sort_unstable();
+        assert_eq!(taken, (0..130).collect::<Vec<u32>>(), "each page once");
+        assert!(free.is_empty() && free.take_run(1).is_none());
+        free.give(64);
+        free.give(63);
+        assert_eq!(free.take_run(2), Some(63), "a run across two words");
+        free.give(129);
+        assert_eq!(free.take_run(2), None);
+        assert_eq!(free.take_run(1), Some(129));
+    }
+}

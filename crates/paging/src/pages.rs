@@ -24,6 +24,10 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+/// Table changes at most between two pages of a sequential run (`PageTable::sequential_run`):
+/// a page that came in, the eviction it made room by, a victim dropped.
+const SEQUENTIAL_GAP: u32 = 8;
+
 /// A page's slot in the remem region; `NO_SLOT` before its first write-back.
 pub const NO_SLOT: u32 = u32::MAX;
 
@@ -265,6 +269,30 @@ impl PageTable {
         if let Some(front) = self.resident.pop_front() {
             self.resident.push_back(front);
         }
+    }
+
+    /// How many pages from `page` on (at most `max`) are resident in probation and came in one
+    /// after the other, each within a few table changes of the one before (a sequential fill
+    /// or a prefetch batch): a run the pager evicts with one move. 1 when `page` alone.
+    pub fn sequential_run(&self, page: u64, max: usize) -> usize {
+        let Some(first) = self.pages.get(&page) else { return 1 };
+        let mut generation = first.generation;
+        let mut count = 1;
+        while count < max {
+            let next = page + count as u64 * crate::pager::PAGE;
+            match self.pages.get(&next) {
+                Some(entry)
+                    if matches!(entry.state, State::Resident { .. })
+                        && !entry.protected
+                        && (1..=SEQUENTIAL_GAP).contains(&entry.generation.wrapping_sub(generation)) =>
+                {
+                    generation = entry.generation;
+                    count += 1;
+                }
+                _ => break,
+            }
+        }
+        count
     }
 
     /// The resident page moved into staging page `staging`.
@@ -583,6 +611,28 @@ mod tests {
         table.make_resident(5, Dirt::MovedBack);
         evict(&mut table, 5);
         assert_eq!(table.fault(5), Fault::Fetch { slot: 1, written: false }, "a move back is not a write");
+        table.check();
+    }
+
+    /// Pages that came in one after the other are a run from the oldest on; a page that came in
+    /// later, a protected page, a victim or a gap in the addresses ends it.
+    #[test]
+    fn a_sequential_run_is_consecutive_pages_that_came_in_one_after_the_other() {
+        let page = |index: u64| 0x10000 + index * crate::pager::PAGE;
+        let mut table = PageTable::with_protected_cap(8);
+        for index in 0..6 {
+            table.make_resident(page(index), Dirt::Written);
+        }
+        assert_eq!(table.sequential_run(page(0), 16), 6);
+        assert_eq!(table.sequential_run(page(0), 4), 4, "at most the most asked");
+        table.make_victim(page(3), 1);
+        assert_eq!(table.sequential_run(page(0), 16), 3, "a victim ends it");
+        for _ in 0..20 {
+            table.make_resident(0x90000, Dirt::Written);
+        }
+        table.make_resident(page(6), Dirt::Written);
+        assert_eq!(table.sequential_run(page(4), 16), 2, "page 6 came in long after page 5");
+        assert_eq!(table.sequential_run(page(9), 16), 1, "a page the table does not know");
         table.check();
     }
 

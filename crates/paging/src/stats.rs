@@ -46,6 +46,8 @@ pub struct Stats {
     pub write_faults: AtomicU64,
     pub lost_pages: AtomicU64,
     pub evictions: AtomicU64,
+    /// Evictions made by a move of a sequential run of pages (`Pager::evict_run`).
+    pub evicted_in_runs: AtomicU64,
     pub write_backs: AtomicU64,
     pub write_back_errors: AtomicU64,
     pub unevictable: AtomicU64,
@@ -67,6 +69,7 @@ pub static STATS: Stats = Stats {
     write_faults: AtomicU64::new(0),
     lost_pages: AtomicU64::new(0),
     evictions: AtomicU64::new(0),
+    evicted_in_runs: AtomicU64::new(0),
     write_backs: AtomicU64::new(0),
     write_back_errors: AtomicU64::new(0),
     unevictable: AtomicU64::new(0),
@@ -83,7 +86,7 @@ impl Stats {
         let count = |counter: &AtomicU64| counter.load(Relaxed);
         format!(
             "{{\"zero_faults\":{},\"zero_copies\":{},\"victim_faults\":{},\"fetch_faults\":{},\"prefetched\":{},\"write_faults\":{},\
-             \"lost_pages\":{},\"evictions\":{},\"write_backs\":{},\"write_back_errors\":{},\"unevictable\":{},\
+             \"lost_pages\":{},\"evictions\":{},\"evicted_in_runs\":{},\"write_backs\":{},\"write_back_errors\":{},\"unevictable\":{},\
              \"peak_resident_pages\":{},\"managed_bytes\":{},\"fetch_p50_us\":{},\"fetch_p99_us\":{},\
              \"copy_p50_us\":{},\"copy_p99_us\":{},\"move_back_p50_us\":{}}}",
             count(&self.zero_faults),
@@ -94,6 +97,7 @@ impl Stats {
             count(&self.write_faults),
             count(&self.lost_pages),
             count(&self.evictions),
+            count(&self.evicted_in_runs),
             count(&self.write_backs),
             count(&self.write_back_errors),
             count(&self.unevictable),

@@ -151,8 +151,20 @@ impl Uffd {
     /// Moves the pages at `src` to the missing pages at `dst` (registered with this
     /// descriptor), atomically: `src` is missing afterwards. Never touches the page's bytes.
     pub fn move_pages(&self, dst: u64, src: u64, len: u64, wake: bool) -> io::Result<()> {
+        self.move_pages_counted(dst, src, len, wake).1
+    }
+
+    /// [`Uffd::move_pages`], with the bytes moved from the start of the range (all of them on
+    /// success; on an error, those moved before it).
+    pub fn move_pages_counted(&self, dst: u64, src: u64, len: u64, wake: bool) -> (u64, io::Result<()>) {
         let mut argument = [dst, src, len, if wake { 0 } else { MODE_DONTWAKE }, 0];
-        self.ioctl(UFFDIO_MOVE, &mut argument)
+        let result = self.ioctl(UFFDIO_MOVE, &mut argument);
+        let moved = match result {
+            Ok(()) => len,
+            // The kernel's `move` field: bytes moved, or a negative errno when none were.
+            Err(_) => (argument[4] as i64).clamp(0, len as i64) as u64,
+        };
+        (moved, result)
     }
 
     /// Lifts write-protection from a present range and wakes its waiting writers. (Pages are

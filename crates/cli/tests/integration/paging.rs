@@ -133,6 +133,10 @@ fn every_semantic_of_a_program_holds_when_its_pages_live_in_remem() {
             // zero page and a copy-on-write fault after it.
             assert!(pager_counter(&stderr, "zero_copies") > 0, "{mode}: no zero copies\n{stderr}");
         }
+        if mode == "fill" {
+            // Filled in order: the oldest pages leave in runs, one move (one TLB flush) each.
+            assert!(pager_counter(&stderr, "evicted_in_runs") > 0, "{mode}: no run evicted\n{stderr}");
+        }
         assert_eq!(pager_counter(&stderr, "lost_pages"), 0, "{mode}: {stderr}");
         // Every image's slabs are given back: the last one's by `remem run`, an earlier one's
         // (exec replaced it without a destructor) by the next image's pager before it connects.
