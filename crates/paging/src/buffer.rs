@@ -53,7 +53,7 @@ impl Buffer {
     }
 
     /// Gives the page's memory back (the next move into it finds it missing).
-    pub fn discard(&self, page: usize) {
+    fn discard(&self, page: usize) {
         // SAFETY: a page of this pager's own mapping; nothing refers to its bytes any more.
         unsafe {
             libc::madvise(self.base.add(page * PAGE as usize).cast(), PAGE as usize, libc::MADV_DONTNEED)

@@ -358,8 +358,7 @@ impl Pager {
             self.slots.give_back(slot);
         }
         for staging in freed.staging {
-            self.staging.discard(staging as usize);
-            self.free_staging.give(staging);
+            self.discard_later(staging);
         }
     }
 
@@ -391,7 +390,7 @@ impl Pager {
                 STATS.zero_faults.fetch_add(1, Relaxed);
                 self.zero_fill(page, write)
             }
-            Fault::MoveBack { staging } => self.move_back(page, staging),
+            Fault::MoveBack { staging } => self.copy_back(page, staging),
             Fault::Fetch { slot, written } => self.fetch(page, slot, fetched_dirt(write, written)),
             Fault::Stale { slot, dirty } if !dirty && slot != NO_SLOT => {
                 self.fetch(page, slot, fetched_dirt(write, false))
@@ -437,7 +436,7 @@ impl Pager {
     /// entry, a TLB flush that interrupts every CPU running the process, per fault; a copy
     /// flushes nothing (a random refault of a 15 MiB set under a 16 MiB limit took 2.27 us an
     /// access instead of 2.50, medians of 3 runs).
-    fn move_back(&mut self, page: u64, staging: u32) -> io::Result<()> {
+    fn copy_back(&mut self, page: u64, staging: u32) -> io::Result<()> {
         let started = Instant::now();
         let dirty =
             !matches!(self.table.get(page), Some(Entry { state: State::Victim { dirty: false, .. }, .. }))
@@ -705,8 +704,7 @@ impl Pager {
                 }
             });
         }
-        let mut discarded = [0u32; WRITE_BACK_BATCH];
-        let mut count = 0;
+        let mut dropped = false;
         for (index, &(page, staging, dirty)) in victims.iter().enumerate() {
             if !written[index] {
                 if fresh[index] {
@@ -718,15 +716,12 @@ impl Pager {
                 self.table.written_back(page, slots[index]);
                 STATS.write_backs.fetch_add(1, Relaxed);
             }
-            discarded[count] = staging;
-            count += 1;
-            self.table.make_remote(page);
-        }
-        for &staging in &discarded[..count] {
             self.discard_later(staging);
+            self.table.make_remote(page);
+            dropped = true;
         }
         self.victims = victims;
-        count > 0
+        dropped
     }
 
     /// Brings every page home (before a fork: the child gets no userfaultfd, so a page not in

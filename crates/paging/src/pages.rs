@@ -80,7 +80,7 @@ pub enum Dirt {
 pub enum Fault {
     /// Never written (or freed): zeros.
     Zero,
-    /// A victim: copy its staging page back (see `Pager::move_back`).
+    /// A victim: copy its staging page back (see `Pager::copy_back`).
     MoveBack { staging: u32 },
     /// Only in remem: fetch the slot. `written`: the page was dirty when it left, so it is
     /// likely written again (see `Pager::fetch`).

@@ -38,7 +38,8 @@ impl Histogram {
 
 pub struct Stats {
     pub zero_faults: AtomicU64,
-    /// Zero faults of a write, given a page of zeros of their own (the others map the zero page).
+    /// Pages of zeros installed for a write (a never-written page, or one whose bytes are
+    /// gone), each a page of its own; reads map the shared zero page.
     pub zero_copies: AtomicU64,
     pub victim_faults: AtomicU64,
     pub fetch_faults: AtomicU64,

@@ -491,16 +491,17 @@ fn bench_application(
             // of the baseline's when that is shorter: a run with a failure may be faster than the
             // run before it (a sqlite run at 50% took 3.0 s, then 1.5 s: the kill at 1.5 s came
             // after its end), but hardly faster than the job with all its memory.
-            let reference = runs
+            let previous = runs
                 .iter()
                 .rev()
                 .find(|run| run.backend == backend.name() && run.local_percent == args.failure_percent)
-                .map(|run| run.timed_seconds)
+                .map(|run| run.timed_seconds);
+            let reference = [previous, Some(baseline.phase_seconds)]
+                .into_iter()
+                .flatten()
                 .filter(|&seconds| seconds > 0.0)
-                .map_or(baseline.phase_seconds, |seconds| match baseline.phase_seconds {
-                    shortest if shortest > 0.0 => seconds.min(shortest),
-                    _ => seconds,
-                });
+                .reduce(f64::min)
+                .unwrap_or(baseline.phase_seconds);
             let pid = swap.victim_pid().context("the node to kill is not running")?;
             let failure = Failure { pid, delay: Duration::from_secs_f64(reference / 2.0) };
             let limit = swap.limit(limit_of(args.failure_percent), work_dir)?;

@@ -669,10 +669,8 @@ impl Engine {
     /// The earliest time the engine wants a [`Engine::tick`]: an op's deadline, a heartbeat, a
     /// probe, a queued rebuild.
     pub fn next_deadline(&self) -> Option<Instant> {
-        let ops = self.slot_deadlines[..if self.active > 0 { self.slot_deadlines.len() } else { 0 }]
-            .iter()
-            .flatten()
-            .copied();
+        let in_flight: &[Option<Instant>] = if self.active > 0 { &self.slot_deadlines } else { &[] };
+        let ops = in_flight.iter().flatten().copied();
         let nodes = self.nodes.iter().filter_map(|node| self.node_deadline(node));
         let rebuilds = self.regenerations.iter().filter_map(|task| task.not_before());
         ops.chain(nodes).chain(rebuilds).min()
