@@ -12,9 +12,34 @@ use std::time::{Duration, Instant};
 use crate::common::KillOnDrop;
 use kv_support::Target;
 
-/// A free port on 127.0.0.1 (bound and released: good enough for one test's servers).
+/// A free port on 127.0.0.1 (bound and released), for Prometheus, which is started right away.
+/// Our own servers bind port 0 and print what they got (`metrics_port`): a port picked early
+/// was taken by another test's server in between once.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("address").port()
+}
+
+/// The port of the `metrics at http://127.0.0.1:PORT/metrics` line a server prints (to `log`,
+/// its standard error) once it has bound `--metrics 127.0.0.1:0`.
+fn metrics_port(log: &std::path::Path) -> u16 {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let port = text.lines().find_map(|line| {
+            let address = line.trim().strip_prefix("metrics at http://")?.strip_suffix("/metrics")?;
+            address.parse::<std::net::SocketAddr>().ok().map(|address| address.port())
+        });
+        if let Some(port) = port {
+            return port;
+        }
+        assert!(Instant::now() < deadline, "no metrics address in {}:\n{text}", log.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A file for a child's standard error.
+fn log_file(path: &std::path::Path) -> Stdio {
+    Stdio::from(std::fs::File::create(path).expect("create the log"))
 }
 
 fn http_get(port: u16, path: &str) -> Option<String> {
@@ -67,8 +92,6 @@ fn value_of(text: &str, name: &str) -> f64 {
 
 #[test]
 fn node_and_cache_metrics_pass_promtool_and_a_prometheus_server_scrapes_them() {
-    let node_port = free_port();
-    let kv_port = free_port();
     let dir = kv_support::test_dir("metrics");
     let secret = dir.join("secret");
     std::fs::write(&secret, "00112233445566778899aabbccddeeff").expect("secret");
@@ -84,20 +107,21 @@ fn node_and_cache_metrics_pass_promtool_and_a_prometheus_server_scrapes_them() {
             "1MiB",
             "--no-monitor",
         ])
-        .args(["--metrics", &format!("127.0.0.1:{node_port}"), "--secret-file"])
+        .args(["--metrics", "127.0.0.1:0", "--secret-file"])
         .arg(&secret)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log_file(&dir.join("node.log")))
         .spawn()
         .expect("remem node starts");
     let _node = KillOnDrop(node);
+    let node_port = metrics_port(&dir.join("node.log"));
     let text = scrape(node_port);
     promtool_accepts(&text);
     assert_eq!(value_of(&text, "remem_node_capacity_bytes"), 16.0 * 1024.0 * 1024.0);
     assert_eq!(value_of(&text, "remem_node_slabs_mapped"), 0.0);
 
-    let target =
-        Target::remem_kv("metrics", "rep2", "16MiB", &["--metrics", &format!("127.0.0.1:{kv_port}")]);
+    let target = Target::remem_kv("metrics", "rep2", "16MiB", &["--metrics", "127.0.0.1:0"]);
+    let kv_port = metrics_port(&target.dir.join("kv.log"));
     let mut client = target.client();
     for index in 0..20 {
         client.set(&format!("k{index}"), b"value").expect("set");
@@ -168,21 +192,21 @@ fn nbd_metrics_count_page_ops_with_latency_histograms() {
     };
     let cluster =
         remem::launcher::LocalCluster::start(kv_support::binary(), &options).expect("cluster starts");
-    let port = free_port();
     let mut command = Command::new(kv_support::binary());
     command
         .args(["nbd", "--cluster"])
         .arg(&cluster.cluster_file_path)
         .args(["--size", "8MiB", "--export", "m", "--listen", "127.0.0.1:0"])
-        .args(["--metrics", &format!("127.0.0.1:{port}")])
+        .args(["--metrics", "127.0.0.1:0"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+        .stderr(log_file(&dir.join("nbd.log")));
     let mut child = command.spawn().expect("remem nbd starts");
     let mut line = String::new();
     std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line)
         .unwrap();
     let _nbd = KillOnDrop(child);
+    let port = metrics_port(&dir.join("nbd.log"));
     let address = line.trim().strip_prefix("listening ").expect("listening line").to_owned();
     let image = dir.join("image");
     std::fs::write(&image, vec![0x5a; 4 << 20]).unwrap();
@@ -258,17 +282,16 @@ fn fs_metrics_count_file_ops_and_status_shows_its_regions() {
         remem::launcher::LocalCluster::start(kv_support::binary(), &options).expect("cluster starts");
     let mountpoint = dir.join("mnt");
     std::fs::create_dir_all(&mountpoint).expect("mount point");
-    let port = free_port();
     let mut child = Command::new(kv_support::binary())
         .arg("fs")
         .arg(&mountpoint)
         .arg("--cluster")
         .arg(&cluster.cluster_file_path)
         .args(["--size", "8MiB", "-k", "8", "-r", "2", "--fresh"])
-        .args(["--metrics", &format!("127.0.0.1:{port}")])
+        .args(["--metrics", "127.0.0.1:0"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(log_file(&dir.join("fs.log")))
         .spawn()
         .expect("remem fs starts");
     let stdout = child.stdout.take().expect("piped stdout");
@@ -276,6 +299,7 @@ fn fs_metrics_count_file_ops_and_status_shows_its_regions() {
     let mut line = String::new();
     std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("first line");
     assert!(line.starts_with("mounted "), "remem fs did not mount: {line:?}");
+    let port = metrics_port(&dir.join("fs.log"));
 
     let data: Vec<u8> =
         (0..1u32 << 20).map(|index| (index.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
@@ -358,13 +382,11 @@ fn fs_metrics_count_file_ops_and_status_shows_its_regions() {
 fn a_standby_serves_its_own_metrics_until_it_takes_over_then_the_caches() {
     let flags = ["--replication", "rpc"];
     let mut target = Target::remem_kv("standby-metrics", "auto", "16MiB", &flags);
-    let port = free_port();
     let cluster = target.cluster.as_ref().expect("a remem cluster");
     let args: Vec<String> =
-        ["--scheme", "auto", "-m", "16MiB", "--replication", "rpc", "--standby", "--metrics"]
+        ["--scheme", "auto", "-m", "16MiB", "--replication", "rpc", "--standby", "--metrics", "127.0.0.1:0"]
             .iter()
             .map(|arg| arg.to_string())
-            .chain([format!("127.0.0.1:{port}")])
             .collect();
     let (mut standby, first_line) = remem::kv_bench::ServerProcess::spawn_remem_kv(
         kv_support::binary(),
@@ -374,6 +396,7 @@ fn a_standby_serves_its_own_metrics_until_it_takes_over_then_the_caches() {
         "standby",
     )
     .unwrap_or_else(|error| panic!("{error:#}"));
+    let port = metrics_port(&target.dir.join("standby.log"));
     let deadline = Instant::now() + Duration::from_secs(30);
     let text = loop {
         let text = scrape(port);
