@@ -525,6 +525,21 @@ impl Pager {
             return;
         }
         let resident_budget = self.budget_pages.saturating_sub(self.victim_target).max(1);
+        if self.table.resident_count() > resident_budget {
+            let started = Instant::now();
+            self.evict_to(resident_budget);
+            STATS.evict.record(started.elapsed());
+        }
+        while self.table.victim_count() > self.victim_target {
+            if !self.drop_victims() {
+                break;
+            }
+        }
+    }
+
+    /// Evicts the oldest resident pages (into the victim set) until at most `resident_budget`
+    /// are resident, or until 64 in a row could not leave.
+    fn evict_to(&mut self, resident_budget: usize) {
         let mut refused = 0;
         while self.table.resident_count() > resident_budget && refused < 64 {
             if self.table.victim_count() >= self.victim_target {
@@ -561,11 +576,6 @@ impl Pager {
                         refused += 1;
                     }
                 }
-            }
-        }
-        while self.table.victim_count() > self.victim_target {
-            if !self.drop_victims() {
-                break;
             }
         }
     }
@@ -614,10 +624,12 @@ impl Pager {
 
     /// Gives back every staging page waiting for it, and frees them.
     fn discard_now(&mut self) {
+        let started = Instant::now();
         self.staging.discard_many(&mut self.pidfd, &self.to_discard);
         for staging in self.to_discard.drain(..) {
             self.free_staging.give(staging);
         }
+        STATS.discard.record(started.elapsed());
     }
 
     /// Moves a resident page into a staging page. A page still shared with a forked child
@@ -661,6 +673,13 @@ impl Pager {
     /// Writes back the oldest dirty victims (one engine batch) and gives up the staging pages
     /// of the oldest clean ones. False when nothing could be dropped.
     fn drop_victims(&mut self) -> bool {
+        let started = Instant::now();
+        let dropped = self.drop_victims_timed();
+        STATS.drop.record(started.elapsed());
+        dropped
+    }
+
+    fn drop_victims_timed(&mut self) -> bool {
         let Some(client) = self.client.as_mut() else { return false };
         let mut victims = std::mem::take(&mut self.victims);
         self.table.oldest_victims(self.write_back_batch, &mut victims);

@@ -40,7 +40,8 @@ pub enum State {
         staging: u32,
         dirty: bool,
     },
-    /// Only in remem; `written` when it was dirty as it left (it is fetched writable then).
+    /// Only in remem; `written` when writes were seen in its last two stays (it is fetched
+    /// writable then).
     Remote {
         written: bool,
     },
@@ -55,6 +56,17 @@ pub struct Entry {
     /// that faulted it in, or a page that started as zeros), kept while it is a victim: it is
     /// fetched writable next time (`State::Remote::written`).
     seen_write: bool,
+    /// Stays in a row in which a write was seen, up to 2: a page is fetched writable on a guess
+    /// after two (`State::Remote::written`). One is not enough: memory written once and then
+    /// only read (a table loaded, then queried) would be fetched writable and written back,
+    /// unchanged, once per page. A stay on a guess (`guessed`) sees no writes, so it counts one
+    /// less: a page written at every stay alternates, guessed and then protected, and one no
+    /// longer written is protected by the second stay; a protected stay without a write ends
+    /// the run.
+    written_stays: u8,
+    /// Fetched writable on a guess this stay (`Dirt::Assumed`): whether it was written is not
+    /// known.
+    guessed: bool,
     /// Resident in the protected queue (else in probation).
     protected: bool,
 }
@@ -168,11 +180,18 @@ impl PageTable {
             Dirt::Written => true,
             Dirt::MovedBack | Dirt::CopiedBackClean => before.is_some_and(|entry| entry.seen_write),
         };
+        let guessed = match dirt {
+            Dirt::Assumed => true,
+            Dirt::Clean | Dirt::Written => false,
+            Dirt::MovedBack | Dirt::CopiedBackClean => before.is_some_and(|entry| entry.guessed),
+        };
+        let written_stays = before.map_or(0, |entry| entry.written_stays);
         let generation = self.generation();
         let state = State::Resident { dirty };
         // Back from the victim set: the page was used again since it came in.
         let protected = matches!(dirt, Dirt::MovedBack | Dirt::CopiedBackClean) && self.protected_cap > 0;
-        self.pages.insert(page, Entry { state, slot, generation, seen_write, protected });
+        self.pages
+            .insert(page, Entry { state, slot, generation, seen_write, written_stays, guessed, protected });
         if protected {
             self.protected.push_back((page, generation));
             self.protected_count += 1;
@@ -355,12 +374,20 @@ impl PageTable {
     }
 
     /// The clean victim's staging page is given up: the page is remote, fetched writable next
-    /// time if a write was seen in its stay.
+    /// time if writes were seen in its last two stays (`Entry::written_stays`).
     pub fn make_remote(&mut self, page: u64) {
         let Some(entry) = self.leave(page) else { return };
         assert_ne!(entry.slot, NO_SLOT, "page {page:#x} dropped with no copy in remem");
-        let state = State::Remote { written: entry.seen_write };
-        self.pages.insert(page, Entry { state, seen_write: false, protected: false, ..entry });
+        let written_stays = match (entry.seen_write, entry.guessed) {
+            (true, _) => (entry.written_stays + 1).min(2),
+            (false, true) => entry.written_stays.saturating_sub(1),
+            (false, false) => 0,
+        };
+        let state = State::Remote { written: written_stays >= 2 };
+        self.pages.insert(
+            page,
+            Entry { state, seen_write: false, guessed: false, written_stays, protected: false, ..entry },
+        );
     }
 
     /// The pages `[first, end)` are gone from the process (unmapped, or discarded: they read
@@ -540,7 +567,8 @@ mod tests {
         assert_eq!(table.fault(to), Fault::MoveBack { staging: 3 }, "the victim moved out after the move");
         assert_eq!(table.get(to + PAGE).unwrap().state, State::Resident { dirty: true });
         assert_eq!(table.get(to + PAGE).unwrap().slot, 9, "the page keeps its copy's slot");
-        assert_eq!(table.fault(to + 2 * PAGE), Fault::Fetch { slot: 5, written: true });
+        // Written in one stay: fetched protected (`Entry::written_stays`).
+        assert_eq!(table.fault(to + 2 * PAGE), Fault::Fetch { slot: 5, written: false });
         assert!(table.get(from).is_none() && table.get(from + PAGE).is_none());
         assert_eq!((table.resident_count(), table.victim_count()), (1, 1));
         table.check();
@@ -585,32 +613,47 @@ mod tests {
         table.make_remote(page);
     }
 
-    /// A page is fetched writable only after a stay in which a write was seen: a write-protect
-    /// fault or a write access that faulted it in, kept through a move back from the victim
-    /// set, not a writable fetch on a guess (which would keep a page once written writable, and
-    /// written back, for ever).
+    /// A page is fetched writable only after two stays in a row in which a write was seen (a
+    /// write-protect fault or a write access that faulted it in, kept through a move back from
+    /// the victim set): memory written once and then only read is fetched protected, so not
+    /// written back unchanged. A writable fetch on a guess is not a write (a page once written
+    /// would stay writable, and be written back, for ever): it counts one stay less.
     #[test]
-    fn a_page_is_fetched_writable_after_a_stay_with_a_write_seen_and_only_then() {
+    fn a_page_is_fetched_writable_after_two_stays_with_a_write_seen_and_only_then() {
         let mut table = PageTable::default();
         table.make_resident(5, Dirt::Written);
         evict(&mut table, 5);
-        assert_eq!(table.fault(5), Fault::Fetch { slot: 1, written: true });
+        assert_eq!(table.fault(5), Fault::Fetch { slot: 1, written: false }, "written once");
+        table.make_resident(5, Dirt::Clean);
+        assert_eq!(table.get(5).unwrap().state, State::Resident { dirty: false });
+        assert!(table.mark_dirty(5), "a write-protect fault");
+        evict(&mut table, 5);
+        assert_eq!(table.fault(5), Fault::Fetch { slot: 1, written: true }, "written twice");
         table.make_resident(5, Dirt::Assumed);
         assert_eq!(table.get(5).unwrap().state, State::Resident { dirty: true });
         evict(&mut table, 5);
         assert_eq!(table.fault(5), Fault::Fetch { slot: 1, written: false }, "a guess is not a write");
         table.make_resident(5, Dirt::Clean);
-        assert_eq!(table.get(5).unwrap().state, State::Resident { dirty: false });
         assert!(table.mark_dirty(5), "a write-protect fault");
         table.make_victim(5, 2);
         table.make_resident(5, Dirt::MovedBack);
         evict(&mut table, 5);
         assert_eq!(table.fault(5), Fault::Fetch { slot: 1, written: true }, "kept through a move back");
+        table.make_resident(5, Dirt::Assumed);
+        evict(&mut table, 5);
         table.make_resident(5, Dirt::Clean);
         table.make_victim(5, 2);
         table.make_resident(5, Dirt::MovedBack);
         evict(&mut table, 5);
         assert_eq!(table.fault(5), Fault::Fetch { slot: 1, written: false }, "a move back is not a write");
+        table.make_resident(5, Dirt::Clean);
+        assert!(table.mark_dirty(5), "a write-protect fault");
+        evict(&mut table, 5);
+        assert_eq!(
+            table.fault(5),
+            Fault::Fetch { slot: 1, written: false },
+            "a stay protected and not written ended the run"
+        );
         table.check();
     }
 

@@ -4,22 +4,40 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-/// Log2 buckets of nanoseconds: bucket b holds [2^b, 2^(b+1)).
-pub struct Histogram([AtomicU64; 40]);
+/// Log2 buckets of nanoseconds: bucket b holds [2^b, 2^(b+1)); and the sum, for the mean
+/// (the buckets are too coarse to split a fault's 10-20 us by them alone).
+pub struct Histogram {
+    buckets: [AtomicU64; 40],
+    sum_nanos: AtomicU64,
+}
 
 impl Histogram {
     const fn new() -> Histogram {
-        Histogram([const { AtomicU64::new(0) }; 40])
+        Histogram { buckets: [const { AtomicU64::new(0) }; 40], sum_nanos: AtomicU64::new(0) }
     }
 
     pub fn record(&self, elapsed: Duration) {
         let nanos = elapsed.as_nanos().clamp(1, u64::MAX as u128) as u64;
-        self.0[(63 - nanos.leading_zeros() as usize).min(39)].fetch_add(1, Relaxed);
+        self.buckets[(63 - nanos.leading_zeros() as usize).min(39)].fetch_add(1, Relaxed);
+        self.sum_nanos.fetch_add(nanos, Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(|count| count.load(Relaxed)).sum()
+    }
+
+    /// The mean in microseconds (0 when empty).
+    pub fn mean_us(&self) -> f64 {
+        let count = self.count();
+        if count == 0 {
+            return 0.0;
+        }
+        (self.sum_nanos.load(Relaxed) as f64 / count as f64 / 100.0).round() / 10.0
     }
 
     /// The upper edge of the bucket that holds quantile `q`, in microseconds (0 when empty).
     pub fn quantile_us(&self, q: f64) -> f64 {
-        let counts: Vec<u64> = self.0.iter().map(|count| count.load(Relaxed)).collect();
+        let counts: Vec<u64> = self.buckets.iter().map(|count| count.load(Relaxed)).collect();
         let total: u64 = counts.iter().sum();
         if total == 0 {
             return 0.0;
@@ -57,8 +75,15 @@ pub struct Stats {
     /// A fetched fault's fetch from remem and its UFFDIO_COPY.
     pub fetch: Histogram,
     pub copy: Histogram,
-    /// A victim's move back.
+    /// A victim's copy back.
     pub move_back: Histogram,
+    /// The evictions after a batch of faults was served (`Pager::enforce_budget`, when it
+    /// evicted): the next fault waits for them.
+    pub evict: Histogram,
+    /// Dropping a batch of victims (`Pager::drop_victims`: the write-back of the dirty ones),
+    /// and giving back a batch of staging pages (`Pager::discard_now`).
+    pub drop: Histogram,
+    pub discard: Histogram,
 }
 
 pub static STATS: Stats = Stats {
@@ -79,6 +104,9 @@ pub static STATS: Stats = Stats {
     fetch: Histogram::new(),
     copy: Histogram::new(),
     move_back: Histogram::new(),
+    evict: Histogram::new(),
+    drop: Histogram::new(),
+    discard: Histogram::new(),
 };
 
 impl Stats {
@@ -89,7 +117,9 @@ impl Stats {
             "{{\"zero_faults\":{},\"zero_copies\":{},\"victim_faults\":{},\"fetch_faults\":{},\"prefetched\":{},\"write_faults\":{},\
              \"lost_pages\":{},\"evictions\":{},\"evicted_in_runs\":{},\"write_backs\":{},\"write_back_errors\":{},\"unevictable\":{},\
              \"peak_resident_pages\":{},\"managed_bytes\":{},\"fetch_p50_us\":{},\"fetch_p99_us\":{},\
-             \"copy_p50_us\":{},\"copy_p99_us\":{},\"move_back_p50_us\":{}}}",
+             \"copy_p50_us\":{},\"copy_p99_us\":{},\"move_back_p50_us\":{},\
+             \"fetch_mean_us\":{},\"copy_mean_us\":{},\"move_back_mean_us\":{},\"evict_calls\":{},\"evict_mean_us\":{},\"evict_p50_us\":{},\"evict_p99_us\":{},\
+             \"drop_calls\":{},\"drop_mean_us\":{},\"drop_p50_us\":{},\"discard_calls\":{},\"discard_mean_us\":{},\"discard_p50_us\":{}}}",
             count(&self.zero_faults),
             count(&self.zero_copies),
             count(&self.victim_faults),
@@ -109,6 +139,19 @@ impl Stats {
             self.copy.quantile_us(0.5),
             self.copy.quantile_us(0.99),
             self.move_back.quantile_us(0.5),
+            self.fetch.mean_us(),
+            self.copy.mean_us(),
+            self.move_back.mean_us(),
+            self.evict.count(),
+            self.evict.mean_us(),
+            self.evict.quantile_us(0.5),
+            self.evict.quantile_us(0.99),
+            self.drop.count(),
+            self.drop.mean_us(),
+            self.drop.quantile_us(0.5),
+            self.discard.count(),
+            self.discard.mean_us(),
+            self.discard.quantile_us(0.5),
         )
     }
 }
