@@ -29,7 +29,7 @@ pub use remem_bench::{
     apps_bench, bench, bench_floor, codec_bench, kv_bench, kv_ha_bench, plot, regen_bench,
 };
 pub use remem_frontend::{client_report, cluster_watch, code_args, metrics, placement_arg, transport_arg};
-pub use remem_local::{faults, host_memory, launcher, pattern, stats, units};
+pub use remem_local::{faults, host_memory, launcher, pattern, ports, stats, units};
 
 /// An error and its causes on one line, each cause once: a cause whose text its parent already
 /// shows (thiserror messages often include their source) is not repeated.

@@ -3,7 +3,7 @@
 //! ETC and SYS pools, Zipf key popularity, latency percentiles, and waiting for a server port.
 
 use std::io::{BufRead, Read};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -144,8 +144,7 @@ pub fn percentiles_us(nanos: &mut [u64]) -> (Option<f64>, Option<f64>) {
 
 /// A port on 127.0.0.1 free a moment ago (the server binds it next).
 pub fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(listener.local_addr()?.port())
+    remem_local::ports::unassigned_port().context("finding a free port")
 }
 
 /// Connects to a server the bench started, waiting up to `timeout` for it to listen; errors

@@ -2,7 +2,7 @@
 //! stopped by PID on drop, and the bench's `remem kv` on a local cluster of its own.
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -45,7 +45,7 @@ impl ServerProcess {
     ) -> Result<ServerProcess> {
         let mut last_error = None;
         for _ in 0..5 {
-            let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+            let port = remem_local::ports::unassigned_port()?;
             let log = std::fs::File::create(log_path)
                 .with_context(|| format!("creating {}", log_path.display()))?;
             let mut command = Command::new(program);

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use crate::common::KillOnDrop;
 use kv_support::Target;
 
-/// A free port on 127.0.0.1 (bound and released), for Prometheus, which is started right away.
+/// A free port on 127.0.0.1 for Prometheus (below the ephemeral range: see `remem::ports`).
 /// Our own servers bind port 0 and print what they got (`metrics_port`): a port picked early
-/// was taken by another test's server in between once.
+/// from the ephemeral range was taken by another test's server in between once.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("address").port()
+    remem::ports::unassigned_port().expect("a free port")
 }
 
 /// The port of the `metrics at http://127.0.0.1:PORT/metrics` line a server prints (to `log`,

@@ -236,10 +236,7 @@ fn python3_sqlite3_and_memcached_give_under_the_library_what_they_give_without_i
 }
 
 fn memcached_keeps_every_value(setup: &Setup) {
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-        listener.local_addr().expect("address").port()
-    };
+    let port = remem::ports::unassigned_port().expect("a free port");
     let server = paged(
         setup,
         "8MiB",

@@ -5,14 +5,14 @@
 
 #![allow(dead_code)] // each test crate that includes `common` uses a part of it
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A free TCP port on 127.0.0.1 (bound, then released for the process that takes it).
+/// A free TCP port on 127.0.0.1, for a server told its port before it binds (below the
+/// ephemeral range: see `remem::ports`).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind a free port").local_addr().expect("address").port()
+    remem::ports::unassigned_port().expect("a free port")
 }
 
 pub struct EtcdServer {
