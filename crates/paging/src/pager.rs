@@ -663,8 +663,17 @@ impl Pager {
     /// Connects the client (before anything is registered: connecting starts threads, and
     /// glibc's thread creation takes locks that a thread of the program may hold while it waits
     /// for the pager, as in munmap of a thread's stack).
+    ///
+    /// Every mapping that appears while it connects is the client's own (its probe thread's
+    /// stack, buffers of glibc's) and is never managed: a page of it paged out could be a fault
+    /// the pager takes on behalf of its client, which only the pager itself could serve. (The
+    /// client's probe thread is woken through a pipe for the same reason: see `start_prober`.)
     pub fn connect(&mut self) -> Result<(), String> {
+        let mappings = || std::fs::read_to_string("/proc/self/maps").map(|text| maps::all_mappings(&text));
+        let before = mappings().map_err(|error| format!("reading /proc/self/maps: {error}"))?;
         let client = (self.connect)()?;
+        let after = mappings().map_err(|error| format!("reading /proc/self/maps: {error}"))?;
+        self.excluded.extend(after.into_iter().filter(|mapping| !before.contains(mapping)));
         self.client = Some(client);
         self.save_map();
         Ok(())

@@ -152,6 +152,11 @@ pub fn run_server(
         limit.map_or(&[], Limit::environment),
     )?;
     let outcome = workload::connect(&mut server, port, Duration::from_secs(10)).and_then(|_| drive());
+    if let Err(error) = &outcome {
+        // Where every thread of the server waits, read before it is stopped: a server that
+        // stopped answering (once, memcached paged over TCP) says what it was stuck in.
+        eprintln!("bench apps: the run failed ({error:#}); {}", thread_states(server.id()));
+    }
     let report = server.stop(Duration::from_secs(10))?;
     let mut measurement = Measurement::failed(report, String::new());
     match outcome {
@@ -167,6 +172,36 @@ pub fn run_server(
         Err(error) => measurement.check = Err(format!("{error:#}")),
     }
     Ok(measurement)
+}
+
+/// Each thread of process `pid`: its name, state, the kernel function it waits in and the top
+/// of its kernel stack (readable as root), one line each; what could not be read is left out.
+fn thread_states(pid: u32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return format!("process {pid} is gone");
+    };
+    let mut lines = vec![format!("threads of process {pid} (comm, state, wchan, kernel stack):")];
+    for task in tasks.flatten().take(64) {
+        let path = task.path();
+        let read = |name: &str| std::fs::read_to_string(path.join(name)).unwrap_or_default();
+        let stat = read("stat");
+        // The state is the field after the parenthesised name, which may hold spaces.
+        let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).unwrap_or("?");
+        let stack: Vec<String> = read("stack")
+            .lines()
+            .take(4)
+            .filter_map(|frame| frame.split_whitespace().nth(1).map(str::to_owned))
+            .collect();
+        lines.push(format!(
+            "  {} {} {} {} [{}]",
+            task.file_name().to_string_lossy(),
+            read("comm").trim(),
+            state,
+            read("wchan").trim(),
+            stack.join(" < ")
+        ));
+    }
+    lines.join("\n")
 }
 
 impl Measurement {
@@ -613,4 +648,24 @@ fn app_run(
     };
     run.verified = run.problem.is_none();
     run
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn thread_states_list_every_thread_with_its_state_and_a_gone_process_says_so() {
+        let sleeper = std::thread::Builder::new()
+            .name("states-probe".into())
+            .spawn(|| std::thread::sleep(std::time::Duration::from_secs(2)))
+            .expect("a thread");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let states = super::thread_states(std::process::id());
+        let line =
+            states.lines().find(|line| line.contains("states-probe")).unwrap_or_else(|| panic!("{states}"));
+        // Asleep: S (interruptible), in a kernel wait function.
+        assert!(line.contains(" S "), "{line}");
+        assert!(states.lines().count() >= 3, "the header, the test's thread and the sleeper: {states}");
+        sleeper.join().expect("joins");
+        assert_eq!(super::thread_states(u32::MAX), format!("process {} is gone", u32::MAX));
+    }
 }

@@ -66,7 +66,8 @@ pub struct Client {
     fenced_at_node: Option<String>,
     probe_results: ProbeChannel,
     /// The probe thread started with the client (`ClientConfig::probe_thread_at_start`).
-    prober: Option<std::sync::mpsc::Sender<ProbeRequest>>,
+    /// The probe thread's requests, and the pipe that wakes it (`start_prober`).
+    prober: Option<(std::sync::mpsc::Sender<ProbeRequest>, std::io::PipeWriter)>,
     /// This client's claim on `config.client_id` at the nodes (`Control::Hello::session`):
     /// random, never 0, fixed for the client's life.
     session: u64,
@@ -454,8 +455,11 @@ impl Client {
         let (secret, claim) = (self.secret.clone(), (self.config.client_id, self.session));
         let timeout = PROBE_CONNECT_TIMEOUT.min(self.config.connect_timeout);
         let encrypt = self.config.encrypt;
-        if let Some(prober) = &self.prober {
-            if prober.send(ProbeRequest { node, address, unix, timeout }).is_ok() {
+        if let Some((requests, wake)) = &mut self.prober {
+            use std::io::Write;
+            if requests.send(ProbeRequest { node, address, unix, timeout }).is_ok()
+                && wake.write(&[1]).is_ok()
+            {
                 self.probing.push(node);
             }
             return;
@@ -473,19 +477,37 @@ impl Client {
 
     /// Starts the one probe thread (`ClientConfig::probe_thread_at_start`): it connects to the
     /// nodes it is asked to, one at a time, and ends when the client is dropped.
+    ///
+    /// It sleeps in a read of a pipe, not in the channel: waking a thread blocked on a channel
+    /// writes to that thread's own handle, which std allocates where the client cannot choose
+    /// (under `remem run --paging uffd`, once in the program's malloc memory, paged out: the
+    /// pager, which runs this client, faulted on it and waited for itself). A byte in a pipe
+    /// touches only the kernel's memory.
     fn start_prober(&mut self) -> std::io::Result<()> {
+        use std::io::Read;
         let (requests, receiver) = std::sync::mpsc::channel::<ProbeRequest>();
+        let (mut woken, wake) = std::io::pipe()?;
         let (secret, claim) = (self.secret.clone(), (self.config.client_id, self.session));
         let (results, encrypt) = (self.probe_results.0.clone(), self.config.encrypt);
         std::thread::Builder::new().name("remem-prober".to_owned()).spawn(move || {
-            while let Ok(ProbeRequest { node, address, unix, timeout }) = receiver.recv() {
-                let result = connect_node(address, unix.as_deref(), &secret, claim, timeout, encrypt);
-                if results.send((node, result)).is_err() {
-                    return;
+            let mut byte = [0u8; 1];
+            loop {
+                match woken.read(&mut byte) {
+                    Ok(1) => {}
+                    // A signal of the program's, delivered to this thread.
+                    Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+                    // The client (the pipe's writer) was dropped.
+                    _ => return,
+                }
+                while let Ok(ProbeRequest { node, address, unix, timeout }) = receiver.try_recv() {
+                    let result = connect_node(address, unix.as_deref(), &secret, claim, timeout, encrypt);
+                    if results.send((node, result)).is_err() {
+                        return;
+                    }
                 }
             }
         })?;
-        self.prober = Some(requests);
+        self.prober = Some((requests, wake));
         Ok(())
     }
 
