@@ -581,8 +581,9 @@ fn stop_children(children: Vec<Child>, grace: Duration) {
     }
 }
 
-/// The address in the last `metrics at http://ADDRESS/metrics` line of a node's log.
-fn last_metrics_address(log_path: &Path) -> Result<SocketAddr> {
+/// The address in the last `metrics at http://ADDRESS/metrics` line of a log (every remem
+/// server prints one once it has bound `--metrics`, port 0 included).
+pub fn last_metrics_address(log_path: &Path) -> Result<SocketAddr> {
     let text =
         std::fs::read_to_string(log_path).with_context(|| format!("reading {}", log_path.display()))?;
     let line = text

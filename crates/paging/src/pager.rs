@@ -679,16 +679,17 @@ impl Pager {
         Ok(())
     }
 
-    /// Writes back the oldest dirty victims (one engine batch) and gives up the staging pages
-    /// of the oldest clean ones. False when nothing could be dropped.
+    /// [`Pager::write_back_and_drop`], timed for the report.
     fn drop_victims(&mut self) -> bool {
         let started = Instant::now();
-        let dropped = self.drop_victims_timed();
+        let dropped = self.write_back_and_drop();
         STATS.drop.record(started.elapsed());
         dropped
     }
 
-    fn drop_victims_timed(&mut self) -> bool {
+    /// Writes back the oldest dirty victims (one engine batch) and gives up the staging pages
+    /// of the oldest clean ones. False when nothing could be dropped.
+    fn write_back_and_drop(&mut self) -> bool {
         let Some(client) = self.client.as_mut() else { return false };
         let mut victims = std::mem::take(&mut self.victims);
         self.table.oldest_victims(self.write_back_batch, &mut victims);

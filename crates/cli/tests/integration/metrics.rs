@@ -24,15 +24,10 @@ fn free_port() -> u16 {
 fn metrics_port(log: &std::path::Path) -> u16 {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        let port = text.lines().find_map(|line| {
-            let address = line.trim().strip_prefix("metrics at http://")?.strip_suffix("/metrics")?;
-            address.parse::<std::net::SocketAddr>().ok().map(|address| address.port())
-        });
-        if let Some(port) = port {
-            return port;
+        match remem::launcher::last_metrics_address(log) {
+            Ok(address) => return address.port(),
+            Err(error) => assert!(Instant::now() < deadline, "{error:#} ({})", log.display()),
         }
-        assert!(Instant::now() < deadline, "no metrics address in {}:\n{text}", log.display());
         std::thread::sleep(Duration::from_millis(50));
     }
 }
